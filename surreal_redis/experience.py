@@ -1,0 +1,57 @@
+"""The unit of experience that crosses from agents, through the hub, into replay."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from surreal_redis.codec import Tree
+
+
+class Chunk(NamedTuple):
+    """T consecutive steps of one environment (T = ``sender.flush_steps``, the last chunk of a run
+    may be shorter).
+
+    Shapes (T steps; ``...`` is the leaf's own shape):
+
+    - ``obs``: tree whose leaves are ``[T+1, ...]``. ``obs[t]`` is what the policy saw before
+      action t; ``obs[t+1]`` is what it saw next, i.e. the reset observation of a new episode
+      when the episode ended at step t.
+    - ``actions``: ``[T, ...]``; ``rewards``: float32 ``[T]``; ``terminated``, ``truncated``:
+      bool ``[T]`` (kept apart: truncated episodes are bootstrapped).
+    - ``final_obs``: step index t -> true last observation of the episode that ended at step t
+      (present for every t where ``terminated[t] or truncated[t]``); leaves have no time axis.
+    - ``policy_version``: int64 ``[T]``, the parameter version that chose each action.
+    - ``extras``: algorithm data, each ``[T, ...]`` (e.g. ``logp``, ``value``), plus optional
+      ``"initial_state"`` entries (RNN state at the chunk start, no time axis).
+    """
+
+    agent_id: int
+    env_index: int
+    obs: Tree
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: dict[int, Tree]
+    policy_version: np.ndarray
+    extras: dict[str, Any]
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+    def next_obs(self, t: int) -> Tree:
+        """The observation that followed action t (the true final one if the episode ended)."""
+        if t in self.final_obs:
+            return self.final_obs[t]
+        return _index_tree(self.obs, t + 1)
+
+
+def _index_tree(tree: Tree, index: int) -> Tree:
+    if isinstance(tree, dict):
+        return {k: _index_tree(v, index) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_index_tree(v, index) for v in tree)
+    return tree[index]

