@@ -55,3 +55,23 @@ def _index_tree(tree: Tree, index: int) -> Tree:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_index_tree(v, index) for v in tree)
     return tree[index]
+
+
+class TransitionBatch(NamedTuple):
+    """A batch of (n-step) transitions sampled from an off-policy replay.
+
+    Shapes (B = batch size): ``obs`` and ``next_obs`` trees with leaves ``[B, ...]``;
+    ``actions`` ``[B, ...]``; ``rewards`` float32 ``[B]`` (discounted n-step sums);
+    ``discounts`` float32 ``[B]`` = gamma**n_taken * (1 - terminated), i.e. 0 when the episode
+    terminated inside the n steps and gamma**k when it was truncated or went on (bootstrap);
+    ``weights`` float32 ``[B]`` importance weights (ones for uniform replay); ``indices`` int64
+    ``[B]`` replay slots, for ``update_priorities``.
+    """
+
+    obs: Tree
+    actions: np.ndarray
+    rewards: np.ndarray
+    next_obs: Tree
+    discounts: np.ndarray
+    weights: np.ndarray
+    indices: np.ndarray

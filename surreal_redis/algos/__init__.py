@@ -1,0 +1,1 @@
+"""Learning algorithms (PPO, DDPG), their networks and agent-side policies."""

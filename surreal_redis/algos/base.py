@@ -1,0 +1,87 @@
+"""What every algorithm offers the processes: an agent-side policy and a learner-side trainer.
+
+The agent process only needs :class:`AgentPolicy`; the learner process drives an
+:class:`Algorithm`. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
+weights and observation-normalizer statistics, never optimizer state).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from surreal_redis.codec import Tree
+
+ParamDict = dict[str, np.ndarray]
+
+
+class ActMode(str, enum.Enum):
+    TRAINING = "training"
+    EVAL_DETERMINISTIC = "eval_deterministic"
+    EVAL_STOCHASTIC = "eval_stochastic"
+
+
+class ActionOutput(NamedTuple):
+    """Actions for a batch of N envs (``[N, ...]``) and per-step extras sent with the experience
+    (e.g. ``logp`` and ``value`` for PPO, each ``[N]``)."""
+
+    actions: np.ndarray
+    extras: dict[str, np.ndarray]
+
+
+class AgentPolicy(abc.ABC):
+    """Agent-side policy: acts on a batch of observations with the latest parameters.
+
+    Subclasses may override the hooks to change behaviour (e.g. per-agent exploration).
+    Observations arrive batched: every leaf has a leading env dimension N.
+    """
+
+    #: Parameter version currently loaded (-1 before the first load).
+    version: int = -1
+
+    @abc.abstractmethod
+    def load_params(self, params: ParamDict, version: int) -> None:
+        """Replace the actor weights (and normalizer statistics) with ``params``."""
+
+    @abc.abstractmethod
+    def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
+        """Choose actions for N observations. Does not block on I/O."""
+
+    def initial_state(self, num_envs: int) -> dict[str, np.ndarray]:
+        """Recurrent state at an episode start (empty for feed-forward policies)."""
+        return {}
+
+    # hooks (no-ops by default)
+    def before_act(self, obs: Tree, mode: ActMode) -> None:  # noqa: B027
+        pass
+
+    def after_act(self, obs: Tree, output: ActionOutput, mode: ActMode) -> None:  # noqa: B027
+        pass
+
+    def on_episode_start(self, env_index: int) -> None:  # noqa: B027
+        pass
+
+    def on_episode_end(self, env_index: int, episode_return: float, length: int) -> None:  # noqa: B027
+        pass
+
+
+class Algorithm(abc.ABC):
+    """Learner-side trainer. ``update`` consumes data and returns scalar stats for logging."""
+
+    #: Number of gradient updates done so far.
+    iteration: int = 0
+
+    @abc.abstractmethod
+    def actor_params(self) -> ParamDict:
+        """What agents need: actor weights and normalizer statistics, as CPU numpy arrays."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume (networks, optimizers, normalizer, counters)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""

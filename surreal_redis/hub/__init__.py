@@ -1,0 +1,1 @@
+"""The Redis data plane: experience sender/receiver, eviction, parameters, heartbeats."""

@@ -1,0 +1,1 @@
+"""Replay memories: FIFO (on-policy), uniform and prioritized (off-policy), rate limiting."""
