@@ -59,10 +59,29 @@ def is_image_space(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
 
+def is_frame_tuple(space: gym.Space) -> bool:
+    """A frame stack kept as separate frames: Tuple of identical uint8 Box (H,W) or (H,W,C)."""
+    return (isinstance(space, gym.spaces.Tuple) and len(space.spaces) > 0
+            and all(isinstance(s, gym.spaces.Box) and s.dtype == np.uint8 and s.shape == space.spaces[0].shape
+                    and len(s.shape) in (2, 3) for s in space.spaces))
+
+
+def stack_frames(frames: tuple | list) -> torch.Tensor | np.ndarray:
+    """K frames ``[B,H,W]`` (or ``[B,H,W,C]``) -> ``[B, K*C, H, W]`` channels-first."""
+    lib = torch if isinstance(frames[0], torch.Tensor) else np
+    stacked = lib.stack(list(frames), 1)  # [B,K,H,W] or [B,K,H,W,C]
+    if stacked.ndim == 5:
+        b, k, h, w, c = stacked.shape
+        stacked = stacked.permute(0, 1, 4, 2, 3) if lib is torch else stacked.transpose(0, 1, 4, 2, 3)
+        stacked = stacked.reshape(b, k * c, h, w)
+    return stacked
+
+
 class ObservationEncoder(nn.Module):
     """Maps an observation batch (tensor, or dict of tensors for Dict spaces) to ``[B, out_dim]``.
 
-    Image leaves go through a :class:`NatureCNN`; other leaves are flattened and concatenated
+    Image leaves (uint8 ``(C,H,W)`` Box, or a Tuple of K frames, see :func:`stack_frames`) go
+    through a :class:`NatureCNN`; other leaves are flattened and concatenated
     (normalize them first, e.g. with the z-filter). Dict keys are taken in sorted order.
     """
 
@@ -74,8 +93,16 @@ class ObservationEncoder(nn.Module):
         self.stems = nn.ModuleDict()
         self.out_dim = 0
         for key, leaf in leaves.items():
+            if is_frame_tuple(leaf):
+                first = leaf.spaces[0].shape
+                channels = len(leaf.spaces) * (first[2] if len(first) == 3 else 1)
+                stem = NatureCNN(channels, first[0], first[1])
+                self.stems[key or "_"] = stem
+                self.out_dim += stem.out_dim
+                continue
             if not isinstance(leaf, gym.spaces.Box):
-                raise ValueError(f"unsupported observation space {leaf} for key {key!r} (supported: Box, Dict of Box)")
+                raise ValueError(f"unsupported observation space {leaf} for key {key!r} "
+                                 "(supported: Box, Tuple of uint8 frames, Dict of those)")
             if is_image_space(leaf):
                 stem = NatureCNN(*leaf.shape)
                 self.stems[key or "_"] = stem
@@ -89,6 +116,8 @@ class ObservationEncoder(nn.Module):
             value = obs[key] if self.is_dict else obs
             name = key or "_"
             if name in self.stems:
+                if isinstance(value, (tuple, list)):
+                    value = stack_frames(value)
                 parts.append(self.stems[name](value))
             else:
                 parts.append(value.float().reshape(value.shape[0], -1))
