@@ -1,0 +1,85 @@
+"""MLflow tracking for a run. Only the learner (and launcher) write to MLflow; agents and eval
+report through Redis.
+
+The default store is a SQLite file inside the experiment folder (``<dir>/mlflow.db``, artifacts
+under ``<dir>/mlartifacts``), so ``mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db``
+opens it; ``MLFLOW_TRACKING_URI`` overrides it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_MAX_PARAM_CHARS = 6000
+_BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics per log_batch
+
+
+def default_tracking_uri(experiment_dir: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(experiment_dir).resolve()}/mlflow.db"
+
+
+class Tracker:
+    """One MLflow run: params once, metrics on the learner-step axis, artifacts.
+
+    ``run_id`` may name an existing run to continue (``--resume``); the id is also kept in
+    ``<experiment_dir>/mlflow_run_id`` so a resumed learner finds it. Calls block on the tracking
+    store (a local SQLite write takes a few ms).
+    """
+
+    def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,
+                 tracking_uri: str | None = None, resume: bool = False) -> None:
+        from mlflow.tracking import MlflowClient  # heavy import, only in the processes that track
+
+        self.experiment_dir = Path(experiment_dir)
+        self.tracking_uri = tracking_uri or default_tracking_uri(self.experiment_dir)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        experiment = self.client.get_experiment_by_name(experiment_name)
+        if experiment is None:
+            artifacts = (self.experiment_dir / "mlartifacts").resolve().as_uri()
+            experiment_id = self.client.create_experiment(experiment_name, artifact_location=artifacts)
+        else:
+            experiment_id = experiment.experiment_id
+        id_file = self.experiment_dir / "mlflow_run_id"
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else None
+        if run_id:
+            self.client.update_run(run_id, status="RUNNING")
+            log.info("continuing MLflow run %s", run_id)
+        else:
+            run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(run_id)
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:_MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
+        existing = self.client.get_run(self.run_id).data.params
+        items = [p for p in items if p.key not in existing]  # params are immutable once logged
+        for start in range(0, len(items), _BATCH):
+            self.client.log_batch(self.run_id, params=items[start : start + _BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, float | int | None], step: int) -> None:
+        """Log finite numeric values; None and NaN/inf entries are left out."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, int(step)) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        for start in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Mark the run FINISHED, FAILED or KILLED."""
+        self.client.set_terminated(self.run_id, status=status)

