@@ -1,0 +1,81 @@
+"""What every long-running process shares: signal handling (the first SIGINT/SIGTERM asks for a
+clean stop, the second exits at once), the run's control state in Redis, and logging setup."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import redis
+
+from surreal_redis.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+RUNNING = "running"
+STOPPING = "stopping"
+
+
+class StopFlag:
+    """Set by the first SIGINT/SIGTERM (or by code); the second signal exits immediately with
+    code 130. ``wait(timeout)`` sleeps but wakes as soon as a stop is requested."""
+
+    def __init__(self, install_handlers: bool = True) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+        if install_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._event.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(130)
+        self.set(f"signal {signal.Signals(signum).name}")
+
+    def set(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            log.info("stopping: %s", reason)
+            self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+
+class RunControl:
+    """The run's state hash (``sr:{run}:control``): ``running`` or ``stopping`` plus a reason."""
+
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self.client = client
+        self.key = RunKeys(run).control
+
+    def start(self) -> None:
+        self.client.hset(self.key, mapping={"state": RUNNING, "reason": ""})
+
+    def request_stop(self, reason: str) -> None:
+        self.client.hset(self.key, mapping={"state": STOPPING, "reason": reason})
+
+    def stopping(self) -> tuple[bool, str]:
+        state, reason = self.client.hmget(self.key, ["state", "reason"])
+        return state == STOPPING.encode(), (reason or b"").decode()
+
+
+def setup_logging(level: str = "INFO", logfile: Path | None = None) -> None:
+    """Root logging to stderr (and ``logfile`` when given) with process-identifying format."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if logfile is not None:
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(logfile))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+    for noisy in ("mlflow", "alembic", "urllib3", "git"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
