@@ -1,0 +1,155 @@
+"""Exploration for deterministic policies: action-space noise (Gaussian, Ornstein-Uhlenbeck) for N
+envs at once, a per-agent noise scale, and adaptive parameter-space noise.
+
+Noise is in units of the action half-range: the policy adds ``noise * action_scale`` to its actions
+(CleanRL's ``exploration_noise`` convention), so one sigma fits every action bound.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseConfig:
+    kind: Literal["gaussian", "ou"] = "gaussian"
+    """Action noise process: independent Gaussian per step, or Ornstein-Uhlenbeck (temporally correlated)."""
+    sigma: float = 0.1
+    """Noise scale in units of the action half-range (the Gaussian std; the OU diffusion)."""
+    ou_theta: float = 0.15
+    """OU mean-reversion rate (OpenAI baselines, SURREAL)."""
+    ou_dt: float = 1e-2
+    """OU time step (OpenAI baselines; SURREAL used 1e-3)."""
+    agent_schedule: Literal["constant", "linear"] = "constant"
+    """Per-agent sigma: the same for all, or ``sigma * (agent_id + 1) / num_agents`` (see agent_sigma)."""
+    eval_sigma: float = 0.05
+    """Gaussian std used by the ``eval_stochastic`` mode."""
+    param_noise: bool = False
+    """Also perturb the actor's weights (Plappert et al. 2018), see AdaptiveParamNoise."""
+    param_initial_sigma: float = 0.1
+    """Initial std of the weight perturbation (baselines AdaptiveParamNoiseSpec.initial_stddev)."""
+    param_target_distance: float = 0.2
+    """Wanted RMS distance between perturbed and clean actions, in units of the action half-range."""
+    param_adapt_coef: float = 1.01
+    """Factor by which the weight std grows or shrinks at each adaptation (baselines: 1.01)."""
+    param_adapt_every: int = 50
+    """Training acts between adaptations, each followed by a fresh perturbation (baselines: 50)."""
+
+    def __post_init__(self) -> None:
+        for name in ("sigma", "eval_sigma", "param_initial_sigma", "param_target_distance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.ou_theta <= 0 or self.ou_dt <= 0:
+            raise ValueError(f"ou_theta and ou_dt must be > 0, got {self.ou_theta}, {self.ou_dt}")
+        if self.param_adapt_coef <= 1.0:
+            raise ValueError(f"param_adapt_coef must be > 1, got {self.param_adapt_coef}")
+        if self.param_adapt_every < 1:
+            raise ValueError(f"param_adapt_every must be >= 1, got {self.param_adapt_every}")
+
+
+def agent_sigma(config: NoiseConfig, agent_id: int, num_agents: int) -> float:
+    """The action-noise sigma of agent ``agent_id`` out of ``num_agents``.
+
+    ``linear`` spreads the agents over ``(0, sigma]`` so that some explore little and some a lot.
+    SURREAL used ``sigma * agent_id / num_agents``, which leaves agent 0 without any noise
+    (SurrealAI/surreal issue #28); the ``+ 1`` here gives every agent some.
+    """
+    if not 0 <= agent_id < num_agents:
+        raise ValueError(f"agent_id must be in [0, {num_agents}), got {agent_id}")
+    if config.agent_schedule == "constant":
+        return config.sigma
+    return config.sigma * (agent_id + 1) / num_agents
+
+
+class ActionNoise(abc.ABC):
+    """Noise for N envs with A-dimensional actions; ``sample()`` returns float32 ``[N, A]``."""
+
+    def __init__(self, num_envs: int, action_dim: int, sigma: float, rng: np.random.Generator) -> None:
+        self.num_envs = num_envs
+        self.action_dim = action_dim
+        self.sigma = sigma
+        self.rng = rng
+
+    @abc.abstractmethod
+    def sample(self) -> np.ndarray:
+        """Noise for the next step of every env, ``[N, A]``."""
+
+    def reset(self, env_index: int) -> None:  # noqa: B027 - stateless processes need no reset
+        """Forget the noise state of one env (call at its episode start)."""
+
+
+class GaussianNoise(ActionNoise):
+    """Independent ``N(0, sigma^2)`` per step, env and action dimension."""
+
+    def sample(self) -> np.ndarray:
+        return (self.sigma * self.rng.standard_normal((self.num_envs, self.action_dim))).astype(np.float32)
+
+
+class OrnsteinUhlenbeckNoise(ActionNoise):
+    """Euler-Maruyama steps of ``dx = -theta x dt + sigma dW`` per env (OpenAI baselines' form).
+
+    ``x_{k+1} = x_k - theta x_k dt + sigma sqrt(dt) eps``: it reverts to 0 by a factor
+    ``1 - theta dt`` per step, and its stationary std is ``sigma sqrt(dt / (1 - (1 - theta dt)^2))``.
+    """
+
+    def __init__(self, num_envs: int, action_dim: int, sigma: float, rng: np.random.Generator,
+                 theta: float = 0.15, dt: float = 1e-2) -> None:
+        super().__init__(num_envs, action_dim, sigma, rng)
+        self.theta = theta
+        self.dt = dt
+        self.state = np.zeros((num_envs, action_dim), np.float64)
+
+    def sample(self) -> np.ndarray:
+        eps = self.rng.standard_normal(self.state.shape)
+        self.state = self.state - self.theta * self.state * self.dt + self.sigma * math.sqrt(self.dt) * eps
+        return self.state.astype(np.float32)
+
+    def reset(self, env_index: int) -> None:
+        self.state[env_index] = 0.0
+
+
+def make_action_noise(config: NoiseConfig, num_envs: int, action_dim: int, sigma: float,
+                      rng: np.random.Generator) -> ActionNoise:
+    """The action noise process named by ``config.kind``, with scale ``sigma`` (see agent_sigma)."""
+    if config.kind == "ou":
+        return OrnsteinUhlenbeckNoise(num_envs, action_dim, sigma, rng, config.ou_theta, config.ou_dt)
+    return GaussianNoise(num_envs, action_dim, sigma, rng)
+
+
+class AdaptiveParamNoise:
+    """Parameter-space noise with an adaptive scale: Plappert et al. 2018, "Parameter Space Noise
+    for Exploration" (arXiv:1706.01905), section 3 and appendix C.
+
+    The acting network is a copy of the actor with ``N(0, sigma^2)`` added to every weight. The
+    scale follows the action-space distance ``d = sqrt(mean((mu(s) - mu~(s))^2))`` measured on
+    recent states: ``sigma /= coef`` when ``d > target_distance``, ``sigma *= coef`` otherwise.
+    Each adaptation uses one fresh measurement (SURREAL overwrote a running distance instead of
+    averaging it; research/surreal.md section 1.1).
+    """
+
+    def __init__(self, initial_sigma: float, target_distance: float, adapt_coef: float) -> None:
+        self.sigma = initial_sigma
+        self.target_distance = target_distance
+        self.adapt_coef = adapt_coef
+
+    @torch.no_grad()
+    def perturb(self, actor: nn.Module, perturbed: nn.Module, generator: torch.Generator) -> None:
+        """Make ``perturbed`` (same architecture) a noisy copy of ``actor``; buffers are copied as is."""
+        perturbed.load_state_dict(actor.state_dict())
+        for param in perturbed.parameters():
+            noise = torch.randn(param.shape, generator=generator, device=param.device, dtype=param.dtype)
+            param.add_(self.sigma * noise)
+
+    def adapt(self, distance: float) -> None:
+        """Update sigma from one action-space distance measurement."""
+        if distance > self.target_distance:
+            self.sigma /= self.adapt_coef
+        else:
+            self.sigma *= self.adapt_coef
