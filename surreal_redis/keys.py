@@ -98,6 +98,13 @@ class ParamKeys:
             raise ValueError(f"parameter version must be >= 0, got {version}")
         return f"{self.tag}:blob:{int(version)}"
 
+    def staging(self, publisher_id: str) -> str:
+        """Where one publisher uploads a blob before the publish script renames it to ``blob:<v>``
+        (so a stale publisher can never overwrite a published blob)."""
+        if not _DIGEST.match(publisher_id):
+            raise ValueError(f"invalid publisher id {publisher_id!r} (need 8-64 lowercase hex characters)")
+        return f"{self.tag}:staging:{publisher_id}"
+
 
 @dataclass(frozen=True)
 class RunKeys:

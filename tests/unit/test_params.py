@@ -1,0 +1,265 @@
+import json
+import logging
+
+import numpy as np
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from surreal_redis.hub.heartbeat import Heartbeat, prune_stale, read_agents
+from surreal_redis.hub.params import (
+    ParameterClient,
+    ParameterClientConfig,
+    ParameterPublisher,
+    ParamInfo,
+    PublisherConfig,
+)
+from surreal_redis.keys import RunKeys
+from surreal_redis.scripts import ScriptError, Scripts
+
+RUN = "unit"
+KEYS = RunKeys(RUN).params
+
+
+def make_params(seed=0, n=1000):
+    rng = np.random.default_rng(seed)
+    return {"pi/w": rng.standard_normal((n, 4)).astype(np.float32), "pi/b": np.zeros(4, np.float32),
+            "norm/count": np.array(7, np.int64)}
+
+
+def assert_params_equal(got, want):
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+class CountingClient:
+    """Wraps a client and counts the commands that reach it (direct and pipelined)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.commands = []
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name == "pipeline":
+            return self._pipeline
+        if callable(attr):
+            def counted(*args, **kwargs):
+                self.commands.append(name)
+                return attr(*args, **kwargs)
+            return counted
+        return attr
+
+    def _pipeline(self, *args, **kwargs):
+        pipe = self.inner.pipeline(*args, **kwargs)
+        outer = self
+        original = pipe.execute
+
+        def execute(*a, **kw):
+            outer.commands.extend(cmd[0][0].lower() for cmd in pipe.command_stack)
+            return original(*a, **kw)
+        pipe.execute = execute
+        return pipe
+
+
+def test_publish_fetch_round_trip(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    params = make_params()
+    assert client.fetch() == (None, ParamInfo.nothing())
+    assert pub.publish(params, iteration=3, message="hello") == 1
+    got, info = client.fetch()
+    assert_params_equal(got, params)
+    assert (info.version, info.iteration, info.nbytes) == (1, 3, fake_redis.strlen(KEYS.blob(1)))
+    assert info.digest.startswith("sha256:") and info.time > 0
+    assert client.fetch_info() == info == client.info
+    meta = fake_redis.hgetall(KEYS.meta)
+    assert meta[b"message"] == b"hello"
+    assert json.loads(meta[b"spec"]) == {"pi/w": ["float32", [1000, 4]], "pi/b": ["float32", [4]],
+                                         "norm/count": ["int64", []]}
+    assert fake_redis.ttl(KEYS.blob(1)) == -1  # the publish script made the blob permanent
+
+
+def test_lz4_and_small_chunks_round_trip(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(compress_min_bytes=64, write_piece_bytes=1024))
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(chunk_bytes=1024, max_in_flight=3))
+    params = {"w": np.zeros((3000,), np.float32), "v": np.arange(5000, dtype=np.int32)}
+    pub.publish(params, 0)
+    assert fake_redis.hget(KEYS.meta, "codec") == b"srt1+lz4"
+    got, _ = client.fetch()
+    assert_params_equal(got, params)
+
+
+def test_fetch_downloads_only_when_version_changed(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(chunk_bytes=4096))
+    counting = CountingClient(fake_redis)
+    client = ParameterClient(counting, RUN, ParameterClientConfig(max_in_flight=2))
+    pub.publish(make_params(n=4000), 1)  # ~64 KB: 16 chunks of 4 KiB
+    got, _ = client.fetch()
+    assert got is not None
+    assert counting.commands.count("getrange") == 16
+    counting.commands.clear()
+    for _ in range(5):
+        assert client.fetch()[0] is None
+    assert counting.commands == ["hget"] * 5  # a no-op poll is one tiny HGET
+    counting.commands.clear()
+    assert client.fetch(force=True)[0] is not None
+    assert "getrange" in counting.commands
+
+
+def test_min_publish_interval_and_force(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(min_publish_interval=3600))
+    assert pub.publish(make_params(), 1) == 1
+    assert pub.publish(make_params(1), 2) is None
+    assert pub.publish(make_params(1), 2, force=True) == 2
+    assert fake_redis.hget(KEYS.meta, "version") == b"2"
+
+
+def test_version_must_grow(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    pub.publish(make_params(), 1)
+    other = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    other.publish(make_params(2), 2)  # a second learner moves the version behind pub's back
+    with pytest.raises(ScriptError, match="version 2 is not greater than the published version 2"):
+        pub.publish(make_params(3), 3)
+    # the refused upload never touched the published blob, and its staging key expires
+    got, info = ParameterClient(fake_redis, RUN, ParameterClientConfig()).fetch()
+    assert info.version == 2 and info.iteration == 2
+    assert_params_equal(got, make_params(2))
+    staged = fake_redis.keys(f"{KEYS.tag}:staging:*")
+    assert len(staged) == 1 and 0 < fake_redis.ttl(staged[0]) <= 600
+    assert pub.publish(make_params(3), 4) == 3  # re-reads meta after the refusal
+
+
+def test_publish_script_checks_staged_blob(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    pub.publish(make_params(), 1)
+    scripts, staging = Scripts(fake_redis), KEYS.staging("ab" * 8)
+    fake_redis.set(staging, b"short")
+
+    def call(new, prev, nbytes):
+        return scripts.call("publish", [KEYS.meta, staging, KEYS.blob(new), KEYS.blob(prev)],
+                            [new, prev, nbytes, 1024, "sha256:x", "srt1", "{}", 0, "0", "", 1000, KEYS.notify])
+    with pytest.raises(ScriptError, match="has 5 bytes, declared 99"):
+        call(2, 1, 99)
+    with pytest.raises(ScriptError, match="out of sync: declared previous version 0"):
+        call(2, 0, 5)
+    with pytest.raises(ScriptError, match="not greater"):
+        call(1, 1, 5)
+    fake_redis.delete(staging)
+    with pytest.raises(ScriptError, match="does not exist"):
+        call(2, 1, 5)
+    assert fake_redis.hget(KEYS.meta, "version") == b"1" and not fake_redis.exists(KEYS.blob(2))
+
+
+def test_publisher_resumes_from_meta(fake_redis):
+    ParameterPublisher(fake_redis, RUN, PublisherConfig()).publish(make_params(), 1)
+    ParameterPublisher(fake_redis, RUN, PublisherConfig()).publish(make_params(), 2)
+    resumed = ParameterPublisher(fake_redis, RUN, PublisherConfig(grace_s=5))
+    assert resumed.version == 2
+    assert resumed.publish(make_params(), 3) == 3
+    assert 0 < fake_redis.pttl(KEYS.blob(2)) <= 5000  # the superseded blob expires after the grace
+
+
+def test_bad_params_are_rejected_by_name(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    with pytest.raises(TypeError, match="'w' is a list"):
+        pub.publish({"w": [1.0, 2.0]}, 1)
+    with pytest.raises(TypeError, match="dict of name"):
+        pub.publish([np.zeros(2)], 1)
+    with pytest.raises(ValueError, match="iteration must be"):
+        pub.publish(make_params(), -1)
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        PublisherConfig(chunk_bytes=10)
+    assert not fake_redis.exists(KEYS.meta)
+
+
+def test_digest_mismatch_gives_none_and_warning(fake_redis, caplog):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    pub.publish(make_params(), 1)
+    first, info = client.fetch()
+    pub.publish(make_params(1), 2)
+    blob = bytearray(fake_redis.get(KEYS.blob(2)))
+    blob[-1] ^= 0xFF  # same length, different bytes
+    fake_redis.set(KEYS.blob(2), bytes(blob))
+    with caplog.at_level(logging.WARNING, logger="surreal_redis.hub.params"):
+        assert client.fetch() == (None, info)
+    assert "digest mismatch" in caplog.text and client.info.version == 1
+
+
+def test_expired_blob_gives_none_and_one_warning(fake_redis, caplog):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    pub.publish(make_params(), 1)
+    fake_redis.delete(KEYS.blob(1))
+    with caplog.at_level(logging.WARNING, logger="surreal_redis.hub.params"):
+        assert client.fetch() == (None, ParamInfo.nothing())
+        assert client.fetch() == (None, ParamInfo.nothing())
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "missing, expired" in warnings[0].getMessage()
+    pub.publish(make_params(2), 2)  # a new version arrives: the client recovers
+    got, info = client.fetch()
+    assert info.version == 2
+    assert_params_equal(got, make_params(2))
+
+
+def test_malformed_meta_gives_none(fake_redis, caplog):
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    fake_redis.hset(KEYS.meta, mapping={"version": "4", "nbytes": "lots"})
+    assert client.fetch() == (None, ParamInfo.nothing())
+    assert "malformed parameter metadata" in caplog.text
+
+
+def test_outage_gives_none_not_exception(caplog):
+    dead = redis.Redis(unix_socket_path="/nonexistent/redis.sock", retry=Retry(NoBackoff(), 0))
+    client = ParameterClient(dead, RUN, ParameterClientConfig())
+    assert client.fetch() == (None, ParamInfo.nothing())
+    assert "parameter fetch failed" in caplog.text
+
+
+def test_heartbeat_rate_limit_and_staleness(fake_redis, monkeypatch):
+    clock = {"wall": 1000.0, "mono": 50.0}
+    monkeypatch.setattr("surreal_redis.hub.heartbeat.time.time", lambda: clock["wall"])
+    monkeypatch.setattr("surreal_redis.hub.heartbeat.time.monotonic", lambda: clock["mono"])
+    a3, a10 = Heartbeat(fake_redis, RUN, 3, ttl_s=30), Heartbeat(fake_redis, RUN, 10, ttl_s=30)
+    assert a3.beat(steps=100, episodes=2, param_version=5)
+    assert a10.beat(steps=1, episodes=0, param_version=0)
+    clock["mono"] += 5
+    assert not a3.beat(steps=200, episodes=3, param_version=5)  # within ttl/3: no write
+    clock["wall"] += 20
+    clock["mono"] += 20
+    assert a3.beat(steps=300, episodes=4, param_version=6)
+    clock["wall"] += 15  # agent 10 is now 35 s silent, agent 3 only 15 s
+    agents = read_agents(fake_redis, RUN, ttl_s=30)
+    assert [(a.agent_id, a.stale, a.steps) for a in agents] == [("3", False, 300), ("10", True, 1)]
+    assert agents[0].param_version == 6 and agents[0].age_s == pytest.approx(15)
+    assert [a.agent_id for a in read_agents(fake_redis, RUN, ttl_s=30, include_stale=False)] == ["3"]
+    assert prune_stale(fake_redis, RUN, ttl_s=30) == ["10"]
+    assert fake_redis.hkeys(RunKeys(RUN).agents) == [b"3"]
+    a3.remove()
+    assert read_agents(fake_redis, RUN, ttl_s=30) == []
+
+
+def test_malformed_heartbeat_is_skipped_and_pruned(fake_redis, caplog):
+    Heartbeat(fake_redis, RUN, "eval-0", ttl_s=10).beat(1, 1, 1)
+    fake_redis.hset(RunKeys(RUN).agents, "7", b"{not json")
+    assert [a.agent_id for a in read_agents(fake_redis, RUN, ttl_s=10)] == ["eval-0"]
+    assert "malformed heartbeat of agent '7'" in caplog.text
+    assert prune_stale(fake_redis, RUN, ttl_s=10) == ["7"]
+
+
+@pytest.mark.parametrize("bad", [-1, "", True, 2.5, "x" * 101])
+def test_bad_agent_id_and_ttl_rejected(fake_redis, bad):
+    with pytest.raises(ValueError, match="agent_id"):
+        Heartbeat(fake_redis, RUN, bad, ttl_s=10)
+
+
+def test_bad_ttl_rejected(fake_redis):
+    with pytest.raises(ValueError, match="ttl_s must be > 0 seconds, got 0"):
+        Heartbeat(fake_redis, RUN, 1, ttl_s=0)
+    with pytest.raises(ValueError, match="ttl_s"):
+        read_agents(fake_redis, RUN, ttl_s=-1)
