@@ -1,0 +1,148 @@
+"""On-policy FIFO replay: each chunk is handed to the learner once, in arrival order.
+
+Unlike SURREAL's ``deque(maxlen)``, nothing is dropped silently: chunks too stale for the learner's
+current parameters, and chunks pushed out by the capacity bound, are counted (:meth:`FIFOReplay.stats`)
+and logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+from surreal_redis.experience import Chunk
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FIFOReplayConfig:
+    """Settings of :class:`FIFOReplay`.
+
+    Attributes:
+        capacity_steps: most env steps held; beyond it chunks are dropped (see ``when_full``).
+        max_policy_lag: a chunk is dropped once ``learner_version - min(chunk.policy_version)``
+            exceeds this; None keeps every chunk however old.
+        when_full: ``"drop_oldest"`` makes room for the new chunk, ``"drop_newest"`` rejects it.
+    """
+
+    capacity_steps: int = 65_536
+    max_policy_lag: int | None = 1
+    when_full: Literal["drop_oldest", "drop_newest"] = "drop_oldest"
+
+    def __post_init__(self) -> None:
+        if self.capacity_steps < 1:
+            raise ValueError(f"capacity_steps must be >= 1, got {self.capacity_steps}")
+        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0 or None, got {self.max_policy_lag}")
+        if self.when_full not in ("drop_oldest", "drop_newest"):
+            raise ValueError(f"when_full must be 'drop_oldest' or 'drop_newest', got {self.when_full!r}")
+
+
+class FIFOReplay:
+    """Queue of experience chunks for PPO.
+
+    Args:
+        config: see :class:`FIFOReplayConfig`.
+
+    Thread-safe (hub reader threads insert while the learner takes); no method blocks.
+    """
+
+    def __init__(self, config: FIFOReplayConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Chunk] = collections.deque()
+        self._steps = 0
+        self._learner_version = 0
+        self._stats = dict.fromkeys(
+            ("inserted_steps", "taken_steps", "dropped_stale_chunks", "dropped_stale_steps",
+             "dropped_full_chunks", "dropped_full_steps"), 0)
+
+    def __len__(self) -> int:
+        """Env steps waiting to be taken."""
+        return self._steps
+
+    @property
+    def learner_version(self) -> int:
+        """The parameter version staleness is measured against."""
+        return self._learner_version
+
+    def stats(self) -> dict[str, int]:
+        """Cumulative counters: inserted/taken steps and dropped chunks and steps, by reason."""
+        with self._lock:
+            return dict(self._stats)
+
+    def insert(self, chunk: Chunk) -> None:
+        """Queue ``chunk`` unless it is already too stale; may drop chunks to respect capacity."""
+        if chunk.num_steps < 1:
+            raise ValueError(f"chunk from agent {chunk.agent_id} env {chunk.env_index} has no steps")
+        if chunk.num_steps > self.config.capacity_steps:
+            raise ValueError(f"chunk of {chunk.num_steps} steps exceeds capacity_steps "
+                             f"({self.config.capacity_steps})")
+        with self._lock:
+            if self._is_stale(chunk):
+                self._drop("stale", chunk)
+                return
+            while self._steps + chunk.num_steps > self.config.capacity_steps:
+                if self.config.when_full == "drop_newest":
+                    self._drop("full", chunk)
+                    return
+                oldest = self._queue.popleft()
+                self._steps -= oldest.num_steps
+                self._drop("full", oldest)
+            self._queue.append(chunk)
+            self._steps += chunk.num_steps
+            self._stats["inserted_steps"] += chunk.num_steps
+
+    def set_learner_version(self, version: int) -> None:
+        """Advance the learner's parameter version and drop the chunks that became too stale."""
+        with self._lock:
+            if version < self._learner_version:
+                raise ValueError(f"learner version must not go back: {version} < {self._learner_version}")
+            self._learner_version = version
+            if self.config.max_policy_lag is None:
+                return
+            fresh: collections.deque[Chunk] = collections.deque()
+            for chunk in self._queue:
+                if self._is_stale(chunk):
+                    self._steps -= chunk.num_steps
+                    self._drop("stale", chunk)
+                else:
+                    fresh.append(chunk)
+            self._queue = fresh
+
+    def take(self, num_steps: int) -> list[Chunk]:
+        """The fewest oldest chunks holding at least ``num_steps`` steps, removed from the queue
+        (so the result may hold up to one chunk's length more); ``[]`` if fewer are waiting."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        with self._lock:
+            if self._steps < num_steps:
+                return []
+            taken: list[Chunk] = []
+            count = 0
+            while count < num_steps:
+                chunk = self._queue.popleft()
+                taken.append(chunk)
+                count += chunk.num_steps
+            self._steps -= count
+            self._stats["taken_steps"] += count
+            return taken
+
+    def _is_stale(self, chunk: Chunk) -> bool:
+        lag = self.config.max_policy_lag
+        return lag is not None and self._learner_version - int(chunk.policy_version.min()) > lag
+
+    def _drop(self, reason: str, chunk: Chunk) -> None:
+        chunks = self._stats[f"dropped_{reason}_chunks"] + 1
+        self._stats[f"dropped_{reason}_chunks"] = chunks
+        self._stats[f"dropped_{reason}_steps"] += chunk.num_steps
+        # warn on the 1st, 10th, 100th... drop: visible without flooding the log
+        level = logging.WARNING if str(chunks).rstrip("0") == "1" else logging.DEBUG
+        logger.log(level, "FIFO replay dropped a %s chunk (agent %s env %s, %d steps, policy versions "
+                   "%d..%d, learner version %d); %d %s chunks dropped so far", reason, chunk.agent_id,
+                   chunk.env_index, chunk.num_steps, int(chunk.policy_version.min()),
+                   int(chunk.policy_version.max()), self._learner_version, chunks, reason)
