@@ -1,0 +1,30 @@
+-- KEYS[1] experience stream, KEYS[2] obsref sorted set, KEYS[3..] obs:<digest> candidate keys (at most 256)
+-- ARGV none
+-- returns the number of obs keys deleted: those whose obsref score is below the score of the first
+-- retained entry (all of them when the stream is empty), re-checked here so a concurrent insert
+-- that re-referenced a digest keeps it. Digests absent from obsref (uploaded, not yet referenced)
+-- are left to their TTL. Frees memory only, so it runs under maxmemory/OOM.
+local MAX_OBS, SLOTS = 256, 1024
+if #KEYS - 2 > MAX_OBS then
+  return redis.error_reply('gc: ' .. (#KEYS - 2) .. ' candidate keys exceed ' .. MAX_OBS)
+end
+local limit = nil
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+if #first > 0 then
+  local ms, sq = string.match(first[1][1], '^(%d+)-(%d+)$')
+  limit = tonumber(ms) * SLOTS + math.min(tonumber(sq), SLOTS - 1)
+end
+local deleted = 0
+for i = 3, #KEYS do
+  local digest = string.match(KEYS[i], ':obs:(%x+)$')
+  if not digest then
+    return redis.error_reply('gc: KEYS[' .. i .. '] is not an obs key')
+  end
+  local score = redis.call('ZSCORE', KEYS[2], digest)
+  if score and (limit == nil or tonumber(score) < limit) then
+    redis.call('DEL', KEYS[i])
+    redis.call('ZREM', KEYS[2], digest)
+    deleted = deleted + 1
+  end
+end
+return deleted
