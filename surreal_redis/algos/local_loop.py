@@ -1,0 +1,155 @@
+"""An in-process on-policy loop: vector env -> policy -> chunks -> learner -> parameters -> policy.
+
+No Redis and no processes: :class:`ChunkCollector` cuts experience into
+:class:`~surreal_redis.experience.Chunk` objects exactly as an agent does (T steps per env, the
+true final observation of every episode that ends, the recurrent state at each chunk start), and
+:func:`run_local` alternates collection and one learner update, loading the new parameters into
+the policy after each. Used by the learning tests and by ``bench/learning.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from surreal_redis.algos.base import ActMode, AgentPolicy, ParamDict
+from surreal_redis.algos.trees import tree_map, tree_stack
+from surreal_redis.experience import Chunk
+
+log = logging.getLogger(__name__)
+
+
+class OnPolicyLearner(Protocol):
+    def update(self, chunks: list[Chunk]) -> dict[str, float]: ...
+
+    def actor_params(self) -> ParamDict: ...
+
+
+@dataclass(frozen=True)
+class LocalLoopConfig:
+    total_steps: int = 500_000
+    """Environment steps (all envs together) before stopping."""
+    chunk_steps: int = 128
+    """T: steps per env per chunk; one update per ``num_envs * chunk_steps`` steps."""
+    target_return: float | None = None
+    """Stop early once the mean return of the last ``return_window`` episodes reaches this."""
+    return_window: int = 100
+    seed: int = 0
+    """Seed of the first ``envs.reset``."""
+    log_every: int = 10
+    """Log progress every this many updates."""
+
+    def __post_init__(self) -> None:
+        if self.total_steps < 1 or self.chunk_steps < 1 or self.return_window < 1 or self.log_every < 1:
+            raise ValueError(f"total_steps, chunk_steps, return_window and log_every must be >= 1: {self}")
+
+
+class LoopResult(NamedTuple):
+    steps: int
+    updates: int
+    wall_s: float
+    episode_returns: list[float]
+    mean_return: float
+    """Mean of the last ``return_window`` episode returns (NaN before the first episode)."""
+    last_stats: dict[str, float]
+
+
+def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """A synchronous vector env that resets an env in the same step its episode ends, putting the
+    true final observation in ``info["final_obs"]`` (what :class:`ChunkCollector` expects)."""
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+
+
+class ChunkCollector:
+    """Steps ``envs`` with ``policy`` in training mode and returns one chunk per env per call."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, policy: AgentPolicy, seed: int = 0, agent_id: int = 0) -> None:
+        if envs.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
+            raise ValueError("ChunkCollector needs a vector env with autoreset_mode=SAME_STEP "
+                             "(see make_vector_env)")
+        self.envs = envs
+        self.policy = policy
+        self.agent_id = agent_id
+        self.obs, _ = envs.reset(seed=seed)
+        self.episode_returns: list[float] = []
+        self._return = np.zeros(envs.num_envs)
+        self._length = np.zeros(envs.num_envs, dtype=np.int64)
+        for i in range(envs.num_envs):
+            policy.on_episode_start(i)
+
+    def collect(self, num_steps: int) -> list[Chunk]:
+        """Run ``num_steps`` vector steps; returns ``num_envs`` chunks of T = ``num_steps``."""
+        num_envs = self.envs.num_envs
+        initial_state = self.policy.recurrent_state()
+        obs, actions, rewards, terminated, truncated, extras = [self.obs], [], [], [], [], []
+        final_obs: list[dict[int, object]] = [{} for _ in range(num_envs)]
+        for t in range(num_steps):
+            output = self.policy.act(self.obs, ActMode.TRAINING)
+            self.obs, reward, term, trunc, info = self.envs.step(output.actions)
+            self._return += reward
+            self._length += 1
+            for i in np.flatnonzero(term | trunc):
+                final_obs[i][t] = info["final_obs"][i]
+                self.episode_returns.append(float(self._return[i]))
+                self.policy.on_episode_end(i, float(self._return[i]), int(self._length[i]))
+                self.policy.on_episode_start(i)
+                self._return[i], self._length[i] = 0.0, 0
+            obs.append(self.obs)
+            actions.append(output.actions)
+            rewards.append(reward)
+            terminated.append(term)
+            truncated.append(trunc)
+            extras.append(output.extras)
+
+        def stack(items: list) -> object:
+            return tree_stack(items, lambda leaves: np.stack(leaves, axis=0))  # [T(+1), N, ...]
+
+        obs_seq, extras_seq = stack(obs), stack(extras)
+        actions_seq, rewards_seq = np.stack(actions), np.stack(rewards).astype(np.float32)
+        terminated_seq, truncated_seq = np.stack(terminated), np.stack(truncated)
+        version = np.full(num_steps, self.policy.version, dtype=np.int64)
+        chunks = []
+        for i in range(num_envs):
+            chunk_extras = tree_map(lambda v, i=i: v[:, i], extras_seq)
+            if initial_state:
+                chunk_extras["initial_state"] = {k: v[i] for k, v in initial_state.items()}
+            chunks.append(Chunk(
+                agent_id=self.agent_id, env_index=i, obs=tree_map(lambda v, i=i: v[:, i], obs_seq),
+                actions=actions_seq[:, i], rewards=rewards_seq[:, i], terminated=terminated_seq[:, i],
+                truncated=truncated_seq[:, i], final_obs=final_obs[i], policy_version=version, extras=chunk_extras,
+            ))
+        return chunks
+
+
+def run_local(learner: OnPolicyLearner, policy: AgentPolicy, envs: gym.vector.VectorEnv,
+              config: LocalLoopConfig) -> LoopResult:
+    """Collect ``config.chunk_steps`` steps per env, update once, publish to the policy; repeat
+    until ``total_steps`` or the target return. Blocks; returns the run's summary."""
+    start = time.perf_counter()
+    policy.load_params(learner.actor_params(), 0)
+    collector = ChunkCollector(envs, policy, seed=config.seed)
+    steps, updates, stats = 0, 0, {}
+    mean_return = float("nan")
+    while steps < config.total_steps:
+        chunks = collector.collect(config.chunk_steps)
+        steps += config.chunk_steps * envs.num_envs
+        stats = learner.update(chunks)
+        updates += 1
+        policy.load_params(learner.actor_params(), updates)
+        recent = collector.episode_returns[-config.return_window:]
+        mean_return = float(np.mean(recent)) if recent else float("nan")
+        if updates % config.log_every == 0:
+            log.info("steps %d updates %d episodes %d mean return %.1f (%.0f s)", steps, updates,
+                     len(collector.episode_returns), mean_return, time.perf_counter() - start)
+        if (config.target_return is not None and len(recent) == config.return_window
+                and mean_return >= config.target_return):
+            break
+    wall_s = time.perf_counter() - start
+    log.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean_return, wall_s)
+    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean_return, stats)

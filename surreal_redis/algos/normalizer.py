@@ -1,0 +1,132 @@
+"""Running statistics that whiten observations ("z-filter") and scale rewards.
+
+Every statistic is a registered *buffer*: it lives in ``state_dict()``, so the observation
+normalizer travels to agents with the actor weights (the learner updates it from the data it
+receives; agents only apply it), and both are checkpointed with the networks.
+
+- :class:`RunningMeanStd`: mean and (population) variance over all samples seen, merged batch by
+  batch with the parallel algorithm of Chan, Golub & LeVeque (1979), as in SB3's
+  ``common/running_mean_std.py`` and SURREAL's ``ZFilter``.
+- :class:`ObservationNormalizer`: one :class:`RunningMeanStd` per non-image observation leaf;
+  images and frame stacks are left untouched (the CNN scales them by 1/255).
+- :class:`RewardScaler`: divides rewards by the running std of the discounted return, as SB3's
+  ``VecNormalize`` / gymnasium's ``NormalizeReward`` do (the mean is not subtracted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from surreal_redis.algos.networks import is_frame_tuple, is_image_space
+
+
+class RunningMeanStd(nn.Module):
+    """Mean and variance of samples of shape ``shape``, updated from batches ``[B, *shape]``.
+
+    Statistics are float64 buffers ``mean``, ``var`` (population variance, ``ddof=0``) and
+    ``count``. Before the first update ``mean = 0`` and ``var = 1`` (normalizing is the identity).
+    """
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
+    def __init__(self, shape: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, batch: torch.Tensor) -> None:
+        """Merge the statistics of ``batch`` (``[B, *shape]``, B >= 1) into the running ones."""
+        batch = batch.to(self.mean.device, torch.float64)
+        batch_count = batch.shape[0]
+        batch_mean = batch.mean(dim=0)
+        batch_var = batch.var(dim=0, unbiased=False)
+        # Chan et al. (1979): combine (mean, M2, n) of two sets; also exact when count == 0.
+        total = self.count + batch_count
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * batch_count + delta.square() * self.count * batch_count / total
+        self.mean.add_(delta * batch_count / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor, clip: float, epsilon: float = 1e-8) -> torch.Tensor:
+        """``clamp((x - mean) / sqrt(var + epsilon), -clip, clip)`` as float32, same shape as x."""
+        z = (x.to(torch.float64) - self.mean) / torch.sqrt(self.var + epsilon)
+        return z.clamp(-clip, clip).to(torch.float32)
+
+
+class ObservationNormalizer(nn.Module):
+    """Z-filter for a Box or Dict observation space: one :class:`RunningMeanStd` per non-image leaf.
+
+    ``forward`` maps an observation batch (tensor ``[B, ...]`` or dict of them) to the same
+    structure with every normalized leaf whitened and clipped to ``[-clip, clip]`` (CleanRL's
+    continuous PPO clips at 10, SURREAL at 5); image and frame-tuple leaves pass through.
+    """
+
+    def __init__(self, space: gym.Space, clip: float = 10.0) -> None:
+        super().__init__()
+        self.clip = clip
+        self.is_dict = isinstance(space, gym.spaces.Dict)
+        leaves = dict(space.spaces) if self.is_dict else {"": space}
+        # ModuleDict keys cannot be empty: a plain Box uses the name "_".
+        self.stats = nn.ModuleDict({
+            key or "_": RunningMeanStd(tuple(leaf.shape))
+            for key, leaf in leaves.items()
+            if isinstance(leaf, gym.spaces.Box) and not is_image_space(leaf) and not is_frame_tuple(leaf)
+        })
+
+    def forward(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor | dict:
+        if not self.is_dict:
+            return self.stats["_"].normalize(obs, self.clip) if "_" in self.stats else obs
+        return {key: self.stats[key].normalize(value, self.clip) if key in self.stats else value
+                for key, value in obs.items()}
+
+    @torch.no_grad()
+    def update(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> None:
+        """Add a batch of raw observations (leaves ``[B, ...]``) to the statistics."""
+        for key, stats in self.stats.items():
+            stats.update(obs[key] if self.is_dict else obs)
+
+
+class RewardScaler(nn.Module):
+    """Scales rewards by ``1 / sqrt(Var[G] + epsilon)``, G the running discounted return.
+
+    G is accumulated per env stream (``G = gamma * G + r``, reset after ``terminated`` or
+    ``truncated``), as in SB3 ``VecNormalize`` and gymnasium ``NormalizeReward``. The statistics
+    of G are buffers; the per-stream accumulators are plain learner memory, not checkpointed:
+    after a restart each stream starts again from G = 0, as at an episode start.
+    """
+
+    def __init__(self, gamma: float, clip: float = 10.0, epsilon: float = 1e-8) -> None:
+        super().__init__()
+        self.gamma = gamma
+        self.clip = clip
+        self.epsilon = epsilon
+        self.return_stats = RunningMeanStd(())
+        self._returns: dict[Hashable, float] = {}
+
+    def forward(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Scaled and clipped rewards, float32, same shape as ``rewards``."""
+        std = torch.sqrt(self.return_stats.var + self.epsilon)
+        return (rewards.to(torch.float64) / std).clamp(-self.clip, self.clip).to(torch.float32)
+
+    @torch.no_grad()
+    def update(self, rewards: torch.Tensor, dones: torch.Tensor, stream: Hashable) -> None:
+        """Continue stream ``stream``'s discounted return over ``rewards`` ``[T]`` (``dones`` ``[T]``
+        bool: the episode ended at that step) and add the T returns to the statistics."""
+        ret = self._returns.get(stream, 0.0)
+        returns = []
+        for reward, done in zip(rewards.tolist(), dones.tolist()):
+            ret = self.gamma * ret + reward
+            returns.append(ret)
+            if done:
+                ret = 0.0
+        self._returns[stream] = ret
+        self.return_stats.update(torch.tensor(returns, dtype=torch.float64))

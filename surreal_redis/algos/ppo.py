@@ -1,0 +1,367 @@
+"""PPO learner: GAE over chunks, then clipped-surrogate or adaptive-KL updates.
+
+Reads top to bottom like CleanRL's ``ppo.py``: the pure math (GAE, losses, KL coefficient
+rule), then :class:`PPOAlgorithm`, which turns a list of :class:`~surreal_redis.experience.Chunk`
+into tensors, computes values and advantages with the current network, and runs
+``update_epochs`` passes of minibatch gradient steps.
+
+Differences from CleanRL, each on purpose:
+
+- ``terminated`` and ``truncated`` stay apart: a truncated episode is bootstrapped from V of its
+  true final observation (SB3's ``collect_rollouts`` does the same), and a chunk's end from V of
+  ``obs[T]``.
+- Values are recomputed by the learner at the start of each update (the agents' parameters may
+  lag, and the LSTM must be re-run anyway); the ratio uses the agents' behaviour log-probs.
+- The z-filter is updated *after* the gradient steps, so the log-probs recomputed here use the
+  same statistics as the agents that produced the data (ratio 1 on fresh data).
+- ``mode="adapt"`` replaces the clipped surrogate by the KL-penalized one of Schulman et al.
+  2017 (section 4), with the KL measured against the network at the start of the update
+  (SURREAL's ``ref_target_model``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn, optim
+from torch.distributions import kl_divergence
+
+from surreal_redis.algos.base import Algorithm, ParamDict
+from surreal_redis.algos.normalizer import RewardScaler
+from surreal_redis.algos.ppo_policy import (
+    ActorCritic,
+    LSTMState,
+    PPOConfig,
+    PPOPolicy,
+    params_to_numpy,
+    to_tensors,
+)
+from surreal_redis.algos.trees import tree_map, tree_stack
+from surreal_redis.codec import Tree
+from surreal_redis.experience import Chunk
+
+__all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "adapt_kl_coef", "clipped_surrogate_loss",
+           "compute_gae", "explained_variance", "kl_penalty_loss", "resolve_device", "value_loss"]
+
+log = logging.getLogger(__name__)
+
+
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+                terminated: torch.Tensor, truncated: torch.Tensor, gamma: float,
+                gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(lambda) advantages and lambda-returns over T steps (time-major: ``[T]`` or ``[T, B]``).
+
+    ``values[t]`` is V(obs[t]); ``next_values[t]`` is V of the observation that followed action
+    t: the true final observation if the episode ended at t, else obs[t+1] (obs[T] at the
+    chunk's end). ``terminated``/``truncated`` are bool. Then::
+
+        delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t
+        A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1},   done = terminated | truncated
+
+    with A_T = 0: the trace stops at episode ends and at the chunk's end, and only a terminated
+    step drops the bootstrap. Returns ``(advantages, returns = advantages + values)``.
+    """
+    not_terminated = 1.0 - terminated.to(rewards.dtype)
+    not_done = 1.0 - (terminated | truncated).to(rewards.dtype)
+    deltas = rewards + gamma * not_terminated * next_values - values
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        last = deltas[t] + gamma * gae_lambda * not_done[t] * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def clipped_surrogate_loss(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
+    """``mean(max(-A * r, -A * clip(r, 1 - eps, 1 + eps)))`` with ``r = exp(logratio)`` (PPO-clip)."""
+    ratio = logratio.exp()
+    return torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+
+
+def kl_penalty_loss(logratio: torch.Tensor, advantages: torch.Tensor, kl: torch.Tensor,
+                    kl_coef: float) -> torch.Tensor:
+    """Negated eq. (8) of Schulman et al. 2017: ``-mean(r * A - beta * KL[pi_old, pi])``."""
+    return -(logratio.exp() * advantages).mean() + kl_coef * kl.mean()
+
+
+def value_loss(values: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
+               clip_coef: float | None) -> torch.Tensor:
+    """``0.5 * mean((V - R)^2)``; with ``clip_coef``, CleanRL's clipped form
+    ``0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2))``."""
+    unclipped = (values - returns).square()
+    if clip_coef is None:
+        return 0.5 * unclipped.mean()
+    clipped = old_values + (values - old_values).clamp(-clip_coef, clip_coef)
+    return 0.5 * torch.max(unclipped, (clipped - returns).square()).mean()
+
+
+def adapt_kl_coef(kl_coef: float, kl: float, kl_target: float, tolerance: float = 1.5,
+                  factor: float = 2.0, bounds: tuple[float, float] = (1e-3, 100.0)) -> float:
+    """Schulman et al. 2017, section 4: halve beta when KL < target / 1.5, double it when
+    KL > target * 1.5; kept within ``bounds``."""
+    if kl < kl_target / tolerance:
+        kl_coef /= factor
+    elif kl > kl_target * tolerance:
+        kl_coef *= factor
+    return min(max(kl_coef, bounds[0]), bounds[1])
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """``1 - Var[R - V] / Var[R]`` (NaN when the returns are constant)."""
+    var_returns = returns.var(unbiased=False)
+    if var_returns == 0:
+        return float("nan")
+    return float(1.0 - (returns - values).var(unbiased=False) / var_returns)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; anything else as ``torch.device``."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class _Rollout(NamedTuple):
+    """Training data of B equal-length sequences, time-major ``[T, B, ...]``.
+
+    Without an LSTM all steps are merged into one "sequence" of length 1 (``[1, N]``).
+    """
+
+    obs: Tree
+    actions: torch.Tensor
+    logp: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+    ref_head: torch.Tensor  # policy head of the network at the start of the update, [T, B, A]
+    episode_start: torch.Tensor
+    initial_state: LSTMState | None  # [B, H] each
+
+    def select(self, idx: torch.Tensor) -> _Rollout:
+        """The sequences ``idx`` (along B)."""
+        state = None if self.initial_state is None else (self.initial_state[0][idx], self.initial_state[1][idx])
+        fields = [tree_map(lambda v: v[:, idx], field) for field in self[:-1]]
+        return _Rollout(*fields, initial_state=state)
+
+
+def _flatten_time(tree: Tree) -> Tree:
+    """Leaves ``[T, B, ...]`` -> ``[T*B, ...]``."""
+    return tree_map(lambda v: v.reshape(-1, *v.shape[2:]), tree)
+
+
+def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
+    """All steps of feed-forward rollouts as one ``[1, N]`` batch."""
+    def cat(*leaves: torch.Tensor) -> torch.Tensor:
+        return torch.cat([leaf.reshape(1, -1, *leaf.shape[2:]) for leaf in leaves], dim=1)
+    fields = [tree_map(cat, *(r[i] for r in rollouts)) for i in range(len(_Rollout._fields) - 1)]
+    return _Rollout(*fields, initial_state=None)
+
+
+class PPOAlgorithm(Algorithm):
+    """Learner side of PPO. One :meth:`update` per batch of chunks (about ``num_steps`` steps
+    gathered from a FIFO replay); ``iteration`` counts the updates done.
+
+    Chunks must carry ``extras["logp"]`` ``[T]`` (behaviour log-probs), ``extras["raw_action"]``
+    ``[T, A]`` for Box action spaces, and ``extras["initial_state"]`` (``lstm_h``, ``lstm_c``,
+    each ``[H]``) with an LSTM: exactly what :class:`PPOPolicy` produces.
+    """
+
+    def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
+                 device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.config = config
+        self.device = resolve_device(config.device if device is None else device)
+        self.net = ActorCritic(config, obs_space, action_space).to(self.device)
+        self.optimizer = optim.Adam(self.net.parameters(), lr=config.learning_rate, eps=1e-5)
+        self.reward_scaler = (RewardScaler(config.gamma, config.reward_clip).to(self.device)
+                              if config.normalize_reward else None)
+        self.action_start = int(action_space.start) if isinstance(action_space, gym.spaces.Discrete) else 0
+        self.kl_coef = config.kl_coef_init
+        self.iteration = 0
+        self._generator = torch.Generator().manual_seed(seed)  # minibatch shuffling
+        log.info("PPO (%s mode) on %s: %d parameters", config.mode, self.device,
+                 sum(p.numel() for p in self.net.parameters()))
+
+    # ------------------------------------------------------------------ data
+    def _rollout(self, chunks: list[Chunk]) -> _Rollout:
+        """Tensors, values and advantages for equal-length chunks (no gradients)."""
+        cfg, dev = self.config, self.device
+        steps, batch = chunks[0].num_steps, len(chunks)
+
+        def stacked(arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+            return torch.as_tensor(np.stack(arrays, axis=1), dtype=dtype, device=dev)
+
+        obs = to_tensors(tree_stack([c.obs for c in chunks], lambda leaves: np.stack(leaves, axis=1)), dev)
+        if self.net.continuous:
+            if any("raw_action" not in c.extras for c in chunks):
+                raise ValueError("PPO with a Box action space needs extras['raw_action'] (the unclipped sample)")
+            actions = stacked([c.extras["raw_action"] for c in chunks], torch.float32)
+        else:
+            actions = stacked([c.actions for c in chunks], torch.int64) - self.action_start
+        logp = stacked([c.extras["logp"] for c in chunks], torch.float32)
+        rewards = stacked([c.rewards for c in chunks], torch.float32)
+        terminated = stacked([c.terminated for c in chunks], torch.bool)
+        truncated = stacked([c.truncated for c in chunks], torch.bool)
+        if self.reward_scaler is not None:
+            rewards = self.reward_scaler(rewards)
+        # the state is reset before the step that follows an episode end: [T+1, B]
+        episode_start = torch.zeros(steps + 1, batch, dtype=torch.bool, device=dev)
+        episode_start[1:] = terminated | truncated
+        state = None
+        if self.net.lstm is not None:
+            if any("initial_state" not in c.extras for c in chunks):
+                raise ValueError("PPO with use_lstm needs extras['initial_state'] in every chunk")
+            state = (stacked([c.extras["initial_state"]["lstm_h"] for c in chunks], torch.float32)[0],
+                     stacked([c.extras["initial_state"]["lstm_c"] for c in chunks], torch.float32)[0])
+
+        with torch.no_grad():
+            # one pass over obs[0..T]: values of every step, the chunk-end bootstrap V(obs[T])
+            z, states = self.net.core(self.net.features(_flatten_time(obs)), state, episode_start)
+            all_values = self.net.value(z).reshape(steps + 1, batch)
+            ref_head = self.net.policy_head(z).reshape(steps + 1, batch, -1)[:steps]
+            next_values = all_values[1:].clone()
+            # episodes that ended inside the chunk: bootstrap from their true final observation,
+            # continuing the LSTM from the state after step t (before the reset)
+            ends = [(t, b) for b, c in enumerate(chunks) for t in sorted(c.final_obs)]
+            if ends:
+                t_idx = torch.tensor([t for t, _ in ends], device=dev)
+                b_idx = torch.tensor([b for _, b in ends], device=dev)
+                final_obs = to_tensors(tree_stack([chunks[b].final_obs[t] for t, b in ends], np.stack), dev)
+                end_state = None if states is None else (states[0][t_idx, b_idx], states[1][t_idx, b_idx])
+                no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
+                z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
+                next_values[t_idx, b_idx] = self.net.value(z_final)
+            advantages, returns = compute_gae(rewards, all_values[:steps], next_values, terminated, truncated,
+                                              cfg.gamma, cfg.gae_lambda)
+        return _Rollout(tree_map(lambda v: v[:steps], obs), actions, logp, advantages, returns,
+                        all_values[:steps], ref_head, episode_start[:steps], state)
+
+    # ------------------------------------------------------------------ loss
+    def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        cfg = self.config
+        z, _ = self.net.core(self.net.features(_flatten_time(mb.obs)), mb.initial_state, mb.episode_start)
+        dist = self.net.distribution(self.net.policy_head(z))
+        new_logp = dist.log_prob(_flatten_time(mb.actions))
+        entropy = dist.entropy().mean()
+        new_values = self.net.value(z)
+        logratio = new_logp - mb.logp.reshape(-1)
+        with torch.no_grad():
+            ratio = logratio.exp()
+            # the k3 estimator of KL[pi_old, pi], http://joschu.net/blog/kl-approx.html
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clip_fraction = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+
+        advantages = mb.advantages.reshape(-1)
+        if cfg.norm_adv and advantages.numel() > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        info = {}
+        if cfg.mode == "clip":
+            pg_loss = clipped_surrogate_loss(logratio, advantages, cfg.clip_coef)
+        else:
+            ref_dist = self.net.distribution(_flatten_time(mb.ref_head), ref_log_std)
+            kl = kl_divergence(ref_dist, dist)
+            pg_loss = kl_penalty_loss(logratio, advantages, kl, self.kl_coef)
+            info["kl"] = kl.mean().item()
+        v_clip = cfg.clip_coef if cfg.mode == "clip" and cfg.clip_vloss else None
+        v_loss = value_loss(new_values, mb.returns.reshape(-1), mb.values.reshape(-1), v_clip)
+        loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+        info.update(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=entropy.item(),
+                    approx_kl=approx_kl.item(), clip_fraction=clip_fraction.item())
+        return loss, info
+
+    # ------------------------------------------------------------------ update
+    def update(self, chunks: list[Chunk]) -> dict[str, float]:
+        """One PPO iteration on ``chunks``, then the normalizers take in their data.
+
+        Returns the means over the last epoch's minibatches of ``policy_loss``, ``value_loss``,
+        ``entropy``, ``approx_kl``, ``clip_fraction`` (and ``kl``, ``kl_coef`` in adapt mode, the
+        coefficient used here; the next update uses the adapted one), plus
+        ``explained_variance``, ``learning_rate``, ``epochs`` run and ``num_steps``.
+        """
+        if not chunks:
+            raise ValueError("update needs at least one chunk")
+        cfg = self.config
+        learning_rate = cfg.learning_rate
+        if cfg.anneal_lr:
+            learning_rate *= max(0.0, 1.0 - self.iteration / cfg.total_updates)
+            self.optimizer.param_groups[0]["lr"] = learning_rate
+
+        by_length: dict[int, list[Chunk]] = {}
+        for chunk in chunks:
+            by_length.setdefault(chunk.num_steps, []).append(chunk)
+        rollouts = [self._rollout(group) for group in by_length.values()]
+        # feed-forward: minibatches of steps; LSTM: minibatches of whole chunks
+        if self.net.lstm is None:
+            rollouts = [_merge_steps(rollouts)]
+        ref_log_std = self.net.actor_logstd.detach().clone() if self.net.continuous else None
+
+        epochs = 0
+        for _ in range(cfg.update_epochs):
+            epoch_info: list[dict] = []
+            for rollout in rollouts:
+                batch = rollout.logp.shape[1]
+                order = torch.randperm(batch, generator=self._generator).to(self.device)
+                for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
+                    loss, info = self._minibatch_loss(rollout.select(idx), ref_log_std)
+                    self.optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm)
+                    self.optimizer.step()
+                    epoch_info.append(info)
+            epochs += 1
+            if cfg.target_kl is not None and epoch_info[-1]["approx_kl"] > cfg.target_kl:
+                log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",
+                          self.iteration, epochs, epoch_info[-1]["approx_kl"], cfg.target_kl)
+                break
+
+        stats = {key: float(np.mean([info[key] for info in epoch_info])) for key in epoch_info[0]}
+        stats["explained_variance"] = explained_variance(
+            torch.cat([r.values.reshape(-1) for r in rollouts]), torch.cat([r.returns.reshape(-1) for r in rollouts]))
+        if cfg.mode == "adapt":
+            stats["kl_coef"] = self.kl_coef
+            self.kl_coef = adapt_kl_coef(self.kl_coef, stats["kl"], cfg.kl_target, cfg.kl_tolerance,
+                                         cfg.kl_coef_factor, (cfg.kl_coef_min, cfg.kl_coef_max))
+        stats.update(learning_rate=learning_rate, epochs=float(epochs),
+                     num_steps=float(sum(c.num_steps for c in chunks)))
+        self.update_normalizer(chunks)
+        self.iteration += 1
+        return stats
+
+    def update_normalizer(self, chunks: list[Chunk]) -> None:
+        """Add the chunks' observations ``obs[:T]`` (``obs[T]`` is the next chunk's ``obs[0]``) to
+        the z-filter and their rewards to the reward scaler. :meth:`update` calls it after its
+        gradient steps; call it alone only to warm the statistics up without training."""
+        if self.net.obs_normalizer is not None:
+            steps = [tree_map(lambda v, n=c.num_steps: v[:n], c.obs) for c in chunks]
+            self.net.obs_normalizer.update(to_tensors(tree_stack(steps, np.concatenate), self.device))
+        if self.reward_scaler is not None:
+            for c in chunks:
+                self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
+                                          stream=(c.agent_id, c.env_index))
+
+    # ------------------------------------------------------------------ parameters
+    def actor_params(self) -> ParamDict:
+        """The whole actor-critic (agents report values too) with the z-filter statistics."""
+        return params_to_numpy(self.net)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "network": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler is not None else {},
+            "kl_coef": self.kl_coef,
+            "iteration": self.iteration,
+            "generator": self._generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
+        self.kl_coef = float(state["kl_coef"])
+        self.iteration = int(state["iteration"])
+        self._generator.set_state(state["generator"])

@@ -1,0 +1,282 @@
+"""PPO's configuration, actor-critic network and agent-side policy.
+
+Everything an agent process needs to act lives here (no optimizer); the learner is in
+:mod:`surreal_redis.algos.ppo`. The network is CleanRL's: separate Tanh MLPs for the actor and the
+critic, orthogonal init with gain 0.01 on the policy head and 1 on the value head, a
+state-independent log-std for continuous actions. Optional parts: the z-filter in front
+(:class:`~surreal_redis.algos.normalizer.ObservationNormalizer`), a CNN stem for pixels (inside
+:class:`~surreal_redis.algos.networks.ObservationEncoder`, shared by actor and critic as in
+CleanRL's Atari PPO), and an LSTM shared by both heads (SURREAL's ``ppo_net.py``, CleanRL's
+``ppo_atari_lstm.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Distribution, Independent, Normal
+
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
+from surreal_redis.algos.networks import ACTIVATIONS, ObservationEncoder, mlp
+from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.algos.trees import tree_map
+from surreal_redis.codec import Tree
+
+LSTMState = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters; names and defaults follow CleanRL's ``ppo.py``."""
+
+    learning_rate: float = 2.5e-4
+    """Adam step size (Adam eps = 1e-5, as in CleanRL)."""
+    anneal_lr: bool = False
+    """Decay the learning rate linearly to 0 over ``total_updates`` updates."""
+    total_updates: int = 0
+    """Number of updates the run will do; required (> 0) when ``anneal_lr``."""
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    update_epochs: int = 4
+    """Passes over each batch of chunks."""
+    num_minibatches: int = 4
+    """Minibatches per epoch: of steps, or of whole chunks when ``use_lstm``."""
+    norm_adv: bool = True
+    """Normalize advantages per minibatch."""
+    mode: Literal["clip", "adapt"] = "clip"
+    """``clip``: clipped surrogate (+ value clipping); ``adapt``: adaptive KL penalty
+    (Schulman et al. 2017, section 4)."""
+    clip_coef: float = 0.2
+    """Surrogate clipping range; also the value clipping range."""
+    clip_vloss: bool = True
+    """Clip the value loss around the values at the start of the update (``clip`` mode only)."""
+    kl_target: float = 0.01
+    """``adapt``: the KL divergence the penalty coefficient steers to."""
+    kl_coef_init: float = 1.0
+    """``adapt``: initial penalty coefficient (beta in the paper)."""
+    kl_coef_min: float = 1e-3
+    kl_coef_max: float = 100.0
+    kl_tolerance: float = 1.5
+    """``adapt``: beta changes when KL leaves ``[kl_target / tol, kl_target * tol]`` (paper: 1.5)."""
+    kl_coef_factor: float = 2.0
+    """``adapt``: beta is multiplied or divided by this (paper: 2)."""
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    """Stop the epochs early once the approximate KL of an epoch's last minibatch exceeds this."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (continuous actions)."""
+    use_lstm: bool = False
+    lstm_hidden: int = 128
+    normalize_obs: bool = False
+    """Whiten non-image observations with a running z-filter (updated by the learner)."""
+    obs_clip: float = 10.0
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return (SB3 VecNormalize)."""
+    reward_clip: float = 10.0
+    device: str = "auto"
+    """Learner device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("clip", "adapt"):
+            raise ValueError(f"mode must be 'clip' or 'adapt', got {self.mode!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.anneal_lr and self.total_updates < 1:
+            raise ValueError(f"anneal_lr needs total_updates >= 1, got {self.total_updates}")
+        if self.update_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError(f"update_epochs and num_minibatches must be >= 1, got "
+                             f"{self.update_epochs} and {self.num_minibatches}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma} and {self.gae_lambda}")
+        if not 0.0 < self.kl_coef_min <= self.kl_coef_init <= self.kl_coef_max:
+            raise ValueError(f"need 0 < kl_coef_min <= kl_coef_init <= kl_coef_max, got "
+                             f"{self.kl_coef_min}, {self.kl_coef_init}, {self.kl_coef_max}")
+
+
+class ActorCritic(nn.Module):
+    """Policy and value networks for a Discrete or Box action space.
+
+    Inputs are observation batches as tensors (leaves ``[N, ...]``, dict for Dict spaces).
+    With ``use_lstm`` the trunk is recurrent: :meth:`core` runs T time-major steps for B
+    sequences, resetting the state where an episode starts.
+    """
+
+    def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.continuous = False
+            action_dim = int(action_space.n)
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            self.continuous = True
+            action_dim = int(action_space.shape[0])
+        else:
+            raise ValueError(f"PPO supports Discrete and 1-d Box action spaces, got {action_space}")
+        self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None
+        self.encoder = ObservationEncoder(obs_space)
+        trunk_dim = self.encoder.out_dim
+        self.lstm: nn.LSTMCell | None = None
+        if config.use_lstm:
+            self.lstm = nn.LSTMCell(trunk_dim, config.lstm_hidden)
+            # CleanRL ppo_atari_lstm.py: orthogonal weights (gain 1), zero biases
+            for name, param in self.lstm.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0.0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+            trunk_dim = config.lstm_hidden
+        self.actor = mlp(trunk_dim, config.hidden_sizes, action_dim, config.activation, out_std=0.01)
+        self.critic = mlp(trunk_dim, config.hidden_sizes, 1, config.activation, out_std=1.0)
+        if self.continuous:
+            self.actor_logstd = nn.Parameter(torch.full((action_dim,), float(config.init_log_std)))
+
+    def features(self, obs: Tree) -> torch.Tensor:
+        """Z-filter (if any) and encode: observation leaves ``[N, ...]`` -> ``[N, F]``."""
+        if self.obs_normalizer is not None:
+            obs = self.obs_normalizer(obs)
+        return self.encoder(obs)
+
+    def core(self, x: torch.Tensor, state: LSTMState | None = None,
+             episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, LSTMState | None]:
+        """The (optionally recurrent) trunk.
+
+        Without LSTM: returns ``(x, None)``. With LSTM: ``x`` is ``[T*B, F]`` time-major,
+        ``state`` the ``(h, c)`` pair ``[B, H]`` before step 0 and ``episode_start`` bool ``[T, B]``
+        (state zeroed before that step). Returns the outputs ``[T*B, H]`` and the states after
+        every step, ``(h, c)`` each ``[T, B, H]``.
+        """
+        if self.lstm is None:
+            return x, None
+        assert state is not None and episode_start is not None, "the LSTM needs a state and episode starts"
+        h, c = state
+        hs, cs = [], []
+        for t, x_t in enumerate(x.reshape(episode_start.shape[0], -1, x.shape[-1])):
+            keep = (~episode_start[t]).to(x.dtype).unsqueeze(-1)
+            h, c = self.lstm(x_t, (h * keep, c * keep))
+            hs.append(h)
+            cs.append(c)
+        h_all, c_all = torch.stack(hs), torch.stack(cs)
+        return h_all.reshape(-1, h_all.shape[-1]), (h_all, c_all)
+
+    def policy_head(self, z: torch.Tensor) -> torch.Tensor:
+        """Logits (Discrete) or means (Box), ``[N, A]``."""
+        return self.actor(z)
+
+    def distribution(self, head: torch.Tensor, log_std: torch.Tensor | None = None) -> Distribution:
+        """The action distribution of :meth:`policy_head` outputs ``[N, A]`` (``log_std`` ``[A]``
+        defaults to the current one). Its ``log_prob`` and ``entropy`` are ``[N]``."""
+        if not self.continuous:
+            return Categorical(logits=head)
+        log_std = self.actor_logstd if log_std is None else log_std
+        return Independent(Normal(head, log_std.exp().expand_as(head)), 1)
+
+    def value(self, z: torch.Tensor) -> torch.Tensor:
+        """State values ``[N]``."""
+        return self.critic(z).squeeze(-1)
+
+    def zero_state(self, batch: int, device: torch.device | str = "cpu") -> LSTMState:
+        assert self.lstm is not None
+        zeros = torch.zeros(batch, self.lstm.hidden_size, device=device)
+        return zeros, zeros.clone()
+
+
+def to_tensors(obs: Tree, device: torch.device | str) -> Tree:
+    """Numpy observation leaves -> tensors on ``device`` (floats as float32, other dtypes kept)."""
+    def convert(leaf: np.ndarray) -> torch.Tensor:
+        leaf = np.asarray(leaf)
+        if leaf.dtype.kind == "f":
+            leaf = leaf.astype(np.float32, copy=False)
+        return torch.as_tensor(leaf, device=device)
+    return tree_map(convert, obs)
+
+
+def params_to_numpy(module: nn.Module) -> ParamDict:
+    """``state_dict`` of ``module`` (parameters and buffers) as CPU numpy copies."""
+    return {name: value.detach().cpu().numpy().copy() for name, value in module.state_dict().items()}
+
+
+class PPOPolicy(AgentPolicy):
+    """Agent side of PPO: acts for ``num_envs`` environments with the published parameters (CPU).
+
+    Training mode samples and returns extras ``logp`` ``[N]`` and ``value`` ``[N]`` (float32),
+    plus ``raw_action`` ``[N, A]`` for Box spaces: the unclipped Gaussian sample the log-prob
+    belongs to, while ``actions`` are clipped to the space bounds for the env (the learner needs
+    the raw sample so that clipping does not bias the log-prob). ``eval_deterministic`` takes the
+    mode of the distribution, ``eval_stochastic`` samples; both return no extras.
+
+    With an LSTM the policy keeps one state per env: :meth:`recurrent_state` is the state the
+    next :meth:`act` starts from (the agent stores row i in ``extras["initial_state"]`` of each
+    chunk it starts for env i) and :meth:`on_episode_start` must be called when env i resets.
+    """
+
+    def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
+                 num_envs: int = 1, seed: int | None = None) -> None:
+        self.net = ActorCritic(config, obs_space, action_space).eval()
+        self.action_space = action_space
+        self.num_envs = num_envs
+        self.version = -1
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+        self._state = self.net.zero_state(num_envs) if self.net.lstm is not None else None
+
+    def load_params(self, params: ParamDict, version: int) -> None:
+        self.net.load_state_dict({name: torch.from_numpy(np.asarray(value)) for name, value in params.items()})
+        self.version = version
+
+    def initial_state(self, num_envs: int) -> dict[str, np.ndarray]:
+        if self.net.lstm is None:
+            return {}
+        h, c = self.net.zero_state(num_envs)
+        return {"lstm_h": h.numpy(), "lstm_c": c.numpy()}
+
+    def recurrent_state(self) -> dict[str, np.ndarray]:
+        if self._state is None:
+            return {}
+        return {"lstm_h": self._state[0].numpy().copy(), "lstm_c": self._state[1].numpy().copy()}
+
+    def on_episode_start(self, env_index: int) -> None:
+        if self._state is not None:
+            self._state[0][env_index] = 0.0
+            self._state[1][env_index] = 0.0
+
+    @torch.no_grad()
+    def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
+        """Actions ``[N]`` (Discrete, int64) or ``[N, A]`` (Box, float32) for N = ``num_envs``."""
+        self.before_act(obs, mode)
+        x = self.net.features(to_tensors(obs, "cpu"))
+        episode_start = torch.zeros(1, x.shape[0], dtype=torch.bool)
+        z, states = self.net.core(x, self._state, episode_start)
+        if states is not None:
+            self._state = (states[0][-1], states[1][-1])
+        head = self.net.policy_head(z)
+        dist = self.net.distribution(head)
+        if mode == ActMode.EVAL_DETERMINISTIC:
+            raw = head if self.net.continuous else head.argmax(dim=-1)
+        elif self.net.continuous:
+            raw = head + self.net.actor_logstd.exp() * torch.randn(head.shape, generator=self._generator)
+        else:
+            raw = torch.multinomial(dist.probs, 1, generator=self._generator).squeeze(-1)
+        extras: dict[str, np.ndarray] = {}
+        if mode == ActMode.TRAINING:
+            extras["logp"] = dist.log_prob(raw).numpy().astype(np.float32)
+            extras["value"] = self.net.value(z).numpy().astype(np.float32)
+            if self.net.continuous:
+                extras["raw_action"] = raw.numpy().astype(np.float32)
+        if self.net.continuous:
+            actions = np.clip(raw.numpy(), self.action_space.low, self.action_space.high).astype(np.float32)
+        else:
+            actions = raw.numpy().astype(np.int64) + int(self.action_space.start)
+        output = ActionOutput(actions, extras)
+        self.after_act(obs, output, mode)
+        return output
