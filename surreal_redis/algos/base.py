@@ -54,12 +54,6 @@ class AgentPolicy(abc.ABC):
         """Recurrent state at an episode start (empty for feed-forward policies)."""
         return {}
 
-    def recurrent_state(self) -> dict[str, np.ndarray]:
-        """The recurrent state the next :meth:`act` starts from, per env (leaves ``[N, ...]``;
-        empty for feed-forward policies). The agent stores row i as ``extras["initial_state"]``
-        of every chunk it starts for env i, and calls :meth:`on_episode_start` when env i resets."""
-        return {}
-
     # hooks (no-ops by default)
     def before_act(self, obs: Tree, mode: ActMode) -> None:  # noqa: B027
         pass
