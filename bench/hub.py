@@ -1,0 +1,25 @@
+"""Hub benchmark: ``python bench/hub.py [--quick]``.
+
+Progress goes to stderr through logging; the last line of stdout is one JSON object with the
+results (see :func:`surreal_redis.benchmarks.run_hub_bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from surreal_redis.benchmarks import run_hub_bench
+from surreal_redis.runtime import setup_logging
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
+    args = parser.parse_args()
+    setup_logging("INFO")
+    print(json.dumps(run_hub_bench(args.quick)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The hub benchmark: the experience and parameter paths against naive baselines, same server.
+
+:func:`run_hub_bench` starts a throwaway embedded redis-server and, for three observation kinds
+(:mod:`surreal_redis.benchdata`), measures
+
+- ``hub_tps`` / ``naive_tps``: transitions per second stored by 2 sender processes, through the
+  :class:`~surreal_redis.hub.sender.ExperienceSender` (vectorized ``add``) versus one pipelined
+  XADD per transition carrying the obs and next_obs bytes;
+- ``hub_bytes_per_t`` / ``naive_bytes_per_t``: Redis ``used_memory`` growth per stored transition;
+- ``recv_tps``: transitions per second the learner-side receiver reads and decodes;
+
+and for parameters the latency of a no-op poll and of fetching 1 MB / 10 MB blobs next to a raw
+GET of the same bytes. Everything is measured, nothing asserted: ``targets`` says which goals
+were met. The hub half is measured before the naive half, so any allocator warm-up favours the
+baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import statistics
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+import redis
+
+from surreal_redis.benchdata import KINDS, Trajectory, index_tree, obs_bytes, synthetic_trajectory
+from surreal_redis.connection import EmbeddedRedis, connect
+from surreal_redis.hub.params import (
+    ParameterClient,
+    ParameterClientConfig,
+    ParameterPublisher,
+    PublisherConfig,
+)
+from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.sender import ExperienceSender, SenderConfig
+from surreal_redis.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+SENDERS = 2
+_WORKER_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class KindSize:
+    """Per sender process: ``num_envs`` vectorized envs stepped ``steps`` times."""
+
+    num_envs: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class BenchSizes:
+    """How much work each measurement does. ``param_megabytes``: parameter blob sizes (MiB of
+    float32); ``fetch_repeats``: fetches per size (medians reported); ``polls``: no-op polls."""
+
+    kinds: dict[str, KindSize] = field(default_factory=lambda: {
+        "cartpole": KindSize(16, 2000), "humanoid": KindSize(16, 500), "atari": KindSize(8, 600)})
+    param_megabytes: tuple[int, ...] = (1, 10)
+    fetch_repeats: int = 15
+    polls: int = 5000
+
+    @classmethod
+    def quick(cls) -> BenchSizes:
+        return cls(kinds={"cartpole": KindSize(16, 800), "humanoid": KindSize(8, 300), "atari": KindSize(8, 200)},
+                   fetch_repeats=7, polls=2000)
+
+
+# ---------------------------------------------------------------- sender processes
+
+def _send_naive(client: redis.Redis, run: str, traj: Trajectory) -> int:
+    """One XADD per transition (obs, next_obs, action, reward, done flags), pipelined."""
+    key = RunKeys(run).shard(0).exp
+    first = traj.steps[0]
+    size = 2 * len(obs_bytes(index_tree(first.obs, 0)))
+    depth = max(16, min(256, (2 << 20) // size))  # ~2 MB per round trip, the sweet spot measured
+    pipe = client.pipeline(transaction=False)
+    sent = 0
+    for t, step in enumerate(traj.steps):
+        for env in range(len(step.rewards)):
+            pipe.xadd(key, {"obs": obs_bytes(index_tree(step.obs, env)),
+                            "next_obs": obs_bytes(traj.next_obs(t, env)),
+                            "action": step.actions[env].tobytes(), "reward": step.rewards[env].tobytes(),
+                            "terminated": b"1" if step.terminated[env] else b"0",
+                            "truncated": b"1" if step.truncated[env] else b"0"})
+            sent += 1
+            if len(pipe) >= depth:
+                pipe.execute()
+    pipe.execute()
+    return sent
+
+
+def _send_hub(client: redis.Redis, run: str, agent_id: int, traj: Trajectory) -> int:
+    sender = ExperienceSender(client, SenderConfig(), run, agent_id, num_shards=SENDERS)
+    for step in traj.steps:
+        sender.add(step.obs, step.actions, step.rewards, step.terminated, step.truncated,
+                   final_obs=step.final_obs, policy_version=1)
+    sender.flush(traj.last_obs)
+    return sender.stats().steps - sender.stats().steps_dropped
+
+
+def _sender_process(mode: str, url: str, run: str, agent_id: int, kind: str, size: KindSize,
+                    barrier, results) -> None:
+    """Child process body: build the data (untimed), wait for the others, send, report."""
+    try:
+        traj = synthetic_trajectory(kind, size.num_envs, size.steps, seed=1000 + agent_id)
+        client = connect(url)
+        barrier.wait(_WORKER_TIMEOUT_S)
+        start = time.monotonic()
+        sent = _send_naive(client, run, traj) if mode == "naive" else _send_hub(client, run, agent_id, traj)
+        results.put((agent_id, start, time.monotonic(), sent, None))
+    except BaseException:  # the parent re-raises it with the child's traceback
+        results.put((agent_id, 0.0, 0.0, 0, traceback.format_exc()))
+
+
+def run_senders(mode: str, url: str, run: str, kind: str, size: KindSize) -> tuple[float, int]:
+    """Run :data:`SENDERS` sender processes (``mode`` "hub" or "naive") at once; returns
+    (transitions per second over the union of their send windows, transitions sent). Blocks until
+    all finish; raises RuntimeError with a child's traceback if one fails."""
+    if mode not in ("hub", "naive"):
+        raise ValueError(f"unknown sender mode {mode!r} (use 'hub' or 'naive')")
+    ctx = mp.get_context("fork")  # fast start; children open their own connections
+    barrier, results = ctx.Barrier(SENDERS), ctx.Queue()
+    procs = [ctx.Process(target=_sender_process, args=(mode, url, run, i, kind, size, barrier, results),
+                         name=f"{mode}-sender-{i}") for i in range(SENDERS)]
+    for proc in procs:
+        proc.start()
+    try:
+        reports = [results.get(timeout=_WORKER_TIMEOUT_S) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+    failed = [r[4] for r in reports if r[4] is not None]
+    if failed:
+        raise RuntimeError(f"{mode} sender failed:\n{failed[0]}")
+    sent = sum(r[3] for r in reports)
+    elapsed = max(r[2] for r in reports) - min(r[1] for r in reports)
+    return sent / elapsed, sent
+
+
+# ---------------------------------------------------------------- measurements
+
+def used_memory(client: redis.Redis, timeout_s: float = 5.0) -> int:
+    """Redis ``used_memory`` less client buffers, read once only this client is connected and two
+    readings 0.15 s apart agree: the server frees closed connections and resizes client buffers
+    in its 10 Hz cron, and those bytes are not data."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        info = client.info("memory")
+        now = int(info["used_memory"]) - int(info["mem_clients_normal"])
+        settled = now == last and client.info("clients")["connected_clients"] == 1
+        if settled or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.15)
+
+
+def warm_up(client: redis.Redis, kind: str) -> None:
+    """Send a little of ``kind`` both ways, then FLUSHALL: first-use allocations in the server
+    (script cache, Lua, stream internals) must not count as the first measured mode's data."""
+    traj = synthetic_trajectory(kind, num_envs=1, steps=40, seed=0)
+    _send_hub(client, "bench-warm-up", 0, traj)
+    _send_naive(client, "bench-warm-up", traj)
+    client.flushall()
+
+
+def receive_all(client: redis.Redis, run: str, expected: int) -> float:
+    """Transitions per second the learner-side receiver reads, resolves, decodes and acks until it
+    has seen ``expected`` transitions."""
+    receiver = ExperienceReceiver(client, ReceiverConfig(), run, num_shards=SENDERS)
+    got = 0
+    start = time.monotonic()
+    while got < expected:
+        batch = receiver.receive(max_chunks=256, block_ms=0)
+        if not batch:
+            raise RuntimeError(f"receiver found only {got} of {expected} transitions")
+        got += sum(item.chunk.num_steps for item in batch)
+        receiver.ack(batch)
+    return got / (time.monotonic() - start)
+
+
+def measure_kind(client: redis.Redis, url: str, kind: str, size: KindSize) -> dict[str, float]:
+    """Hub then naive ingestion of the same transitions, and the receive rate, for one kind."""
+    out: dict[str, float] = {}
+    warm_up(client, kind)
+    for mode in ("hub", "naive"):
+        client.flushall()
+        before = used_memory(client)
+        tps, sent = run_senders(mode, url, f"bench-{mode}-{kind}", kind, size)
+        out[f"{mode}_tps"] = tps
+        out[f"{mode}_bytes_per_t"] = (used_memory(client) - before) / sent
+        log.info("%s %s: %.0f transitions/s, %.0f bytes per transition (%d sent)",
+                 kind, mode, tps, out[f"{mode}_bytes_per_t"], sent)
+        if mode == "hub":
+            out["recv_tps"] = receive_all(client, f"bench-hub-{kind}", sent)
+            log.info("%s receive: %.0f transitions/s", kind, out["recv_tps"])
+    out["tps_ratio"] = out["hub_tps"] / out["naive_tps"]
+    out["bytes_ratio"] = out["hub_bytes_per_t"] / out["naive_bytes_per_t"]
+    return out
+
+
+def mlp_params(megabytes: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A float32 MLP-like parameter dict of about ``megabytes`` MiB (4 layers plus biases)."""
+    rng = np.random.default_rng(seed)
+    width = int(np.sqrt(megabytes * (1 << 20) / 4 / 4))
+    params = {}
+    for layer in range(4):
+        params[f"actor/l{layer}/w"] = rng.standard_normal((width, width), dtype=np.float32)
+        params[f"actor/l{layer}/b"] = rng.standard_normal(width, dtype=np.float32)
+    return params
+
+
+def measure_params(client: redis.Redis, sizes: BenchSizes) -> dict[str, float]:
+    """Poll latency (µs) and full fetch time (s: poll, meta, chunked GETRANGEs, digest check,
+    decode) versus one raw GET of the same blob, medians over ``fetch_repeats``."""
+    run = "bench-params"
+    publisher = ParameterPublisher(client, run, PublisherConfig())
+    reader = ParameterClient(client, run, ParameterClientConfig())
+    blob_key = RunKeys(run).params.blob
+    out: dict[str, float] = {}
+    for mb in sizes.param_megabytes:
+        params = mlp_params(mb)
+        fetch_s, raw_s = [], []
+        for i in range(sizes.fetch_repeats):
+            version = publisher.publish(params, iteration=i)
+            start = time.perf_counter()
+            fetched, _ = reader.fetch()
+            fetch_s.append(time.perf_counter() - start)
+            if fetched is None:
+                raise RuntimeError(f"fetch of parameter version {version} failed (see the warning above)")
+            start = time.perf_counter()
+            client.get(blob_key(version))
+            raw_s.append(time.perf_counter() - start)
+        out[f"fetch_{mb}m_s"] = statistics.median(fetch_s)
+        out[f"raw_get_{mb}m_s"] = statistics.median(raw_s)
+        out[f"fetch_{mb}m_ratio"] = out[f"fetch_{mb}m_s"] / out[f"raw_get_{mb}m_s"]
+        log.info("params %d MiB: fetch %.2f ms, raw GET %.2f ms", mb, 1e3 * out[f"fetch_{mb}m_s"],
+                 1e3 * out[f"raw_get_{mb}m_s"])
+    polls = []
+    for _ in range(sizes.polls):
+        start = time.perf_counter()
+        reader.fetch()
+        polls.append(time.perf_counter() - start)
+    out["poll_p50_us"] = 1e6 * float(np.percentile(polls, 50))
+    out["poll_p99_us"] = 1e6 * float(np.percentile(polls, 99))
+    log.info("params poll: p50 %.0f us, p99 %.0f us", out["poll_p50_us"], out["poll_p99_us"])
+    return out
+
+
+def check_targets(results: dict) -> dict[str, dict]:
+    """Each goal with its measured value and whether it was met."""
+    goals = []
+    for kind in KINDS:
+        if kind in results:
+            r = results[kind]
+            goals.append((f"{kind}_tps_ratio", r["tps_ratio"], ">=", 5.0 if kind == "atari" else 2.0))
+            goals.append((f"{kind}_bytes_ratio", r["bytes_ratio"], "<=", 0.05 if kind == "atari" else 0.55))
+    if "cartpole" in results:
+        goals.append(("cartpole_recv_tps", results["cartpole"]["recv_tps"], ">=", 300_000.0))
+    params = results["params"]
+    goals.append(("poll_p99_us", params["poll_p99_us"], "<", 1000.0))
+    goals += [(name, params[name], "<=", 1.3) for name in params if name.endswith("m_ratio")]
+    return {name: {"value": value, "target": f"{op} {bound:g}",
+                   "met": value >= bound if op == ">=" else value <= bound if op == "<=" else value < bound}
+            for name, value, op, bound in goals}
+
+
+def run_hub_bench(quick: bool, sizes: BenchSizes | None = None) -> dict:
+    """Run the whole benchmark on a fresh embedded redis-server and return the results.
+
+    ``quick`` picks :meth:`BenchSizes.quick` (under a minute on 2 cores) unless ``sizes`` is
+    given. Blocks for the duration; starts and stops its own server and sender processes.
+    Keys: one dict per kind in :data:`KINDS`, ``params``, ``targets``, ``sizes``, ``redis``.
+    """
+    sizes = sizes or (BenchSizes.quick() if quick else BenchSizes())
+    unknown = set(sizes.kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown observation kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
+    started = time.monotonic()
+    with EmbeddedRedis(maxmemory="4gb") as server:
+        client = connect(server.url)
+        try:
+            results: dict = {"quick": quick, "redis": client.info("server")["redis_version"],
+                             "sizes": {k: [SENDERS, s.num_envs, s.steps] for k, s in sizes.kinds.items()}}
+            for kind, size in sizes.kinds.items():
+                log.info("measuring %s: %d senders x %d envs x %d steps", kind, SENDERS, size.num_envs, size.steps)
+                results[kind] = measure_kind(client, server.url, kind, size)
+            client.flushall()
+            results["params"] = measure_params(client, sizes)
+        finally:
+            client.close()
+    results["targets"] = check_targets(results)
+    results["seconds"] = time.monotonic() - started
+    return results
