@@ -39,6 +39,8 @@ _DTYPES = [
 ]
 DTYPE_BY_NAME = {name: np.dtype(name).newbyteorder("<") for name in _DTYPES}
 _CODE_BY_NAME = {name: i for i, name in enumerate(_DTYPES)}
+# dtype.name costs microseconds on numpy 2 and is asked several times per leaf; a lookup is free.
+_NAME_BY_DTYPE = {np.dtype(name): name for name in _DTYPES}
 _ARRAY_HEADER = struct.Struct("<4sBBB")  # magic, codec, dtype code, ndim
 _CODECS = ("raw", "lz4")
 
@@ -55,7 +57,7 @@ def digest(data: bytes | memoryview) -> str:
 
 
 def _dtype_name(arr: np.ndarray) -> str:
-    name = arr.dtype.name
+    name = _NAME_BY_DTYPE.get(arr.dtype) or arr.dtype.name
     if name not in DTYPE_BY_NAME:
         raise CodecError(f"dtype {arr.dtype} is not allowed (allowed: {', '.join(_DTYPES)})")
     return name
@@ -107,7 +109,7 @@ def encode_array(arr: np.ndarray, compress_min_bytes: int | None = None) -> byte
     if arr.ndim > MAX_NDIM:
         raise CodecError(f"array with {arr.ndim} dimensions exceeds {MAX_NDIM}")
     data, codec = _pack(arr, compress_min_bytes)
-    header = _ARRAY_HEADER.pack(ARRAY_MAGIC, _CODECS.index(codec), _CODE_BY_NAME[arr.dtype.name], arr.ndim)
+    header = _ARRAY_HEADER.pack(ARRAY_MAGIC, _CODECS.index(codec), _CODE_BY_NAME[_dtype_name(arr)], arr.ndim)
     return b"".join((header, struct.pack(f"<{arr.ndim}I", *arr.shape), data))
 
 
@@ -141,7 +143,7 @@ def encode_tree(tree: Tree, compress_min_bytes: int | None = None) -> bytes:
         if isinstance(node, np.ndarray) or isinstance(node, np.generic):
             arr = np.asarray(node)
             data, codec = _pack(arr, compress_min_bytes)
-            leaves.append([arr.dtype.name, list(arr.shape), len(data), codec])
+            leaves.append([_dtype_name(arr), list(arr.shape), len(data), codec])
             chunks.append(data)
             return {"a": len(leaves) - 1}
         if isinstance(node, Mapping):

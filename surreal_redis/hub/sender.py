@@ -138,7 +138,8 @@ class ExperienceSender:
         self._layout: _Layout | None = None
         self._t = 0  # steps stored in the current chunk
         self._carry: list[list[tuple[int, bytes, str]]] | None = None  # digests of obs row 0, per env
-        self._blobs: dict[str, bytes] = {}
+        self._blobs: dict[str, bytes] = {}  # digest -> encoded observation, for this flush
+        self._raw: dict[str, np.ndarray] = {}  # digest -> array, when not encoded
         self._counts = dict.fromkeys(SenderStats._fields, 0)
 
     # ------------------------------------------------------------ public API
@@ -167,15 +168,17 @@ class ExperienceSender:
             raise ValueError(f"obs has {len(leaves)} leaves, expected {len(layout.shapes)}")
         if self._t == T:  # obs is obs_T of the full chunks: send them, it becomes obs_0 of the next
             self._store_obs(leaves, T)
-            self._send(self._build_chunks(T))
-            self._t = 0
+            self._emit(T)
         t = self._t
         self._store_obs(leaves, t)
         self._put(self._actions, t, actions, "actions")
         self._put(self._rewards, t, rewards, "rewards")
         self._put(self._terminated, t, terminated, "terminated")
         self._put(self._truncated, t, truncated, "truncated")
-        self._put(self._versions, t, np.broadcast_to(np.asarray(policy_version), (n,)), "policy_version")
+        if np.ndim(policy_version) == 0:
+            self._versions[:, t] = policy_version
+        else:
+            self._put(self._versions, t, policy_version, "policy_version")
         if tuple(k for k in extras if k != INITIAL_STATE) != layout.extras:
             raise ValueError(f"extras keys {sorted(extras)} differ from the first step's {sorted(layout.extras)}")
         for name in layout.extras:
@@ -210,10 +213,11 @@ class ExperienceSender:
         else:
             steps -= 1
             self._counts["steps_dropped"] += self._layout.num_envs
-        chunks = self._build_chunks(steps) if steps > 0 else []
-        self._send(chunks)
+        sent = self._emit(steps) if steps > 0 else 0
         self._t, self._carry = 0, None
-        return len(chunks)
+        for finals in self._final:
+            finals.clear()
+        return sent
 
     def stats(self) -> SenderStats:
         return SenderStats(**self._counts)
@@ -275,11 +279,19 @@ class ExperienceSender:
         raw = array.tobytes()
         for other in candidates:
             if other[0] == sig and other[1] == raw:
+                self._raw.setdefault(other[2], array)
                 return other
         blob = encode_array(array, self.config.compress_min_bytes)
         key = digest(blob)
         self._blobs.setdefault(key, blob)
         return sig, raw, key
+
+    def _blob(self, key: str) -> bytes:
+        """The encoded observation of digest ``key`` (re-encoded when it was only matched)."""
+        blob = self._blobs.get(key)
+        if blob is None:
+            blob = self._blobs[key] = encode_array(self._raw[key], self.config.compress_min_bytes)
+        return blob
 
     def _build_chunks(self, steps: int) -> list[tuple[tuple[bytes, ...], list[str]]]:
         """Stream fields and referenced digests of each env's chunk of ``steps`` steps (obs rows
@@ -289,10 +301,13 @@ class ExperienceSender:
         carry: list[list[tuple[int, bytes, str]]] = []
         chunks = []
         for env in range(layout.num_envs):
+            # rows[t]: (signature, raw bytes, digest) of each referenced leaf of obs row t
             rows: list[list[tuple[int, bytes, str]]] = []
             prev = self._carry[env] if self._carry is not None else []
             for t in range(steps + 1):
-                if t == 0 and prev:
+                if (t == 0 and prev) or not refs:
+                    for i, entry in zip(refs, prev):
+                        self._raw.setdefault(entry[2], self._obs[i][env, 0])
                     rows.append(prev)
                     continue
                 row: list[tuple[int, bytes, str]] = []
@@ -361,11 +376,25 @@ class ExperienceSender:
         self._seq += 1
         return self._seq
 
+    def _emit(self, steps: int) -> int:
+        """Build and send the chunks of ``steps`` steps; the next step starts new chunks. If the
+        send fails (HubUnavailableError), those steps are counted as dropped and the next chunks
+        start afresh from the next added step."""
+        chunks = self._build_chunks(steps)
+        self._t = 0
+        try:
+            self._send(chunks)
+        except BaseException:
+            self._carry = None
+            self._counts["steps_dropped"] += steps * len(chunks)
+            raise
+        finally:
+            self._blobs.clear()
+            self._raw.clear()
+        return len(chunks)
+
     def _send(self, chunks: list[tuple[tuple[bytes, ...], list[str]]]) -> None:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s."""
-        if not chunks:
-            self._blobs.clear()
-            return
         cfg = self.config
         self._wait_for_learner()
         pending = split_batches(chunks, cfg.max_chunks_per_insert, cfg.max_obs_per_insert, self._next_seq)
@@ -374,12 +403,15 @@ class ExperienceSender:
             self._counts["obs_lru_hits"] += len(batch.digests) - len(batch.upload)
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
         deadline = None
+        attempts = 0
         while pending:
             retry, error = self._attempt(pending)
             pending = [batch for batch, _ in retry]
+            attempts += 1
             if not pending:
                 break
-            if any(kind is Outcome.BACKOFF for _, kind in retry) or error is not None:
+            # Re-uploading missing obs or loading the script is retried at once, but only once.
+            if attempts > 1 or error is not None or any(kind is Outcome.BACKOFF for _, kind in retry):
                 now = time.monotonic()
                 deadline = deadline or now + cfg.max_wait_s
                 if now > deadline:
@@ -387,19 +419,19 @@ class ExperienceSender:
                         f"shard {self.shard}: {len(pending)} inserts not stored after {cfg.max_wait_s}s "
                         f"(sender.max_wait_s); last error: {error}")
                 time.sleep(backoff.next_delay())
-        self._blobs.clear()
 
     def _attempt(self, batches: list[Batch]) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
         """One pipeline: uploads, then the inserts. Returns the batches to retry and why."""
-        keys, blobs, sent = self.keys, self._blobs, set()
+        keys, sent = self.keys, set()
         pipe = self.client.pipeline(transaction=False)
         nbytes = 0
         for batch in batches:
             for d in batch.upload:
                 if d not in sent:
                     sent.add(d)
-                    nbytes += len(blobs[d])
-                    pipe.set(keys.obs(d), blobs[d], nx=True, ex=self.config.obs_ttl_s)
+                    blob = self._blob(d)
+                    nbytes += len(blob)
+                    pipe.set(keys.obs(d), blob, nx=True, ex=self.config.obs_ttl_s)
         sha = self._scripts.get("insert").sha
         for batch in batches:
             args = [batch.seq, self.config.seen_ttl_s, len(batch.chunks)]
@@ -418,7 +450,8 @@ class ExperienceSender:
         self._counts["bytes_sent"] += nbytes
         self._counts["obs_uploaded"] += sum(r is True for r in replies[: len(sent)])
         retry: list[tuple[Batch, Outcome]] = []
-        error: BaseException | None = None
+        # A refused upload (OOM) shows up as MISSING in its insert; keep the reason for the error.
+        error = next((r for r in replies[: len(sent)] if isinstance(r, Exception)), None)
         for batch, reply in zip(batches, replies[len(sent):]):
             kind, detail = classify_reply(reply)
             if kind is Outcome.DONE:

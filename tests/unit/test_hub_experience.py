@@ -1,0 +1,310 @@
+"""Experience path on fakeredis: sender -> insert.lua -> receiver, dedup, routing, eviction."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from surreal_redis.codec import encode_tree
+from surreal_redis.hub.gc import HubJanitor, RetentionConfig
+from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.sender import ExperienceSender, HubUnavailableError, SenderConfig
+from surreal_redis.keys import RunKeys
+
+RUN = "unit"
+N = 3
+T = 4
+
+
+def frame(i: int) -> np.ndarray:
+    """A distinct, compressible 84x84 frame for every integer."""
+    f = np.zeros((84, 84), np.uint8)
+    f[i % 84, :] = 255
+    f[:, (i // 84) % 84] = i % 251
+    return f
+
+
+def atari_obs(step: int) -> dict:
+    """4-frame stacks (one new frame per step and env) plus a small inline vector."""
+    pix = tuple(np.stack([frame(1000 * env + step + k) for env in range(N)]) for k in range(4))
+    vec = np.stack([np.array([step, env, 0.5], np.float32) for env in range(N)])
+    return {"pix": pix, "vec": vec}
+
+
+def run_episode_steps(sender: ExperienceSender, steps: int, record: list) -> dict:
+    """Add ``steps`` steps with episode ends mid-chunk; returns the obs that follows the last."""
+    for step in range(steps):
+        obs = atari_obs(step)
+        terminated = np.array([step == 2, False, False])
+        truncated = np.array([False, step == 5, False])
+        final = None
+        if (terminated | truncated).any():  # the true last stack: 3 frames of obs, one new frame
+            final = atari_obs(step + 1)
+            final["pix"] = final["pix"][:3] + (np.stack([frame(50_000 + step)] * N),)
+        actions = np.arange(N, dtype=np.int64) + step
+        extras = {"logp": np.full(N, -step, np.float32), "value": np.full(N, step * 0.1, np.float32),
+                  "initial_state": {"h": np.full((N, 2), step, np.float32)}}
+        sender.add(obs, actions, np.full(N, step, np.float32), terminated, truncated, final, extras, 7)
+        record.append((obs, actions, terminated, truncated, final))
+    return atari_obs(steps)
+
+
+def assert_tree_equal(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_tree_equal(a[k], b[k])
+    elif isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_tree_equal(x, y)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+def index(tree, i):
+    if isinstance(tree, dict):
+        return {k: index(v, i) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(index(v, i) for v in tree)
+    return tree[i]
+
+
+def test_round_trip_vectorized_with_episode_ends_and_extras(fake_redis):
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 4, 1)
+    record: list = []
+    next_obs = run_episode_steps(sender, 10, record)
+    assert sender.flush(next_obs) == N
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    received = receiver.receive(100, block_ms=0)
+    assert len(received) == 3 * N  # chunks of 4, 4 and 2 steps per env
+    by_env: dict[int, list] = {}
+    for item in received:
+        assert item.chunk.agent_id == 4
+        by_env.setdefault(item.chunk.env_index, []).append(item.chunk)
+    for env, chunks in by_env.items():
+        assert [c.num_steps for c in chunks] == [4, 4, 2]
+        start = 0
+        for c in chunks:
+            for t in range(c.num_steps):
+                obs, actions, terminated, truncated, final = record[start + t]
+                assert_tree_equal(index(c.obs, t), index(obs, env))
+                assert c.actions[t] == actions[env]
+                assert c.terminated[t] == terminated[env] and c.truncated[t] == truncated[env]
+                if terminated[env] or truncated[env]:
+                    assert_tree_equal(c.final_obs[t], index(final, env))
+                    assert_tree_equal(c.next_obs(t), index(final, env))
+            assert sorted(c.final_obs) == np.flatnonzero(c.terminated | c.truncated).tolist()
+            assert c.rewards.dtype == np.float32 and c.policy_version.tolist() == [7] * c.num_steps
+            np.testing.assert_array_equal(c.extras["logp"], -np.arange(start, start + c.num_steps))
+            np.testing.assert_array_equal(c.extras["initial_state"]["h"], [start, start])
+            last = record[start + c.num_steps][0] if start + c.num_steps < 10 else next_obs
+            assert_tree_equal(index(c.obs, c.num_steps), index(last, env))
+            start += c.num_steps
+    # termination and truncation stay apart
+    env0 = by_env[0][0]
+    assert env0.terminated.tolist() == [False, False, True, False] and not env0.truncated.any()
+    env1 = by_env[1][1]
+    assert env1.truncated.tolist() == [False, True, False, False] and not env1.terminated.any()
+    assert receiver.ack(received) == len(received)
+    stats = receiver.stats()
+    assert stats.chunks == 9 and stats.steps == N * 10 and stats.dead == 0
+
+
+def test_frame_stacks_upload_one_new_frame_per_step(fake_redis):
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 0, 1)
+    run_episode_steps(sender, 13, [])
+    keys = RunKeys(RUN).shard(0)
+    # 3 full flushes cover obs rows 0..12: 4 frames for row 0, then one new frame per row and env,
+    # plus one new frame for each of the 2 final observations.
+    expected = N * (4 + 12) + 2
+    assert sender.stats().obs_uploaded == expected
+    assert len(fake_redis.keys(keys.obs_prefix + "*")) == expected
+    assert fake_redis.zcard(keys.obsref) == expected
+    # the boundary row of each chunk (obs_T = obs_0 of the next) is referenced by both entries
+    entries = fake_redis.xrange(keys.exp)
+    first, second = (set(e[1][b"o"].split(b",")) for e in entries[:N * 2: N])
+    assert len(first & second) == 4
+
+
+def test_small_observations_travel_inline(fake_redis):
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 0, 1)
+    for step in range(T + 1):
+        obs = np.full((N, 4), step, np.float32)  # cartpole-sized: 16 bytes per env
+        sender.add(obs, np.zeros(N, np.int64), np.ones(N), np.zeros(N, bool), np.zeros(N, bool))
+    keys = RunKeys(RUN).shard(0)
+    assert sender.stats().obs_uploaded == 0 and not fake_redis.keys(keys.obs_prefix + "*")
+    assert all(fields[b"o"] == b"" for _, fields in fake_redis.xrange(keys.exp))
+    chunk = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(10, 0)[0].chunk
+    np.testing.assert_array_equal(chunk.obs[:, 0], np.arange(T + 1))
+
+
+def test_lru_skips_reupload_and_missing_obs_is_reuploaded(fake_redis):
+    static = np.stack([frame(5)] * N)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
+
+    def step():
+        sender.add({"f": static}, np.zeros(N, np.int64), np.ones(N), np.zeros(N, bool), np.zeros(N, bool))
+
+    for _ in range(3):
+        step()
+    assert sender.stats().obs_uploaded == 1
+    for _ in range(2):
+        step()
+    stats = sender.stats()
+    assert stats.obs_uploaded == 1 and stats.obs_lru_hits >= 1
+    # a gc that ran meanwhile removed it: the insert answers MISSING and the sender re-uploads
+    keys = RunKeys(RUN).shard(0)
+    fake_redis.delete(*fake_redis.keys(keys.obs_prefix + "*"))
+    for _ in range(2):
+        step()
+    stats = sender.stats()
+    assert stats.missing_retries == 1 and stats.obs_uploaded == 2 and stats.inserts == 3
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    chunks = receiver.receive(100, 0)
+    assert len(chunks) == 3 * N and receiver.stats().dead == 0
+    assert receiver.stats().cache_misses == 1  # identical frames: one fetch, one shared array
+
+
+def test_agents_route_to_shard_k_mod_s(fake_redis):
+    run_keys = RunKeys(RUN)
+    for agent in range(5):
+        sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, agent, 3)
+        for _ in range(2):
+            sender.add(np.zeros((1, 2), np.float32), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    lengths = [fake_redis.xlen(k.exp) for k in run_keys.shards(3)]
+    assert lengths == [2, 2, 1]
+    agents = {int(f[b"a"]) for _, f in fake_redis.xrange(run_keys.shard(1).exp)}
+    assert agents == {1, 4}
+
+
+def test_partial_flush_with_and_without_next_obs(fake_redis):
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=8), RUN, 0, 1)
+    zeros = np.zeros(N, bool)
+    for step in range(3):
+        sender.add(np.full((N, 2), step, np.float32), np.zeros(N), np.zeros(N), zeros, zeros)
+    assert fake_redis.xlen(keys.exp) == 0
+    assert sender.flush() == N  # without the next obs the last step cannot be completed
+    assert sender.stats().steps_dropped == N
+    chunks = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(100, 0)
+    assert {c.chunk.num_steps for c in chunks} == {2}
+    np.testing.assert_array_equal(chunks[0].chunk.obs[:, 0], [0, 1, 2])
+    sender.add(np.full((N, 2), 9, np.float32), np.zeros(N), np.zeros(N), zeros, zeros)
+    assert sender.flush(np.full((N, 2), 10, np.float32)) == N
+    assert fake_redis.xlen(keys.exp) == 2 * N
+    assert sender.flush() == 0
+
+
+def test_bad_input_names_the_value(fake_redis):
+    with pytest.raises(ValueError, match="flush_steps"):
+        SenderConfig(flush_steps=0)
+    with pytest.raises(ValueError, match="max_obs_per_insert"):
+        SenderConfig(max_obs_per_insert=300)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
+    zeros = np.zeros(N, bool)
+    sender.add(np.zeros((N, 2)), np.zeros(N), np.zeros(N), zeros, zeros)
+    with pytest.raises(ValueError, match="rewards has shape"):
+        sender.add(np.zeros((N, 2)), np.zeros(N), np.zeros(N + 1), zeros, zeros)
+    with pytest.raises(ValueError, match="final_obs is None"):
+        sender.add(np.zeros((N, 2)), np.zeros(N), np.zeros(N), np.array([True, False, False]), zeros)
+    with pytest.raises(ValueError, match="max_chunks"):
+        ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(0)
+
+
+def test_backpressure_waits_for_the_learner(fake_redis):
+    config = SenderConfig(flush_steps=1, max_lag=2, retry_base_s=0.01, retry_cap_s=0.02,
+                          backpressure_timeout_s=0.2)
+    sender = ExperienceSender(fake_redis, config, RUN, 0, 1)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    receiver.start()
+
+    def step():
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+
+    for _ in range(4):
+        step()  # 3 entries sent: the third waited for nothing (backlog 2 <= max_lag)
+    with pytest.raises(HubUnavailableError, match="max_lag"):
+        step()
+    assert sender.stats().steps_dropped == 1 and fake_redis.xlen(RunKeys(RUN).shard(0).exp) == 3
+    step()  # the failed flush was dropped: this step starts a new chunk
+    reader = threading.Timer(0.05, lambda: receiver.receive(10, 0))
+    reader.start()
+    started = time.monotonic()
+    step()
+    reader.join()
+    assert time.monotonic() - started >= 0.04
+    assert sender.stats().backpressure_wait_s > 0.04
+
+
+def test_malformed_entries_go_to_the_dead_letter_stream(fake_redis):
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    zeros = np.zeros(1, bool)
+    sender.add({"f": frame(1)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
+    fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "", "d": b"not a tree"})
+    fake_redis.xadd(keys.exp, {"x": "1"})
+    fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "", "d": encode_tree({"rewards": np.zeros(2)})})
+    fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "ab" * 16, "d": encode_tree({})})
+    sender.add({"f": frame(2)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
+    sender.add({"f": frame(3)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    good = receiver.receive(100, 0)
+    assert len(good) == 2
+    assert receiver.dead_by_reason == {"codec": 1, "format": 2, "missing_obs": 1}
+    dead = fake_redis.xrange(keys.dead)
+    assert [f[b"reason"] for _, f in dead] == [b"codec", b"format", b"format", b"missing_obs"]
+    assert dead[1][1][b"f.x"] == b"1"
+    pending = fake_redis.xpending(keys.exp, "learner")["pending"]
+    assert pending == 2  # only the good ones, until acked
+    receiver.ack(good)
+    assert fake_redis.xpending(keys.exp, "learner")["pending"] == 0
+
+
+def test_tampered_observation_fails_digest_verification(fake_redis):
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    zeros = np.zeros(1, bool)
+    for i in range(2):
+        sender.add({"f": frame(i)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
+    obs_key = fake_redis.keys(keys.obs_prefix + "*")[0]
+    fake_redis.set(obs_key, fake_redis.get(fake_redis.keys(keys.obs_prefix + "*")[1]))
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    assert receiver.receive(10, 0) == []
+    assert receiver.dead_by_reason == {"digest_mismatch": 1}
+
+
+def test_janitor_trims_by_count_counts_unread_and_collects_obs(fake_redis):
+    fake_redis.config_set("stream-node-max-entries", 2)
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    zeros = np.zeros(1, bool)
+    for i in range(11):
+        sender.add({"f": frame(i)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    receiver.ack(receiver.receive(4, 0))  # entries 0..3 delivered, 4..9 unread
+    janitor = HubJanitor(fake_redis, RetentionConfig(max_entries=2, trim_limit=4), RUN, 1)
+    stats = janitor.run_once()
+    assert fake_redis.xlen(keys.exp) == 2 and stats.trimmed == 8
+    assert stats.unread_dropped == 4 and janitor.unread_dropped_total == 4
+    referenced = {d for _, f in fake_redis.xrange(keys.exp) for d in f[b"o"].decode().split(",")}
+    stored = {keys.digest_of(k.decode()) for k in fake_redis.keys(keys.obs_prefix + "*")}
+    assert stored == referenced and len(stored) == 3
+    assert {m.decode() for m in fake_redis.zrange(keys.obsref, 0, -1)} == referenced
+    assert janitor.run_once() == (0, 0, 0, 0)
+
+
+def test_janitor_age_trim_keeps_unread(fake_redis):
+    fake_redis.config_set("stream-node-max-entries", 1)
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    zeros = np.zeros(1, bool)
+    for i in range(6):
+        sender.add({"f": frame(i)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    delivered = receiver.receive(3, 0)
+    time.sleep(0.01)
+    stats = HubJanitor(fake_redis, RetentionConfig(max_entries=None, max_age_s=0.001), RUN, 1).run_once()
+    assert stats.unread_dropped == 0 and stats.trimmed == 2  # the last delivered entry stays
+    assert fake_redis.xrange(keys.exp)[0][0] == delivered[-1].entry_id
