@@ -15,21 +15,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
 import redis
 
-from surreal_redis.codec import Tree, digest, encode_array, encode_tree
+from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
-from surreal_redis.hub.wire import (
-    INITIAL_STATE,
-    Batch,
-    Outcome,
-    classify_reply,
-    read_backlog,
-    split_batches,
-    tree_leaves,
-    tree_map,
-)
+from surreal_redis.hub.chunker import ChunkBuffer, EncodedChunk
+from surreal_redis.hub.wire import Batch, Outcome, classify_reply, read_backlog, split_batches
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -104,16 +95,6 @@ class HubUnavailableError(RuntimeError):
     """Redis refused or could not take an insert for longer than the configured wait."""
 
 
-class _Layout(NamedTuple):
-    num_envs: int
-    template: Tree  # first obs tree; only its structure is used
-    shapes: list[tuple[int, ...]]  # per-env shape of each obs leaf
-    dtypes: list[np.dtype]
-    ref: list[int]  # leaf ordinal -> position among referenced leaves, -1 if inline
-    sig: list[int]  # referenced leaves with equal (dtype, shape) share a signature
-    extras: tuple[str, ...]
-
-
 class ExperienceSender:
     """Turns vectorized env steps into chunks and sends them to shard ``agent_id % num_shards``.
 
@@ -135,11 +116,8 @@ class ExperienceSender:
         self._scripts = Scripts(client)
         self._seq = 0
         self._lru: OrderedDict[str, None] = OrderedDict()
-        self._layout: _Layout | None = None
-        self._t = 0  # steps stored in the current chunk
-        self._carry: list[list[tuple[int, bytes, str]]] | None = None  # digests of obs row 0, per env
-        self._blobs: dict[str, bytes] = {}  # digest -> encoded observation, for this flush
-        self._raw: dict[str, np.ndarray] = {}  # digest -> array, when not encoded
+        self._buffer = ChunkBuffer(agent_id, config.flush_steps, config.dedup_min_bytes,
+                                   config.compress_min_bytes, config.max_obs_per_insert)
         self._counts = dict.fromkeys(SenderStats._fields, 0)
 
     # ------------------------------------------------------------ public API
@@ -158,45 +136,11 @@ class ExperienceSender:
         first step of each chunk. ``policy_version``: int or ``[N]``.
         Raises ValueError naming the argument whose shape or structure is wrong.
         """
-        leaves = [np.asarray(leaf) for leaf in tree_leaves(obs)]
-        extras = extras or {}
-        if self._layout is None:
-            self._allocate(obs, leaves, actions, extras)
-        layout = self._layout
-        T, n = self.config.flush_steps, layout.num_envs
-        if len(leaves) != len(layout.shapes):
-            raise ValueError(f"obs has {len(leaves)} leaves, expected {len(layout.shapes)}")
-        if self._t == T:  # obs is obs_T of the full chunks: send them, it becomes obs_0 of the next
-            self._store_obs(leaves, T)
-            self._emit(T)
-        t = self._t
-        self._store_obs(leaves, t)
-        self._put(self._actions, t, actions, "actions")
-        self._put(self._rewards, t, rewards, "rewards")
-        self._put(self._terminated, t, terminated, "terminated")
-        self._put(self._truncated, t, truncated, "truncated")
-        if np.ndim(policy_version) == 0:
-            self._versions[:, t] = policy_version
-        else:
-            self._put(self._versions, t, policy_version, "policy_version")
-        if tuple(k for k in extras if k != INITIAL_STATE) != layout.extras:
-            raise ValueError(f"extras keys {sorted(extras)} differ from the first step's {sorted(layout.extras)}")
-        for name in layout.extras:
-            self._put(self._extras[name], t, extras[name], f"extras[{name!r}]")
-        if t == 0:
-            state = extras.get(INITIAL_STATE)
-            self._state = None if state is None else tree_map(state, lambda _i, x: np.array(x, copy=True))
-        ended = np.flatnonzero(self._terminated[:, t] | self._truncated[:, t])
-        if ended.size:
-            if final_obs is None:
-                raise ValueError(f"episodes of envs {ended.tolist()} ended but final_obs is None")
-            final = [np.asarray(leaf) for leaf in tree_leaves(final_obs)]
-            if [f.shape for f in final] != [leaf.shape for leaf in leaves]:
-                raise ValueError("final_obs must have the structure and leaf shapes of obs")
-            for env in ended.tolist():
-                self._final[env][t] = [leaf[env].copy() for leaf in final]
-        self._t += 1
-        self._counts["steps"] += n
+        chunks = self._buffer.add(obs, actions, rewards, terminated, truncated, final_obs, extras,
+                                  policy_version)
+        self._counts["steps"] += self._buffer.num_envs
+        if chunks:
+            self._emit(chunks)
 
     def flush(self, next_obs: Tree | None = None) -> int:
         """Send the partial chunks (at shutdown); returns the number of chunks sent.
@@ -205,162 +149,15 @@ class ExperienceSender:
         without it that step cannot be completed and is dropped (counted in ``steps_dropped``).
         Blocks like ``add`` does when it flushes. The next ``add`` starts new chunks.
         """
-        if self._layout is None or self._t == 0:
-            return 0
-        steps = self._t
-        if next_obs is not None:
-            self._store_obs([np.asarray(leaf) for leaf in tree_leaves(next_obs)], steps)
-        else:
-            steps -= 1
-            self._counts["steps_dropped"] += self._layout.num_envs
-        sent = self._emit(steps) if steps > 0 else 0
-        self._t, self._carry = 0, None
-        for finals in self._final:
-            finals.clear()
-        return sent
+        dropped = self._buffer.steps > 0 and next_obs is None
+        chunks = self._buffer.finish(next_obs)
+        self._counts["steps_dropped"] += self._buffer.num_envs * dropped
+        if chunks:
+            self._emit(chunks)
+        return len(chunks)
 
     def stats(self) -> SenderStats:
         return SenderStats(**self._counts)
-
-    # ------------------------------------------------------------ buffers
-
-    def _allocate(self, obs: Tree, leaves: list[np.ndarray], actions: Any, extras: dict[str, Any]) -> None:
-        cfg = self.config
-        if not leaves or any(leaf.ndim < 1 for leaf in leaves):
-            raise ValueError("every obs leaf needs a leading env dimension N")
-        n = leaves[0].shape[0]
-        if any(leaf.shape[0] != n for leaf in leaves):
-            raise ValueError(f"obs leaves disagree on N: {[leaf.shape for leaf in leaves]}")
-        shapes = [leaf.shape[1:] for leaf in leaves]
-        ref, sig, sigs = [], [], {}
-        for leaf in leaves:
-            if leaf.nbytes // n >= cfg.dedup_min_bytes:
-                ref.append(sum(r >= 0 for r in ref))
-                sig.append(sigs.setdefault((leaf.dtype.str, leaf.shape[1:]), len(sigs)))
-            else:
-                ref.append(-1)
-                sig.append(-1)
-        T = cfg.flush_steps
-        self._obs = [np.zeros((n, T + 1, *leaf.shape[1:]), leaf.dtype) for leaf in leaves]
-        act = np.asarray(actions)
-        self._actions = np.zeros((n, T, *act.shape[1:]), act.dtype)
-        self._rewards = np.zeros((n, T), np.float32)
-        self._terminated = np.zeros((n, T), bool)
-        self._truncated = np.zeros((n, T), bool)
-        self._versions = np.zeros((n, T), np.int64)
-        names = tuple(k for k in extras if k != INITIAL_STATE)
-        self._extras = {}
-        for name in names:
-            value = np.asarray(extras[name])
-            self._extras[name] = np.zeros((n, T, *value.shape[1:]), value.dtype)
-        self._final: list[dict[int, list[np.ndarray]]] = [{} for _ in range(n)]
-        self._state: Tree | None = None
-        self._layout = _Layout(n, obs, shapes, [leaf.dtype for leaf in leaves], ref, sig, names)
-
-    def _put(self, buffer: np.ndarray, t: int, value: Any, name: str) -> None:
-        value = np.asarray(value)
-        expected = buffer.shape[:1] + buffer.shape[2:]
-        if value.shape != expected:
-            raise ValueError(f"{name} has shape {value.shape}, expected {expected}")
-        buffer[:, t] = value
-
-    def _store_obs(self, leaves: list[np.ndarray], t: int) -> None:
-        for i, (leaf, buffer) in enumerate(zip(leaves, self._obs)):
-            if leaf.shape != buffer.shape[:1] + buffer.shape[2:]:
-                raise ValueError(f"obs leaf {i} has shape {leaf.shape}, expected {buffer.shape[:1] + buffer.shape[2:]}")
-            buffer[:, t] = leaf
-
-    # ------------------------------------------------------------ chunks
-
-    def _digest_leaf(self, array: np.ndarray, sig: int,
-                     candidates: list[tuple[int, bytes, str]]) -> tuple[int, bytes, str]:
-        """(sig, raw bytes, digest); frames repeated from a neighbouring step (frame stacks) are
-        found by comparing raw bytes, which is much cheaper than encoding and hashing them again."""
-        raw = array.tobytes()
-        for other in candidates:
-            if other[0] == sig and other[1] == raw:
-                self._raw.setdefault(other[2], array)
-                return other
-        blob = encode_array(array, self.config.compress_min_bytes)
-        key = digest(blob)
-        self._blobs.setdefault(key, blob)
-        return sig, raw, key
-
-    def _blob(self, key: str) -> bytes:
-        """The encoded observation of digest ``key`` (re-encoded when it was only matched)."""
-        blob = self._blobs.get(key)
-        if blob is None:
-            blob = self._blobs[key] = encode_array(self._raw[key], self.config.compress_min_bytes)
-        return blob
-
-    def _build_chunks(self, steps: int) -> list[tuple[tuple[bytes, ...], list[str]]]:
-        """Stream fields and referenced digests of each env's chunk of ``steps`` steps (obs rows
-        0..steps). Clears the per-chunk final observations; keeps obs row ``steps`` digests."""
-        layout = self._layout
-        refs = [i for i, r in enumerate(layout.ref) if r >= 0]
-        carry: list[list[tuple[int, bytes, str]]] = []
-        chunks = []
-        for env in range(layout.num_envs):
-            # rows[t]: (signature, raw bytes, digest) of each referenced leaf of obs row t
-            rows: list[list[tuple[int, bytes, str]]] = []
-            prev = self._carry[env] if self._carry is not None else []
-            for t in range(steps + 1):
-                if (t == 0 and prev) or not refs:
-                    for i, entry in zip(refs, prev):
-                        self._raw.setdefault(entry[2], self._obs[i][env, 0])
-                    rows.append(prev)
-                    continue
-                row: list[tuple[int, bytes, str]] = []
-                for i in refs:
-                    row.append(self._digest_leaf(self._obs[i][env, t], layout.sig[i], prev + row))
-                rows.append(row)
-                prev = row
-            finals = self._final[env]
-            final_rows = {t: [self._digest_leaf(finals[t][i], layout.sig[i], rows[t]) for i in refs]
-                          for t in sorted(finals) if t < steps}
-            chunks.append(self._chunk_fields(env, steps, rows, final_rows))
-            carry.append(rows[steps])
-            finals.clear()
-        self._carry = carry
-        return chunks
-
-    def _chunk_fields(self, env: int, steps: int, rows: list, final_rows: dict) -> tuple[tuple[bytes, ...], list[str]]:
-        layout = self._layout
-        order: dict[str, int] = {}
-
-        def indices(digests: list[str]) -> np.ndarray:
-            return np.array([order.setdefault(d, len(order)) for d in digests], np.int32)
-
-        obs = tree_map(layout.template, lambda i, _leaf: (
-            indices([row[layout.ref[i]][2] for row in rows]) if layout.ref[i] >= 0
-            else self._obs[i][env, : steps + 1]))
-        payload: dict[str, Any] = {
-            "obs": obs,
-            "ref": np.array([i for i, r in enumerate(layout.ref) if r >= 0], np.int32),
-            "actions": self._actions[env, :steps],
-            "rewards": self._rewards[env, :steps],
-            "terminated": self._terminated[env, :steps],
-            "truncated": self._truncated[env, :steps],
-            "policy_version": self._versions[env, :steps],
-            "extras": {name: buffer[env, :steps] for name, buffer in self._extras.items()},
-        }
-        if self._state is not None:
-            payload["extras"][INITIAL_STATE] = tree_map(self._state, lambda _i, x: x[env])
-        if final_rows:
-            ts = sorted(final_rows)
-            finals = self._final[env]
-            payload["final_t"] = np.array(ts, np.int32)
-            payload["final_obs"] = tree_map(layout.template, lambda i, _leaf: (
-                indices([final_rows[t][layout.ref[i]][2] for t in ts]) if layout.ref[i] >= 0
-                else np.stack([finals[t][i] for t in ts])))
-        data = encode_tree(payload, self.config.compress_min_bytes)
-        digests = list(order)
-        if len(digests) > self.config.max_obs_per_insert:
-            raise ValueError(f"a chunk references {len(digests)} observation leaves, more than "
-                             f"max_obs_per_insert={self.config.max_obs_per_insert}: lower sender.flush_steps "
-                             f"(now {self.config.flush_steps})")
-        fields = (str(self.agent_id).encode(), str(env).encode(), ",".join(digests).encode(), data)
-        return fields, digests
 
     # ------------------------------------------------------------ sending
 
@@ -376,28 +173,21 @@ class ExperienceSender:
         self._seq += 1
         return self._seq
 
-    def _emit(self, steps: int) -> int:
-        """Build and send the chunks of ``steps`` steps; the next step starts new chunks. If the
-        send fails (HubUnavailableError), those steps are counted as dropped and the next chunks
-        start afresh from the next added step."""
-        chunks = self._build_chunks(steps)
-        self._t = 0
+    def _emit(self, chunks: list[EncodedChunk]) -> None:
+        """Send; when that fails (HubUnavailableError) the chunks are counted as dropped."""
         try:
             self._send(chunks)
         except BaseException:
-            self._carry = None
-            self._counts["steps_dropped"] += steps * len(chunks)
+            self._counts["steps_dropped"] += sum(chunk.steps for chunk in chunks)
             raise
         finally:
-            self._blobs.clear()
-            self._raw.clear()
-        return len(chunks)
+            self._buffer.release()
 
-    def _send(self, chunks: list[tuple[tuple[bytes, ...], list[str]]]) -> None:
+    def _send(self, chunks: list[EncodedChunk]) -> None:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s."""
         cfg = self.config
         self._wait_for_learner()
-        pending = split_batches(chunks, cfg.max_chunks_per_insert, cfg.max_obs_per_insert, self._next_seq)
+        pending = split_batches([(c.fields, c.digests) for c in chunks], cfg.max_chunks_per_insert, cfg.max_obs_per_insert, self._next_seq)
         for batch in pending:
             batch.upload = [d for d in batch.digests if d not in self._lru]
             self._counts["obs_lru_hits"] += len(batch.digests) - len(batch.upload)
@@ -429,7 +219,7 @@ class ExperienceSender:
             for d in batch.upload:
                 if d not in sent:
                     sent.add(d)
-                    blob = self._blob(d)
+                    blob = self._buffer.blob(d)
                     nbytes += len(blob)
                     pipe.set(keys.obs(d), blob, nx=True, ex=self.config.obs_ttl_s)
         sha = self._scripts.get("insert").sha
