@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 CODEC = "srt1"  # the encode_tree format; "+lz4" is appended when leaves may be compressed
 _DIGEST_ALGO = "sha256"  # fastest strong hash here (SHA-NI): ~2x blake2b on a 10 MB blob
 MAX_BLOB_BYTES = 512 * 1024 * 1024  # Redis proto-max-bulk-len: the largest string a key can hold
+DEFAULT_CHUNK_BYTES = 1 << 20  # 1 MiB reads keep Redis' client output buffers small (research §4)
 
 
 class ParamFetchError(RuntimeError):
@@ -77,7 +78,7 @@ class PublisherConfig:
 
     min_publish_interval: float = 0.0
     compress_min_bytes: int | None = None
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     write_piece_bytes: int = 8 << 20
     grace_s: float = 60.0
     pending_ttl_s: float = 600.0
@@ -222,14 +223,14 @@ class ParameterClient:
         Returns ``(params, info)`` for a new version, ``(None, info)`` when nothing changed,
         nothing is published yet, or the download failed (warning logged); ``info`` always
         describes the parameters this client holds. Blocks for one round trip when nothing
-        changed; for a download, one more plus ceil(chunks / max_in_flight).
+        changed; for a download, ceil(chunks / max_in_flight) more (the first one also reads meta).
         """
         try:
             raw = self._client.hget(self._keys.meta, "version")
             if raw is None or (not force and int(raw) == self._info.version):
                 self._recovered()
                 return None, self._info
-            params, info = self._download()
+            params, info = self._download(int(raw))
         except (redis.RedisError, ParamFetchError, CodecError, ValueError) as exc:
             self._failed(exc)
             return None, self._info
@@ -242,30 +243,47 @@ class ParameterClient:
         propagate, malformed metadata raises :class:`ParamFetchError`."""
         return _parse_meta(self._client.hgetall(self._keys.meta))[0]
 
-    def _download(self) -> tuple[ParamDict, ParamInfo]:
-        info, chunk, codec, spec = _parse_meta(self._client.hgetall(self._keys.meta))
+    def _download(self, version: int) -> tuple[ParamDict, ParamInfo]:
+        # The meta read carries the first max_in_flight chunks of the polled version (ranges past
+        # the end come back empty), so a blob of up to that many chunks costs one round trip.
+        head_chunk = self._config.chunk_bytes or DEFAULT_CHUNK_BYTES
+        step = self._config.max_in_flight
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hgetall(self._keys.meta)
+        for i in range(step):
+            pipe.getrange(self._keys.blob(version), i * head_chunk, (i + 1) * head_chunk - 1)
+        meta, *head = pipe.execute()
+        info, chunk, codec, spec = _parse_meta(meta)
         if info.version == 0:
             raise ParamFetchError("parameter metadata vanished between poll and download")
         if codec not in (CODEC, CODEC + "+lz4"):
             raise ParamFetchError(f"v{info.version}: unknown parameter codec {codec!r}")
-        chunk = self._config.chunk_bytes or chunk
         key = self._keys.blob(info.version)
-        buf = bytearray(info.nbytes)
-        hasher = hashlib.sha256()
-        starts = range(0, info.nbytes, chunk)
-        step = self._config.max_in_flight
+        hasher = hashlib.sha256()  # each piece is hashed while it is still in the CPU cache
+        parts: list[bytes] = []
+
+        def take(part: bytes, start: int, size: int) -> None:
+            if len(part) != max(0, min(size, info.nbytes - start)):
+                raise ParamFetchError(
+                    f"v{info.version}: blob {key} is missing, expired or not {info.nbytes} bytes"
+                    f" (got {len(part)} bytes at offset {start})")
+            if part:
+                hasher.update(part)
+                parts.append(part)
+
+        if info.version == version:  # else a newer version was published since the poll: read it all
+            for i, part in enumerate(head):
+                take(part, i * head_chunk, head_chunk)
+        chunk = self._config.chunk_bytes or chunk
+        starts = range(sum(map(len, parts)), info.nbytes, chunk)
         for first in range(0, len(starts), step):
             batch = starts[first:first + step]
             pipe = self._client.pipeline(transaction=False)
             for start in batch:
                 pipe.getrange(key, start, min(start + chunk, info.nbytes) - 1)
             for start, part in zip(batch, pipe.execute()):
-                if len(part) != min(chunk, info.nbytes - start):
-                    raise ParamFetchError(
-                        f"v{info.version}: blob {key} is missing, expired or shorter than {info.nbytes} bytes"
-                        f" (got {len(part)} bytes at offset {start})")
-                buf[start:start + len(part)] = part
-                hasher.update(part)
+                take(part, start, chunk)
+        buf = b"".join(parts) if len(parts) > 1 else parts[0]
         got = f"{_DIGEST_ALGO}:{hasher.hexdigest()}"
         if got != info.digest:
             raise ParamFetchError(f"v{info.version}: digest mismatch (meta {info.digest}, blob {got})")

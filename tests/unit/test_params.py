@@ -36,11 +36,13 @@ def assert_params_equal(got, want):
 
 
 class CountingClient:
-    """Wraps a client and counts the commands that reach it (direct and pipelined)."""
+    """Wraps a client; counts the commands that reach it and the round trips (a direct command or
+    one pipeline execute each)."""
 
     def __init__(self, inner):
         self.inner = inner
         self.commands = []
+        self.round_trips = 0
 
     def __getattr__(self, name):
         attr = getattr(self.inner, name)
@@ -49,6 +51,7 @@ class CountingClient:
         if callable(attr):
             def counted(*args, **kwargs):
                 self.commands.append(name)
+                self.round_trips += 1
                 return attr(*args, **kwargs)
             return counted
         return attr
@@ -60,6 +63,7 @@ class CountingClient:
 
         def execute(*a, **kw):
             outer.commands.extend(cmd[0][0].lower() for cmd in pipe.command_stack)
+            outer.round_trips += 1
             return original(*a, **kw)
         pipe.execute = execute
         return pipe
@@ -94,13 +98,15 @@ def test_lz4_and_small_chunks_round_trip(fake_redis):
 
 
 def test_fetch_downloads_only_when_version_changed(fake_redis):
-    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(chunk_bytes=4096))
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
     counting = CountingClient(fake_redis)
-    client = ParameterClient(counting, RUN, ParameterClientConfig(max_in_flight=2))
+    client = ParameterClient(counting, RUN, ParameterClientConfig(max_in_flight=2, chunk_bytes=4096))
     pub.publish(make_params(n=4000), 1)  # ~64 KB: 16 chunks of 4 KiB
     got, _ = client.fetch()
     assert got is not None
     assert counting.commands.count("getrange") == 16
+    # poll, meta + the first 2 chunks, then 14 chunks 2 per round trip
+    assert counting.round_trips == 1 + 1 + 7
     counting.commands.clear()
     for _ in range(5):
         assert client.fetch()[0] is None
@@ -108,6 +114,35 @@ def test_fetch_downloads_only_when_version_changed(fake_redis):
     counting.commands.clear()
     assert client.fetch(force=True)[0] is not None
     assert "getrange" in counting.commands
+
+
+def test_reads_follow_the_published_chunk_size(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(chunk_bytes=256 << 10))
+    counting = CountingClient(fake_redis)
+    client = ParameterClient(counting, RUN, ParameterClientConfig(max_in_flight=2))
+    params = {"w": np.ones(3 << 18, np.float32)}  # 3 MiB and a small header
+    pub.publish(params, 1)
+    got, info = client.fetch()
+    assert_params_equal(got, params)
+    # 2 x 1 MiB with the meta, then 4 x 256 KiB and the header's bytes past 3 MiB, 2 at a time
+    assert counting.commands.count("getrange") == 2 + 5
+    assert counting.round_trips == 1 + 1 + 3
+
+
+def test_version_published_between_poll_and_read(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    pub.publish(make_params(1), 1)
+    original = fake_redis.hget
+
+    def hget_then_publish(*args):
+        reply = original(*args)
+        pub.publish(make_params(2), 2)  # lands after the poll saw version 1
+        return reply
+    fake_redis.hget = hget_then_publish
+    got, info = client.fetch()
+    assert info.version == 2
+    assert_params_equal(got, make_params(2))
 
 
 def test_min_publish_interval_and_force(fake_redis):
