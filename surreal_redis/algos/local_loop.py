@@ -19,9 +19,13 @@ import numpy as np
 
 from surreal_redis.algos.base import ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.trees import tree_map, tree_stack
+from surreal_redis.codec import Tree
+from surreal_redis.envs import step_vector_env
 from surreal_redis.experience import Chunk
 
 log = logging.getLogger(__name__)
+
+INITIAL_STATE = "initial_state"  # the Chunk.extras key of the recurrent state at the chunk start
 
 
 class OnPolicyLearner(Protocol):
@@ -59,20 +63,13 @@ class LoopResult(NamedTuple):
     last_stats: dict[str, float]
 
 
-def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """A synchronous vector env that resets an env in the same step its episode ends, putting the
-    true final observation in ``info["final_obs"]`` (what :class:`ChunkCollector` expects)."""
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
-
-
 class ChunkCollector:
     """Steps ``envs`` with ``policy`` in training mode and returns one chunk per env per call."""
 
     def __init__(self, envs: gym.vector.VectorEnv, policy: AgentPolicy, seed: int = 0, agent_id: int = 0) -> None:
         if envs.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
             raise ValueError("ChunkCollector needs a vector env with autoreset_mode=SAME_STEP "
-                             "(see make_vector_env)")
+                             "(see surreal_redis.envs.make_vector_env)")
         self.envs = envs
         self.policy = policy
         self.agent_id = agent_id
@@ -86,39 +83,44 @@ class ChunkCollector:
     def collect(self, num_steps: int) -> list[Chunk]:
         """Run ``num_steps`` vector steps; returns ``num_envs`` chunks of T = ``num_steps``."""
         num_envs = self.envs.num_envs
-        initial_state = self.policy.recurrent_state()
         obs, actions, rewards, terminated, truncated, extras = [self.obs], [], [], [], [], []
         final_obs: list[dict[int, object]] = [{} for _ in range(num_envs)]
+        initial_state = {}
         for t in range(num_steps):
             output = self.policy.act(self.obs, ActMode.TRAINING)
-            self.obs, reward, term, trunc, info = self.envs.step(output.actions)
-            self._return += reward
+            step_extras = dict(output.extras)
+            # like the sender: the recurrent state is kept at the first step of each chunk only
+            state = step_extras.pop(INITIAL_STATE, {})
+            if t == 0:
+                initial_state = state
+            step = step_vector_env(self.envs, output.actions)
+            self._return += step.rewards
             self._length += 1
-            for i in np.flatnonzero(term | trunc):
-                final_obs[i][t] = info["final_obs"][i]
+            for i, last_obs in step.final_obs.items():
+                final_obs[i][t] = last_obs
                 self.episode_returns.append(float(self._return[i]))
                 self.policy.on_episode_end(i, float(self._return[i]), int(self._length[i]))
                 self.policy.on_episode_start(i)
                 self._return[i], self._length[i] = 0.0, 0
-            obs.append(self.obs)
+            self.obs = step.obs
+            obs.append(step.obs)
             actions.append(output.actions)
-            rewards.append(reward)
-            terminated.append(term)
-            truncated.append(trunc)
-            extras.append(output.extras)
+            rewards.append(step.rewards)
+            terminated.append(step.terminated)
+            truncated.append(step.truncated)
+            extras.append(step_extras)
 
-        def stack(items: list) -> object:
+        def stack(items: list) -> Tree:
             return tree_stack(items, lambda leaves: np.stack(leaves, axis=0))  # [T(+1), N, ...]
 
-        obs_seq, extras_seq = stack(obs), stack(extras)
-        actions_seq, rewards_seq = np.stack(actions), np.stack(rewards).astype(np.float32)
-        terminated_seq, truncated_seq = np.stack(terminated), np.stack(truncated)
+        obs_seq, extras_seq, actions_seq = stack(obs), stack(extras), np.stack(actions)
+        rewards_seq, terminated_seq, truncated_seq = np.stack(rewards), np.stack(terminated), np.stack(truncated)
         version = np.full(num_steps, self.policy.version, dtype=np.int64)
         chunks = []
         for i in range(num_envs):
             chunk_extras = tree_map(lambda v, i=i: v[:, i], extras_seq)
             if initial_state:
-                chunk_extras["initial_state"] = {k: v[i] for k, v in initial_state.items()}
+                chunk_extras[INITIAL_STATE] = tree_map(lambda v, i=i: v[i], initial_state)
             chunks.append(Chunk(
                 agent_id=self.agent_id, env_index=i, obs=tree_map(lambda v, i=i: v[:, i], obs_seq),
                 actions=actions_seq[:, i], rewards=rewards_seq[:, i], terminated=terminated_seq[:, i],

@@ -214,8 +214,8 @@ class PPOAlgorithm(Algorithm):
         if self.net.lstm is not None:
             if any("initial_state" not in c.extras for c in chunks):
                 raise ValueError("PPO with use_lstm needs extras['initial_state'] in every chunk")
-            state = (stacked([c.extras["initial_state"]["lstm_h"] for c in chunks], torch.float32)[0],
-                     stacked([c.extras["initial_state"]["lstm_c"] for c in chunks], torch.float32)[0])
+            state = tuple(torch.as_tensor(np.stack([c.extras["initial_state"][key] for c in chunks]),
+                                          dtype=torch.float32, device=dev) for key in ("lstm_h", "lstm_c"))
 
         with torch.no_grad():
             # one pass over obs[0..T]: values of every step, the chunk-end bootstrap V(obs[T])

@@ -212,9 +212,10 @@ class PPOPolicy(AgentPolicy):
     the raw sample so that clipping does not bias the log-prob). ``eval_deterministic`` takes the
     mode of the distribution, ``eval_stochastic`` samples; both return no extras.
 
-    With an LSTM the policy keeps one state per env: :meth:`recurrent_state` is the state the
-    next :meth:`act` starts from (the agent stores row i in ``extras["initial_state"]`` of each
-    chunk it starts for env i) and :meth:`on_episode_start` must be called when env i resets.
+    With an LSTM the policy keeps one state per env, zeroed by :meth:`on_episode_start` (call it
+    when env i resets, before the next act), and training mode adds ``extras["initial_state"]``:
+    ``{"lstm_h", "lstm_c"}`` each ``[N, H]``, the state this step started from. The sender keeps
+    it at the first step of each chunk; the learner re-runs the LSTM over the chunk from there.
     """
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
@@ -240,11 +241,6 @@ class PPOPolicy(AgentPolicy):
         h, c = self.net.zero_state(num_envs)
         return {"lstm_h": h.numpy(), "lstm_c": c.numpy()}
 
-    def recurrent_state(self) -> dict[str, np.ndarray]:
-        if self._state is None:
-            return {}
-        return {"lstm_h": self._state[0].numpy().copy(), "lstm_c": self._state[1].numpy().copy()}
-
     def on_episode_start(self, env_index: int) -> None:
         if self._state is not None:
             self._state[0][env_index] = 0.0
@@ -256,7 +252,8 @@ class PPOPolicy(AgentPolicy):
         self.before_act(obs, mode)
         x = self.net.features(to_tensors(obs, "cpu"))
         episode_start = torch.zeros(1, x.shape[0], dtype=torch.bool)
-        z, states = self.net.core(x, self._state, episode_start)
+        start_state = self._state
+        z, states = self.net.core(x, start_state, episode_start)
         if states is not None:
             self._state = (states[0][-1], states[1][-1])
         head = self.net.policy_head(z)
@@ -273,6 +270,9 @@ class PPOPolicy(AgentPolicy):
             extras["value"] = self.net.value(z).numpy().astype(np.float32)
             if self.net.continuous:
                 extras["raw_action"] = raw.numpy().astype(np.float32)
+            if start_state is not None:
+                extras["initial_state"] = {"lstm_h": start_state[0].numpy().copy(),
+                                           "lstm_c": start_state[1].numpy().copy()}
         if self.net.continuous:
             actions = np.clip(raw.numpy(), self.action_space.low, self.action_space.high).astype(np.float32)
         else:

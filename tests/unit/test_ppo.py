@@ -1,0 +1,356 @@
+"""PPO: GAE and losses against hand-computed numbers, learner/agent consistency, checkpoints."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.local_loop import ChunkCollector
+from surreal_redis.algos.ppo import (
+    PPOAlgorithm,
+    PPOConfig,
+    PPOPolicy,
+    adapt_kl_coef,
+    clipped_surrogate_loss,
+    compute_gae,
+    explained_variance,
+    kl_penalty_loss,
+    value_loss,
+)
+from surreal_redis.algos.ppo_policy import to_tensors
+from surreal_redis.envs import EnvConfig, make_vector_env
+from surreal_redis.experience import Chunk
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny networks run several times faster on one thread than on contended cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class DictEnv(gym.Env):
+    """Dict observations (a vector and a 36x36 image), 3 actions, episodes of 3 to 6 steps that
+    end terminated when their length is odd and truncated when it is even."""
+
+    observation_space = gym.spaces.Dict({
+        "pos": gym.spaces.Box(-10.0, 10.0, (3,), np.float32),
+        "image": gym.spaces.Box(0, 255, (1, 36, 36), np.uint8),
+    })
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t, self._len = 0, int(self.np_random.integers(3, 7))
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        done = self._t >= self._len
+        return self._obs(), float(action == 1), done and self._len % 2 == 1, done and self._len % 2 == 0, {}
+
+    def _obs(self):
+        return {"pos": (self.np_random.normal(size=3) * 3 + self._t).astype(np.float32),
+                "image": self.np_random.integers(0, 255, (1, 36, 36), dtype=np.uint8)}
+
+
+def dict_envs(num_envs: int) -> gym.vector.VectorEnv:
+    return gym.vector.SyncVectorEnv([DictEnv] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def cartpole_envs(num_envs: int) -> gym.vector.VectorEnv:
+    return make_vector_env(EnvConfig(env_id="CartPole-v1", max_episode_steps=10), num_envs, seed=0)
+
+
+def pendulum_envs(num_envs: int) -> gym.vector.VectorEnv:
+    return make_vector_env(EnvConfig(env_id="Pendulum-v1", max_episode_steps=10), num_envs, seed=0)
+
+
+SMALL = dict(hidden_sizes=(16, 16), device="cpu")
+VARIANTS = {
+    "discrete": (PPOConfig(**SMALL), cartpole_envs),
+    "continuous_adapt": (PPOConfig(mode="adapt", normalize_obs=True, normalize_reward=True, **SMALL), pendulum_envs),
+    "dict_obs": (PPOConfig(normalize_obs=True, **SMALL), dict_envs),
+    "lstm": (PPOConfig(use_lstm=True, lstm_hidden=8, normalize_obs=True, **SMALL), dict_envs),
+}
+
+
+def setup(name: str, num_envs: int = 3, seed: int = 0, **overrides):
+    config, make_envs = VARIANTS[name]
+    config = PPOConfig(**{**config.__dict__, **overrides})
+    envs = make_envs(num_envs)
+    torch.manual_seed(seed)
+    algo = PPOAlgorithm(config, envs.single_observation_space, envs.single_action_space, seed=seed)
+    policy = PPOPolicy(config, envs.single_observation_space, envs.single_action_space, num_envs, seed=seed)
+    policy.load_params(algo.actor_params(), 0)
+    return algo, policy, ChunkCollector(envs, policy, seed=seed)
+
+
+# ---------------------------------------------------------------- GAE
+
+GAMMA, LAMBDA = 0.9, 0.8  # gamma * lambda = 0.72
+REWARDS, VALUES, NEXT_VALUES = [1.0, 2.0, 3.0], [0.5, 1.0, 1.5], [1.0, 2.0, 4.0]
+# deltas without episode ends: 1 + .9*1 - .5 = 1.4; 2 + .9*2 - 1 = 2.8; 3 + .9*4 - 1.5 = 5.1
+
+
+@pytest.mark.parametrize("terminated, truncated, expected", [
+    # A2 = 5.1 (chunk end: bootstrap from V(obs[T]) = 4); A1 = 2.8 + .72*5.1; A0 = 1.4 + .72*A1
+    ([0, 0, 0], [0, 0, 0], [6.05984, 6.472, 5.1]),
+    # terminated at 1: delta1 = 2 - 1 = 1 and the trace stops there: A0 = 1.4 + .72*1
+    ([0, 1, 0], [0, 0, 0], [2.12, 1.0, 5.1]),
+    # truncated at 1: bootstrap delta1 = 2.8 from V(final obs) = 2, trace stops: A0 = 1.4 + .72*2.8
+    ([0, 0, 0], [0, 1, 0], [3.416, 2.8, 5.1]),
+])
+def test_gae_hand_computed(terminated, truncated, expected):
+    advantages, returns = compute_gae(torch.tensor(REWARDS), torch.tensor(VALUES), torch.tensor(NEXT_VALUES),
+                                      torch.tensor(terminated, dtype=torch.bool),
+                                      torch.tensor(truncated, dtype=torch.bool), GAMMA, LAMBDA)
+    torch.testing.assert_close(advantages, torch.tensor(expected))
+    torch.testing.assert_close(returns, torch.tensor(expected) + torch.tensor(VALUES))
+
+
+def test_gae_time_major_batch_matches_columns():
+    rng = np.random.default_rng(0)
+    r, v, nv = (torch.tensor(rng.normal(size=(5, 3)), dtype=torch.float32) for _ in range(3))
+    term, trunc = torch.tensor(rng.random((5, 3)) < 0.2), torch.tensor(rng.random((5, 3)) < 0.2)
+    adv, _ = compute_gae(r, v, nv, term, trunc, 0.99, 0.95)
+    for b in range(3):
+        column, _ = compute_gae(r[:, b], v[:, b], nv[:, b], term[:, b], trunc[:, b], 0.99, 0.95)
+        torch.testing.assert_close(adv[:, b], column)
+
+
+@pytest.mark.parametrize("ended", ["terminated", "truncated"])
+def test_learner_bootstraps_from_final_obs_and_chunk_end(ended):
+    space = gym.spaces.Box(-5, 5, (4,), np.float32)
+    algo = PPOAlgorithm(PPOConfig(gamma=GAMMA, gae_lambda=LAMBDA, **SMALL), space, gym.spaces.Discrete(2))
+    obs = np.arange(16, dtype=np.float32).reshape(4, 4) / 10  # obs[2] is the reset obs of a new episode
+    final = np.full(4, -1.0, dtype=np.float32)  # the true last obs of the episode that ended at t=1
+    flags = {"terminated": np.zeros(3, bool), "truncated": np.zeros(3, bool)}
+    flags[ended][1] = True
+    chunk = Chunk(0, 0, obs, np.array([0, 1, 0]), np.array(REWARDS, np.float32), flags["terminated"],
+                  flags["truncated"], {1: final}, np.zeros(3, np.int64), {"logp": np.zeros(3, np.float32)})
+    rollout = algo._rollout([chunk])
+    with torch.no_grad():
+        v = algo.net.value(algo.net.features(torch.as_tensor(np.concatenate([obs, final[None]]))))
+    next_values = torch.stack([v[1], v[4], v[3]])  # V(obs1), V(final), V(obs[T])
+    expected, _ = compute_gae(torch.tensor(REWARDS), v[:3], next_values, torch.tensor(flags["terminated"]),
+                              torch.tensor(flags["truncated"]), GAMMA, LAMBDA)
+    torch.testing.assert_close(rollout.advantages[:, 0], expected)
+    if ended == "truncated":  # the bootstrap really is V(final), not V(obs[2])
+        assert not torch.isclose(v[4], v[2])
+
+
+# ---------------------------------------------------------------- losses
+
+def test_losses_hand_computed():
+    logratio = torch.log(torch.tensor([0.5, 1.0, 1.5]))
+    adv = torch.tensor([1.0, -1.0, 2.0])
+    # -A*r = [-.5, 1, -3]; -A*clip(r, .8, 1.2) = [-.8, 1, -2.4]; max = [-.5, 1, -2.4]
+    assert clipped_surrogate_loss(logratio, adv, 0.2).item() == pytest.approx(-1.9 / 3)
+    # -mean(r*A) + beta*mean(KL) = -(.5 - 1 + 3)/3 + .5*.2
+    kl = torch.tensor([0.1, 0.2, 0.3])
+    assert kl_penalty_loss(logratio, adv, kl, 0.5).item() == pytest.approx(-2.5 / 3 + 0.1)
+    values, returns, old = torch.tensor([1.0, 2.0]), torch.tensor([1.5, 0.0]), torch.tensor([0.8, 2.5])
+    assert value_loss(values, returns, old, None).item() == pytest.approx(0.5 * (0.25 + 4.0) / 2)
+    # clipped values: .8 + .2 = 1.0, 2.5 - .2 = 2.3 -> squared errors .25, 5.29; max with [.25, 4]
+    assert value_loss(values, returns, old, 0.2).item() == pytest.approx(0.5 * (0.25 + 5.29) / 2)
+
+
+def test_adapt_kl_coef_rule_and_bounds():
+    assert adapt_kl_coef(1.0, 0.001, 0.01) == 0.5  # < target / 1.5
+    assert adapt_kl_coef(1.0, 0.02, 0.01) == 2.0  # > target * 1.5
+    assert adapt_kl_coef(1.0, 0.012, 0.01) == 1.0
+    assert adapt_kl_coef(80.0, 1.0, 0.01, bounds=(0.1, 100.0)) == 100.0
+    assert adapt_kl_coef(0.15, 0.0, 0.01, bounds=(0.1, 100.0)) == 0.1
+
+
+def test_explained_variance():
+    returns = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert explained_variance(returns, returns) == 1.0
+    assert explained_variance(torch.full((4,), 2.5), returns) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(returns, torch.ones(4)))
+
+
+# ---------------------------------------------------------------- learner <-> agent
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_learner_reproduces_agent_log_probs_and_values(name):
+    """The learner's recomputation (z-filter, CNN, LSTM re-run with resets) matches the agent."""
+    algo, policy, collector = setup(name, update_epochs=1, num_minibatches=1)
+    algo.update(collector.collect(12))  # non-trivial normalizer statistics, LSTM state carried over
+    policy.load_params(algo.actor_params(), 1)
+    chunks = collector.collect(12)
+    assert any(c.final_obs for c in chunks)
+    if name == "lstm":
+        assert all(np.abs(c.extras["initial_state"]["lstm_h"]).sum() > 0 for c in chunks)
+    rollout = algo._rollout(chunks)
+    agent_values = torch.as_tensor(np.stack([c.extras["value"] for c in chunks], axis=1))
+    torch.testing.assert_close(rollout.values, agent_values, atol=1e-5, rtol=1e-5)
+    kl_coef = algo.kl_coef
+    stats = algo.update(chunks)  # one epoch of one minibatch: ratio 1 exactly on-policy
+    assert stats["approx_kl"] < 1e-6 and stats["clip_fraction"] == 0.0
+    assert abs(stats["policy_loss"]) < 1e-5  # -mean(normalized advantages)
+    if name == "continuous_adapt":  # KL below target / 1.5: the coefficient is halved for the next update
+        assert stats["kl"] < 1e-6 and stats["kl_coef"] == kl_coef and algo.kl_coef == kl_coef / 2
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_actor_params_give_the_learners_distribution(name):
+    algo, policy, collector = setup(name)
+    algo.update(collector.collect(8))
+    params = algo.actor_params()
+    assert all(isinstance(v, np.ndarray) for v in params.values())
+    assert any("obs_normalizer" in k for k in params) == algo.config.normalize_obs
+    policy.load_params(params, 7)
+    assert policy.version == 7
+    obs = collector.obs
+    output = policy.act(obs, ActMode.TRAINING)
+    with torch.no_grad():
+        x = algo.net.features(to_tensors(obs, "cpu"))
+        state = None
+        if algo.net.lstm is not None:
+            state = tuple(torch.as_tensor(output.extras["initial_state"][k]) for k in ("lstm_h", "lstm_c"))
+        z, _ = algo.net.core(x, state, torch.zeros(1, x.shape[0], dtype=torch.bool))
+        dist = algo.net.distribution(algo.net.policy_head(z))
+        raw = output.extras["raw_action"] if algo.net.continuous else output.actions
+        logp = dist.log_prob(torch.as_tensor(raw))
+    np.testing.assert_allclose(output.extras["logp"], logp.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(output.extras["value"], algo.net.value(z).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_state_dict_round_trip(name):
+    algo, policy, collector = setup(name, seed=1)
+    algo.update(collector.collect(8))
+    buffer = io.BytesIO()
+    torch.save(algo.state_dict(), buffer)
+    buffer.seek(0)
+    restored, *_ = setup(name, seed=2)
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    assert restored.iteration == algo.iteration == 1 and restored.kl_coef == algo.kl_coef
+    for key, value in algo.actor_params().items():
+        np.testing.assert_array_equal(restored.actor_params()[key], value)
+    chunks = collector.collect(8)
+    assert restored.update(chunks) == algo.update(chunks)  # optimizer, shuffling RNG, scalers restored
+    for key, value in algo.actor_params().items():
+        np.testing.assert_array_equal(restored.actor_params()[key], value)
+
+
+# ---------------------------------------------------------------- agent policy
+
+def test_box_actions_clipped_for_the_env_but_not_in_the_log_prob():
+    space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 0.5], np.float32))
+    config = PPOConfig(init_log_std=1.0, **SMALL)
+    policy = PPOPolicy(config, space, action_space, num_envs=64, seed=0)
+    obs = np.zeros((64, 2), np.float32)
+    out = policy.act(obs, ActMode.TRAINING)
+    raw = out.extras["raw_action"]
+    assert out.actions.shape == raw.shape == (64, 2) and out.actions.dtype == np.float32
+    assert (out.actions >= action_space.low).all() and (out.actions <= action_space.high).all()
+    assert ((raw < action_space.low) | (raw > action_space.high)).any()
+    np.testing.assert_array_equal(out.actions, np.clip(raw, action_space.low, action_space.high))
+    with torch.no_grad():
+        dist = policy.net.distribution(policy.net.policy_head(torch.as_tensor(obs)))
+        np.testing.assert_allclose(out.extras["logp"], dist.log_prob(torch.as_tensor(raw)).numpy(), rtol=1e-6)
+        mean = policy.net.policy_head(torch.as_tensor(obs)).numpy()
+    deterministic = policy.act(obs, ActMode.EVAL_DETERMINISTIC)
+    assert deterministic.extras == {}
+    np.testing.assert_array_equal(deterministic.actions, np.clip(mean, action_space.low, action_space.high))
+    assert policy.act(obs, ActMode.EVAL_STOCHASTIC).extras == {}
+
+
+def test_discrete_actions_with_offset_and_modes():
+    space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(4, start=1)
+    policy = PPOPolicy(PPOConfig(**SMALL), space, action_space, num_envs=200, seed=0)
+    obs = np.random.default_rng(0).uniform(-1, 1, (200, 3)).astype(np.float32)
+    out = policy.act(obs)
+    assert out.actions.dtype == np.int64 and out.actions.shape == (200,)
+    assert set(np.unique(out.actions)) == {1, 2, 3, 4}
+    assert set(out.extras) == {"logp", "value"} and out.extras["logp"].shape == out.extras["value"].shape == (200,)
+    with torch.no_grad():
+        logits = policy.net.policy_head(torch.as_tensor(obs))
+    np.testing.assert_array_equal(policy.act(obs, ActMode.EVAL_DETERMINISTIC).actions, logits.argmax(-1).numpy() + 1)
+
+
+def test_lstm_state_is_per_env_and_reset_at_episode_start():
+    config = PPOConfig(use_lstm=True, lstm_hidden=8, **SMALL)
+    space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    policy = PPOPolicy(config, space, gym.spaces.Discrete(2), num_envs=2, seed=0)
+    assert {k: v.shape for k, v in policy.initial_state(2).items()} == {"lstm_h": (2, 8), "lstm_c": (2, 8)}
+    obs = np.ones((2, 3), np.float32)
+    first = policy.act(obs).extras["initial_state"]
+    assert all(np.abs(v).sum() == 0 for v in first.values())
+    policy.on_episode_start(1)
+    state = policy.act(obs).extras["initial_state"]
+    assert np.abs(state["lstm_h"][0]).sum() > 0 and np.abs(state["lstm_c"][0]).sum() > 0
+    assert np.abs(state["lstm_h"][1]).sum() == 0 and np.abs(state["lstm_c"][1]).sum() == 0
+
+
+# ---------------------------------------------------------------- update options and errors
+
+def test_target_kl_stops_early_and_lr_anneals():
+    algo, _, collector = setup("discrete", target_kl=1e-12, anneal_lr=True, total_updates=4, learning_rate=1e-3)
+    chunks = collector.collect(16)
+    first, second = algo.update(chunks), algo.update(chunks)
+    assert first["epochs"] == 1.0
+    assert (first["learning_rate"], second["learning_rate"]) == pytest.approx((1e-3, 0.75e-3))
+    assert algo.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
+
+
+def test_missing_extras_are_rejected():
+    algo, _, collector = setup("continuous_adapt")
+    chunk = collector.collect(4)[0]
+    extras = {k: v for k, v in chunk.extras.items() if k != "raw_action"}
+    with pytest.raises(ValueError, match="raw_action"):
+        algo.update([chunk._replace(extras=extras)])
+    algo, _, collector = setup("lstm")
+    chunk = collector.collect(4)[0]
+    extras = {k: v for k, v in chunk.extras.items() if k != "initial_state"}
+    with pytest.raises(ValueError, match="initial_state"):
+        algo.update([chunk._replace(extras=extras)])
+
+
+def test_chunks_of_different_lengths_update_together():
+    algo, _, collector = setup("lstm", num_minibatches=2)
+    chunks = collector.collect(6) + collector.collect(3)
+    stats = algo.update(chunks)
+    assert stats["num_steps"] == 3 * 6 + 3 * 3 and all(math.isfinite(v) for v in stats.values())
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(mode="trust"), "mode"),
+    (dict(anneal_lr=True), "total_updates"),
+    (dict(activation="gelu"), "activation"),
+    (dict(kl_coef_init=1000.0), "kl_coef"),
+    (dict(num_minibatches=0), "num_minibatches"),
+])
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PPOConfig(**kwargs)
+
+
+def test_pendulum_updates_end_to_end_and_lower_the_losses():
+    # without value clipping, which holds V within clip_coef of its start-of-update value
+    algo, policy, collector = setup("continuous_adapt", num_envs=4, mode="clip", clip_vloss=False,
+                                    learning_rate=3e-3)
+    chunks = collector.collect(32)
+    assert any(c.truncated.any() for c in chunks)
+    algo.update_normalizer(chunks)  # warm the reward scale up, so the value targets are O(1)
+    stats = [algo.update(chunks) for _ in range(4)]
+    assert all(math.isfinite(v) for s in stats for v in s.values())
+    # the surrogate starts at -mean(normalized advantages) = 0 on-policy and improves from there
+    assert stats[0]["policy_loss"] < 0
+    assert stats[-1]["value_loss"] < 0.8 * stats[0]["value_loss"]
+    policy.load_params(algo.actor_params(), algo.iteration)
+    actions = policy.act(collector.obs).actions
+    assert actions.shape == (4, 1) and np.all(np.abs(actions) <= 2.0)
