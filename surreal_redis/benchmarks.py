@@ -8,6 +8,8 @@
   XADD per transition carrying the obs and next_obs bytes;
 - ``hub_bytes_per_t`` / ``naive_bytes_per_t``: Redis ``used_memory`` growth per stored transition;
 - ``recv_tps``: transitions per second the learner-side receiver reads and decodes;
+- ``{hub,naive}_{client,server}_cpu_us_per_t`` and ``cpu_ratio`` (hub / naive): CPU cost per
+  transition of the senders and of redis-server, steadier than rates on a shared machine;
 
 and for parameters the latency of a no-op poll and of fetching 1 MB / 10 MB blobs next to a raw
 GET of the same bytes. Everything is measured, nothing asserted: ``targets`` says which goals
@@ -23,6 +25,7 @@ import statistics
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import redis
@@ -103,6 +106,15 @@ def _send_hub(client: redis.Redis, run: str, agent_id: int, traj: Trajectory) ->
     return sender.stats().steps - sender.stats().steps_dropped
 
 
+class SendResult(NamedTuple):
+    """What a group of sender processes achieved: transitions per second over the union of their
+    send windows, transitions sent, and their CPU seconds while sending."""
+
+    tps: float
+    sent: int
+    cpu_s: float
+
+
 def _sender_process(mode: str, url: str, run: str, agent_id: int, kind: str, size: KindSize,
                     barrier, results) -> None:
     """Child process body: build the data (untimed), wait for the others, send, report."""
@@ -110,17 +122,16 @@ def _sender_process(mode: str, url: str, run: str, agent_id: int, kind: str, siz
         traj = synthetic_trajectory(kind, size.num_envs, size.steps, seed=1000 + agent_id)
         client = connect(url)
         barrier.wait(_WORKER_TIMEOUT_S)
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.process_time()
         sent = _send_naive(client, run, traj) if mode == "naive" else _send_hub(client, run, agent_id, traj)
-        results.put((agent_id, start, time.monotonic(), sent, None))
+        results.put((start, time.monotonic(), sent, time.process_time() - cpu, None))
     except BaseException:  # the parent re-raises it with the child's traceback
-        results.put((agent_id, 0.0, 0.0, 0, traceback.format_exc()))
+        results.put((0.0, 0.0, 0, 0.0, traceback.format_exc()))
 
 
-def run_senders(mode: str, url: str, run: str, kind: str, size: KindSize) -> tuple[float, int]:
-    """Run :data:`SENDERS` sender processes (``mode`` "hub" or "naive") at once; returns
-    (transitions per second over the union of their send windows, transitions sent). Blocks until
-    all finish; raises RuntimeError with a child's traceback if one fails."""
+def run_senders(mode: str, url: str, run: str, kind: str, size: KindSize) -> SendResult:
+    """Run :data:`SENDERS` sender processes (``mode`` "hub" or "naive") at once. Blocks until all
+    finish; raises RuntimeError with a child's traceback if one fails."""
     if mode not in ("hub", "naive"):
         raise ValueError(f"unknown sender mode {mode!r} (use 'hub' or 'naive')")
     ctx = mp.get_context("fork")  # fast start; children open their own connections
@@ -139,9 +150,9 @@ def run_senders(mode: str, url: str, run: str, kind: str, size: KindSize) -> tup
     failed = [r[4] for r in reports if r[4] is not None]
     if failed:
         raise RuntimeError(f"{mode} sender failed:\n{failed[0]}")
-    sent = sum(r[3] for r in reports)
-    elapsed = max(r[2] for r in reports) - min(r[1] for r in reports)
-    return sent / elapsed, sent
+    sent = sum(r[2] for r in reports)
+    elapsed = max(r[1] for r in reports) - min(r[0] for r in reports)
+    return SendResult(sent / elapsed, sent, sum(r[3] for r in reports))
 
 
 # ---------------------------------------------------------------- measurements
@@ -186,23 +197,38 @@ def receive_all(client: redis.Redis, run: str, expected: int) -> float:
     return got / (time.monotonic() - start)
 
 
+def server_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds redis-server has used so far (user + system)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def measure_kind(client: redis.Redis, url: str, kind: str, size: KindSize) -> dict[str, float]:
-    """Hub then naive ingestion of the same transitions, and the receive rate, for one kind."""
+    """Hub then naive ingestion of the same transitions, and the receive rate, for one kind.
+
+    Besides the wall-clock rates it reports CPU microseconds per transition of the senders and of
+    redis-server: on a shared machine those are steadier than rates.
+    """
     out: dict[str, float] = {}
     warm_up(client, kind)
     for mode in ("hub", "naive"):
         client.flushall()
-        before = used_memory(client)
-        tps, sent = run_senders(mode, url, f"bench-{mode}-{kind}", kind, size)
-        out[f"{mode}_tps"] = tps
-        out[f"{mode}_bytes_per_t"] = (used_memory(client) - before) / sent
-        log.info("%s %s: %.0f transitions/s, %.0f bytes per transition (%d sent)",
-                 kind, mode, tps, out[f"{mode}_bytes_per_t"], sent)
+        before, cpu = used_memory(client), server_cpu_s(client)
+        result = run_senders(mode, url, f"bench-{mode}-{kind}", kind, size)
+        out[f"{mode}_server_cpu_us_per_t"] = 1e6 * (server_cpu_s(client) - cpu) / result.sent
+        out[f"{mode}_client_cpu_us_per_t"] = 1e6 * result.cpu_s / result.sent
+        out[f"{mode}_tps"] = result.tps
+        out[f"{mode}_bytes_per_t"] = (used_memory(client) - before) / result.sent
+        log.info("%s %s: %.0f transitions/s, %.0f bytes, %.1f + %.1f us CPU (sender + server) per "
+                 "transition (%d sent)", kind, mode, result.tps, out[f"{mode}_bytes_per_t"],
+                 out[f"{mode}_client_cpu_us_per_t"], out[f"{mode}_server_cpu_us_per_t"], result.sent)
         if mode == "hub":
-            out["recv_tps"] = receive_all(client, f"bench-hub-{kind}", sent)
+            out["recv_tps"] = receive_all(client, f"bench-hub-{kind}", result.sent)
             log.info("%s receive: %.0f transitions/s", kind, out["recv_tps"])
     out["tps_ratio"] = out["hub_tps"] / out["naive_tps"]
     out["bytes_ratio"] = out["hub_bytes_per_t"] / out["naive_bytes_per_t"]
+    out["cpu_ratio"] = ((out["hub_client_cpu_us_per_t"] + out["hub_server_cpu_us_per_t"])
+                        / (out["naive_client_cpu_us_per_t"] + out["naive_server_cpu_us_per_t"]))
     return out
 
 
