@@ -19,11 +19,23 @@ def trees_with_updates(draw):
     return capacity, rounds
 
 
+class SmallDenseSum(SumSegmentTree):
+    DENSE_NODES = 4  # so small trees exercise the node-by-node levels too
+
+
+class SmallDenseMin(MinSegmentTree):
+    DENSE_NODES = 1
+
+
 @settings(max_examples=150, deadline=None)
-@given(trees_with_updates(), st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=1, max_size=30))
-def test_sum_min_and_prefix_search_match_brute_force(case, fractions):
+@given(trees_with_updates(), st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=1, max_size=30),
+       st.booleans())
+def test_sum_min_and_prefix_search_match_brute_force(case, fractions, small_dense):
     capacity, rounds = case
-    sums, mins = SumSegmentTree(capacity), MinSegmentTree(capacity)
+    if small_dense:
+        sums, mins = SmallDenseSum(capacity), SmallDenseMin(capacity)
+    else:
+        sums, mins = SumSegmentTree(capacity), MinSegmentTree(capacity)
     values = np.zeros(capacity)
     ever_set = np.zeros(capacity, dtype=bool)
     for updates in rounds:

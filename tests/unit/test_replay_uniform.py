@@ -128,3 +128,17 @@ def test_bad_inserts_and_samples_are_rejected():
         replay.insert(obs, actions, rewards, next_obs, discounts[:1])
     with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
         UniformReplayConfig(capacity=0)
+
+
+def test_pool_grows_when_frames_are_not_shared():
+    rng = np.random.default_rng(6)
+    replay = UniformReplay(UniformReplayConfig(capacity=16))
+    for _ in range(3):  # unrelated frames: 2K new frames per transition, past the initial 16 + 64 slots
+        obs = tuple(rng.integers(0, 256, size=(16, 32, 32), dtype=np.uint8) for _ in range(K))
+        next_obs = tuple(rng.integers(0, 256, size=(16, 32, 32), dtype=np.uint8) for _ in range(K))
+        replay.insert(obs, np.arange(16), np.zeros(16, np.float32), next_obs, np.ones(16, np.float32))
+    assert replay.num_frames == 16 * 2 * K
+    batch = replay.sample(16, np.random.default_rng(7))
+    for k in range(K):
+        np.testing.assert_array_equal(batch.obs[k], obs[k][batch.actions])
+        np.testing.assert_array_equal(batch.next_obs[k], next_obs[k][batch.actions])
