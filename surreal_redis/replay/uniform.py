@@ -19,8 +19,8 @@ When the ring wraps, the overwritten transitions release their frames; a frame w
 to zero frees its slot for reuse. The pool starts at ``capacity + 64`` slots (numpy allocates pages
 lazily, so unused slots cost no resident memory) and grows by half when a stream shares less.
 
-All public methods take an internal lock, so hub reader threads may insert while the learner
-samples.
+``insert``, ``sample`` and ``update_priorities`` take an internal lock, so hub reader threads may
+insert while the learner samples.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class _FramePool:
             key = hashlib.blake2b(item, digest_size=16).digest()
             slot = self._slot_of.get(key)
             if slot is None:
-                slot = self._allocate()
+                slot = self._take_slot()
                 self.frames[slot] = item
                 self._slot_of[key] = slot
                 self._digest_of[slot] = key
@@ -99,7 +99,7 @@ class _FramePool:
             self._digest_of[slot] = None
             self._free.append(slot)
 
-    def _allocate(self) -> int:
+    def _take_slot(self) -> int:
         if self._free:
             return self._free.pop()
         if self._high_water == len(self.frames):
@@ -227,7 +227,7 @@ class UniformReplay:
             self._discounts[indices] = discounts
             self._next = int(indices[-1] + 1) % self.capacity
             self._size = min(self._size + batch, self.capacity)
-            return indices.astype(np.int64)
+            return indices
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement; ``weights`` are ones.
@@ -270,23 +270,23 @@ class UniformReplay:
 
     def _allocate(self, obs: Tree, flat_obs: dict[str, np.ndarray], actions: np.ndarray) -> None:
         capacity = self.capacity
-        self._skeleton = _skeleton(obs)
+        specs = {}
         for path, leaf in flat_obs.items():
             if leaf.ndim == 0:
                 raise ValueError(f"obs leaf {path!r} has no batch axis (shape ())")
-            shape = tuple(leaf.shape[1:])
-            pooled = leaf[0].nbytes >= self.config.dedup_min_bytes
-            spec = _LeafSpec(shape, leaf.dtype, pooled)
-            self._specs[path] = spec
-            if pooled:
-                key = (spec.dtype.str, shape)
+            specs[path] = _LeafSpec(tuple(leaf.shape[1:]), leaf.dtype, leaf[0].nbytes >= self.config.dedup_min_bytes)
+        for path, spec in specs.items():
+            if spec.pooled:
+                key = (spec.dtype.str, spec.shape)
                 if key not in self._pools:
-                    self._pools[key] = _FramePool(shape, spec.dtype, capacity + 64)
+                    self._pools[key] = _FramePool(spec.shape, spec.dtype, capacity + 64)
                 self._obs[path] = np.zeros(capacity, dtype=np.int64)
                 self._next_obs[path] = np.zeros(capacity, dtype=np.int64)
             else:
-                self._obs[path] = np.zeros((capacity, *shape), dtype=spec.dtype)
-                self._next_obs[path] = np.zeros((capacity, *shape), dtype=spec.dtype)
+                self._obs[path] = np.zeros((capacity, *spec.shape), dtype=spec.dtype)
+                self._next_obs[path] = np.zeros((capacity, *spec.shape), dtype=spec.dtype)
+        self._specs = specs
+        self._skeleton = _skeleton(obs)
         self._actions = np.zeros((capacity, *actions.shape[1:]), dtype=actions.dtype)
 
     def _check(self, name: str, flat: dict[str, np.ndarray], batch: int) -> None:
