@@ -11,7 +11,7 @@
 - ``{hub,naive}_{client,server}_cpu_us_per_t`` and ``cpu_ratio`` (hub / naive): CPU cost per
   transition of the senders and of redis-server, steadier than rates on a shared machine;
 
-and for parameters the latency of a no-op poll and of fetching 1 MB / 10 MB blobs next to a raw
+and for parameters the latency of a no-op poll (next to a PING) and of fetching 1 MB / 10 MB blobs next to a raw
 GET of the same bytes. Everything is measured, nothing asserted: ``targets`` says which goals
 were met. The hub half is measured before the naive half, so any allocator warm-up favours the
 baseline.
@@ -244,8 +244,8 @@ def mlp_params(megabytes: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def measure_params(client: redis.Redis, sizes: BenchSizes) -> dict[str, float]:
-    """Poll latency (µs) and full fetch time (s: poll, meta, chunked GETRANGEs, digest check,
-    decode) versus one raw GET of the same blob, medians over ``fetch_repeats``."""
+    """Poll latency (µs, next to a PING's) and full fetch time (s: poll, meta, chunked GETRANGEs,
+    digest check, decode) versus one raw GET of the same blob, medians over ``fetch_repeats``."""
     run = "bench-params"
     publisher = ParameterPublisher(client, run, PublisherConfig())
     reader = ParameterClient(client, run, ParameterClientConfig())
@@ -269,14 +269,20 @@ def measure_params(client: redis.Redis, sizes: BenchSizes) -> dict[str, float]:
         out[f"fetch_{mb}m_ratio"] = out[f"fetch_{mb}m_s"] / out[f"raw_get_{mb}m_s"]
         log.info("params %d MiB: fetch %.2f ms, raw GET %.2f ms", mb, 1e3 * out[f"fetch_{mb}m_s"],
                  1e3 * out[f"raw_get_{mb}m_s"])
-    polls = []
+    # PINGs interleaved with the polls give the round-trip floor under the same machine load.
+    polls, pings = [], []
     for _ in range(sizes.polls):
         start = time.perf_counter()
         reader.fetch()
-        polls.append(time.perf_counter() - start)
-    out["poll_p50_us"] = 1e6 * float(np.percentile(polls, 50))
-    out["poll_p99_us"] = 1e6 * float(np.percentile(polls, 99))
-    log.info("params poll: p50 %.0f us, p99 %.0f us", out["poll_p50_us"], out["poll_p99_us"])
+        middle = time.perf_counter()
+        client.ping()
+        polls.append(middle - start)
+        pings.append(time.perf_counter() - middle)
+    for name, samples in (("poll", polls), ("ping", pings)):
+        out[f"{name}_p50_us"] = 1e6 * float(np.percentile(samples, 50))
+        out[f"{name}_p99_us"] = 1e6 * float(np.percentile(samples, 99))
+    log.info("params poll: p50 %.0f us, p99 %.0f us (PING p50 %.0f us, p99 %.0f us)", out["poll_p50_us"],
+             out["poll_p99_us"], out["ping_p50_us"], out["ping_p99_us"])
     return out
 
 
