@@ -11,9 +11,9 @@
 - ``{hub,naive}_{client,server}_cpu_us_per_t`` and ``cpu_ratio`` (hub / naive): CPU cost per
   transition of the senders and of redis-server, steadier than rates on a shared machine;
 
-and for parameters the latency of a no-op poll (next to a PING) and of fetching 1 MB / 10 MB blobs next to a raw
-GET of the same bytes. Everything is measured, nothing asserted: ``targets`` says which goals
-were met. The hub half is measured before the naive half, so any allocator warm-up favours the
+and for parameters the latency of a no-op poll (next to a PING) and of fetching 1 MB / 10 MB
+blobs next to a raw GET of the same bytes. Everything is measured, nothing asserted: ``targets``
+says which goals were met. The hub half is measured before the naive half, so any allocator warm-up favours the
 baseline.
 """
 
