@@ -270,9 +270,11 @@ def check_spaces(env: gym.Env, env_id: str) -> None:
 def _make_base(config: EnvConfig) -> tuple[gym.Env, str]:
     gym_id, kind = resolve_env_id(config.env_id)
     if kind == "atari":
-        if importlib.util.find_spec("ale_py") is None:
-            raise EnvError(f"{config.env_id!r} is the Atari game {gym_id}, which needs the 'atari' extra: "
-                           "pip install 'surreal-redis[atari]'")
+        missing = [name for name, module in (("ale-py", "ale_py"), ("opencv-python", "cv2"))
+                   if importlib.util.find_spec(module) is None]
+        if missing:
+            raise EnvError(f"{config.env_id!r} is the Atari game {gym_id}, which needs the 'atari' extra "
+                           f"(missing: {', '.join(missing)}): pip install 'surreal-redis[atari]'")
         import ale_py
 
         gym.register_envs(ale_py)

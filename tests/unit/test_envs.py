@@ -85,7 +85,8 @@ def test_atari_name_spellings():
 
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is not None, reason="ale-py is installed")
 def test_atari_without_extra_names_the_extra():
-    with pytest.raises(EnvError, match=r"'pong' is the Atari game ALE/Pong-v5, which needs the 'atari' extra"):
+    with pytest.raises(EnvError, match=r"'pong' is the Atari game ALE/Pong-v5, which needs the 'atari' extra "
+                                       r"\(missing: ale-py"):
         make_env(EnvConfig(env_id="pong"), seed=0)
 
 
