@@ -52,7 +52,9 @@ class ChunkBuffer:
         self._layout: _Layout | None = None
         self._carry: list[Row] | None = None  # digests of obs row 0, per env
         self._blobs: dict[str, bytes] = {}  # digest -> encoded observation, until release()
-        self._raw: dict[str, np.ndarray] = {}  # digest -> array, when matched rather than encoded
+        # digest -> (raw bytes, dtype, shape) of observations matched rather than encoded; bytes,
+        # not views: the buffer rows are overwritten while the chunks are still being sent
+        self._raw: dict[str, tuple[bytes, np.dtype, tuple[int, ...]]] = {}
 
     @property
     def num_envs(self) -> int:
@@ -122,7 +124,9 @@ class ChunkBuffer:
         """The encoded observation of digest ``key`` from the chunks returned since :meth:`release`."""
         blob = self._blobs.get(key)
         if blob is None:
-            blob = self._blobs[key] = encode_array(self._raw[key], self.compress_min_bytes)
+            raw, dtype, shape = self._raw[key]
+            array = np.frombuffer(raw, dtype).reshape(shape)
+            blob = self._blobs[key] = encode_array(array, self.compress_min_bytes)
         return blob
 
     def release(self) -> None:
@@ -185,7 +189,7 @@ class ChunkBuffer:
         raw = array.tobytes()
         for other in candidates:
             if other[0] == sig and other[1] == raw:
-                self._raw.setdefault(other[2], array)
+                self._raw.setdefault(other[2], (raw, array.dtype, array.shape))
                 return other
         blob = encode_array(array, self.compress_min_bytes)
         key = digest(blob)
@@ -206,7 +210,7 @@ class ChunkBuffer:
             for t in range(steps + 1):
                 if (t == 0 and prev) or not refs:
                     for i, entry in zip(refs, prev):
-                        self._raw.setdefault(entry[2], self._obs[i][env, 0])
+                        self._raw.setdefault(entry[2], (entry[1], self._obs[i].dtype, self._obs[i].shape[2:]))
                     rows.append(prev)
                     continue
                 row: Row = []

@@ -20,7 +20,7 @@ import redis
 from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.hub.chunker import ChunkBuffer, EncodedChunk
-from surreal_redis.hub.wire import Batch, Outcome, classify_reply, read_backlog, split_batches
+from surreal_redis.hub.wire import Batch, Outcome, classify_reply, is_oom, read_backlog, split_batches
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -257,12 +257,15 @@ class ExperienceSender:
                     kind, error = Outcome.BACKOFF, exc
                     log.info("shard %d: cannot load insert.lua (%s); backing off", self.shard, exc)
             elif kind is Outcome.MISSING:
-                self._counts["missing_retries"] += 1
                 batch.upload = list(detail)
                 for d in detail:
                     self._lru.pop(d, None)
+                if error is None:
+                    self._counts["missing_retries"] += 1
+                else:  # our upload was refused (OOM): back off like a refused insert
+                    self._counts["oom_retries" if is_oom(error) else "error_retries"] += 1
             else:
-                self._counts["oom_retries" if "OOM" in str(detail) else "error_retries"] += 1
+                self._counts["oom_retries" if is_oom(detail) else "error_retries"] += 1
                 error = detail
                 log.info("shard %d: insert refused (%s); backing off", self.shard, detail)
             # Nothing of this batch was written, but later batches of this pipeline may have been:

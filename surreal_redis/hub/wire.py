@@ -290,6 +290,15 @@ class Outcome(enum.Enum):
 
 
 _TRANSIENT = ("OOM", "BUSY", "LOADING", "MISCONF", "READONLY", "TRYAGAIN", "MASTERDOWN")
+# redis-py strips the error code from these, so they are told apart by class.
+_TRANSIENT_TYPES = (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
+                    redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError,
+                    redis.exceptions.MasterDownError, redis.ConnectionError, redis.TimeoutError)
+
+
+def is_oom(error: BaseException | None) -> bool:
+    """Whether ``error`` is Redis refusing a write for maxmemory (noeviction)."""
+    return isinstance(error, redis.exceptions.OutOfMemoryError) or str(error).startswith("OOM")
 
 
 def classify_reply(reply: Any) -> tuple[Outcome, Any]:
@@ -301,8 +310,7 @@ def classify_reply(reply: Any) -> tuple[Outcome, Any]:
         return Outcome.MISSING, [d.decode() for d in reply[1:]]
     if isinstance(reply, redis.exceptions.NoScriptError):
         return Outcome.RELOAD, reply
-    if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+    if isinstance(reply, _TRANSIENT_TYPES) or (
+            isinstance(reply, redis.ResponseError) and str(reply).startswith(_TRANSIENT)):
         return Outcome.BACKOFF, reply
-    if isinstance(reply, redis.ResponseError) and str(reply).startswith(_TRANSIENT):
-        return Outcome.BACKOFF, reply
-    raise ScriptError(f"insert.lua: {reply!r}")
+    raise ScriptError(f"insert.lua: {type(reply).__name__}: {reply}")

@@ -1,0 +1,291 @@
+"""Experience path against a real redis-server: the Lua scripts, restarts, retries, TTL cleanup,
+maxmemory backpressure, dead letters and claiming a dead learner's entries."""
+
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from surreal_redis.connection import connect, find_redis_server
+from surreal_redis.hub.gc import HubJanitor, RetentionConfig
+from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.wire import id_score
+from surreal_redis.keys import RunKeys
+from surreal_redis.scripts import ScriptError, Scripts, script_source
+
+pytestmark = pytest.mark.integration
+
+RUN = "integ"
+KEYS = RunKeys(RUN).shard(0)
+
+
+def noise_frames(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Incompressible 84x84 frames, one per env."""
+    return rng.integers(0, 256, (n, 84, 84), dtype=np.uint8)
+
+
+def add_steps(sender: ExperienceSender, count: int, rng: np.random.Generator, n: int = 2) -> None:
+    zeros = np.zeros(n, bool)
+    for _ in range(count):
+        sender.add({"f": noise_frames(rng, n)}, np.zeros(n), np.ones(n), zeros, zeros)
+
+
+def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid: str = "u1"):
+    args = [seq, 60, chunks]
+    for c in range(chunks):
+        args += [b"0", str(c).encode(), ",".join(digests).encode(), b"payload"]
+    return scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen(uuid), *[KEYS.obs(d) for d in digests]], args)
+
+
+def digest_n(i: int) -> str:
+    return f"{i:032x}"
+
+
+def test_insert_script_is_all_or_nothing_and_idempotent(real_redis):
+    scripts = Scripts(real_redis)
+    a, b = digest_n(1), digest_n(2)
+    real_redis.set(KEYS.obs(a), b"A", ex=60)
+    assert insert(scripts, 1, [a, b]) == [b"MISSING", b.encode()]
+    assert real_redis.exists(KEYS.exp, KEYS.obsref, KEYS.seen("u1")) == 0
+    assert real_redis.ttl(KEYS.obs(a)) > 0
+    real_redis.set(KEYS.obs(b), b"B", ex=60)
+    reply = insert(scripts, 1, [a, b], chunks=2)
+    assert reply[0] == b"OK" and len(reply) == 3
+    assert real_redis.ttl(KEYS.obs(a)) == -1 and real_redis.ttl(KEYS.obs(b)) == -1  # persisted
+    assert real_redis.zscore(KEYS.obsref, a) == id_score(reply[2])  # newest referencing entry
+    assert real_redis.get(KEYS.seen("u1")) == b"1" and 0 < real_redis.ttl(KEYS.seen("u1")) <= 60
+    entry = real_redis.xrange(KEYS.exp)[0][1]
+    assert list(entry) == [b"a", b"e", b"o", b"d"]
+    # a retried insert (same seq, or an older one) is stored once
+    assert insert(scripts, 1, [a, b]) == [b"DUP", b"1"]
+    assert insert(scripts, 0 + 1, [a]) == [b"DUP", b"1"]
+    assert real_redis.xlen(KEYS.exp) == 2
+    # another sender is independent
+    assert insert(scripts, 1, [a], uuid="u2")[0] == b"OK"
+    # bounds and undeclared digests are refused before any write
+    with pytest.raises(ScriptError, match="chunk count"):
+        insert(scripts, 5, [a], chunks=65)
+    with pytest.raises(ScriptError, match="missing from KEYS"):
+        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
+                     [7, 60, 1, b"0", b"0", f"{a},{b}".encode(), b"p"])
+    with pytest.raises(ScriptError, match="exceed 256"):
+        insert(scripts, 8, [digest_n(i) for i in range(257)])
+    assert real_redis.xlen(KEYS.exp) == 3 and real_redis.get(KEYS.seen("u1")) == b"1"
+
+
+def test_trim_and_gc_scripts(real_redis):
+    real_redis.config_set("stream-node-max-entries", 2)
+    scripts = Scripts(real_redis)
+    digests = [digest_n(i) for i in range(6)]
+    for d in digests:
+        real_redis.set(KEYS.obs(d), d, ex=60)
+    ids = [insert(scripts, i + 1, [digests[i], digests[i + 1]])[1] for i in range(5)]  # 5 entries
+    real_redis.set(KEYS.obs(digest_n(99)), b"uploaded, never referenced", ex=60)
+    removed, first = scripts.call("trim", [KEYS.exp], ["MAXLEN", 3, 1000])
+    assert removed == 2 and first == ids[2]  # whole nodes of 2 entries
+    assert scripts.call("trim", [KEYS.exp], ["MINID", ids[3].decode(), 1]) == [0, ids[2]]  # limit < node
+    candidates = [KEYS.obs(d) for d in digests] + [KEYS.obs(digest_n(99))]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == 2  # digests 0 and 1
+    assert real_redis.exists(*[KEYS.obs(d) for d in digests]) == 4
+    assert real_redis.zcard(KEYS.obsref) == 4 and real_redis.exists(KEYS.obs(digest_n(99)))
+    with pytest.raises(ScriptError, match="bad mode"):
+        scripts.call("trim", [KEYS.exp], ["MAXLEN", 3, 5000])
+    assert scripts.call("trim", [KEYS.exp], ["MAXLEN", 0, 1000]) == [3, b""]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == 4  # empty stream: all go
+    assert real_redis.zcard(KEYS.obsref) == 0 and real_redis.exists(KEYS.obs(digest_n(99)))
+
+
+class RestartableRedis:
+    """A redis-server on a fixed unix socket that can be restarted (losing its data)."""
+
+    def __init__(self, directory) -> None:
+        self.dir, self.socket = directory, directory / "redis.sock"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [find_redis_server(), "--port", "0", "--unixsocket", str(self.socket), "--dir", str(self.dir),
+             "--save", "", "--appendonly", "no", "--maxmemory", "64mb", "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        probe = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if probe.ping():
+                    break
+            except (redis.ConnectionError, FileNotFoundError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        probe.close()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def restartable(tmp_path):
+    if find_redis_server() is None:
+        pytest.skip("no redis-server binary found")
+    server = RestartableRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_scripts_survive_script_flush_and_restart(restartable):
+    client = connect(restartable.url)
+    rng = np.random.default_rng(0)
+    sender = ExperienceSender(client, SenderConfig(flush_steps=2, retry_base_s=0.01), RUN, 0, 1)
+    receiver = ExperienceReceiver(client, ReceiverConfig(), RUN, 1)
+    janitor = HubJanitor(client, RetentionConfig(max_entries=0), RUN, 1)
+    add_steps(sender, 3, rng)
+    assert len(receiver.receive(10, 0)) == 2
+    client.script_flush()
+    add_steps(sender, 2, rng)
+    assert len(receiver.receive(10, 0)) == 2
+    client.script_flush()
+    assert janitor.run_once().obs_deleted > 0
+    restartable.stop()
+    restartable.start()  # data, consumer group and script cache are gone
+    add_steps(sender, 2, rng)  # the LRU is stale: every obs comes back MISSING and is re-uploaded
+    assert sender.stats().missing_retries >= 1
+    assert receiver.receive(10, 0) == []  # the group is recreated
+    got = receiver.receive(10, 0)
+    assert len(got) == 2 and receiver.stats().dead == 0
+    assert janitor.run_once().trimmed == 2
+    client.close()
+
+
+def test_retried_insert_after_lost_reply_is_stored_once(real_redis, monkeypatch):
+    real_redis.script_load(script_source("insert"))  # so the first insert runs rather than NOSCRIPT
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2, retry_base_s=0.01), RUN, 0, 1)
+    original = real_redis.pipeline
+    lost = []
+
+    def pipeline(*args, **kwargs):
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        def execute_then_lose_reply(raise_on_error=True):
+            inserting = any(args[0] == "EVALSHA" for args, _ in pipe.command_stack)
+            result = execute(raise_on_error=raise_on_error)
+            if inserting and not lost:
+                lost.append(True)
+                raise redis.TimeoutError("reply lost after the server ran the pipeline")
+            return result
+
+        pipe.execute = execute_then_lose_reply
+        return pipe
+
+    monkeypatch.setattr(real_redis, "pipeline", pipeline)
+    add_steps(sender, 3, np.random.default_rng(1))
+    assert lost and sender.stats().duplicates == 1 and sender.stats().error_retries == 1
+    assert real_redis.xlen(KEYS.exp) == 2
+
+
+def test_agent_killed_between_upload_and_insert_leaks_nothing(redis_server, real_redis):
+    # An agent whose user may upload but not run the insert is exactly an agent that died after
+    # its SETs: only obs keys with a TTL remain, and they expire.
+    real_redis.acl_setuser("uploader", enabled=True, passwords=["+pw"], keys=["*"],
+                           commands=["+@all", "-evalsha", "-eval"])
+    agent = redis.Redis(unix_socket_path=str(redis_server.socket_path), username="uploader", password="pw")
+    sender = ExperienceSender(agent, SenderConfig(flush_steps=1, obs_ttl_s=1), RUN, 0, 1)
+    with pytest.raises(ScriptError, match="NoPermissionError"):
+        add_steps(sender, 2, np.random.default_rng(2))
+    assert len(real_redis.keys(KEYS.obs_prefix + "*")) == 4
+    assert real_redis.exists(KEYS.exp, KEYS.obsref) == 0
+    time.sleep(1.3)
+    assert real_redis.keys("*") == []
+    agent.close()
+
+
+def test_maxmemory_backoff_no_partial_write_then_gc_resumes(real_redis):
+    real_redis.config_set("stream-node-max-entries", 4)
+    rng = np.random.default_rng(3)
+    config = SenderConfig(flush_steps=2, retry_base_s=0.02, retry_cap_s=0.1, max_wait_s=30)
+    sender = ExperienceSender(real_redis, config, RUN, 0, 1)
+    add_steps(sender, 41, rng)  # 20 flushes, ~40 frames of 7 KB each
+    used = real_redis.info("memory")["used_memory"]
+    real_redis.config_set("maxmemory", used + 300_000)
+    errors = []
+
+    def agent():
+        try:
+            add_steps(sender, 100, rng)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while sender.stats().oom_retries == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sender.stats().oom_retries > 0, "the sender never hit maxmemory"
+        # right at the limit a write may still fit now and then; well over it, none does
+        real_redis.config_set("maxmemory", real_redis.info("memory")["used_memory"] - 100_000)
+        time.sleep(0.1)
+        stuck = real_redis.xlen(KEYS.exp)
+        time.sleep(0.3)
+        assert real_redis.xlen(KEYS.exp) == stuck  # backing off, nothing written
+        referenced = {d for _, f in real_redis.xrange(KEYS.exp) for d in f[b"o"].decode().split(",")}
+        assert all(real_redis.exists(KEYS.obs(d)) for d in referenced)  # no half-done insert
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            real_redis.xadd(KEYS.exp, {"a": "1"})
+        janitor = HubJanitor(real_redis, RetentionConfig(max_entries=4), RUN, 1)
+        stats = janitor.run_once()
+        assert stats.obs_deleted > 0 and stats.unread_dropped > 0  # no learner here: counted
+        while thread.is_alive() and time.monotonic() < deadline + 20:  # as the learner would
+            janitor.run_once()
+            time.sleep(0.05)
+    finally:
+        thread.join(timeout=30)
+        real_redis.config_set("maxmemory", "128mb")
+    assert not thread.is_alive() and errors == []
+    assert real_redis.xlen(KEYS.exp) > 4  # ingestion resumed
+    assert sender.stats().steps_dropped == 0
+
+
+def test_malformed_entries_are_set_aside_and_reading_goes_on(real_redis):
+    rng = np.random.default_rng(4)
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    add_steps(sender, 2, rng, n=1)
+    real_redis.xadd(KEYS.exp, {"a": "0", "e": "0", "o": "", "d": b"SRT1garbage"})
+    real_redis.xadd(KEYS.exp, {"a": "0", "e": "0", "o": "", "d": b"x", "extra": b"field"})
+    add_steps(sender, 2, rng, n=1)
+    gone = real_redis.xrange(KEYS.exp)[-1][1][b"o"].decode().split(",")[-1]  # only the last entry has it
+    real_redis.delete(KEYS.obs(gone))  # as if gc had collected it
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
+    good = receiver.receive(100, 0)
+    assert len(good) == 2 and receiver.stats().dead == 3
+    assert receiver.dead_by_reason == {"codec": 1, "format": 1, "missing_obs": 1}
+    reasons = [f[b"reason"] for _, f in real_redis.xrange(KEYS.dead)]
+    assert reasons == [b"codec", b"format", b"missing_obs"]
+    receiver.ack(good)
+    assert real_redis.xpending(KEYS.exp, "learner")["pending"] == 0
+    add_steps(sender, 1, rng, n=1)
+    assert len(receiver.receive(100, 0)) == 1 and receiver.stats().dead == 3  # the reader goes on
+
+
+def test_claims_entries_of_a_dead_learner(real_redis):
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    add_steps(sender, 3, np.random.default_rng(5), n=1)
+    dead = ExperienceReceiver(real_redis, ReceiverConfig(consumer="old"), RUN, 1)
+    taken = dead.receive(10, 0)
+    assert len(taken) == 2  # read, never acked: the learner died
+    time.sleep(0.06)
+    fresh = ExperienceReceiver(real_redis, ReceiverConfig(consumer="new", claim_min_idle_ms=50), RUN, 1)
+    assert fresh.start() == 2
+    got = fresh.receive(10, 0)
+    assert [g.entry_id for g in got] == [t.entry_id for t in taken]
+    assert fresh.ack(got) == 2 and real_redis.xpending(KEYS.exp, "learner")["pending"] == 0
