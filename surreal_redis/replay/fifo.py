@@ -76,15 +76,16 @@ class FIFOReplay:
             return dict(self._stats)
 
     def insert(self, chunk: Chunk) -> None:
-        """Queue ``chunk`` unless it is already too stale; may drop chunks to respect capacity."""
+        """Queue ``chunk`` unless it is already too stale; may drop chunks to respect capacity
+        (a chunk longer than ``capacity_steps`` is dropped as full)."""
         if chunk.num_steps < 1:
             raise ValueError(f"chunk from agent {chunk.agent_id} env {chunk.env_index} has no steps")
-        if chunk.num_steps > self.config.capacity_steps:
-            raise ValueError(f"chunk of {chunk.num_steps} steps exceeds capacity_steps "
-                             f"({self.config.capacity_steps})")
         with self._lock:
             if self._is_stale(chunk):
                 self._drop("stale", chunk)
+                return
+            if chunk.num_steps > self.config.capacity_steps:  # could never fit
+                self._drop("full", chunk)
                 return
             while self._steps + chunk.num_steps > self.config.capacity_steps:
                 if self.config.when_full == "drop_newest":
