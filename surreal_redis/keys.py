@@ -140,7 +140,7 @@ class RunKeys:
 
     @property
     def learner(self) -> str:
-        """Hash with the learner's heartbeat and counters."""
+        """String: the learner's status JSON (iteration, version, env steps, returns), with a TTL."""
         return f"{self.tag}:learner"
 
     def shard(self, index: int) -> ShardKeys:

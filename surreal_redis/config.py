@@ -1,0 +1,218 @@
+"""The experiment config: one frozen dataclass tree, loaded from YAML and validated.
+
+Each component owns its settings dataclass (``SenderConfig`` in hub/sender.py, ``PPOConfig`` in
+algos/ppo_policy.py, ...); this module only composes them into sections, adds the settings of
+the processes, and loads/dumps the whole. Unknown keys and wrong types are errors naming the key
+(see :mod:`surreal_redis.configtools`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from surreal_redis.algos.ddpg_policy import DDPGConfig
+from surreal_redis.algos.ppo_policy import PPOConfig
+from surreal_redis.checkpoint import CheckpointConfig
+from surreal_redis.configtools import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
+from surreal_redis.connection import RedisSettings
+from surreal_redis.envs import EnvConfig
+from surreal_redis.hub.gc import RetentionConfig
+from surreal_redis.hub.params import ParameterClientConfig, PublisherConfig
+from surreal_redis.hub.receiver import ReceiverConfig
+from surreal_redis.hub.sender import SenderConfig
+from surreal_redis.keys import validate_run_name
+from surreal_redis.replay.fifo import FIFOReplayConfig
+from surreal_redis.replay.prioritized import PrioritizedReplayConfig
+from surreal_redis.replay.rate_limiter import RateLimiterConfig
+from surreal_redis.resources import resource_dir
+
+
+@dataclass(frozen=True)
+class ExperimentSection:
+    """``name`` is also the run name in Redis keys; results go to ``<root>/<name>/``."""
+
+    name: str = "default"
+    root: str = "./runs"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        validate_run_name(self.name)
+
+
+@dataclass(frozen=True)
+class RedisSection(RedisSettings):
+    """Where Redis is (``url``; None: the launcher starts an embedded server) and how to talk
+    to it; ``maxmemory`` applies to the embedded server; ``num_shards`` experience streams."""
+
+    maxmemory: str = "2gb"
+    num_shards: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
+
+    def settings(self) -> RedisSettings:
+        names = {f.name for f in dataclasses.fields(RedisSettings)}
+        return RedisSettings(**{n: getattr(self, n) for n in names})
+
+
+@dataclass(frozen=True)
+class HubSection:
+    sender: SenderConfig = field(default_factory=SenderConfig)
+    receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    publisher: PublisherConfig = field(default_factory=PublisherConfig)
+    params_client: ParameterClientConfig = field(default_factory=ParameterClientConfig)
+    episodes_maxlen: int = 100_000
+
+
+@dataclass(frozen=True)
+class ReplaySection:
+    """PPO always uses ``fifo``; DDPG uses ``uniform`` or ``prioritized`` (``ddpg.use_per``)."""
+
+    fifo: FIFOReplayConfig = field(default_factory=FIFOReplayConfig)
+    off_policy: PrioritizedReplayConfig = field(default_factory=PrioritizedReplayConfig)
+    rate_limiter: RateLimiterConfig = field(default_factory=RateLimiterConfig)
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    """``fetch_every_steps``: env steps (per env) between parameter version polls."""
+
+    num_agents: int = 2
+    fetch_every_steps: int = 64
+    heartbeat_every_s: float = 2.0
+    heartbeat_ttl_s: float = 30.0
+    restart_on_crash: bool = True
+    max_restarts: int = 5
+
+    def __post_init__(self) -> None:
+        if self.num_agents < 0:
+            raise ValueError(f"num_agents must be >= 0, got {self.num_agents}")
+        if self.fetch_every_steps < 1:
+            raise ValueError(f"fetch_every_steps must be >= 1, got {self.fetch_every_steps}")
+        if self.heartbeat_every_s <= 0 or self.heartbeat_ttl_s <= self.heartbeat_every_s:
+            raise ValueError("need 0 < heartbeat_every_s < heartbeat_ttl_s")
+
+
+@dataclass(frozen=True)
+class LearnerSection:
+    """PPO: ``steps_per_update`` env steps (all agents together) per update.
+    DDPG: ``learning_starts`` transitions before the first update, ``updates_per_step`` gradient
+    updates per inserted transition (unless the rate limiter sets a ratio).
+    Parameters are published every ``publish_every_updates`` updates (and at most once per
+    ``hub.publisher.min_publish_interval`` seconds)."""
+
+    steps_per_update: int = 1024
+    learning_starts: int = 1000
+    updates_per_step: float = 1.0
+    publish_every_updates: int = 1
+    prefetch_chunks: int = 64
+    receive_batch: int = 64
+    gc_every_s: float = 5.0
+    metrics_every_s: float = 5.0
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("steps_per_update", "learning_starts", "publish_every_updates", "prefetch_chunks",
+                     "receive_batch", "torch_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.updates_per_step <= 0:
+            raise ValueError(f"updates_per_step must be > 0, got {self.updates_per_step}")
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    enabled: bool = True
+    mode: Literal["deterministic", "stochastic"] = "deterministic"
+    episodes: int = 5
+    every_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"episodes must be >= 1, got {self.episodes}")
+
+
+@dataclass(frozen=True)
+class StopSection:
+    """The run stops at the first condition met: env steps, wall seconds, or the mean training
+    return over the last ``return_window`` episodes reaching ``target_return``."""
+
+    max_env_steps: int | None = None
+    max_seconds: float | None = None
+    target_return: float | None = None
+    return_window: int = 100
+
+    def __post_init__(self) -> None:
+        if self.return_window < 1:
+            raise ValueError(f"return_window must be >= 1, got {self.return_window}")
+
+
+@dataclass(frozen=True)
+class TrackingSection:
+    enabled: bool = True
+    tracking_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    experiment: ExperimentSection = field(default_factory=ExperimentSection)
+    redis: RedisSection = field(default_factory=RedisSection)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    algo: Literal["ppo", "ddpg"] = "ppo"
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    ddpg: DDPGConfig = field(default_factory=DDPGConfig)
+    hub: HubSection = field(default_factory=HubSection)
+    replay: ReplaySection = field(default_factory=ReplaySection)
+    agent: AgentSection = field(default_factory=AgentSection)
+    learner: LearnerSection = field(default_factory=LearnerSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    stop: StopSection = field(default_factory=StopSection)
+    tracking: TrackingSection = field(default_factory=TrackingSection)
+
+    @property
+    def run(self) -> str:
+        return self.experiment.name
+
+    @property
+    def experiment_dir(self) -> Path:
+        return Path(self.experiment.root) / self.experiment.name
+
+    def with_overrides(self, overrides: list[str]) -> ExperimentConfig:
+        return from_dict(ExperimentConfig, apply_overrides(to_dict(self), overrides))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(to_dict(self), sort_keys=False)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    """Load a YAML config (None: all defaults) and apply ``a.b=c`` overrides.
+
+    A bare name such as ``ppo_cartpole`` also finds the shipped ``configs/ppo_cartpole.yaml``.
+    Raises :class:`ConfigError` naming the file, key or value at fault.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = load_yaml(str(resolve_config_path(path)))
+    return from_dict(ExperimentConfig, apply_overrides(data, list(overrides)))
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    candidate = Path(path)
+    if candidate.exists():
+        return candidate
+    shipped = resource_dir("configs") / (candidate.name if candidate.suffix else f"{candidate.name}.yaml")
+    if shipped.exists():
+        return shipped
+    raise ConfigError(f"config file {str(path)!r} does not exist (nor a shipped config of that name)")
+
+
+__all__ = ["ConfigError", "ExperimentConfig", "load_config"]

@@ -1,0 +1,127 @@
+"""``surreal-redis default-config ppo|ddpg``: the full default config as commented YAML.
+
+The comments come from the config dataclasses themselves (attribute docstrings, ``#`` comments on
+or above a field, or an ``Attributes:`` section of the class docstring), so they cannot drift
+from the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+import textwrap
+import typing
+from functools import cache
+from typing import Any
+
+import yaml
+
+from surreal_redis.config import ExperimentConfig
+from surreal_redis.configtools import to_dict
+
+
+@cache
+def field_help(cls: type) -> dict[str, str]:
+    """Field name -> one-paragraph help text, gathered from ``cls``'s source."""
+    helps: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        lines = source.splitlines()
+        node = ast.parse(source).body[0]
+        helps.update(_docstring_attributes(ast.get_docstring(node) or ""))
+        body = getattr(node, "body", [])
+        for i, stmt in enumerate(body):
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            name = stmt.target.id
+            after = body[i + 1] if i + 1 < len(body) else None
+            if isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant) \
+                    and isinstance(after.value.value, str):
+                helps[name] = " ".join(after.value.value.split())
+                continue
+            trailing = lines[stmt.lineno - 1].split("#", 1)
+            comments = []
+            row = stmt.lineno - 2
+            while row >= 0 and lines[row].strip().startswith("#"):
+                comments.insert(0, lines[row].strip().lstrip("#").strip())
+                row -= 1
+            if len(trailing) == 2 and "=" in trailing[0]:
+                comments.append(trailing[1].strip())
+            if comments:
+                helps[name] = " ".join(comments)
+    return helps
+
+
+def _docstring_attributes(doc: str) -> dict[str, str]:
+    match = re.search(r"^(?:Attributes|Args):\s*$(.*)", doc, flags=re.M | re.S)
+    if not match:
+        return {}
+    helps: dict[str, str] = {}
+    current = None
+    for line in match.group(1).splitlines():
+        item = re.match(r"^\s{2,8}([a-z_][a-z0-9_, ]*):\s*(.*)$", line)
+        if item:
+            names = [n.strip() for n in item.group(1).split(",")]
+            current = names
+            for n in names:
+                helps[n] = item.group(2).strip()
+        elif current and line.strip():
+            for n in current:
+                helps[n] += " " + line.strip()
+        elif not line.strip():
+            current = None
+    return helps
+
+
+def _emit(cls: type, data: dict[str, Any], indent: int, out: list[str]) -> None:
+    hints = typing.get_type_hints(cls)
+    helps = field_help(cls)
+    pad = "  " * indent
+    for f in dataclasses.fields(cls):
+        value = data[f.name]
+        text = helps.get(f.name)
+        if text:
+            for line in textwrap.wrap(text, 96 - len(pad)):
+                out.append(f"{pad}# {line}")
+        sub = hints[f.name]
+        if dataclasses.is_dataclass(sub) and isinstance(value, dict):
+            out.append(f"{pad}{f.name}:")
+            _emit(sub, value, indent + 1, out)
+        else:
+            rendered = yaml.safe_dump({f.name: value}, default_flow_style=True, sort_keys=False, width=1000).strip()
+            out.append(f"{pad}{rendered[1:-1] if rendered.startswith('{') else rendered}")
+
+
+def commented_default_config(algo: str) -> str:
+    """The default :class:`ExperimentConfig` for ``algo`` as YAML with comments; the other
+    algorithm's section is left out."""
+    if algo not in ("ppo", "ddpg"):
+        raise ValueError(f"algo must be ppo or ddpg, got {algo!r}")
+    config = dataclasses.replace(ExperimentConfig(), algo=algo)
+    data = to_dict(config)
+    data.pop("ddpg" if algo == "ppo" else "ppo")
+    out = [f"# surreal-redis default config for {algo.upper()} (surreal-redis default-config {algo}).",
+           "# Every key is optional; unknown keys are errors. Override any value with -o key.path=value."]
+    hints = typing.get_type_hints(ExperimentConfig)
+    for f in dataclasses.fields(ExperimentConfig):
+        if f.name not in data:
+            continue
+        out.append("")
+        sub = hints[f.name]
+        if dataclasses.is_dataclass(sub):
+            doc = inspect.getdoc(sub)
+            if doc and not doc.startswith(sub.__name__ + "("):
+                for line in textwrap.wrap(" ".join(doc.split("\n\n")[0].split()), 96):
+                    out.append(f"# {line}")
+            out.append(f"{f.name}:")
+            _emit(sub, data[f.name], 1, out)
+        else:
+            out.append(f"{f.name}: {data[f.name]}")
+    return "\n".join(out) + "\n"

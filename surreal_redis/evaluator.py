@@ -1,0 +1,110 @@
+"""The eval process: plays episodes with the latest parameters in an eval mode, sends no
+experience, and reports every episode (mode ``eval``) to the episodes stream, where the learner
+turns complete evals into ``charts/eval_return`` and best-k checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import redis
+
+from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.registry import make_policy
+from surreal_redis.config import ExperimentConfig
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff
+from surreal_redis.envs import make_env
+from surreal_redis.hub.episodes import EpisodeLog, EpisodeRecord
+from surreal_redis.hub.params import ParameterClient
+from surreal_redis.runtime import RunControl, StopFlag
+
+log = logging.getLogger(__name__)
+
+EVAL_MODES = {"deterministic": ActMode.EVAL_DETERMINISTIC, "stochastic": ActMode.EVAL_STOCHASTIC}
+
+
+def play_episode(env, policy, mode: ActMode, seed: int | None, stop: StopFlag | None = None,
+                 on_frame=None) -> tuple[float, int]:
+    """One episode with a single (non-vector) env; returns (return, length). ``on_frame`` is
+    called after every step (e.g. to record video frames)."""
+    obs, _ = env.reset(seed=seed)
+    policy.on_episode_start(0)
+    total, length = 0.0, 0
+    while stop is None or not stop:
+        batched = _add_batch_axis(obs)
+        action = policy.act(batched, mode).actions[0]
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total += float(reward)
+        length += 1
+        if on_frame is not None:
+            on_frame()
+        if terminated or truncated:
+            break
+    policy.on_episode_end(0, total, length)
+    return total, length
+
+
+def _add_batch_axis(obs):
+    if isinstance(obs, dict):
+        return {k: _add_batch_axis(v) for k, v in obs.items()}
+    if isinstance(obs, (list, tuple)):
+        return type(obs)(_add_batch_axis(v) for v in obs)
+    return np.asarray(obs)[None]
+
+
+class Evaluator:
+    """``surreal-redis eval``: after each new parameter version (checked at most every
+    ``eval.every_s``), plays ``eval.episodes`` episodes and reports them."""
+
+    def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag,
+                 mode: str | None = None, eval_id: int = 0) -> None:
+        mode = mode or config.eval.mode
+        if mode not in EVAL_MODES:
+            raise ValueError(f"eval mode {mode!r} is not one of {sorted(EVAL_MODES)}")
+        self.config, self.client, self.stop, self.mode = config, client, stop, EVAL_MODES[mode]
+        self.name = f"eval-{eval_id}"
+        self.env = make_env(config.env, seed=config.experiment.seed + 10_000 + eval_id, mode="eval")
+        self.policy = make_policy(config, self.env.observation_space, self.env.action_space, 1,
+                                  agent_id=0, seed=config.experiment.seed + 10_000 + eval_id)
+        self.params = ParameterClient(client, config.run, config.hub.params_client)
+        self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
+        self.control = RunControl(client, config.run)
+        self.seed = config.experiment.seed + 20_000 + 1000 * eval_id
+
+    def run(self) -> int:
+        backoff = Backoff(0.2, 5.0)
+        while not self.stop:
+            try:
+                stopping, _ = self.control.stopping()
+                if stopping:
+                    break
+                params, info = self.params.fetch()
+                if params is None:
+                    self.stop.wait(self.config.eval.every_s if self.policy.version >= 0 else 0.2)
+                    continue
+                self.policy.load_params(params, info.version)
+                self._evaluate(info.version)
+                backoff.reset()
+            except CONNECTION_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
+                self.stop.wait(delay)
+                continue
+            self.stop.wait(self.config.eval.every_s)
+        self.env.close()
+        return 0
+
+    def _evaluate(self, version: int) -> None:
+        records = []
+        for _ in range(self.config.eval.episodes):
+            if self.stop:
+                return  # an incomplete eval is not reported: the learner scores complete ones only
+            self.seed += 1
+            total, length = play_episode(self.env, self.policy, self.mode, self.seed, self.stop)
+            records.append(EpisodeRecord(self.name, "eval", total, length, version, time.time()))
+        if self.stop:
+            return
+        self.episodes.record(records)
+        log.info("%s: v%d scored %.2f over %d episodes", self.name, version,
+                 float(np.mean([r.episode_return for r in records])), len(records))

@@ -1,0 +1,174 @@
+"""The learner's numbers: MLflow metrics (``charts/``, ``losses/``, ``hub/``, ``system/`` on the
+learner-step axis) and the learner status hash that ``launch`` and ``status`` display."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict, deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import redis
+
+from surreal_redis.configtools import flatten, to_dict
+from surreal_redis.experience import Chunk
+from surreal_redis.hub.episodes import EpisodeRecord
+from surreal_redis.hub.gc import JanitorStats
+from surreal_redis.hub.heartbeat import read_agents
+from surreal_redis.hub.receiver import ReceiverStats
+from surreal_redis.hub.wire import read_backlog
+from surreal_redis.keys import RunKeys
+from surreal_redis.tracking import Tracker
+
+if TYPE_CHECKING:
+    from surreal_redis.config import ExperimentConfig
+    from surreal_redis.learner import Learner
+
+log = logging.getLogger(__name__)
+
+
+def read_learner_status(client: redis.Redis, run: str) -> dict[str, Any]:
+    """The learner status hash as a dict (empty when no learner has reported)."""
+    raw = client.get(RunKeys(run).learner)
+    return json.loads(raw) if raw else {}
+
+
+class LearnerMetrics:
+    """Accumulates between flushes; :meth:`maybe_flush` writes every ``learner.metrics_every_s``."""
+
+    def __init__(self, client: redis.Redis, config: ExperimentConfig, tracker: Tracker | None) -> None:
+        self.client, self.config, self.tracker = client, config, tracker
+        self.status_key = RunKeys(config.run).learner
+        self.losses: dict[str, list[float]] = defaultdict(list)
+        self.staleness: deque[int] = deque(maxlen=10_000)
+        self.publish_s: list[float] = []
+        self.episode_returns: list[float] = []
+        self.episode_lengths: list[int] = []
+        self.eval_score: float | None = None
+        self.eval_version: int | None = None
+        self.trimmed = self.unread_dropped = self.obs_deleted = 0
+        self.last_gc = 0.0
+        self.ingest_bytes = 0
+        self._last_flush = time.monotonic()
+        self._last_counts: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- observations
+    def log_config(self) -> None:
+        assert self.tracker is not None
+        self.tracker.log_params(flatten(to_dict(self.config)))
+        path = self.config.experiment_dir / "config.yaml"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.config.to_yaml())
+        self.tracker.log_artifact(path)
+
+    def observe_chunk(self, learner_version: int, chunk: Chunk, nbytes: int) -> None:
+        self.staleness.extend((learner_version - chunk.policy_version).tolist())
+        self.ingest_bytes += nbytes
+
+    def observe_update(self, stats: dict[str, float]) -> None:
+        for key, value in stats.items():
+            self.losses[key].append(float(value))
+
+    def observe_publish(self, seconds: float) -> None:
+        self.publish_s.append(seconds)
+
+    def observe_janitor(self, stats: JanitorStats) -> None:
+        self.last_gc = time.monotonic()
+        self.trimmed += stats.trimmed
+        self.unread_dropped += stats.unread_dropped
+        self.obs_deleted += stats.obs_deleted
+        if stats.unread_dropped:
+            log.warning("retention trimmed %d entries the learner had not read (hub.retention.max_entries "
+                        "too small for the learner's pace)", stats.unread_dropped)
+
+    def observe_episode(self, record: EpisodeRecord) -> None:
+        self.episode_returns.append(record.episode_return)
+        self.episode_lengths.append(record.length)
+
+    def observe_eval(self, version: int, score: float) -> None:
+        self.eval_score, self.eval_version = score, version
+
+    # ---------------------------------------------------------------- flushing
+    def _rate(self, name: str, value: float, dt: float) -> float:
+        previous = self._last_counts.get(name, value)
+        self._last_counts[name] = value
+        return (value - previous) / dt if dt > 0 else 0.0
+
+    def _hub_numbers(self, learner: Learner) -> dict[str, float]:
+        cfg = self.config
+        shards = [RunKeys(cfg.run).shard(i) for i in range(cfg.redis.num_shards)]
+        backlogs = [read_backlog(self.client, keys) for keys in shards]
+        memory = self.client.info("memory")
+        agents = [a for a in read_agents(self.client, cfg.run, cfg.agent.heartbeat_ttl_s) if not a.stale]
+        version = learner.publisher.version
+        numbers = {
+            "hub/stream_unread": float(sum(b.unread for b in backlogs)),
+            "hub/stream_length": float(sum(b.length for b in backlogs)),
+            "hub/redis_used_memory_mb": memory["used_memory"] / 2**20,
+            "hub/agents_alive": float(len(agents)),
+            "hub/trimmed_total": float(self.trimmed),
+            "hub/unread_trimmed_total": float(self.unread_dropped),
+            "hub/obs_deleted_total": float(self.obs_deleted),
+        }
+        if agents:
+            numbers["hub/agent_version_lag_mean"] = float(np.mean([version - a.param_version for a in agents]))
+        return numbers
+
+    def maybe_flush(self, learner: Learner, replay_stats: dict[str, int], receiver: ReceiverStats,
+                    force: bool = False) -> None:
+        now = time.monotonic()
+        dt = now - self._last_flush
+        if not force and dt < self.config.learner.metrics_every_s:
+            return
+        self._last_flush = now
+        step = learner.algo.iteration
+        metrics: dict[str, float | None] = {
+            "charts/env_steps": float(learner.env_steps),
+            "charts/env_steps_per_s": self._rate("steps", learner.env_steps, dt),
+            "charts/updates_per_s": self._rate("updates", step, dt),
+            "charts/param_version": float(learner.publisher.version),
+            "charts/episode_return_mean": learner.mean_return(),
+            "hub/ingest_mb_per_s": self._rate("bytes", self.ingest_bytes, dt) / 2**20,
+            "hub/dead_entries_total": float(receiver.dead),
+            "hub/obs_cache_hit_ratio": receiver.cache_hits / max(1, receiver.cache_hits + receiver.cache_misses),
+            "system/elapsed_s": learner.elapsed(),
+        }
+        if self.episode_returns:
+            metrics["charts/episode_return"] = float(np.mean(self.episode_returns))
+            metrics["charts/episode_length"] = float(np.mean(self.episode_lengths))
+        if self.eval_score is not None:
+            metrics["charts/eval_return"] = self.eval_score
+        if self.staleness:
+            values = np.asarray(self.staleness)
+            metrics.update({"hub/policy_staleness_p50": float(np.percentile(values, 50)),
+                            "hub/policy_staleness_p90": float(np.percentile(values, 90)),
+                            "hub/policy_staleness_max": float(values.max())})
+        if self.publish_s:
+            metrics["hub/publish_delay_ms"] = 1000 * float(np.mean(self.publish_s))
+        metrics.update({f"losses/{k}": float(np.mean(v)) for k, v in self.losses.items() if v})
+        metrics.update({f"system/replay_{k}": float(v) for k, v in replay_stats.items()})
+        try:
+            metrics.update(self._hub_numbers(learner))
+        except redis.RedisError as exc:
+            log.warning("hub metrics unavailable: %s", exc)
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step)
+        status = {"iteration": step, "version": learner.publisher.version, "env_steps": learner.env_steps,
+                  "mean_return": learner.mean_return(), "eval_return": self.eval_score,
+                  "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
+                  "pid": os.getpid(), "time": time.time(), "elapsed_s": learner.elapsed()}
+        self.client.set(self.status_key, json.dumps(status), ex=max(60, int(10 * self.config.learner.metrics_every_s)))
+        mean = learner.mean_return()
+        log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s",
+                 step, learner.publisher.version, learner.env_steps, metrics["charts/env_steps_per_s"],
+                 metrics["charts/updates_per_s"], "-" if mean is None else f"{mean:.1f}",
+                 "-" if self.eval_score is None else f"{self.eval_score:.1f}")
+        self.losses.clear()
+        self.staleness.clear()
+        self.publish_s.clear()
+        self.episode_returns.clear()
+        self.episode_lengths.clear()

@@ -1,0 +1,80 @@
+"""``surreal-redis rollout CHECKPOINT``: evaluate a checkpoint locally (no Redis), optionally
+recording each episode as an animated GIF when the env can render ``rgb_array`` frames."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.registry import make_algorithm, make_policy
+from surreal_redis.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from surreal_redis.config import ExperimentConfig, load_config
+from surreal_redis.configtools import ConfigError
+from surreal_redis.envs import make_env
+from surreal_redis.evaluator import play_episode
+
+log = logging.getLogger(__name__)
+
+MODES = {"deterministic": ActMode.EVAL_DETERMINISTIC, "stochastic": ActMode.EVAL_STOCHASTIC}
+
+
+def locate(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...]) -> tuple[Path, ExperimentConfig]:
+    """The checkpoint file and its config: an experiment folder means its latest checkpoint and
+    its ``config.yaml``; a file's config is ``--config`` or the ``config.yaml`` two folders up."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_dir():
+        folder = checkpoint
+        path = CheckpointManager(folder / "checkpoints", CheckpointConfig()).resolve("latest")
+    elif checkpoint.is_file():
+        folder, path = checkpoint.parent.parent, checkpoint
+    else:
+        raise CheckpointError(f"checkpoint {checkpoint} does not exist")
+    if config_path is None:
+        candidate = folder / "config.yaml"
+        if not candidate.exists():
+            raise ConfigError(f"no config.yaml in {folder}: pass --config")
+        config_path = str(candidate)
+    return path, load_config(config_path, overrides)
+
+
+def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...], episodes: int,
+                mode: str, video_dir: Path | None = None) -> list[float]:
+    """Play ``episodes`` episodes with the checkpoint's policy; returns their returns."""
+    path, config = locate(checkpoint, config_path, overrides)
+    state = CheckpointManager.load(path)
+    if state.get("algo") != config.algo:
+        raise CheckpointError(f"checkpoint {path} is for algo {state.get('algo')!r}, the config says {config.algo!r}")
+    render = {"render_mode": "rgb_array"} if video_dir is not None else {}
+    if render:
+        config = config.with_overrides([f"env.kwargs={dict(config.env.kwargs, **render)}"])
+    env = make_env(config.env, seed=config.experiment.seed + 30_000, mode="eval")
+    algo = make_algorithm(config.with_overrides([f"{config.algo}.device=cpu"]), env.observation_space, env.action_space)
+    algo.load_state_dict(state["algorithm"])
+    policy = make_policy(config, env.observation_space, env.action_space, 1, agent_id=0, seed=config.experiment.seed)
+    policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
+    returns = []
+    for episode in range(episodes):
+        frames: list = []
+        record = (lambda frames=frames: frames.append(env.render())) if video_dir else None
+        total, length = play_episode(env, policy, MODES[mode], seed=config.experiment.seed + 30_000 + episode,
+                                     on_frame=record)
+        returns.append(total)
+        log.info("episode %d: return %.2f, %d steps", episode, total, length)
+        if video_dir is not None:
+            _write_gif(video_dir / f"episode-{episode:03d}.gif", frames, env.metadata.get("render_fps", 30))
+    env.close()
+    return returns
+
+
+def _write_gif(path: Path, frames: list, fps: int) -> None:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise RuntimeError("video needs Pillow: pip install pillow") from None
+    if not frames or frames[0] is None:
+        raise RuntimeError("the env rendered no rgb_array frames; it cannot record video")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = [Image.fromarray(frame) for frame in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / max(1, fps)), loop=0)
+    log.info("video written to %s", path)

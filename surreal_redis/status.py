@@ -1,0 +1,104 @@
+"""``surreal-redis status``: a plain-text table of one run's state, read from Redis only."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import redis
+
+from surreal_redis.codec import CodecError
+from surreal_redis.hub.heartbeat import read_agents
+from surreal_redis.hub.wire import WireError, parse_entry, read_backlog
+from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
+from surreal_redis.learner_metrics import read_learner_status
+from surreal_redis.runtime import RunControl
+
+DEDUP_SAMPLE = 50  # recent entries sampled to estimate the observation slots per entry
+
+
+def _num_shards(client: redis.Redis, run: str) -> int:
+    count = 0
+    while client.exists(RunKeys(run).shard(count).exp):
+        count += 1
+    return count
+
+
+def _obs_slots(fields: dict) -> int:
+    """Observation slots an entry references through digests (T+1 per referenced leaf)."""
+    entry = parse_entry(fields)
+    obs = entry.payload.get("obs")
+    slots = 0
+
+    def walk(node) -> None:
+        nonlocal slots
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+        elif isinstance(node, np.ndarray) and node.dtype == np.int32 and node.ndim == 1:
+            slots += node.shape[0]
+
+    refs = entry.payload.get("ref")
+    if refs is not None and len(refs):
+        walk(obs)
+    return slots
+
+
+def shard_lines(client: redis.Redis, keys: ShardKeys) -> str:
+    backlog = read_backlog(client, keys)
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keys.obsref)
+    pipe.xlen(keys.dead)
+    pipe.xrevrange(keys.exp, count=DEDUP_SAMPLE)
+    blobs, dead, recent = pipe.execute()
+    try:
+        pending = client.xpending(keys.exp, CONSUMER_GROUP)["pending"]
+    except redis.ResponseError:
+        pending = 0
+    slots = []
+    for _, fields in recent:
+        try:
+            slots.append(_obs_slots(fields))
+        except (WireError, CodecError):
+            continue
+    dedup = "-"
+    if blobs and slots:
+        dedup = f"{np.mean(slots) * backlog.length / blobs:.1f}x"
+    return (f"  shard {keys.shard}: {backlog.length} entries, {backlog.unread} unread, {pending} pending, "
+            f"{dead} dead-lettered, {blobs} obs blobs, dedup {dedup}")
+
+
+def render_status(client: redis.Redis, run: str) -> str:
+    keys = RunKeys(run)
+    lines = [f"run {run!r}"]
+    stopping, reason = RunControl(client, run).stopping()
+    state = client.hget(keys.control, "state")
+    lines.append(f"state: {(state or b'unknown').decode()}{' (' + reason + ')' if stopping and reason else ''}")
+    learner = read_learner_status(client, run)
+    if learner:
+        age = time.time() - float(learner["time"])
+        lines.append(f"learner: pid {learner['pid']}, update {learner['iteration']}, params v{learner['version']}, "
+                     f"{learner['env_steps']} env steps ({learner['steps_per_s']:.0f}/s), "
+                     f"{learner['updates_per_s']:.1f} updates/s, return {learner['mean_return']}, "
+                     f"eval {learner['eval_return']}, reported {age:.0f}s ago")
+    else:
+        lines.append("learner: no report")
+    agents = read_agents(client, run, ttl_s=30.0)
+    lines.append(f"agents: {sum(not a.stale for a in agents)} alive, {sum(a.stale for a in agents)} stale")
+    if agents:
+        lines.append(f"  {'id':>6} {'host':<16} {'pid':>7} {'age s':>6} {'steps':>10} {'episodes':>9} {'params':>7}")
+        for a in sorted(agents, key=lambda a: (len(a.agent_id), a.agent_id)):
+            lines.append(f"  {a.agent_id:>6} {a.host[:16]:<16} {a.pid:>7} {a.age_s:>6.1f} {a.steps:>10} "
+                         f"{a.episodes:>9} {'v' + str(a.param_version):>7}{'  STALE' if a.stale else ''}")
+    shards = _num_shards(client, run)
+    lines.append(f"experience: {shards} shard(s)")
+    for index in range(shards):
+        lines.append(shard_lines(client, keys.shard(index)))
+    memory = client.info("memory")
+    limit = memory.get("maxmemory", 0)
+    lines.append(f"redis memory: {memory['used_memory_human']} used"
+                 + (f" of {limit / 2**20:.0f} MB maxmemory ({memory.get('maxmemory_policy')})" if limit else ""))
+    return "\n".join(lines)
