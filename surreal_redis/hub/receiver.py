@@ -83,7 +83,9 @@ class ExperienceReceiver:
     """Reads experience chunks of some shards of one run.
 
     Not thread-safe; use one receiver per reader thread (with distinct ``shards`` or consumer
-    names). Blocking calls wait at most ``block_ms`` (capped below half the socket timeout).
+    names). On Redis Cluster give each receiver one shard: one XREADGROUP may not span slots.
+    Blocking calls wait at most ``block_ms`` (capped below half the socket timeout); connection
+    errors propagate once the client's own retries are spent.
     """
 
     def __init__(self, client: redis.Redis, config: ReceiverConfig, run: str, num_shards: int,

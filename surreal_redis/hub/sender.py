@@ -187,7 +187,8 @@ class ExperienceSender:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s."""
         cfg = self.config
         self._wait_for_learner()
-        pending = split_batches([(c.fields, c.digests) for c in chunks], cfg.max_chunks_per_insert, cfg.max_obs_per_insert, self._next_seq)
+        pending = split_batches([(c.fields, c.digests) for c in chunks], cfg.max_chunks_per_insert,
+                                cfg.max_obs_per_insert, self._next_seq)
         for batch in pending:
             batch.upload = [d for d in batch.digests if d not in self._lru]
             self._counts["obs_lru_hits"] += len(batch.digests) - len(batch.upload)
