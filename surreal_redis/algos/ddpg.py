@@ -1,0 +1,171 @@
+"""DDPG learner (Lillicrap et al. 2016, arXiv:1509.02971) on n-step transitions from replay.
+
+One update, as in CleanRL's ``ddpg_continuous_action.py`` (one actor step per critic step; no TD3
+delay):
+
+    critic:  y = R + discount * Q'(s', mu'(s'))       (R, discount from nstep.py: gamma^m or 0)
+             L_Q = mean(w * (y - Q(s, a))^2)            (w: importance weights, ones without PER)
+    actor:   L_mu = -mean(Q(s, mu(s)))
+    targets: soft  theta' <- (1 - tau) theta' + tau theta   after every update
+             hard  theta' <- theta                           every ``hard_update_every`` updates
+
+Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.ddpg_policy`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from surreal_redis.algos.base import Algorithm, ParamDict
+from surreal_redis.algos.ddpg_policy import Actor, Critic, DDPGConfig, module_params, obs_to_tensor
+from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.codec import Tree
+from surreal_redis.experience import TransitionBatch
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else as torch understands it."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class DDPGAlgorithm(Algorithm):
+    """Learner-side DDPG: actor, critic, their target copies and Adam optimizers.
+
+    Args:
+        config: hyperparameters.
+        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
+        device: overrides ``config.device`` (e.g. ``"cpu"`` in tests); None uses the config.
+    """
+
+    def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space,
+                 device: str | torch.device | None = None) -> None:
+        self.config = config
+        self.device = resolve_device(config.device if device is None else device)
+        self.actor = Actor(config, obs_space, action_space).to(self.device)
+        self.critic = Critic(config, obs_space, action_space).to(self.device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
+                               if config.normalize_obs else None)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr)
+        # Adam's weight_decay adds critic_l2 * theta to the gradient: the L2 penalty of the paper
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr,
+                                                 weight_decay=config.critic_l2)
+        self.iteration = 0
+        logger.info("DDPG on %s: actor %d, critic %d parameters", self.device,
+                    sum(p.numel() for p in self.actor.parameters()),
+                    sum(p.numel() for p in self.critic.parameters()))
+
+    def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
+        """One critic and one actor gradient step on a batch of B transitions.
+
+        Returns:
+            ``(stats, td_errors)``: scalar stats under ``losses/``, and float32 ``[B]`` TD errors
+            ``y - Q(s, a)`` from before the step (for ``PrioritizedReplay.update_priorities``).
+        """
+        if self.obs_normalizer is not None:
+            # statistics of the sampled observations: the replay's distribution, not the newest data
+            self.obs_normalizer.update(obs_to_tensor(batch.obs, self.device))
+        obs = self._preprocess(batch.obs)
+        next_obs = self._preprocess(batch.next_obs)
+        actions = torch.as_tensor(batch.actions, dtype=torch.float32, device=self.device)
+        rewards = torch.as_tensor(batch.rewards, dtype=torch.float32, device=self.device)
+        discounts = torch.as_tensor(batch.discounts, dtype=torch.float32, device=self.device)
+        weights = torch.as_tensor(batch.weights, dtype=torch.float32, device=self.device)
+
+        # critic: regress Q(s, a) on the n-step target (discount is 0 after a termination)
+        with torch.no_grad():
+            next_q = self.critic_target(next_obs, self.actor_target(next_obs))
+            target_q = rewards + discounts * next_q
+        q = self.critic(obs, actions)
+        td_errors = target_q - q
+        critic_loss = (weights * td_errors.square()).mean()
+        self.critic_optimizer.zero_grad()
+        critic_loss.backward()
+        critic_grad_norm = _clip_grad(self.critic, self.config.critic_max_grad_norm)
+        self.critic_optimizer.step()
+
+        # actor: follow the critic's action gradient
+        actor_loss = -self.critic(obs, self.actor(obs)).mean()
+        self.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        actor_grad_norm = _clip_grad(self.actor, self.config.actor_max_grad_norm)
+        self.actor_optimizer.step()
+
+        self.iteration += 1
+        if self.config.target_update == "soft":
+            _soft_update(self.actor_target, self.actor, self.config.tau)
+            _soft_update(self.critic_target, self.critic, self.config.tau)
+        elif self.iteration % self.config.hard_update_every == 0:
+            self.actor_target.load_state_dict(self.actor.state_dict())
+            self.critic_target.load_state_dict(self.critic.state_dict())
+
+        stats = {
+            "losses/critic_loss": critic_loss.item(),
+            "losses/actor_loss": actor_loss.item(),
+            "losses/q_values": q.mean().item(),
+            "losses/critic_grad_norm": critic_grad_norm,
+            "losses/actor_grad_norm": actor_grad_norm,
+        }
+        return stats, td_errors.detach().cpu().numpy()
+
+    def _preprocess(self, obs: Tree) -> Tree:
+        x = obs_to_tensor(obs, self.device)
+        return self.obs_normalizer(x) if self.obs_normalizer is not None else x
+
+    def actor_params(self) -> ParamDict:
+        params = module_params("actor.", self.actor)
+        if self.obs_normalizer is not None:
+            params.update(module_params("obs_normalizer.", self.obs_normalizer))
+        return params
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "actor_target": self.actor_target.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "iteration": self.iteration,
+        }
+        if self.obs_normalizer is not None:
+            state["obs_normalizer"] = self.obs_normalizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.actor_target.load_state_dict(state["actor_target"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.load_state_dict(state["obs_normalizer"])
+        self.iteration = int(state["iteration"])
+
+
+def _clip_grad(module: nn.Module, max_norm: float | None) -> float:
+    """Clip to ``max_norm`` if set; return the gradient's global norm before clipping."""
+    limit = float("inf") if max_norm is None else max_norm
+    return float(nn.utils.clip_grad_norm_(module.parameters(), limit))
+
+
+@torch.no_grad()
+def _soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging ``target <- (1 - tau) target + tau online``; buffers are copied."""
+    for target_param, param in zip(target.parameters(), online.parameters()):
+        target_param.lerp_(param, tau)
+    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
+        target_buffer.copy_(buffer)

@@ -1,0 +1,227 @@
+"""DDPG's configuration, networks and agent-side policy (Lillicrap et al. 2016, arXiv:1509.02971).
+
+Everything an agent process needs to act lives here (no critic, no optimizer); the learner is in
+:mod:`surreal_redis.algos.ddpg`. As in CleanRL's ``ddpg_continuous_action.py``: a deterministic
+actor ``mu(s) = tanh(f(s)) * action_scale + action_bias`` (scale and bias are buffers, so they travel
+with the weights) and a critic ``Q(s, a)`` on the concatenation of the observation features and
+the action, both ReLU MLPs; an optional CNN stem comes with
+:class:`~surreal_redis.algos.networks.ObservationEncoder`. Observations can be whitened by a running
+z-filter that the learner updates and sends to the agents with the actor weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
+from surreal_redis.algos.networks import ACTIVATIONS, ObservationEncoder, mlp
+from surreal_redis.algos.noise import (
+    AdaptiveParamNoise,
+    GaussianNoise,
+    NoiseConfig,
+    agent_sigma,
+    make_action_noise,
+)
+from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.algos.trees import tree_map
+from surreal_redis.codec import Tree
+
+
+@dataclass(frozen=True)
+class DDPGConfig:
+    """DDPG hyperparameters; names and defaults follow CleanRL's ``ddpg_continuous_action.py``."""
+
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    gamma: float = 0.99
+    tau: float = 0.005
+    """Polyak factor of the soft target update: ``target <- (1 - tau) target + tau online``."""
+    target_update: Literal["soft", "hard"] = "soft"
+    """``soft``: Polyak averaging after every update; ``hard``: copy every ``hard_update_every``."""
+    hard_update_every: int = 500
+    """Updates between hard target copies (SURREAL's default interval)."""
+    batch_size: int = 256
+    n_step: int = 1
+    """Rewards summed before bootstrapping (see nstep.py); SURREAL used 3."""
+    actor_hidden: tuple[int, ...] = (256, 256)
+    critic_hidden: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+    actor_max_grad_norm: float | None = None
+    """Clip the actor gradient to this global norm (None: no clipping)."""
+    critic_max_grad_norm: float | None = None
+    """Clip the critic gradient to this global norm (None: no clipping)."""
+    critic_l2: float = 0.0
+    """L2 weight decay of the critic (Lillicrap et al. used 1e-2)."""
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    use_per: bool = False
+    """Sample from a PrioritizedReplay: the critic loss is weighted by ``batch.weights`` and the
+    learner feeds the TD errors returned by ``update`` back as priorities."""
+    normalize_obs: bool = False
+    """Whiten non-image observations with a running z-filter (updated by the learner)."""
+    obs_clip: float = 10.0
+    device: str = "auto"
+    """Learner device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"need gamma in [0, 1] and tau in (0, 1], got {self.gamma} and {self.tau}")
+        for name in ("hard_update_every", "batch_size", "n_step"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("actor_max_grad_norm", "critic_max_grad_norm"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 or None, got {getattr(self, name)}")
+
+
+def check_action_space(space: gym.Space) -> gym.spaces.Box:
+    """DDPG acts in a 1-d Box with finite bounds; anything else raises a ValueError naming it."""
+    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+            and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise ValueError(f"DDPG needs a 1-d Box action space with finite bounds, got {space}")
+    return space
+
+
+class Actor(nn.Module):
+    """``mu(s)``: observation batch (leaves ``[B, ...]``, already normalized) -> actions ``[B, A]``
+    inside the action bounds."""
+
+    action_scale: torch.Tensor
+    action_bias: torch.Tensor
+
+    def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        box = check_action_space(action_space)
+        self.encoder = ObservationEncoder(obs_space)
+        # near-zero final layer, so that initial actions are near the middle of the bounds
+        # (Lillicrap et al. 2016, section 7: final layers drawn from U[-3e-3, 3e-3])
+        self.mlp = mlp(self.encoder.out_dim, config.actor_hidden, box.shape[0], config.activation, out_std=0.01)
+        low, high = torch.as_tensor(box.low, dtype=torch.float32), torch.as_tensor(box.high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, obs: Tree) -> torch.Tensor:
+        return torch.tanh(self.mlp(self.encoder(obs))) * self.action_scale + self.action_bias
+
+
+class Critic(nn.Module):
+    """``Q(s, a)``: observations (leaves ``[B, ...]``, normalized) and actions ``[B, A]`` -> ``[B]``."""
+
+    def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        box = check_action_space(action_space)
+        self.encoder = ObservationEncoder(obs_space)
+        self.mlp = mlp(self.encoder.out_dim + box.shape[0], config.critic_hidden, 1, config.activation,
+                       out_std=0.01)
+
+    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)
+
+
+def obs_to_tensor(obs: Tree, device: torch.device) -> Tree:
+    """numpy observation tree -> tensors on ``device`` (float64 becomes float32, uint8 stays)."""
+    def convert(x: np.ndarray) -> torch.Tensor:
+        x = np.asarray(x)
+        return torch.as_tensor(x.astype(np.float32) if x.dtype == np.float64 else x, device=device)
+    return tree_map(convert, obs)
+
+
+def module_params(prefix: str, module: nn.Module) -> ParamDict:
+    """``module``'s state as CPU numpy arrays, keys ``prefix + name``."""
+    return {prefix + name: value.detach().cpu().numpy().copy() for name, value in module.state_dict().items()}
+
+
+def load_module_params(module: nn.Module, prefix: str, params: ParamDict) -> None:
+    """Inverse of :func:`module_params` (strict: every key of ``module`` must be present)."""
+    module.load_state_dict({name[len(prefix):]: torch.from_numpy(np.asarray(value))
+                            for name, value in params.items() if name.startswith(prefix)})
+
+
+class DDPGPolicy(AgentPolicy):
+    """The agent side of DDPG for N envs: ``mu(s)`` plus exploration noise, clipped to the bounds.
+
+    Modes: ``training`` adds the action noise (per-env state, reset by :meth:`on_episode_start`;
+    sigma from the per-agent schedule, see :func:`~surreal_redis.algos.noise.agent_sigma`) and, with
+    ``noise.param_noise``, acts with a perturbed copy of the actor; ``eval_stochastic`` adds
+    Gaussian noise of std ``noise.eval_sigma``; ``eval_deterministic`` returns ``mu(s)``.
+    Runs on the CPU. Parameters come from :meth:`DDPGAlgorithm.actor_params` (keys ``actor.*`` and
+    ``obs_normalizer.*``).
+
+    Args:
+        config: the learner's DDPG config (network shapes, noise settings).
+        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
+        num_envs: N, the env batch size of every ``act`` call.
+        agent_id, num_agents: this agent's place among the training agents (noise schedule).
+        seed: seeds the noise (None: fresh entropy).
+    """
+
+    def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
+                 agent_id: int = 0, num_agents: int = 1, seed: int | None = None) -> None:
+        self.config = config
+        self.action_space = check_action_space(action_space)
+        self.device = torch.device("cpu")
+        self.actor = Actor(config, obs_space, action_space)
+        self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None
+        action_dim = self.action_space.shape[0]
+        rng = np.random.default_rng(seed)
+        sigma = agent_sigma(config.noise, agent_id, num_agents)
+        self.noise = make_action_noise(config.noise, num_envs, action_dim, sigma, rng)
+        self.eval_noise = GaussianNoise(num_envs, action_dim, config.noise.eval_sigma, rng)
+        self.param_noise: AdaptiveParamNoise | None = None
+        if config.noise.param_noise:
+            self.param_noise = AdaptiveParamNoise(config.noise.param_initial_sigma,
+                                                  config.noise.param_target_distance,
+                                                  config.noise.param_adapt_coef)
+            self.perturbed_actor = copy.deepcopy(self.actor)
+            self.generator = torch.Generator().manual_seed(int(rng.integers(2**63)))
+            self.param_noise.perturb(self.actor, self.perturbed_actor, self.generator)
+        self.training_acts = 0
+
+    def load_params(self, params: ParamDict, version: int) -> None:
+        load_module_params(self.actor, "actor.", params)
+        if self.obs_normalizer is not None:
+            load_module_params(self.obs_normalizer, "obs_normalizer.", params)
+        if self.param_noise is not None:
+            self.param_noise.perturb(self.actor, self.perturbed_actor, self.generator)
+        self.version = version
+
+    @torch.no_grad()
+    def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
+        """Actions ``[N, A]`` (the action space's dtype) for observation leaves ``[N, ...]``."""
+        x = obs_to_tensor(obs, self.device)
+        if self.obs_normalizer is not None:
+            x = self.obs_normalizer(x)
+        scale = self.actor.action_scale.numpy()
+        if mode is ActMode.TRAINING:
+            actions = self._training_actions(x) + self.noise.sample() * scale
+        elif mode is ActMode.EVAL_STOCHASTIC:
+            actions = self.actor(x).numpy() + self.eval_noise.sample() * scale
+        else:
+            actions = self.actor(x).numpy()
+        actions = np.clip(actions, self.action_space.low, self.action_space.high)
+        return ActionOutput(actions.astype(self.action_space.dtype), {})
+
+    def _training_actions(self, x: Tree) -> np.ndarray:
+        """``mu(s)``, or the perturbed actor's actions with parameter noise (adapted every
+        ``param_adapt_every`` acts by their distance to ``mu(s)`` on the current observations)."""
+        if self.param_noise is None:
+            return self.actor(x).numpy()
+        actions = self.perturbed_actor(x)
+        self.training_acts += 1
+        if self.training_acts % self.config.noise.param_adapt_every == 0:
+            # distance in units of the action half-range (Plappert et al. 2018, appendix C.1)
+            diff = (actions - self.actor(x)) / self.actor.action_scale
+            self.param_noise.adapt(float(diff.square().mean().sqrt()))
+            self.param_noise.perturb(self.actor, self.perturbed_actor, self.generator)
+        return actions.numpy()
+
+    def on_episode_start(self, env_index: int) -> None:
+        self.noise.reset(env_index)
