@@ -17,11 +17,11 @@ section 5.2).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from surreal_redis.algos.trees import tree_map
 from surreal_redis.codec import Tree, flatten_tree
 from surreal_redis.experience import Chunk
 
@@ -83,8 +83,8 @@ class NStepBuilder:
         key = (chunk.agent_id, chunk.env_index)
         pending = self._pending.pop(key, None)
         batches = []
-        if pending is not None and not _same_tree(_map(lambda x: x[-1], pending.obs),
-                                                  _map(lambda x: x[0], chunk.obs)):
+        if pending is not None and not _same_tree(tree_map(lambda x: x[-1], pending.obs),
+                                                  tree_map(lambda x: x[0], chunk.obs)):
             logger.warning("stream (agent %d, env %d) does not continue its last chunk; emitting its "
                            "%d waiting steps as truncated", *key, pending.rewards.shape[0])
             batches.append(self._flush(pending))
@@ -94,7 +94,7 @@ class NStepBuilder:
         terminated, truncated, final_obs = chunk.terminated, chunk.truncated, chunk.final_obs
         if pending is not None:
             k = pending.rewards.shape[0]
-            obs = _map(lambda p, c: np.concatenate([p[:-1], c]), pending.obs, obs)
+            obs = tree_map(lambda p, c: np.concatenate([p[:-1], c]), pending.obs, obs)
             actions = np.concatenate([pending.actions, actions])
             rewards = np.concatenate([pending.rewards, rewards])
             terminated = np.concatenate([np.zeros(k, bool), terminated])
@@ -104,7 +104,7 @@ class NStepBuilder:
         batch, first_pending = self._transitions(obs, actions, rewards, terminated, truncated, final_obs)
         if first_pending < rewards.shape[0]:
             self._pending[key] = _Pending(
-                obs=_map(lambda x: x[first_pending:].copy(), obs),
+                obs=tree_map(lambda x: x[first_pending:].copy(), obs),
                 actions=actions[first_pending:].copy(),
                 rewards=rewards[first_pending:].copy(),
             )
@@ -159,9 +159,9 @@ class NStepBuilder:
                 out[row] = final
             return out
 
-        next_obs = _map(gather_next, obs, *(final_obs[last_steps[row]] for row in rows_ended))
+        next_obs = tree_map(gather_next, obs, *(final_obs[last_steps[row]] for row in rows_ended))
         batch = NStepBatch(
-            obs=_map(lambda x: x[:first_pending], obs),
+            obs=tree_map(lambda x: x[:first_pending], obs),
             actions=actions[:first_pending],
             rewards=np.asarray(returns, np.float32),
             next_obs=next_obs,
@@ -170,20 +170,10 @@ class NStepBuilder:
         return batch, first_pending
 
 
-def _map(fn: Callable[..., Any], *trees: Tree) -> Tree:
-    """Apply ``fn`` leaf-wise over trees of the same structure (dicts, lists, tuples)."""
-    first = trees[0]
-    if isinstance(first, dict):
-        return {key: _map(fn, *(t[key] for t in trees)) for key in first}
-    if isinstance(first, (list, tuple)):
-        return type(first)(_map(fn, *leaves) for leaves in zip(*trees))
-    return fn(*trees)
-
-
 def _concat(batches: list[NStepBatch]) -> NStepBatch:
     if len(batches) == 1:
         return batches[0]
-    return NStepBatch(*(_map(lambda *xs: np.concatenate(xs), *fields) for fields in zip(*batches)))
+    return NStepBatch(*(tree_map(lambda *xs: np.concatenate(xs), *fields) for fields in zip(*batches)))
 
 
 def _same_tree(a: Tree, b: Tree) -> bool:
