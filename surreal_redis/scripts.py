@@ -43,8 +43,7 @@ class Scripts:
         while OOM and connection errors propagate unchanged for the caller's backoff."""
         try:
             return self.get(name)(keys=keys, args=args, client=client or self.client)
+        except (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError):
+            raise  # the caller backs off (OOM) or redis-py has already retried the load (NOSCRIPT)
         except redis.ResponseError as exc:
-            message = str(exc)
-            if message.startswith("OOM") or "NOSCRIPT" in message:
-                raise
-            raise ScriptError(f"{name}.lua: {message}") from exc
+            raise ScriptError(f"{name}.lua: {exc}") from exc
