@@ -110,7 +110,7 @@ class Launcher:
         except redis.RedisError as exc:
             raise RuntimeError(f"cannot reach Redis at {self.url}: {exc}") from exc
         status = read_learner_status(client, cfg.run)
-        if status and time.time() - float(status.get("time", 0)) < 30:
+        if status.get("state") == "running" and time.time() - float(status.get("time", 0)) < 30:
             raise RuntimeError(f"a learner of run {cfg.run!r} is already running on {self.url} (pid "
                                f"{status.get('pid')}); stop it or choose another experiment.name")
         if self.resume is None:

@@ -331,6 +331,7 @@ class Learner:
                 self._publish(force=True)
             self._read_episodes()
             self.metrics.maybe_flush(self, {}, self.receiver.stats(), force=True)
+            self.metrics.mark_stopped()
         except (*CONNECTION_ERRORS, OSError) as exc:
             log.warning("learner: final publish/metrics incomplete (%s)", exc)
         if self.tracker is not None:

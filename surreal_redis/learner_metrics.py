@@ -54,6 +54,7 @@ class LearnerMetrics:
         self.ingest_bytes = 0
         self._last_flush = time.monotonic()
         self._last_counts: dict[str, float] = {}
+        self._status: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- observations
     def log_config(self) -> None:
@@ -91,6 +92,11 @@ class LearnerMetrics:
 
     def observe_eval(self, version: int, score: float) -> None:
         self.eval_score, self.eval_version = score, version
+
+    def mark_stopped(self) -> None:
+        """Keep the last status readable (for the launcher's summary) but say the learner is gone."""
+        status = dict(self._status, state="stopped", time=time.time())
+        self.client.set(self.status_key, json.dumps(status), ex=3600)
 
     # ---------------------------------------------------------------- flushing
     def _rate(self, name: str, value: float, dt: float) -> float:
@@ -160,8 +166,9 @@ class LearnerMetrics:
         status = {"iteration": step, "version": learner.publisher.version, "env_steps": learner.env_steps,
                   "mean_return": learner.mean_return(), "eval_return": self.eval_score,
                   "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
-                  "pid": os.getpid(), "time": time.time(), "elapsed_s": learner.elapsed()}
+                  "pid": os.getpid(), "time": time.time(), "elapsed_s": learner.elapsed(), "state": "running"}
         self.client.set(self.status_key, json.dumps(status), ex=max(60, int(10 * self.config.learner.metrics_every_s)))
+        self._status = status
         mean = learner.mean_return()
         log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s",
                  step, learner.publisher.version, learner.env_steps, metrics["charts/env_steps_per_s"],

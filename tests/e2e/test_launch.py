@@ -1,0 +1,167 @@
+"""End to end: the real CLI, real redis-server processes, real gymnasium envs, real training and
+MLflow. Slow (a couple of minutes in all) but part of the default suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+from surreal_redis.hub.heartbeat import read_agents
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+CLI = [sys.executable, "-m", "surreal_redis.cli", "--log-level", "INFO"]
+SMOKE = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
+
+
+def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"launch exited with {proc.returncode} while waiting for {what}:\n{out[-4000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def mlflow_metrics(experiment_dir: Path) -> dict[str, list[float]]:
+    from mlflow.tracking import MlflowClient
+
+    run_id = (experiment_dir / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(tracking_uri=f"sqlite:///{experiment_dir.resolve()}/mlflow.db")
+    run = client.get_run(run_id)
+    return {key: [m.value for m in client.get_metric_history(run_id, key)] for key in run.data.metrics}, run
+
+
+@pytest.fixture
+def server():
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    with EmbeddedRedis(maxmemory="256mb") as srv:
+        yield srv
+
+
+def test_launch_status_restart_stop_then_resume(tmp_path, server):
+    client = connect(server.url)
+    overrides = ["-o", f"experiment.root={tmp_path}", "-o", "stop.max_env_steps=1000000",
+                 "-o", "stop.max_seconds=240", "-o", "agent.heartbeat_ttl_s=10"]
+    proc = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", server.url, *overrides],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        agents = wait_for(lambda: [a for a in read_agents(client, "smoke", 10) if not a.stale and a.steps > 0]
+                          if len(read_agents(client, "smoke", 10)) == 2 else None, 120, "two agents stepping", proc)
+        status = cli("status", "--run", "smoke", "--redis-url", server.url, cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        assert "agents: 2 alive" in status.stdout and "learner: pid" in status.stdout
+        assert "shard 0:" in status.stdout
+
+        victim = next(a for a in agents if a.agent_id == "0")
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_for(lambda: any(a.agent_id == "0" and a.pid != victim.pid and not a.stale
+                             for a in read_agents(client, "smoke", 10)), 90, "agent 0 to be restarted", proc)
+        learner = json.loads(client.get("sr:{smoke}:learner"))
+        wait_for(lambda: json.loads(client.get("sr:{smoke}:learner"))["iteration"] > learner["iteration"] + 1,
+                 90, "the run to go on after the restart", proc)
+
+        stopped = cli("stop", "--run", "smoke", "--redis-url", server.url, cwd=tmp_path)
+        assert stopped.returncode == 0 and "stop requested" in stopped.stdout
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    assert "agent-0 exited with code -9" in out and "restarting agent-0" in out
+    assert "run 'smoke' finished" in out
+
+    experiment = tmp_path / "smoke"
+    checkpoints = sorted((experiment / "checkpoints").glob("ckpt-*.pt"))
+    assert checkpoints, "no checkpoint written"
+    metrics, run = mlflow_metrics(experiment)
+    assert run.info.status == "FINISHED"
+    for key in ("charts/env_steps", "charts/episode_return_mean", "losses/policy_loss", "hub/stream_unread",
+                "hub/policy_staleness_p50"):
+        assert key in metrics, f"{key} not logged (have {sorted(metrics)})"
+    assert run.data.params["algo"] == "ppo" and run.data.params["ppo.learning_rate"] == "0.001"
+    last_iteration = int(checkpoints[-1].stem.split("-")[1])
+
+    # --resume continues from the latest checkpoint (same experiment folder, same MLflow run)
+    resumed = cli("launch", SMOKE, "--agents", "1", "--redis-url", server.url, "--resume",
+                  "-o", f"experiment.root={tmp_path}", "-o", "stop.max_seconds=400", "-o", "eval.enabled=false",
+                  "-o", "stop.max_env_steps=" + str(int(metrics["charts/env_steps"][-1]) + 1500), cwd=tmp_path,
+                  timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    learner_log = (experiment / "logs" / "learner.log").read_text()
+    assert f"iteration {last_iteration}," in learner_log.split("resumed from")[1].splitlines()[0]
+    after = sorted(int(p.stem.split("-")[1]) for p in (experiment / "checkpoints").glob("ckpt-*.pt"))
+    assert after[-1] > last_iteration
+    metrics_after, run_after = mlflow_metrics(experiment)
+    assert run_after.info.run_id == run.info.run_id
+    assert len(metrics_after["charts/env_steps"]) > len(metrics["charts/env_steps"])
+
+
+def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    done = cli("launch", SMOKE, "--agents", "2", "-o", f"experiment.root={tmp_path}", "-o", "eval.every_s=1",
+               cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "run 'smoke' finished" in done.stderr
+    experiment = tmp_path / "smoke"
+    assert list((experiment / "checkpoints").glob("ckpt-*.pt"))
+    metrics, run = mlflow_metrics(experiment)
+    assert run.info.status == "FINISHED"
+    assert metrics["charts/env_steps"][-1] >= 8000
+    assert "charts/eval_return" in metrics
+    assert json.loads((experiment / "checkpoints" / "best.json").read_text())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["launch", SMOKE, "-o", "ppo.lr=1"], "ppo.lr"),
+    (["launch", SMOKE, "-o", "agent.num_agents=many"], "agent.num_agents"),
+    (["launch", "no-such-config.yaml"], "no-such-config.yaml"),
+    (["agent", "--id", "0", "--config", SMOKE, "--redis-url", "redis://127.0.0.1:1/0"], "127.0.0.1:1"),
+    (["launch", SMOKE, "-o", "env.env_id=NoSuchEnv-v9"], "NoSuchEnv-v9"),
+    (["agent", "--id", "0", "--config", SMOKE], "SURREAL_REDIS_URL"),
+])
+def test_cli_errors_name_the_problem(tmp_path, args, message):
+    env = {k: v for k, v in os.environ.items() if k != "SURREAL_REDIS_URL"}
+    done = subprocess.run([*CLI, *args, *(["-o", f"experiment.root={tmp_path}"] if args[0] == "launch" else [])],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr[-2000:]
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    done = cli("rollout", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert done.returncode != 0 and "nowhere" in done.stderr
+    (tmp_path / "exp" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "exp" / "config.yaml").write_text("algo: ppo\n")
+    done = cli("rollout", str(tmp_path / "exp"), cwd=tmp_path)
+    assert done.returncode != 0 and "no checkpoint" in done.stderr
+
+
+def test_default_config_round_trips(tmp_path):
+    for algo in ("ppo", "ddpg"):
+        done = cli("default-config", algo, cwd=tmp_path)
+        assert done.returncode == 0
+        path = tmp_path / f"{algo}.yaml"
+        path.write_text(done.stdout)
+        from surreal_redis.config import load_config
+
+        assert load_config(path).algo == algo
