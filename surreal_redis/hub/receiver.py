@@ -4,14 +4,16 @@ Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), resolves 
 digests with one MGET per shard and batch plus a bounded cache of decoded arrays, optionally
 verifies every blob's digest, and hands out chunks to be acked once they are in replay. Malformed
 entries are counted, logged once per kind, copied to the shard's dead-letter stream and acked: bad
-data never stops the reader.
+data never stops the reader. :meth:`ExperienceReceiver.read_retained` reads the whole retained
+window outside the group (an off-policy learner refilling its replay after a restart).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -21,8 +23,9 @@ import redis
 from surreal_redis.codec import CodecError, decode_array, digest
 from surreal_redis.connection import RedisSettings, block_ms
 from surreal_redis.experience import Chunk
-from surreal_redis.hub.wire import ParsedEntry, WireError, build_chunk, parse_entry
+from surreal_redis.hub.wire import ParsedEntry, WireError, build_chunk, parse_entry, parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
+from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +38,9 @@ class ReceiverConfig:
     gets its own pending entries back). ``block_ms``: default wait of :meth:`receive`.
     ``cache_entries``: decoded observation arrays kept by digest. ``verify_digests``: check
     blake2b(blob) == digest for every fetched blob. ``claim_min_idle_ms``: at start, take over
-    entries pending this long on any consumer (a dead learner's). ``dead_maxlen``: approximate cap
-    of the dead-letter stream.
+    entries pending this long on any consumer (a dead learner's), then remove the group's other
+    consumers that have nothing pending. ``dead_maxlen``: approximate cap of the dead-letter
+    stream. ``retained_batch``: entries per XRANGE of :meth:`ExperienceReceiver.read_retained`.
     """
 
     consumer: str = "learner"
@@ -46,6 +50,7 @@ class ReceiverConfig:
     claim_min_idle_ms: int = 60_000
     claim_count: int = 100
     dead_maxlen: int = 10_000
+    retained_batch: int = 256
 
     def __post_init__(self) -> None:
         if not self.consumer or not isinstance(self.consumer, str):
@@ -53,7 +58,7 @@ class ReceiverConfig:
         for name in ("block_ms", "cache_entries", "claim_min_idle_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"receiver.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("claim_count", "dead_maxlen"):
+        for name in ("claim_count", "dead_maxlen", "retained_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"receiver.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -68,7 +73,11 @@ class ReceivedChunk(NamedTuple):
 
 
 class ReceiverStats(NamedTuple):
-    """Cumulative receiver counters (for metrics); ``bytes`` counts entries and fetched blobs."""
+    """Cumulative receiver counters (for metrics). ``chunks``, ``steps``, ``dead``: of
+    :meth:`~ExperienceReceiver.receive`; ``bytes`` counts its entries and every fetched blob;
+    ``claimed``: entries taken over from other consumers, ``consumers_removed``: idle consumers
+    deleted at start; ``retained``/``retained_skipped``: chunks yielded / malformed entries
+    skipped by :meth:`~ExperienceReceiver.read_retained`."""
 
     chunks: int
     steps: int
@@ -77,6 +86,13 @@ class ReceiverStats(NamedTuple):
     cache_hits: int
     cache_misses: int
     claimed: int
+    consumers_removed: int
+    retained: int
+    retained_skipped: int
+
+
+_Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
+_Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
 
 
 class ExperienceReceiver:
@@ -104,8 +120,10 @@ class ExperienceReceiver:
         self._claimed: deque[tuple[int, bytes, dict]] = deque()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._started = False
+        self._scripts = Scripts(client)
         self._logged: set[str] = set()
         self.dead_by_reason: dict[str, int] = {}
+        self.skipped_by_reason: dict[str, int] = {}
         self._counts = dict.fromkeys(ReceiverStats._fields, 0)
 
     def stats(self) -> ReceiverStats:
@@ -133,8 +151,24 @@ class ExperienceReceiver:
         if claimed:
             log.info("claimed %d entries pending on other consumers", claimed)
         self._counts["claimed"] += claimed
+        self._remove_idle_consumers()
         self._started = True
         return claimed
+
+    def _remove_idle_consumers(self) -> None:
+        """Delete the group's consumers other than ours that have no pending entries (dead
+        learners' names would pile up otherwise). ``lua/consumers.lua`` re-checks each one
+        atomically, so a live reader that just took entries keeps them."""
+        own = self.config.consumer.encode()
+        for keys in self._keys.values():
+            names = [c["name"] for c in self.client.xinfo_consumers(keys.exp, CONSUMER_GROUP)
+                     if c["pending"] == 0 and c["name"] != own]
+            for first in range(0, len(names), 100):
+                removed = self._scripts.call("consumers", [keys.exp], [CONSUMER_GROUP, *names[first:first + 100]])
+                self._counts["consumers_removed"] += len(removed)
+                if removed:
+                    log.info("shard %d: removed idle consumers %s", keys.shard,
+                             ", ".join(bytes(r).decode(errors="replace") for r in removed))
 
     def _create_groups(self) -> None:
         for keys in self._keys.values():
@@ -170,7 +204,71 @@ class ExperienceReceiver:
             pipe.xack(self._keys[shard].exp, CONSUMER_GROUP, *ids)
         return sum(pipe.execute())
 
+    def read_retained(self, max_entries: int | None = None) -> Iterator[Chunk]:
+        """Every entry retained in this receiver's shard streams, oldest first (shards merged by
+        entry id), as decoded chunks: acked entries included, read with XRANGE outside the
+        consumer group (nothing is acked, claimed or delivered).
+
+        For an off-policy learner refilling its replay after a restart. Reads up to the newest
+        entry of each shard when the call starts (later inserts are left to :meth:`receive`),
+        ``config.retained_batch`` entries per round trip, resolving observations like
+        :meth:`receive` (cache, MGET, digest check). A malformed entry, or one whose
+        observations were collected meanwhile, is counted (``retained_skipped``,
+        ``skipped_by_reason``), logged and skipped; it stays in the stream and is not
+        dead-lettered again. ``max_entries``: stop after that many entries (good or skipped).
+        Blocks for one round trip per batch and shard, lazily, as the iterator is consumed.
+        """
+        if max_entries is not None and max_entries < 0:
+            raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
+        pipe = self.client.pipeline(transaction=False)
+        for keys in self._keys.values():
+            pipe.xrevrange(keys.exp, count=1)
+        ends = {shard: last[0][0] for shard, last in zip(self._keys, pipe.execute()) if last}
+        merged = heapq.merge(*(self._scan(shard, end) for shard, end in ends.items()),
+                             key=lambda entry: parse_id(entry[1]))
+        left = max_entries
+        batch: list[_Entry] = []
+        for entry in merged:
+            if left is not None:
+                if left == 0:
+                    break
+                left -= 1
+            batch.append(entry)
+            if len(batch) >= self.config.retained_batch:
+                yield from self._decode_retained(batch)
+                batch = []
+        if batch:
+            yield from self._decode_retained(batch)
+
     # ------------------------------------------------------------ internals
+
+    def _scan(self, shard: int, end: bytes) -> Iterator[_Entry]:
+        """Entries of one shard up to ``end`` (inclusive), oldest first, one XRANGE per batch."""
+        key, start = self._keys[shard].exp, b"-"
+        while True:
+            entries = self.client.xrange(key, min=start, max=end, count=self.config.retained_batch)
+            for entry_id, fields in entries:
+                yield shard, entry_id, fields
+            if len(entries) < self.config.retained_batch or entries[-1][0] == end:
+                return
+            start = b"(" + entries[-1][0]
+
+    def _decode_retained(self, entries: list[_Entry]) -> list[Chunk]:
+        good, failures = self._decode(entries)
+        for reason, detail, shard, entry_id, _ in failures:
+            self._counts["retained_skipped"] += 1
+            self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
+            key = "retained:" + reason
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning("shard %d entry %s skipped while reading the retained window (%s: %s); "
+                            "further '%s' entries are logged at debug level", shard, entry_id, reason,
+                            detail, reason)
+            else:
+                log.debug("shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail)
+        self._counts["retained"] += len(good)
+        return [chunk for _, chunk, _ in good]
+
 
     def _read(self, max_chunks: int, wait_ms: int) -> list[tuple[int, bytes, dict]]:
         streams = {keys.exp: ">" for keys in self._keys.values()}
@@ -251,33 +349,44 @@ class ExperienceReceiver:
             self._cache.popitem(last=False)
         return arrays, bad
 
-    def _process(self, entries: list[tuple[int, bytes, dict]]) -> list[ReceivedChunk]:
-        pipe = self.client.pipeline(transaction=False)
+    def _decode(self, entries: list[_Entry]) -> tuple[list[tuple[_Entry, Chunk, int]], list[_Failure]]:
+        """Parse, resolve and build: ((entry, chunk, entry bytes) of each good entry, failures)."""
         parsed: list[tuple[int, bytes, dict, ParsedEntry]] = []
+        failures: list[_Failure] = []
         for shard, entry_id, fields in entries:
             try:
                 parsed.append((shard, entry_id, fields, parse_entry(fields)))
             except WireError as exc:
-                self._dead("format", str(exc), shard, entry_id, fields, pipe)
+                failures.append(("format", str(exc), shard, entry_id, fields))
             except CodecError as exc:
-                self._dead("codec", str(exc), shard, entry_id, fields, pipe)
+                failures.append(("codec", str(exc), shard, entry_id, fields))
         arrays, bad = self._fetch(parsed)
-        out: list[ReceivedChunk] = []
+        good: list[tuple[_Entry, Chunk, int]] = []
         for shard, entry_id, fields, entry in parsed:
             failed = next((bad[d] for d in entry.digests if d in bad), None)
             if failed is not None:
-                self._dead(*failed, shard, entry_id, fields, pipe)
+                failures.append((*failed, shard, entry_id, fields))
                 continue
             try:
                 chunk = build_chunk(entry, arrays)
             except WireError as exc:
-                self._dead("format", str(exc), shard, entry_id, fields, pipe)
+                failures.append(("format", str(exc), shard, entry_id, fields))
                 continue
-            out.append(ReceivedChunk(chunk, shard, entry_id, entry.nbytes))
+            good.append(((shard, entry_id, fields), chunk, entry.nbytes))
+        return good, failures
+
+    def _process(self, entries: list[_Entry]) -> list[ReceivedChunk]:
+        good, failures = self._decode(entries)
+        out: list[ReceivedChunk] = []
+        for (shard, entry_id, _), chunk, nbytes in good:
+            out.append(ReceivedChunk(chunk, shard, entry_id, nbytes))
             self._counts["chunks"] += 1
             self._counts["steps"] += chunk.num_steps
-            self._counts["bytes"] += entry.nbytes
-        if len(pipe):
+            self._counts["bytes"] += nbytes
+        if failures:
+            pipe = self.client.pipeline(transaction=False)
+            for failure in failures:
+                self._dead(*failure, pipe)
             for reply in pipe.execute(raise_on_error=False):
                 if isinstance(reply, Exception):  # e.g. OOM on the dead-letter XADD; the ack went through
                     log.error("setting a malformed entry aside failed: %s", reply)

@@ -289,3 +289,43 @@ def test_claims_entries_of_a_dead_learner(real_redis):
     got = fresh.receive(10, 0)
     assert [g.entry_id for g in got] == [t.entry_id for t in taken]
     assert fresh.ack(got) == 2 and real_redis.xpending(KEYS.exp, "learner")["pending"] == 0
+    # the dead consumer had nothing left once claimed: it is removed, ours stays
+    assert fresh.stats().consumers_removed == 1
+    assert [c["name"] for c in real_redis.xinfo_consumers(KEYS.exp, "learner")] == [b"new"]
+
+
+def test_consumer_script_keeps_a_consumer_that_read_meanwhile(real_redis):
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    add_steps(sender, 2, np.random.default_rng(6), n=1)
+    ExperienceReceiver(real_redis, ReceiverConfig(consumer="live"), RUN, 1).receive(1, 0)
+    real_redis.xgroup_createconsumer(KEYS.exp, "learner", "idle")
+    # the caller listed both as idle, but "live" holds an entry now: only "idle" goes
+    assert Scripts(real_redis).call("consumers", [KEYS.exp], ["learner", "live", "idle"]) == [b"idle"]
+    assert real_redis.xpending(KEYS.exp, "learner")["pending"] == 1
+
+
+def test_read_retained_after_trim_and_gc_reads_the_window_only(real_redis):
+    real_redis.config_set("stream-node-max-entries", 2)
+    rng = np.random.default_rng(7)
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
+    add_steps(sender, 13, rng)  # 6 flushes x 2 envs = 12 entries, one new frame per step and env
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(retained_batch=4), RUN, 1)
+    receiver.ack(receiver.receive(100, 0))
+    stats = HubJanitor(real_redis, RetentionConfig(max_entries=6), RUN, 1).run_once()
+    assert stats.trimmed == 6 and stats.obs_deleted > 0
+    window = real_redis.xrange(KEYS.exp)
+    retained = list(receiver.read_retained())
+    assert len(retained) == len(window) == 6 and receiver.stats().retained_skipped == 0
+    fresh = ExperienceReceiver(real_redis, ReceiverConfig(consumer="other"), RUN, 1)
+    again = list(fresh.read_retained())  # cold cache: every frame fetched and verified
+    assert fresh.stats().cache_misses > 0
+    for a, b in zip(retained, again):
+        assert (a.agent_id, a.env_index) == (b.agent_id, b.env_index)
+        np.testing.assert_array_equal(a.obs["f"], b.obs["f"])
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+    # a frame collected under a retained entry (as a racing gc would): that entry is skipped
+    gone = window[-1][1][b"o"].decode().split(",")[-1]
+    real_redis.delete(KEYS.obs(gone))
+    again = list(ExperienceReceiver(real_redis, ReceiverConfig(consumer="third"), RUN, 1).read_retained())
+    assert len(again) == 5
+    assert real_redis.xpending(KEYS.exp, "learner")["pending"] == 0 and not real_redis.exists(KEYS.dead)

@@ -307,3 +307,84 @@ def test_janitor_age_trim_keeps_unread(fake_redis):
     stats = HubJanitor(fake_redis, RetentionConfig(max_entries=None, max_age_s=0.001), RUN, 1).run_once()
     assert stats.unread_dropped == 0 and stats.trimmed == 2  # the last delivered entry stays
     assert fake_redis.xrange(keys.exp)[0][0] == delivered[-1].entry_id
+
+
+def chunk_key(chunk) -> tuple:
+    return chunk.agent_id, chunk.env_index, float(chunk.obs["f"][0].sum()), chunk.num_steps
+
+
+def test_read_retained_reads_every_shard_oldest_first_without_touching_the_group(fake_redis):
+    run_keys = RunKeys(RUN)
+    zeros = np.zeros(2, bool)
+    senders = [ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, agent, 2) for agent in (0, 1)]
+    for step in range(6):
+        for agent, sender in enumerate(senders):
+            frames = np.stack([frame(100 * agent + 10 * env + step) for env in range(2)])
+            sender.add({"f": frames}, np.zeros(2), np.ones(2), zeros, zeros, policy_version=step)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(retained_batch=3), RUN, 2)
+    received = receiver.receive(6, 0)
+    receiver.ack(received[:4])  # 4 acked, 2 pending, the rest unread
+    fake_redis.xadd(run_keys.shard(1).exp, {"a": "1", "e": "0", "o": "", "d": b"garbage"})
+    ids = sorted(((i, s) for s in (0, 1) for i, _ in fake_redis.xrange(run_keys.shard(s).exp)),
+                 key=lambda x: tuple(map(int, x[0].split(b"-"))))
+    pending_before = [fake_redis.xpending(k.exp, "learner")["pending"] for k in run_keys.shards(2)]
+    retained = list(receiver.read_retained())
+    assert len(retained) == 20 and receiver.stats().retained == 20
+    # merged by entry id across shards: entries of the same agent come in the order they were sent
+    order = [c.agent_id for c in retained]
+    assert order == [s for _, s in ids][:-1]  # the malformed (newest) entry is skipped
+    for agent in (0, 1):
+        for env in (0, 1):
+            mine = [c for c in retained if (c.agent_id, c.env_index) == (agent, env)]
+            assert [c.policy_version.tolist() for c in mine] == [[s] for s in range(5)]
+            for step, c in enumerate(mine):
+                np.testing.assert_array_equal(c.obs["f"][0], frame(100 * agent + 10 * env + step))
+                np.testing.assert_array_equal(c.obs["f"][1], frame(100 * agent + 10 * env + step + 1))
+    # decoded exactly like receive()
+    by_key = {chunk_key(c) for c in retained}
+    assert {chunk_key(item.chunk) for item in received} <= by_key
+    assert receiver.stats().retained_skipped == 1 and receiver.skipped_by_reason == {"codec": 1}
+    assert receiver.stats().dead == 0 and not fake_redis.exists(run_keys.shard(1).dead)
+    assert [fake_redis.xpending(k.exp, "learner")["pending"] for k in run_keys.shards(2)] == pending_before
+    assert len(receiver.receive(100, 0)) == 20 - 6  # the unread ones are still delivered
+    assert receiver.stats().dead == 1  # ... and the malformed one is set aside there, once
+
+
+def test_read_retained_stops_at_max_entries_and_at_the_start_snapshot(fake_redis):
+    zeros = np.zeros(1, bool)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    for step in range(8):
+        sender.add({"f": frame(step)[None]}, np.zeros(1), np.ones(1), zeros, zeros, policy_version=step)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(retained_batch=2), RUN, 1)
+    assert [c.policy_version[0] for c in receiver.read_retained(max_entries=3)] == [0, 1, 2]
+    assert list(receiver.read_retained(max_entries=0)) == []
+    with pytest.raises(ValueError, match="max_entries"):
+        list(receiver.read_retained(max_entries=-1))
+    reader = receiver.read_retained()
+    first = next(reader)
+    for step in range(8, 12):  # sent while reading: left to receive()
+        sender.add({"f": frame(step)[None]}, np.zeros(1), np.ones(1), zeros, zeros, policy_version=step)
+    assert [first.policy_version[0]] + [c.policy_version[0] for c in reader] == list(range(7))
+    assert not fake_redis.exists(RunKeys(RUN).shard(0).dead)
+
+
+def test_start_removes_consumers_with_nothing_pending(fake_redis):
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    zeros = np.zeros(1, bool)
+    for step in range(4):
+        sender.add(np.full((1, 2), step, np.float32), np.zeros(1), np.ones(1), zeros, zeros)
+    done = ExperienceReceiver(fake_redis, ReceiverConfig(consumer="done"), RUN, 1)
+    taken = done.receive(1, 0)
+    busy = ExperienceReceiver(fake_redis, ReceiverConfig(consumer="busy"), RUN, 1)
+    busy.receive(1, 0)  # still pending, and not idle long enough to be claimed
+    me = ExperienceReceiver(fake_redis, ReceiverConfig(consumer="me"), RUN, 1)
+    me.ack(me.receive(1, 0))  # our own consumer stays even with nothing pending
+    assert busy.stats().consumers_removed == me.stats().consumers_removed == 0  # "done" had one pending
+    done.ack(taken)
+    fresh = ExperienceReceiver(fake_redis, ReceiverConfig(consumer="me"), RUN, 1)
+    fresh.ack(fresh.receive(10, 0))
+    assert fresh.stats().consumers_removed == 1
+    names = {c["name"] for c in fake_redis.xinfo_consumers(keys.exp, "learner")}
+    assert names == {b"busy", b"me"}
+    assert fake_redis.xpending(keys.exp, "learner")["pending"] == 1
