@@ -142,12 +142,14 @@ class EvalSection:
 
 @dataclass(frozen=True)
 class StopSection:
-    """The run stops at the first condition met: env steps, wall seconds, or the mean training
-    return over the last ``return_window`` episodes reaching ``target_return``."""
+    """The run stops at the first condition met: env steps, wall seconds, or a return reaching
+    ``target_return``: with ``target_metric: train`` the mean of the last ``return_window``
+    training episodes, with ``eval`` the mean of the latest complete eval (``eval.episodes``)."""
 
     max_env_steps: int | None = None
     max_seconds: float | None = None
     target_return: float | None = None
+    target_metric: Literal["train", "eval"] = "train"
     return_window: int = 100
 
     def __post_init__(self) -> None:

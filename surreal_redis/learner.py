@@ -316,9 +316,14 @@ class Learner:
             return f"reached {self.env_steps} env steps (stop.max_env_steps={stop.max_env_steps})"
         if stop.max_seconds is not None and self.elapsed() >= stop.max_seconds:
             return f"ran {self.elapsed():.0f}s (stop.max_seconds={stop.max_seconds})"
+        if stop.target_return is None:
+            return ""
+        if stop.target_metric == "eval":
+            if self.last_eval is not None and self.last_eval >= stop.target_return:
+                return f"eval return {self.last_eval:.1f} reached stop.target_return={stop.target_return}"
+            return ""
         mean = self.mean_return()
-        if (stop.target_return is not None and mean is not None
-                and len(self.train_returns) >= stop.return_window and mean >= stop.target_return):
+        if mean is not None and len(self.train_returns) >= stop.return_window and mean >= stop.target_return:
             return (f"mean return {mean:.1f} over the last {stop.return_window} episodes reached "
                     f"stop.target_return={stop.target_return}")
         return ""
