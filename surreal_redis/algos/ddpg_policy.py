@@ -163,6 +163,10 @@ class DDPGPolicy(AgentPolicy):
         seed: seeds the noise (None: fresh entropy).
     """
 
+    # with parameter noise only: the actor that acts in training mode, and its noise source
+    perturbed_actor: Actor
+    generator: torch.Generator
+
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
                  agent_id: int = 0, num_agents: int = 1, seed: int | None = None) -> None:
         self.config = config

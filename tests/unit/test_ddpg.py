@@ -240,3 +240,26 @@ def test_config_from_dict_and_validation():
         from_dict(DDPGConfig, {"activation": "gelu"})
     with pytest.raises(ValueError, match="n_step"):
         DDPGConfig(n_step=0)
+
+
+@pytest.mark.parametrize("use_per", [False, True])
+def test_offpolicy_loop_feeds_replay_and_updates_at_the_replay_ratio(use_per):
+    from surreal_redis.algos.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
+    from surreal_redis.envs import EnvConfig, make_vector_env
+
+    config = DDPGConfig(**SMALL, n_step=3, batch_size=16, use_per=use_per, device="cpu")
+    envs = make_vector_env(EnvConfig(env_id="Pendulum-v1", max_episode_steps=40), 2, seed=0)
+    algo = DDPGAlgorithm(config, envs.single_observation_space, envs.single_action_space)
+    policy = DDPGPolicy(config, envs.single_observation_space, envs.single_action_space, 2, seed=0)
+    loop = OffPolicyLoopConfig(total_steps=200, chunk_steps=25, learning_starts=90, updates_per_step=0.5)
+    result = run_offpolicy(algo, policy, envs, loop)
+    envs.close()
+    # chunks of 2 x 25 steps; after the second chunk the replay holds 100 - 2 * 2 waiting steps >= 90,
+    # then 0.5 updates per step for chunks 2 to 4
+    assert result.steps == 200 and result.updates == algo.iteration == 3 * 25
+    assert policy.version == result.updates
+    assert len(result.episode_returns) == 2 * 2  # 2 envs x 100 steps, episodes of 40 steps
+    assert np.isfinite(list(result.last_stats.values())).all()
+    eval_envs = make_vector_env(EnvConfig(env_id="Pendulum-v1", max_episode_steps=40), 3, seed=5)
+    assert len(evaluate(policy, eval_envs)) == 3
+    eval_envs.close()
