@@ -62,7 +62,7 @@ class NStepBuilder:
     Steps whose n-step return needs rewards from the stream's next chunk are kept until it arrives.
     If that chunk does not continue the stream (its first observation differs from the last one
     seen, e.g. the agent restarted), the kept steps are emitted as truncated at the last observation
-    seen, so nothing is lost and no two episodes are mixed.
+    seen, so nothing is lost and no two episodes are mixed. Not thread-safe: add from one thread.
 
     Args:
         n: number of steps summed before bootstrapping (1 = one-step TD).
