@@ -1,0 +1,115 @@
+"""Agent and learner in-process against real redis-server processes: outages, resume, refill."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from surreal_redis.agent import Agent
+from surreal_redis.algos.registry import make_algorithm
+from surreal_redis.config import load_config
+from surreal_redis.connection import EmbeddedRedis, RedisSettings, connect, find_redis_server
+from surreal_redis.envs import make_env
+from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.keys import RunKeys
+from surreal_redis.learner import Learner
+from surreal_redis.runtime import StopFlag
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_agent_rides_out_a_redis_outage(tmp_path):
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    port = 20000 + int(time.time() * 1000) % 20000
+    server = EmbeddedRedis(port=port).start()
+    url = server.url
+    config = load_config("smoke", [f"redis.url={url}", "hub.sender.flush_steps=8", "hub.sender.max_wait_s=2",
+                                   "agent.heartbeat_every_s=0.2", f"experiment.root={tmp_path}"])
+    client = connect(url, RedisSettings(socket_timeout=1, connect_timeout=1, retries=0))
+    env = make_env(config.env, 0)
+    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]), env.observation_space, env.action_space)
+    ParameterPublisher(client, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
+    stop = StopFlag(install_handlers=False)
+    agent = Agent(config, client, 0, stop)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            agent.run()
+        except BaseException as exc:  # the test fails below if the agent crashed
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    exp = RunKeys(config.run).shard(0).exp
+    try:
+        wait_until(lambda: client.xlen(exp) > 5, 30, "experience before the outage")
+        server.stop()  # Redis goes away (and with it everything: no persistence)
+        steps_at_outage = agent.steps
+        time.sleep(3)
+        assert thread.is_alive() and not errors, errors
+        server = EmbeddedRedis(port=port).start()  # same URL again
+        wait_until(lambda: client.xlen(exp) > 3, 60, "experience after Redis came back")
+        assert agent.steps > steps_at_outage
+    finally:
+        stop.set("test over")
+        thread.join(timeout=30)
+        server.stop()
+    assert not errors, errors
+    assert not thread.is_alive()
+    stats = agent.sender.stats()
+    assert stats.duplicates == 0 or stats.chunks > 0
+
+
+def test_off_policy_learner_resumes_and_refills_replay(tmp_path):
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    with EmbeddedRedis(maxmemory="256mb") as server:
+        overrides = [f"redis.url={server.url}", f"experiment.root={tmp_path}", "tracking.enabled=false",
+                     "ddpg.device=cpu", "learner.learning_starts=200", "stop.max_env_steps=800",
+                     "checkpoint.every_updates=50", "checkpoint.min_interval_s=0", "hub.sender.max_lag=0",
+                     "experiment.name=ddpg_resume"]
+        config = load_config("ddpg_pendulum", overrides)
+        client = connect(server.url)
+        first = Learner(config, client, StopFlag(install_handlers=False))
+        agent_stop = StopFlag(install_handlers=False)
+        agent = Agent(config, client, 0, agent_stop)
+        agent_thread = threading.Thread(target=agent.run, daemon=True)
+        agent_thread.start()
+        try:
+            assert first.run() == 0
+        finally:
+            agent_stop.set("learner done")
+            agent_thread.join(timeout=30)
+        assert first.env_steps >= 800 and first.algo.iteration > 0
+        checkpoints = first.checkpoints.iterations()
+        assert checkpoints and checkpoints[-1] == first.algo.iteration
+
+        resumed = Learner(config, client, StopFlag(install_handlers=False), resume="latest")
+        assert resumed.algo.iteration == first.algo.iteration
+        assert resumed.env_steps == first.env_steps
+        # the hub's retained window is back in replay (n-step tails of unfinished episodes aside)
+        assert len(resumed.replay) >= 0.9 * first.transitions
+        for name, value in first.algo.actor_params().items():
+            assert (resumed.algo.actor_params()[name] == value).all(), name
