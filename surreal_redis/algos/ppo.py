@@ -178,7 +178,7 @@ class PPOAlgorithm(Algorithm):
         self.optimizer = optim.Adam(self.net.parameters(), lr=config.learning_rate, eps=1e-5)
         self.reward_scaler = (RewardScaler(config.gamma, config.reward_clip).to(self.device)
                               if config.normalize_reward else None)
-        self.action_start = int(action_space.start) if isinstance(action_space, gym.spaces.Discrete) else 0
+        self._action_start = int(action_space.start) if isinstance(action_space, gym.spaces.Discrete) else 0
         self.kl_coef = config.kl_coef_init
         self.iteration = 0
         self._generator = torch.Generator().manual_seed(seed)  # minibatch shuffling
@@ -200,7 +200,7 @@ class PPOAlgorithm(Algorithm):
                 raise ValueError("PPO with a Box action space needs extras['raw_action'] (the unclipped sample)")
             actions = stacked([c.extras["raw_action"] for c in chunks], torch.float32)
         else:
-            actions = stacked([c.actions for c in chunks], torch.int64) - self.action_start
+            actions = stacked([c.actions for c in chunks], torch.int64) - self._action_start
         logp = stacked([c.extras["logp"] for c in chunks], torch.float32)
         rewards = stacked([c.rewards for c in chunks], torch.float32)
         terminated = stacked([c.terminated for c in chunks], torch.bool)

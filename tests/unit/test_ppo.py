@@ -271,7 +271,10 @@ def test_box_actions_clipped_for_the_env_but_not_in_the_log_prob():
 def test_discrete_actions_with_offset_and_modes():
     space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
     action_space = gym.spaces.Discrete(4, start=1)
-    policy = PPOPolicy(PPOConfig(**SMALL), space, action_space, num_envs=200, seed=0)
+    config = PPOConfig(update_epochs=1, num_minibatches=1, **SMALL)
+    algo = PPOAlgorithm(config, space, action_space)
+    policy = PPOPolicy(config, space, action_space, num_envs=200, seed=0)
+    policy.load_params(algo.actor_params(), 0)
     obs = np.random.default_rng(0).uniform(-1, 1, (200, 3)).astype(np.float32)
     out = policy.act(obs)
     assert out.actions.dtype == np.int64 and out.actions.shape == (200,)
@@ -280,6 +283,11 @@ def test_discrete_actions_with_offset_and_modes():
     with torch.no_grad():
         logits = policy.net.policy_head(torch.as_tensor(obs))
     np.testing.assert_array_equal(policy.act(obs, ActMode.EVAL_DETERMINISTIC).actions, logits.argmax(-1).numpy() + 1)
+    # the learner maps actions back to indices: its log-probs equal the agent's
+    chunks = [Chunk(0, i, obs[[i, i]], out.actions[i:i + 1], np.ones(1, np.float32), np.zeros(1, bool),
+                    np.zeros(1, bool), {}, np.zeros(1, np.int64), {k: v[i:i + 1] for k, v in out.extras.items()})
+              for i in range(200)]
+    assert algo.update(chunks)["approx_kl"] < 1e-6
 
 
 def test_lstm_state_is_per_env_and_reset_at_episode_start():
