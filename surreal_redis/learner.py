@@ -45,6 +45,8 @@ from surreal_redis.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
+OWED_UPDATES_BEFORE_READING = 64  # off-policy: read more experience once fewer updates than this are owed
+
 
 class Prefetcher(threading.Thread):
     """Reads batches of decoded chunks into a bounded queue. Connection errors are retried with
@@ -176,10 +178,12 @@ class Learner:
         status = "FINISHED"
         try:
             while not self.stop:
-                try:
-                    items = feed.get(timeout=0.2)
-                except queue.Empty:
-                    items = []
+                items = []
+                if self._wants_data():
+                    try:
+                        items = feed.get(timeout=0.2)
+                    except queue.Empty:
+                        pass
                 if prefetcher.error is not None:
                     raise RuntimeError(f"experience reader failed: {prefetcher.error!r}") from prefetcher.error
                 if items:
@@ -219,6 +223,19 @@ class Learner:
             self.transitions += batch.size
 
     # ---------------------------------------------------------------- training
+    def _update_budget(self) -> int:
+        """Off-policy: the updates owed for the transitions inserted (``learner.updates_per_step``)."""
+        return int((self.transitions - self.config.learner.learning_starts) * self.config.learner.updates_per_step)
+
+    def _wants_data(self) -> bool:
+        """Off-policy, the replay ratio holds only if reading pauses while updates are owed: the
+        backlog then builds up in Redis and agents wait on ``hub.sender.max_lag``."""
+        if self.replay is None or len(self.replay) < max(self.config.learner.learning_starts, self.config.ddpg.batch_size):
+            return True
+        if not self.limiter.can_sample(self.config.ddpg.batch_size):
+            return True
+        return self._update_budget() - self.algo.iteration < OWED_UPDATES_BEFORE_READING
+
     def _train(self) -> None:
         if self.fifo is not None:
             steps = self.config.learner.steps_per_update
@@ -236,7 +253,7 @@ class Learner:
         batch_size = cfg.ddpg.batch_size
         if len(self.replay) < max(cfg.learner.learning_starts, batch_size):
             return
-        budget = int((self.transitions - cfg.learner.learning_starts) * cfg.learner.updates_per_step)
+        budget = self._update_budget()
         deadline = time.monotonic() + 0.5  # go back to ingesting regularly
         while (self.algo.iteration < budget and self.limiter.can_sample(batch_size)
                and time.monotonic() < deadline and not self.stop):
