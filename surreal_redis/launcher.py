@@ -162,6 +162,7 @@ class Launcher:
         for child in others:
             child.start()
         next_progress = 0.0
+        last_line = ""
         while not self.stop:
             self.stop.wait(0.5)
             if learner.process.poll() is not None:
@@ -181,7 +182,10 @@ class Launcher:
                 self._check_child(child)
             if time.monotonic() >= next_progress:
                 next_progress = time.monotonic() + 2.0
-                self.progress(self._progress_line(client))
+                line = self._progress_line(client)
+                if line != last_line:  # the learner reports every learner.metrics_every_s
+                    self.progress(line)
+                    last_line = line
         control.request_stop(self.stop.reason or "launcher stopped")
         return 0
 
