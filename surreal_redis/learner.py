@@ -145,6 +145,7 @@ class Learner:
         self.algo.load_state_dict(state["algorithm"])
         self.env_steps = int(state["env_steps"])
         self.elapsed_before = float(state["elapsed_s"])
+        self.publisher.continue_after(int(state["param_version"]))
         self.rng.bit_generator.state = state["rng"]["numpy"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])

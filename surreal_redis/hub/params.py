@@ -143,6 +143,7 @@ class ParameterPublisher:
         self._staging = self._keys.staging(uuid.uuid4().hex)
         self._version: int | None = None  # read from meta on first use
         self._last_publish: float | None = None
+        self._floor = 0
 
     @property
     def version(self) -> int:
@@ -150,6 +151,13 @@ class ParameterPublisher:
         if self._version is None:
             self._version = int(self._client.hget(self._keys.meta, "version") or 0)
         return self._version
+
+    def continue_after(self, version: int) -> None:
+        """Make the next version at least ``version + 1`` (a learner resumed from a checkpoint on a
+        fresh Redis keeps counting where it left off)."""
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        self._floor = max(self._floor, int(version))
 
     def publish(self, params: ParamDict, iteration: int, message: str = "", force: bool = False) -> int | None:
         """Publish ``params`` (name -> array, any shapes) as the next version and return it.
@@ -177,7 +185,7 @@ class ParameterPublisher:
         codec = CODEC + ("+lz4" if self._config.compress_min_bytes is not None else "")
         try:
             prev = self.version
-            new = prev + 1
+            new = max(prev, self._floor) + 1
             self._upload(blob)
             self._scripts.call(
                 "publish",

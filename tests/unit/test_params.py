@@ -302,3 +302,21 @@ def test_bad_ttl_rejected(fake_redis):
         Heartbeat(fake_redis, RUN, 1, ttl_s=0)
     with pytest.raises(ValueError, match="ttl_s"):
         read_agents(fake_redis, RUN, ttl_s=-1)
+
+
+def test_continue_after_jumps_the_version_sequence(fake_redis):
+    from surreal_redis.hub.params import (
+        ParameterClient,
+        ParameterClientConfig,
+        ParameterPublisher,
+        PublisherConfig,
+    )
+
+    publisher = ParameterPublisher(fake_redis, "resume", PublisherConfig())
+    publisher.continue_after(41)
+    assert publisher.publish({"w": np.zeros(3, np.float32)}, 7, force=True) == 42
+    assert publisher.publish({"w": np.ones(3, np.float32)}, 8, force=True) == 43
+    params, info = ParameterClient(fake_redis, "resume", ParameterClientConfig()).fetch()
+    assert info.version == 43 and params["w"][0] == 1
+    with pytest.raises(ValueError, match="version"):
+        publisher.continue_after(-1)
