@@ -87,7 +87,9 @@ class ChunkCollector:
         final_obs: list[dict[int, object]] = [{} for _ in range(num_envs)]
         initial_state = {}
         for t in range(num_steps):
+            self.policy.before_act(self.obs, ActMode.TRAINING)  # the hooks, called as the agent does
             output = self.policy.act(self.obs, ActMode.TRAINING)
+            self.policy.after_act(self.obs, output, ActMode.TRAINING)
             step_extras = dict(output.extras)
             # like the sender: the recurrent state is kept at the first step of each chunk only
             state = step_extras.pop(INITIAL_STATE, {})

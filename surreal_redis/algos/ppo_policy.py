@@ -249,7 +249,6 @@ class PPOPolicy(AgentPolicy):
     @torch.no_grad()
     def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
         """Actions ``[N]`` (Discrete, int64) or ``[N, A]`` (Box, float32) for N = ``num_envs``."""
-        self.before_act(obs, mode)
         x = self.net.features(to_tensors(obs, "cpu"))
         episode_start = torch.zeros(1, x.shape[0], dtype=torch.bool)
         start_state = self._state
@@ -277,6 +276,4 @@ class PPOPolicy(AgentPolicy):
             actions = np.clip(raw.numpy(), self.action_space.low, self.action_space.high).astype(np.float32)
         else:
             actions = raw.numpy().astype(np.int64) + int(self.action_space.start)
-        output = ActionOutput(actions, extras)
-        self.after_act(obs, output, mode)
-        return output
+        return ActionOutput(actions, extras)
