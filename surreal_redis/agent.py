@@ -141,6 +141,7 @@ class Agent:
             self.policy.on_episode_start(i)
         self._last_obs = obs
         next_poll = self.steps + cfg.fetch_every_steps * self.num_envs
+        next_episode_poll = self.num_episodes + (cfg.fetch_every_episodes or 0)
         next_beat = 0.0
         while not self.stop:
             self.policy.before_act(obs, ActMode.TRAINING)
@@ -158,8 +159,10 @@ class Agent:
             obs = self._last_obs = step.obs
             if step.episodes:
                 self._record_episodes(step.episodes)
-            if self.steps >= next_poll:
+            episodes_due = cfg.fetch_every_episodes is not None and self.num_episodes >= next_episode_poll
+            if self.steps >= next_poll or episodes_due:
                 next_poll = self.steps + cfg.fetch_every_steps * self.num_envs
+                next_episode_poll = self.num_episodes + (cfg.fetch_every_episodes or 0)
                 self._pull_params()  # never raises: an outage leaves the current parameters
             now = time.monotonic()
             if now >= next_beat:

@@ -83,10 +83,13 @@ class ReplaySection:
 
 @dataclass(frozen=True)
 class AgentSection:
-    """``fetch_every_steps``: env steps (per env) between parameter version polls."""
+    """``fetch_every_steps``: vector steps between parameter version polls (each poll is one tiny
+    round trip; the parameters are downloaded only when the version changed);
+    ``fetch_every_episodes``: also poll after this many finished episodes (None: steps only)."""
 
     num_agents: int = 2
     fetch_every_steps: int = 64
+    fetch_every_episodes: int | None = None
     heartbeat_every_s: float = 2.0
     heartbeat_ttl_s: float = 30.0
     restart_on_crash: bool = True
@@ -97,6 +100,8 @@ class AgentSection:
             raise ValueError(f"num_agents must be >= 0, got {self.num_agents}")
         if self.fetch_every_steps < 1:
             raise ValueError(f"fetch_every_steps must be >= 1, got {self.fetch_every_steps}")
+        if self.fetch_every_episodes is not None and self.fetch_every_episodes < 1:
+            raise ValueError(f"fetch_every_episodes must be >= 1 or null, got {self.fetch_every_episodes}")
         if self.heartbeat_every_s <= 0 or self.heartbeat_ttl_s <= self.heartbeat_every_s:
             raise ValueError("need 0 < heartbeat_every_s < heartbeat_ttl_s")
 
