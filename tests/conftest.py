@@ -38,3 +38,15 @@ def real_redis(redis_server):
 @pytest.fixture(autouse=True)
 def _quiet_logs(caplog):
     caplog.set_level(logging.INFO, logger="surreal_redis")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny networks run faster on one thread, and the cores are shared with Redis and other
+    processes (some tests were 10x slower with torch's default thread pool)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
