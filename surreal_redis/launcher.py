@@ -23,8 +23,7 @@ from surreal_redis.connection import EmbeddedRedis, connect
 from surreal_redis.hub.heartbeat import read_agents
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.keys import RunKeys
-from surreal_redis.learner_metrics import read_learner_status
-from surreal_redis.runtime import RunControl, StopFlag
+from surreal_redis.runtime import RunControl, StopFlag, read_learner_status
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from surreal_redis.hub.heartbeat import read_agents
 from surreal_redis.hub.receiver import ReceiverStats
 from surreal_redis.hub.wire import read_backlog
 from surreal_redis.keys import RunKeys
+from surreal_redis.status import dedup_ratio
 from surreal_redis.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -28,12 +29,6 @@ if TYPE_CHECKING:
     from surreal_redis.learner import Learner
 
 log = logging.getLogger(__name__)
-
-
-def read_learner_status(client: redis.Redis, run: str) -> dict[str, Any]:
-    """The learner status hash as a dict (empty when no learner has reported)."""
-    raw = client.get(RunKeys(run).learner)
-    return json.loads(raw) if raw else {}
 
 
 class LearnerMetrics:
@@ -120,6 +115,9 @@ class LearnerMetrics:
             "hub/unread_trimmed_total": float(self.unread_dropped),
             "hub/obs_deleted_total": float(self.obs_deleted),
         }
+        ratios = [r for keys, b in zip(shards, backlogs) if (r := dedup_ratio(self.client, keys, b.length)[0])]
+        if ratios:
+            numbers["hub/dedup_ratio"] = float(np.mean(ratios))
         if agents:
             numbers["hub/agent_version_lag_mean"] = float(np.mean([version - a.param_version for a in agents]))
         return numbers

@@ -3,6 +3,7 @@ clean stop, the second exits at once), the run's control state in Redis, and log
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -67,6 +68,13 @@ class RunControl:
     def stopping(self) -> tuple[bool, str]:
         state, reason = self.client.hmget(self.key, ["state", "reason"])
         return state == STOPPING.encode(), (reason or b"").decode()
+
+
+def read_learner_status(client: redis.Redis, run: str) -> dict:
+    """The learner's last status report (iteration, version, env steps, returns, state, time) as a
+    dict; empty when no learner has reported."""
+    raw = client.get(RunKeys(run).learner)
+    return json.loads(raw) if raw else {}
 
 
 def setup_logging(level: str = "INFO", logfile: Path | None = None) -> None:

@@ -9,10 +9,9 @@ import redis
 
 from surreal_redis.codec import CodecError
 from surreal_redis.hub.heartbeat import read_agents
-from surreal_redis.hub.wire import WireError, parse_entry, read_backlog
+from surreal_redis.hub.wire import WireError, parse_entry, read_backlog, referenced_slots
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
-from surreal_redis.learner_metrics import read_learner_status
-from surreal_redis.runtime import RunControl
+from surreal_redis.runtime import RunControl, read_learner_status
 
 DEDUP_SAMPLE = 50  # recent entries sampled to estimate the observation slots per entry
 
@@ -26,47 +25,38 @@ def _num_shards(client: redis.Redis, run: str) -> int:
 
 def _obs_slots(fields: dict) -> int:
     """Observation slots an entry references through digests (T+1 per referenced leaf)."""
-    entry = parse_entry(fields)
-    obs = entry.payload.get("obs")
-    slots = 0
-
-    def walk(node) -> None:
-        nonlocal slots
-        if isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-        elif isinstance(node, np.ndarray) and node.dtype == np.int32 and node.ndim == 1:
-            slots += node.shape[0]
-
-    refs = entry.payload.get("ref")
-    if refs is not None and len(refs):
-        walk(obs)
-    return slots
+    return referenced_slots(parse_entry(fields))
 
 
-def shard_lines(client: redis.Redis, keys: ShardKeys) -> str:
-    backlog = read_backlog(client, keys)
+def dedup_ratio(client: redis.Redis, keys: ShardKeys, length: int) -> tuple[float | None, int]:
+    """(observation slots referenced by the retained entries / observation blobs stored, blobs).
+
+    The slots per entry are estimated from the newest ``DEDUP_SAMPLE`` entries; None when the
+    shard stores no blobs (every observation travels inline)."""
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keys.obsref)
-    pipe.xlen(keys.dead)
     pipe.xrevrange(keys.exp, count=DEDUP_SAMPLE)
-    blobs, dead, recent = pipe.execute()
-    try:
-        pending = client.xpending(keys.exp, CONSUMER_GROUP)["pending"]
-    except redis.ResponseError:
-        pending = 0
+    blobs, recent = pipe.execute()
     slots = []
     for _, fields in recent:
         try:
             slots.append(_obs_slots(fields))
         except (WireError, CodecError):
             continue
-    dedup = "-"
-    if blobs and slots:
-        dedup = f"{np.mean(slots) * backlog.length / blobs:.1f}x"
+    if not blobs or not slots:
+        return None, blobs
+    return float(np.mean(slots)) * length / blobs, blobs
+
+
+def shard_lines(client: redis.Redis, keys: ShardKeys) -> str:
+    backlog = read_backlog(client, keys)
+    dead = client.xlen(keys.dead)
+    try:
+        pending = client.xpending(keys.exp, CONSUMER_GROUP)["pending"]
+    except redis.ResponseError:
+        pending = 0
+    ratio, blobs = dedup_ratio(client, keys, backlog.length)
+    dedup = "-" if ratio is None else f"{ratio:.1f}x"
     return (f"  shard {keys.shard}: {backlog.length} entries, {backlog.unread} unread, {pending} pending, "
             f"{dead} dead-lettered, {blobs} obs blobs, dedup {dedup}")
 
