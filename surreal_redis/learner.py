@@ -20,6 +20,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import redis
 import torch
@@ -27,6 +28,7 @@ import torch
 from surreal_redis.algos.nstep import NStepBuilder
 from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.checkpoint import CheckpointManager
+from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.envs import make_env
@@ -109,6 +111,8 @@ class Learner:
             self.replay = PrioritizedReplay(cfg.replay.off_policy) if cfg.ddpg.use_per else UniformReplay(cfg.replay.off_policy)
             self.nstep = NStepBuilder(cfg.ddpg.n_step, cfg.ddpg.gamma)
             self.limiter = cfg.replay.rate_limiter.make()
+        required = ("logp",) + (("raw_action",) if isinstance(self.action_space, gym.spaces.Box) else ())
+        self.chunk_check = ChunkCheck(self.obs_space, self.action_space, required if cfg.algo == "ppo" else ())
         self.env_steps = 0
         self.transitions = 0
         self.started = time.monotonic()
@@ -205,7 +209,14 @@ class Learner:
 
     def _ingest(self, items: list[ReceivedChunk]) -> None:
         version = self.publisher.version
+        usable = []
         for item in items:
+            problem = self.chunk_check.problem(item.chunk)
+            if problem:  # decodes, but does not fit this env/algorithm: set aside, never crash
+                self.receiver.set_aside(item, "unusable", f"agent {item.chunk.agent_id}: {problem}")
+            else:
+                usable.append(item)
+        for item in usable:
             chunk = item.chunk
             self.env_steps += chunk.num_steps
             self.metrics.observe_chunk(version, chunk, item.nbytes)
@@ -213,7 +224,7 @@ class Learner:
                 self.fifo.insert(chunk)
             else:
                 self._ingest_off_policy(chunk)
-        self.receiver.ack(items)  # only now is the data safely in replay
+        self.receiver.ack(usable)  # only now is the data safely in replay
 
     def _ingest_off_policy(self, chunk: Chunk) -> None:
         assert self.replay is not None

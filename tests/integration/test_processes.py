@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -113,3 +114,34 @@ def test_off_policy_learner_resumes_and_refills_replay(tmp_path):
         assert len(resumed.replay) >= 0.9 * first.transitions
         for name, value in first.algo.actor_params().items():
             assert (resumed.algo.actor_params()[name] == value).all(), name
+
+
+def test_learner_sets_aside_chunks_from_another_env_and_goes_on(tmp_path):
+    """An agent of the wrong env (Pendulum's 3-float observations in a CartPole run) is
+    dead-lettered; the learner keeps training on the good agent's data."""
+    from surreal_redis.hub.sender import ExperienceSender
+
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    with EmbeddedRedis(maxmemory="256mb") as server:
+        config = load_config("smoke", [f"redis.url={server.url}", f"experiment.root={tmp_path}",
+                                       "tracking.enabled=false", "ppo.device=cpu", "stop.max_env_steps=1500"])
+        client = connect(server.url)
+        learner = Learner(config, client, StopFlag(install_handlers=False))
+        foreign = ExperienceSender(client, config.hub.sender, config.run, 7, config.redis.num_shards)
+        for _ in range(config.hub.sender.flush_steps + 1):
+            foreign.add(np.zeros((1, 3), np.float32), np.zeros(1, np.int64), np.zeros(1, np.float32),
+                        np.zeros(1, bool), np.zeros(1, bool), extras={"logp": np.zeros(1, np.float32)})
+        agent_stop = StopFlag(install_handlers=False)
+        agent = Agent(config, client, 0, agent_stop)
+        thread = threading.Thread(target=agent.run, daemon=True)
+        thread.start()
+        try:
+            assert learner.run() == 0
+        finally:
+            agent_stop.set("done")
+            thread.join(timeout=30)
+        assert learner.algo.iteration > 0
+        assert learner.receiver.stats().dead >= 1
+        dead = client.xrange(RunKeys(config.run).shard(0).dead)
+        assert dead and dead[0][1][b"reason"] == b"unusable" and b"agent 7" in dead[0][1][b"detail"]
