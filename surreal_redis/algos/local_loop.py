@@ -54,10 +54,13 @@ class LocalLoopConfig:
 
 
 class LoopResult(NamedTuple):
+    """What an in-process training loop (on- or off-policy) did."""
+
     steps: int
     updates: int
     wall_s: float
     episode_returns: list[float]
+    """Return of every finished training episode (with exploration), in order."""
     mean_return: float
     """Mean of the last ``return_window`` episode returns (NaN before the first episode)."""
     last_stats: dict[str, float]

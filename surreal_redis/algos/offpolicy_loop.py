@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.local_loop import ChunkCollector
+from surreal_redis.algos.local_loop import ChunkCollector, LoopResult
 from surreal_redis.algos.nstep import NStepBuilder
 from surreal_redis.envs import step_vector_env
 from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
@@ -42,7 +41,7 @@ class OffPolicyLoopConfig:
     """Gradient updates per environment step (the replay ratio)."""
     replay_capacity: int = 100_000
     return_window: int = 10
-    """``OffPolicyResult.mean_return`` is the mean of the last this many training episodes."""
+    """``LoopResult.mean_return`` is the mean of the last this many training episodes."""
     seed: int = 0
     """Seed of the first ``envs.reset`` and of replay sampling."""
     log_every: int = 2_000
@@ -57,19 +56,8 @@ class OffPolicyLoopConfig:
                              f"{self.learning_starts} and {self.updates_per_step}")
 
 
-class OffPolicyResult(NamedTuple):
-    steps: int
-    updates: int
-    wall_s: float
-    episode_returns: list[float]
-    """Return of every finished training episode (with exploration noise), in order."""
-    mean_return: float
-    """Mean of the last ``return_window`` training episode returns (NaN before the first)."""
-    last_stats: dict[str, float]
-
-
 def run_offpolicy(algo: DDPGAlgorithm, policy: AgentPolicy, envs: gym.vector.VectorEnv,
-                  config: OffPolicyLoopConfig) -> OffPolicyResult:
+                  config: OffPolicyLoopConfig) -> LoopResult:
     """Train ``algo`` from ``envs`` (a SAME_STEP vector env, see ``envs.make_vector_env``) stepped by
     ``policy``; the replay is prioritized when ``algo.config.use_per``. Blocks; returns a summary."""
     start = time.perf_counter()
@@ -111,7 +99,7 @@ def run_offpolicy(algo: DDPGAlgorithm, policy: AgentPolicy, envs: gym.vector.Vec
     mean_return = float(np.mean(recent)) if recent else float("nan")
     wall_s = time.perf_counter() - start
     logger.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean_return, wall_s)
-    return OffPolicyResult(steps, updates, wall_s, list(collector.episode_returns), mean_return, stats)
+    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean_return, stats)
 
 
 def evaluate(policy: AgentPolicy, envs: gym.vector.VectorEnv, mode: ActMode = ActMode.EVAL_DETERMINISTIC,

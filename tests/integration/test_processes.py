@@ -39,6 +39,20 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
+def run_learner_with_agent(learner: Learner, config, client) -> None:
+    """Run ``learner`` to its stop condition with one agent (id 0) stepping in a thread."""
+    agent_stop = StopFlag(install_handlers=False)
+    agent = Agent(config, client, 0, agent_stop)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        assert learner.run() == 0
+    finally:
+        agent_stop.set("learner done")
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
 def test_agent_rides_out_a_redis_outage(tmp_path):
     if find_redis_server() is None:
         pytest.skip("no redis-server")
@@ -94,15 +108,7 @@ def test_off_policy_learner_resumes_and_refills_replay(tmp_path):
         config = load_config("ddpg_pendulum", overrides)
         client = connect(server.url)
         first = Learner(config, client, StopFlag(install_handlers=False))
-        agent_stop = StopFlag(install_handlers=False)
-        agent = Agent(config, client, 0, agent_stop)
-        agent_thread = threading.Thread(target=agent.run, daemon=True)
-        agent_thread.start()
-        try:
-            assert first.run() == 0
-        finally:
-            agent_stop.set("learner done")
-            agent_thread.join(timeout=30)
+        run_learner_with_agent(first, config, client)
         assert first.env_steps >= 800 and first.algo.iteration > 0
         checkpoints = first.checkpoints.iterations()
         assert checkpoints and checkpoints[-1] == first.algo.iteration
@@ -132,15 +138,7 @@ def test_learner_sets_aside_chunks_from_another_env_and_goes_on(tmp_path):
         for _ in range(config.hub.sender.flush_steps + 1):
             foreign.add(np.zeros((1, 3), np.float32), np.zeros(1, np.int64), np.zeros(1, np.float32),
                         np.zeros(1, bool), np.zeros(1, bool), extras={"logp": np.zeros(1, np.float32)})
-        agent_stop = StopFlag(install_handlers=False)
-        agent = Agent(config, client, 0, agent_stop)
-        thread = threading.Thread(target=agent.run, daemon=True)
-        thread.start()
-        try:
-            assert learner.run() == 0
-        finally:
-            agent_stop.set("done")
-            thread.join(timeout=30)
+        run_learner_with_agent(learner, config, client)
         assert learner.algo.iteration > 0
         assert learner.receiver.stats().dead >= 1
         dead = client.xrange(RunKeys(config.run).shard(0).dead)
