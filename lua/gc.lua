@@ -2,8 +2,8 @@
 -- ARGV none
 -- returns the number of obs keys deleted: those whose obsref score is below the score of the first
 -- retained entry (all of them when the stream is empty), re-checked here so a concurrent insert
--- that re-referenced a digest keeps it. Digests absent from obsref (uploaded, not yet referenced)
--- are left to their TTL. Frees memory only, so it runs under maxmemory/OOM.
+-- that re-referenced a digest keeps it. Digests absent from obsref are not touched (insert.lua
+-- writes each obs key together with its reference). Frees memory only, so it runs under OOM.
 local MAX_OBS, SLOTS = 256, 1024
 if #KEYS - 2 > MAX_OBS then
   return redis.error_reply('gc: ' .. (#KEYS - 2) .. ' candidate keys exceed ' .. MAX_OBS)

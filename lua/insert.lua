@@ -1,20 +1,28 @@
 -- KEYS[1] experience stream, KEYS[2] obsref sorted set, KEYS[3] seen:<sender uuid>
--- KEYS[4..] obs:<digest> key of every observation the chunks reference (at most 256, each once)
--- ARGV[1] batch seq (integer > 0), ARGV[2] seen ttl in seconds, ARGV[3] m = number of chunks (1..64)
--- ARGV[4..] m x (agent id, env index, digests csv, payload): the stream fields a, e, o, d
+-- KEYS[4..] obs:<digest> key of every observation the chunks reference (at most 256, each once); the
+--   first u of them are uploaded by this call, the others must exist already
+-- ARGV[1] batch seq (integer > 0), ARGV[2] seen ttl in seconds, ARGV[3] m = number of chunks (1..64),
+-- ARGV[4] u = number of uploaded observations, ARGV[5..4+u] their encoded bytes (KEYS order)
+-- ARGV[5+u..] m x (agent id, env index, digests csv, payload): the stream fields a, e, o, d
 -- returns {"OK", id_1 .. id_m} | {"DUP", last seq} | {"MISSING", digest ...}; nothing is written
--- unless "OK". obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing it.
+-- unless "OK" (all checks run before the first write, so an OOM refusal also writes nothing).
+-- Uploaded observations are stored without a TTL: they are referenced from the moment they exist.
+-- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest.
 local MAX_CHUNKS, MAX_OBS, SLOTS = 64, 256, 1024
-local seq, ttl, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local seq, ttl, m, u = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if not seq or seq < 1 or not ttl or ttl < 1 or not m or m < 1 or m > MAX_CHUNKS then
   return redis.error_reply('insert: bad seq/ttl/chunk count ' .. tostring(ARGV[1]) .. '/' ..
     tostring(ARGV[2]) .. '/' .. tostring(ARGV[3]))
 end
-if #ARGV ~= 3 + 4 * m then
-  return redis.error_reply('insert: expected ' .. (3 + 4 * m) .. ' arguments, got ' .. #ARGV)
-end
 if #KEYS - 3 > MAX_OBS then
   return redis.error_reply('insert: ' .. (#KEYS - 3) .. ' obs keys exceed ' .. MAX_OBS)
+end
+if not u or u < 0 or u > #KEYS - 3 then
+  return redis.error_reply('insert: bad upload count ' .. tostring(ARGV[4]))
+end
+local base = 4 + u
+if #ARGV ~= base + 4 * m then
+  return redis.error_reply('insert: expected ' .. (base + 4 * m) .. ' arguments, got ' .. #ARGV)
 end
 
 -- Reads and checks first: any refusal returns before the first write.
@@ -30,7 +38,7 @@ for i = 4, #KEYS do
     return redis.error_reply('insert: KEYS[' .. i .. '] is not an obs key')
   end
   known[digest] = true
-  if redis.call('EXISTS', KEYS[i]) == 0 then
+  if i > 3 + u and redis.call('EXISTS', KEYS[i]) == 0 then
     missing[#missing + 1] = digest
   end
 end
@@ -40,7 +48,7 @@ end
 local refs = {}
 for c = 1, m do
   local list = {}
-  for digest in string.gmatch(ARGV[4 * c + 2], '[^,]+') do
+  for digest in string.gmatch(ARGV[base + 4 * c - 1], '[^,]+') do
     if not known[digest] then
       return redis.error_reply('insert: chunk ' .. c .. ' references ' .. digest .. ' missing from KEYS')
     end
@@ -49,11 +57,13 @@ for c = 1, m do
   refs[c] = list
 end
 
+for i = 1, u do
+  redis.call('SET', KEYS[3 + i], ARGV[4 + i])
+end
 local result = {'OK'}
 for c = 1, m do
-  local base = 4 * c
-  local id = redis.call('XADD', KEYS[1], '*', 'a', ARGV[base], 'e', ARGV[base + 1],
-    'o', ARGV[base + 2], 'd', ARGV[base + 3])
+  local f = base + 4 * c - 4
+  local id = redis.call('XADD', KEYS[1], '*', 'a', ARGV[f + 1], 'e', ARGV[f + 2], 'o', ARGV[f + 3], 'd', ARGV[f + 4])
   result[#result + 1] = id
   if #refs[c] > 0 then
     local ms, sq = string.match(id, '^(%d+)-(%d+)$')
@@ -65,9 +75,6 @@ for c = 1, m do
     end
     redis.call('ZADD', KEYS[2], 'GT', unpack(args))
   end
-end
-for i = 4, #KEYS do
-  redis.call('PERSIST', KEYS[i])
 end
 redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[2])
 return result

@@ -20,6 +20,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import lz4.block
@@ -111,6 +112,27 @@ def encode_array(arr: np.ndarray, compress_min_bytes: int | None = None) -> byte
     data, codec = _pack(arr, compress_min_bytes)
     header = _ARRAY_HEADER.pack(ARRAY_MAGIC, _CODECS.index(codec), _CODE_BY_NAME[_dtype_name(arr)], arr.ndim)
     return b"".join((header, struct.pack(f"<{arr.ndim}I", *arr.shape), data))
+
+
+@lru_cache(maxsize=1024)
+def _array_prefix(codec: int, name: str, shape: tuple[int, ...]) -> bytes:
+    """Header and shape of an encoded array (the same for every frame of one observation)."""
+    header = _ARRAY_HEADER.pack(ARRAY_MAGIC, codec, _CODE_BY_NAME[name], len(shape))
+    return header + struct.pack(f"<{len(shape)}I", *shape)
+
+
+def encode_raw(data: bytes, dtype: np.dtype, shape: tuple[int, ...], compress_min_bytes: int | None = None) -> bytes:
+    """:func:`encode_array` of the array whose C-order little-endian bytes are ``data`` (for
+    callers that already hold them: no second copy)."""
+    name = _NAME_BY_DTYPE.get(dtype)
+    if name is None or len(shape) > MAX_NDIM or len(data) != math.prod(shape) * dtype.itemsize:
+        raise CodecError(f"cannot encode {len(data)} bytes as {dtype}{tuple(shape)}")
+    codec = 0
+    if compress_min_bytes is not None and len(data) >= compress_min_bytes:
+        packed = lz4.block.compress(data, store_size=False)
+        if len(packed) < len(data):
+            data, codec = packed, 1
+    return _array_prefix(codec, name, tuple(shape)) + data
 
 
 def decode_array(buf: bytes | memoryview) -> np.ndarray:

@@ -9,7 +9,7 @@ import redis
 
 from surreal_redis.codec import CodecError
 from surreal_redis.hub.heartbeat import read_agents
-from surreal_redis.hub.wire import WireError, parse_entry, read_backlog
+from surreal_redis.hub.wire import WireError, parse_entry, read_backlog, referenced_slots
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.runtime import RunControl, read_learner_status
 
@@ -25,24 +25,7 @@ def _num_shards(client: redis.Redis, run: str) -> int:
 
 def _obs_slots(fields: dict) -> int:
     """Observation slots an entry references through digests (T+1 per referenced leaf)."""
-    entry = parse_entry(fields)
-    if entry.payload.get("ref") is None or not len(entry.payload["ref"]):
-        return 0
-    slots = 0
-
-    def walk(node) -> None:
-        nonlocal slots
-        if isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-        elif isinstance(node, np.ndarray) and node.dtype == np.int32 and node.ndim == 1:
-            slots += node.shape[0]
-
-    walk(entry.payload.get("obs"))
-    return slots
+    return referenced_slots(parse_entry(fields))
 
 
 def dedup_ratio(client: redis.Redis, keys: ShardKeys, length: int) -> tuple[float | None, int]:

@@ -1,10 +1,12 @@
 """Vectorized env steps -> encoded experience chunks (the agent side of the entry format).
 
-Steps of N envs go into preallocated numpy buffers, one per leaf (``[N, T+1, ...]`` for
-observations, ``[N, T, ...]`` for the rest), so a step costs a few array copies. When a chunk is
-complete, every referenced observation leaf is encoded and hashed once; a frame repeated from
-the neighbouring step (frame stacks) is recognised by comparing raw bytes, which is far cheaper
-than encoding and hashing it again.
+Steps of N envs go into preallocated numpy buffers (``[N, T+1, ...]`` for inline observation
+leaves, ``[N, T, ...]`` for the rest), so a step costs a few array copies. Referenced observation
+leaves are not buffered: each is identified as it arrives. A frame repeated from the previous
+step (a frame stack shifting by one, an unchanged screen, a reset stack of equal frames) is
+recognised by comparing its raw bytes with those few candidates, which is far cheaper than
+encoding and hashing it again (blake2b of a 7 KB frame costs ~25x its ``tobytes``); any other
+frame is encoded and hashed, so a repeat elsewhere is still stored once, under the same digest.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from surreal_redis.codec import Tree, digest, encode_array, encode_tree
+from surreal_redis.codec import DTYPE_BY_NAME, Tree, digest, encode_raw
+from surreal_redis.hub import payload as pl
 from surreal_redis.hub.wire import INITIAL_STATE, tree_leaves, tree_map
 
-Row = list[tuple[int, bytes, str]]  # per referenced leaf of one obs row: (signature, raw bytes, digest)
+Ref = tuple[int, bytes, str]  # one referenced leaf of one obs row: (leaf ordinal, raw bytes, digest)
+Row = list[Ref]  # the referenced leaves of one obs row, in leaf order
 
 
 class EncodedChunk(NamedTuple):
@@ -31,8 +35,28 @@ class _Layout(NamedTuple):
     num_envs: int
     template: Tree  # first obs tree; only its structure is used
     ref: list[int]  # leaf ordinal -> position among referenced leaves, -1 if inline
+    refs: list[int]  # ordinals of the referenced leaves
     sig: list[int]  # referenced leaves with equal (dtype, shape) share a signature
     extras: tuple[str, ...]
+    leaves: list[pl.Leaf]
+    actions: tuple[np.dtype, tuple[int, ...]]
+
+
+def _wire_dtype(dtype: np.dtype, what: str) -> np.dtype:
+    """The little-endian allow-listed dtype an array travels as; ValueError for others."""
+    wire = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).byteorder != "|" else np.dtype(dtype)
+    if wire not in DTYPE_BY_NAME.values():
+        raise ValueError(f"{what} has dtype {dtype}, which cannot travel (allowed: {', '.join(DTYPE_BY_NAME)})")
+    return wire
+
+
+def _as_wire(leaves: list[np.ndarray], layout: _Layout) -> list[np.ndarray]:
+    """The referenced leaves in their wire dtype (little-endian; no copy when they already are)."""
+    out = list(leaves)
+    for i in layout.refs:
+        if out[i].dtype != layout.leaves[i].dtype:
+            out[i] = out[i].astype(layout.leaves[i].dtype)
+    return out
 
 
 class ChunkBuffer:
@@ -40,21 +64,21 @@ class ChunkBuffer:
 
     Observation leaves of at least ``dedup_min_bytes`` per env and step are referenced by digest
     (their encoded blobs are available from :meth:`blob` until :meth:`release`); others travel
-    inline. Arrays of at least ``compress_min_bytes`` are lz4-compressed. A chunk may reference
-    at most ``max_obs`` distinct digests.
+    inline. Observation blobs and chunk bodies of at least ``compress_min_bytes`` are
+    lz4-compressed. A chunk may reference at most ``max_obs`` (<= 256) distinct digests.
     """
 
     def __init__(self, agent_id: int, flush_steps: int, dedup_min_bytes: int, compress_min_bytes: int,
                  max_obs: int) -> None:
+        if not 1 <= max_obs <= 256:
+            raise ValueError(f"max_obs must be in 1..256 (digest indices are uint8), got {max_obs}")
         self.agent_id, self.flush_steps, self.max_obs = agent_id, flush_steps, max_obs
         self.dedup_min_bytes, self.compress_min_bytes = dedup_min_bytes, compress_min_bytes
         self.steps = 0  # steps stored in the current chunks
         self._layout: _Layout | None = None
-        self._carry: list[Row] | None = None  # digests of obs row 0, per env
+        self._carry = False  # whether row 0 of the current chunks holds the previous chunks' last row
         self._blobs: dict[str, bytes] = {}  # digest -> encoded observation, until release()
-        # digest -> (raw bytes, dtype, shape) of observations matched rather than encoded; bytes,
-        # not views: the buffer rows are overwritten while the chunks are still being sent
-        self._raw: dict[str, tuple[bytes, np.dtype, tuple[int, ...]]] = {}
+        self._sent: dict[str, Ref] = {}  # digest -> its reference, for every chunk returned since release()
 
     @property
     def num_envs(self) -> int:
@@ -70,15 +94,21 @@ class ChunkBuffer:
             self._allocate(obs, leaves, actions, extras)
         layout = self._layout
         T = self.flush_steps
-        if len(leaves) != len(self._obs):
-            raise ValueError(f"obs has {len(leaves)} leaves, expected {len(self._obs)}")
+        if len(leaves) != len(layout.leaves):
+            raise ValueError(f"obs has {len(leaves)} leaves, expected {len(layout.leaves)}")
         done: list[EncodedChunk] = []
         if self.steps == T:  # obs is obs_T of the full chunks, and obs_0 of the next ones
             self._store_obs(leaves, T)
             done = self._build_chunks(T)
             self.steps = 0
+            for rows in self._rows:
+                rows[0] = rows[T]
+            self._carry = True
         t = self.steps
-        self._store_obs(leaves, t)
+        if t or not self._carry:
+            self._store_obs(leaves, t)
+        else:  # the obs is row T of the chunks just built: only inline leaves need copying
+            self._store_obs(leaves, t, inline_only=True)
         self._put(self._actions, t, actions, "actions")
         self._put(self._rewards, t, rewards, "rewards")
         self._put(self._terminated, t, terminated, "terminated")
@@ -101,8 +131,10 @@ class ChunkBuffer:
             final = [np.asarray(leaf) for leaf in tree_leaves(final_obs)]
             if [f.shape for f in final] != [leaf.shape for leaf in leaves]:
                 raise ValueError("final_obs must have the structure and leaf shapes of obs")
+            final = _as_wire(final, layout)
             for env in ended.tolist():
-                self._final[env][t] = [leaf[env].copy() for leaf in final]
+                row = self._digest_row(final, env, self._rows[env][t])
+                self._final[env][t] = (row, {i: final[i][env].copy() for i, r in enumerate(layout.ref) if r < 0})
         self.steps += 1
         return done
 
@@ -115,7 +147,7 @@ class ChunkBuffer:
         elif steps:
             steps -= 1
         done = self._build_chunks(steps) if steps > 0 else []
-        self.steps, self._carry = 0, None
+        self.steps, self._carry = 0, False
         for finals in self._final:
             finals.clear()
         return done
@@ -124,15 +156,15 @@ class ChunkBuffer:
         """The encoded observation of digest ``key`` from the chunks returned since :meth:`release`."""
         blob = self._blobs.get(key)
         if blob is None:
-            raw, dtype, shape = self._raw[key]
-            array = np.frombuffer(raw, dtype).reshape(shape)
-            blob = self._blobs[key] = encode_array(array, self.compress_min_bytes)
+            leaf, raw, _ = self._sent[key]
+            spec = self._layout.leaves[leaf]
+            blob = self._blobs[key] = encode_raw(raw, spec.dtype, spec.shape, self.compress_min_bytes)
         return blob
 
     def release(self) -> None:
         """Forget the blobs of the chunks returned so far (they were sent)."""
         self._blobs.clear()
-        self._raw.clear()
+        self._sent.clear()
 
     # ------------------------------------------------------------ buffers
 
@@ -142,124 +174,166 @@ class ChunkBuffer:
         n = leaves[0].shape[0]
         if any(leaf.shape[0] != n for leaf in leaves):
             raise ValueError(f"obs leaves disagree on N: {[leaf.shape for leaf in leaves]}")
-        ref, sig, sigs = [], [], {}
-        for leaf in leaves:
-            if leaf.nbytes // n >= self.dedup_min_bytes:
-                ref.append(sum(r >= 0 for r in ref))
-                sig.append(sigs.setdefault((leaf.dtype.str, leaf.shape[1:]), len(sigs)))
-            else:
-                ref.append(-1)
-                sig.append(-1)
+        ref, sig, sigs, specs = [], [], {}, []
+        for i, leaf in enumerate(leaves):
+            dtype = _wire_dtype(leaf.dtype, f"obs leaf {i}")
+            referenced = leaf.nbytes // max(n, 1) >= self.dedup_min_bytes
+            specs.append(pl.Leaf(dtype, leaf.shape[1:], referenced))
+            ref.append(sum(r >= 0 for r in ref) if referenced else -1)
+            sig.append(sigs.setdefault((dtype.str, leaf.shape[1:]), len(sigs)) if referenced else -1)
         T = self.flush_steps
-        self._obs = [np.zeros((n, T + 1, *leaf.shape[1:]), leaf.dtype) for leaf in leaves]
+        # inline leaves only; referenced leaves live in self._rows as (leaf, raw bytes, digest)
+        self._obs = {i: np.zeros((n, T + 1, *spec.shape), spec.dtype) for i, spec in enumerate(specs) if not spec.ref}
+        self._rows: list[list[Row]] = [[[] for _ in range(T + 1)] for _ in range(n)]
         act = np.asarray(actions)
-        self._actions = np.zeros((n, T, *act.shape[1:]), act.dtype)
-        self._rewards = np.zeros((n, T), np.float32)
+        self._actions = np.zeros((n, T, *act.shape[1:]), _wire_dtype(act.dtype, "actions"))
+        self._rewards = np.zeros((n, T), "<f4")
         self._terminated = np.zeros((n, T), bool)
         self._truncated = np.zeros((n, T), bool)
-        self._versions = np.zeros((n, T), np.int64)
+        self._versions = np.zeros((n, T), "<i8")
         names = tuple(k for k in extras if k != INITIAL_STATE)
         self._extras = {}
         for name in names:
             value = np.asarray(extras[name])
-            self._extras[name] = np.zeros((n, T, *value.shape[1:]), value.dtype)
-        self._final: list[dict[int, list[np.ndarray]]] = [{} for _ in range(n)]
+            self._extras[name] = np.zeros((n, T, *value.shape[1:]), _wire_dtype(value.dtype, f"extras[{name!r}]"))
+        # env -> step -> (referenced row, {inline leaf ordinal: copy}) of the true final observation
+        self._final: list[dict[int, tuple[Row, dict[int, np.ndarray]]]] = [{} for _ in range(n)]
         self._state: Tree | None = None
-        self._layout = _Layout(n, obs, ref, sig, names)
+        refs = [i for i, r in enumerate(ref) if r >= 0]
+        self._layout = _Layout(n, obs, ref, refs, sig, names, specs, (self._actions.dtype, act.shape[1:]))
+        self._payloads: dict[Any, pl.Layout] = {}
+
+    def _payload_layout(self) -> pl.Layout:
+        """The payload layout of the current chunks (one per recurrent-state signature)."""
+        layout, state = self._layout, self._state
+        key = None
+        if state is not None:
+            key = (repr(pl.structure_of(state)), tuple((x.dtype.str, x.shape[1:]) for x in tree_leaves(state)))
+        found = self._payloads.get(key)
+        if found is None:
+            extras = [(name, buffer.dtype, buffer.shape[2:]) for name, buffer in self._extras.items()]
+            example = None if state is None else tree_map(state, lambda _i, x: x[0])
+            found = self._payloads[key] = pl.Layout.create(layout.template, layout.leaves, layout.actions,
+                                                           extras, example)
+        return found
 
     def _put(self, buffer: np.ndarray, t: int, value: Any, name: str) -> None:
-        value = np.asarray(value)
-        expected = buffer.shape[:1] + buffer.shape[2:]
-        if value.shape != expected:
-            raise ValueError(f"{name} has shape {value.shape}, expected {expected}")
+        shape = np.shape(value)
+        if shape[:1] != buffer.shape[:1] or shape[1:] != buffer.shape[2:]:
+            raise ValueError(f"{name} has shape {shape}, expected {buffer.shape[:1] + buffer.shape[2:]}")
         buffer[:, t] = value
 
-    def _store_obs(self, leaves: list[np.ndarray], t: int) -> None:
-        for i, (leaf, buffer) in enumerate(zip(leaves, self._obs)):
-            if leaf.shape != buffer.shape[:1] + buffer.shape[2:]:
-                raise ValueError(f"obs leaf {i} has shape {leaf.shape}, expected {buffer.shape[:1] + buffer.shape[2:]}")
-            buffer[:, t] = leaf
+    def _store_obs(self, leaves: list[np.ndarray], t: int, inline_only: bool = False) -> None:
+        """Copy the inline leaves into row ``t`` and identify the referenced ones (row ``t`` of
+        ``self._rows``, compared with row ``t - 1``)."""
+        layout = self._layout
+        n = layout.num_envs
+        for i, (leaf, spec) in enumerate(zip(leaves, layout.leaves)):
+            if leaf.shape != (n, *spec.shape):
+                raise ValueError(f"obs leaf {i} has shape {leaf.shape}, expected {(n, *spec.shape)}")
+        for i, buffer in self._obs.items():
+            buffer[:, t] = leaves[i]
+        if layout.refs and not inline_only:
+            leaves = _as_wire(leaves, layout)
+            for env, rows in enumerate(self._rows):
+                rows[t] = self._digest_row(leaves, env, rows[t - 1] if t else [])
 
     # ------------------------------------------------------------ chunks
 
-    def _digest_leaf(self, array: np.ndarray, sig: int,
-                     candidates: Row) -> tuple[int, bytes, str]:
-        """(sig, raw bytes, digest); frames repeated from a neighbouring step (frame stacks) are
-        found by comparing raw bytes, which is much cheaper than encoding and hashing them again."""
-        raw = array.tobytes()
-        for other in candidates:
-            if other[0] == sig and other[1] == raw:
-                self._raw.setdefault(other[2], (raw, array.dtype, array.shape))
-                return other
-        blob = encode_array(array, self.compress_min_bytes)
-        key = digest(blob)
-        self._blobs.setdefault(key, blob)
-        return sig, raw, key
+    def _digest_row(self, leaves: list[np.ndarray], env: int, prev: Row) -> Row:
+        """The references of env ``env``'s referenced leaves. A frame equal to one of a few
+        candidates (frame stacks shift by one leaf per step: leaf k of this row is leaf k+1 of
+        ``prev``; an unchanged screen; a reset stack of equal frames) takes its digest; any
+        other is encoded and hashed."""
+        layout = self._layout
+        sig, specs = layout.sig, layout.leaves
+        row: Row = []
+        last = len(prev) - 1
+        for pos, i in enumerate(layout.refs):
+            raw = leaves[i][env].tobytes()
+            found = None
+            if pos < last:
+                found = prev[pos + 1]
+                if found[1] != raw or sig[found[0]] != sig[i]:
+                    found = None
+            if found is None and prev:
+                found = prev[pos]
+                if found[1] != raw or sig[found[0]] != sig[i]:
+                    found = None
+            if found is None and pos:
+                found = row[-1]
+                if found[1] != raw or sig[found[0]] != sig[i]:
+                    found = None
+            if found is None:
+                spec = specs[i]
+                blob = encode_raw(raw, spec.dtype, spec.shape, self.compress_min_bytes)
+                found = (i, raw, digest(blob))
+                self._blobs.setdefault(found[2], blob)
+            elif found[0] != i:
+                found = (i, found[1], found[2])
+            row.append(found)
+        return row
 
     def _build_chunks(self, steps: int) -> list[EncodedChunk]:
         """Stream fields and referenced digests of each env's chunk of ``steps`` steps (obs rows
-        0..steps). Clears the per-chunk final observations; keeps obs row ``steps`` digests."""
-        layout = self._layout
-        refs = [i for i, r in enumerate(layout.ref) if r >= 0]
-        carry: list[Row] = []
+        0..steps). Clears the per-chunk final observations."""
+        payload = self._payload_layout()
+        ended_all = self._terminated[:, :steps] | self._truncated[:, :steps]
         chunks = []
-        for env in range(layout.num_envs):
-            # rows[t]: (signature, raw bytes, digest) of each referenced leaf of obs row t
-            rows: list[Row] = []
-            prev = self._carry[env] if self._carry is not None else []
-            for t in range(steps + 1):
-                if (t == 0 and prev) or not refs:
-                    for i, entry in zip(refs, prev):
-                        self._raw.setdefault(entry[2], (entry[1], self._obs[i].dtype, self._obs[i].shape[2:]))
-                    rows.append(prev)
-                    continue
-                row: Row = []
-                for i in refs:
-                    row.append(self._digest_leaf(self._obs[i][env, t], layout.sig[i], prev + row))
-                rows.append(row)
-                prev = row
-            finals = self._final[env]
-            final_rows = {t: [self._digest_leaf(finals[t][i], layout.sig[i], rows[t]) for i in refs]
-                          for t in sorted(finals) if t < steps}
-            chunks.append(self._chunk_fields(env, steps, rows, final_rows))
-            carry.append(rows[steps])
-            finals.clear()
-        self._carry = carry
+        for env in range(self._layout.num_envs):
+            ended = np.flatnonzero(ended_all[env]).tolist()  # add() holds a final obs for each
+            chunks.append(self._chunk_fields(payload, env, steps, ended))
+            self._final[env].clear()
         return chunks
 
-    def _chunk_fields(self, env: int, steps: int, rows: list, final_rows: dict) -> EncodedChunk:
+    def _chunk_fields(self, payload: pl.Layout, env: int, steps: int, ended: list[int]) -> EncodedChunk:
         layout = self._layout
+        rows = self._rows[env][: steps + 1]
+        finals = self._final[env]
+        final_rows = [finals[t][0] for t in ended]
         order: dict[str, int] = {}
-
-        def indices(digests: list[str]) -> np.ndarray:
-            return np.array([order.setdefault(d, len(order)) for d in digests], np.int32)
-
-        obs = tree_map(layout.template, lambda i, _leaf: (
-            indices([row[layout.ref[i]][2] for row in rows]) if layout.ref[i] >= 0
-            else self._obs[i][env, : steps + 1]))
-        payload: dict[str, Any] = {
-            "obs": obs,
-            "ref": np.array([i for i, r in enumerate(layout.ref) if r >= 0], np.int32),
-            "actions": self._actions[env, :steps],
-            "rewards": self._rewards[env, :steps],
-            "terminated": self._terminated[env, :steps],
-            "truncated": self._truncated[env, :steps],
-            "policy_version": self._versions[env, :steps],
-            "extras": {name: buffer[env, :steps] for name, buffer in self._extras.items()},
-        }
-        if self._state is not None:
-            payload["extras"][INITIAL_STATE] = tree_map(self._state, lambda _i, x: x[env])
-        if final_rows:
-            ts = sorted(final_rows)
-            finals = self._final[env]
-            payload["final_t"] = np.array(ts, np.int32)
-            payload["final_obs"] = tree_map(layout.template, lambda i, _leaf: (
-                indices([final_rows[t][layout.ref[i]][2] for t in ts]) if layout.ref[i] >= 0
-                else np.stack([finals[t][i] for t in ts])))
-        data = encode_tree(payload, self.compress_min_bytes)
+        sent = self._sent
+        refs: dict[tuple[int, int], list[int]] = {}  # (group, leaf) -> digest indices
+        # Numbered in order of first use, leaf by leaf, so the leaves of a frame stack index
+        # consecutive ranges (the receiver then shares one array of frames between them).
+        for group, source in ((pl.OBS, rows), (pl.FINAL, final_rows)):
+            for pos, i in enumerate(layout.refs):
+                column = refs[group, i] = []
+                for row in source:
+                    ref = row[pos]
+                    index = order.get(ref[2])
+                    if index is None:
+                        index = order[ref[2]] = len(order)
+                        sent[ref[2]] = ref
+                    column.append(index)
         digests = list(order)
         if len(digests) > self.max_obs:
             raise ValueError(f"a chunk references {len(digests)} observation leaves, more than the "
                              f"{self.max_obs} one insert takes: lower sender.flush_steps (now {self.flush_steps})")
+        versions = self._versions[env, :steps]
+        one_version = bool((versions == versions[0]).all())
+        state = None if self._state is None else tree_leaves(self._state)
+        per_step = {pl.ACTIONS: self._actions, pl.REWARDS: self._rewards, pl.TERMINATED: self._terminated,
+                    pl.TRUNCATED: self._truncated}
+
+        def array(slot: pl.Slot) -> np.ndarray:
+            group, i = slot.group, slot.index
+            if (group, i) in refs:
+                return np.array(refs[group, i], pl.INDEX_DTYPE)
+            if group == pl.OBS:
+                return self._obs[i][env, : steps + 1]
+            if group == pl.FINAL:
+                if not ended:
+                    return np.zeros((0, *slot.shape), slot.dtype)
+                return np.ascontiguousarray(np.stack([finals[t][1][i] for t in ended]), slot.dtype)
+            if group == pl.VERSION:
+                return versions[:1] if one_version else versions
+            if group == pl.EXTRAS:
+                return self._extras[payload.extras[i][0]][env, :steps]
+            if group == pl.STATE:
+                return np.ascontiguousarray(state[i][env], slot.dtype)
+            return per_step[group][env, :steps]
+
+        data = pl.encode(payload, steps, len(ended), array, one_version, self.compress_min_bytes)
         fields = (str(self.agent_id).encode(), str(env).encode(), ",".join(digests).encode(), data)
         return EncodedChunk(fields, digests, steps)

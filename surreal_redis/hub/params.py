@@ -237,7 +237,8 @@ class ParameterClient:
         Returns ``(params, info)`` for a new version, ``(None, info)`` when nothing changed,
         nothing is published yet, or the download failed (warning logged); ``info`` always
         describes the parameters this client holds. Blocks for one round trip when nothing
-        changed; for a download, ceil(chunks / max_in_flight) more (the first one also reads meta).
+        changed; for a download, one more for meta and the first ``max_in_flight`` chunks (read
+        as one range), then one per ``max_in_flight`` further chunks.
         """
         try:
             raw = self._client.hget(self._keys.meta, "version")
@@ -258,15 +259,15 @@ class ParameterClient:
         return _parse_meta(self._client.hgetall(self._keys.meta))[0]
 
     def _download(self, version: int) -> tuple[ParamDict, ParamInfo]:
-        # The meta read carries the first max_in_flight chunks of the polled version (ranges past
-        # the end come back empty), so a blob of up to that many chunks costs one round trip.
-        head_chunk = self._config.chunk_bytes or DEFAULT_CHUNK_BYTES
+        # The meta read carries the first max_in_flight chunks of the polled version as one range
+        # (GETRANGE stops at the end), so a blob of up to that many chunks costs one round trip
+        # and arrives in one piece: no copy to join pieces (the same reply bytes in flight).
         step = self._config.max_in_flight
+        head_bytes = step * (self._config.chunk_bytes or DEFAULT_CHUNK_BYTES)
         pipe = self._client.pipeline(transaction=False)
         pipe.hgetall(self._keys.meta)
-        for i in range(step):
-            pipe.getrange(self._keys.blob(version), i * head_chunk, (i + 1) * head_chunk - 1)
-        meta, *head = pipe.execute()
+        pipe.getrange(self._keys.blob(version), 0, head_bytes - 1)
+        meta, head = pipe.execute()
         info, chunk, codec, spec = _parse_meta(meta)
         if info.version == 0:
             raise ParamFetchError("parameter metadata vanished between poll and download")
@@ -286,8 +287,7 @@ class ParameterClient:
                 parts.append(part)
 
         if info.version == version:  # else a newer version was published since the poll: read it all
-            for i, part in enumerate(head):
-                take(part, i * head_chunk, head_chunk)
+            take(head, 0, head_bytes)
         chunk = self._config.chunk_bytes or chunk
         starts = range(sum(map(len, parts)), info.nbytes, chunk)
         for first in range(0, len(starts), step):

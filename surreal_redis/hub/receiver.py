@@ -23,6 +23,7 @@ import redis
 from surreal_redis.codec import CodecError, decode_array, digest
 from surreal_redis.connection import RedisSettings, block_ms
 from surreal_redis.experience import Chunk
+from surreal_redis.hub.payload import Layout
 from surreal_redis.hub.wire import ParsedEntry, WireError, build_chunk, parse_entry, parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
@@ -119,6 +120,7 @@ class ExperienceReceiver:
         self._shard_of = {k.exp.encode(): s for s, k in self._keys.items()}
         self._claimed: deque[tuple[int, bytes, dict]] = deque()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._layouts: dict[bytes, Layout] = {}  # parsed chunk templates, one per sender layout
         self._started = False
         self._scripts = Scripts(client)
         self._logged: set[str] = set()
@@ -317,24 +319,25 @@ class ExperienceReceiver:
         """Decoded arrays of every digest the entries need (cache, then one MGET per shard), and
         digest -> (reason, detail) for those that could not be resolved."""
         arrays: dict[str, np.ndarray] = {}
-        wanted: dict[int, list[str]] = {}
+        wanted: dict[int, dict[str, None]] = {}
+        cache = self._cache
         for shard, _, _, entry in parsed:
             for d in entry.digests:
-                if d in arrays or d in wanted.get(shard, ()):
+                if d in arrays:
                     continue
-                cached = self._cache.get(d)
+                cached = cache.get(d)
                 if cached is not None:
-                    self._cache.move_to_end(d)
+                    cache.move_to_end(d)
                     arrays[d] = cached
                     self._counts["cache_hits"] += 1
                 else:
-                    wanted.setdefault(shard, []).append(d)
+                    wanted.setdefault(shard, {})[d] = None
         bad: dict[str, tuple[str, str]] = {}
         if not wanted:
             return arrays, bad
         pipe = self.client.pipeline(transaction=False)
         for shard, digests in wanted.items():
-            pipe.mget([self._keys[shard].obs(d) for d in digests])
+            pipe.mget(self._keys[shard].obs_keys(list(digests)))
         for digests, blobs in zip(wanted.values(), pipe.execute()):
             for d, blob in zip(digests, blobs):
                 self._counts["cache_misses"] += 1
@@ -364,7 +367,7 @@ class ExperienceReceiver:
         failures: list[_Failure] = []
         for shard, entry_id, fields in entries:
             try:
-                parsed.append((shard, entry_id, fields, parse_entry(fields)))
+                parsed.append((shard, entry_id, fields, parse_entry(fields, self._layouts)))
             except WireError as exc:
                 failures.append(("format", str(exc), shard, entry_id, fields))
             except CodecError as exc:

@@ -1,9 +1,12 @@
 """Agent side of the experience path: vectorized steps -> chunks -> one pipeline per flush.
 
 Each env's steps fill preallocated numpy buffers; every ``flush_steps`` steps all envs' chunks go
-out in one pipeline: ``SET obs:<digest> NX EX`` for observation leaves not uploaded before, then
-``insert.lua`` calls (at most 64 chunks and 256 obs keys each), which write all-or-nothing and are
-idempotent per (sender uuid, seq). The entry format is in :mod:`surreal_redis.hub.wire`.
+out in one pipeline of ``insert.lua`` calls (at most 64 chunks, 256 obs keys and
+``max_insert_bytes`` each). Each call carries the observation blobs not uploaded before and
+writes them together with the entries, all-or-nothing, idempotent per (sender uuid, seq). Blobs
+that the sender remembers as stored travel again only when the script answers MISSING (gc
+collected them meanwhile). Commands are packed and sent without redis-py's pipeline (see
+:func:`surreal_redis.hub.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.wire`.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,7 +22,16 @@ import redis
 from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.hub.chunker import ChunkBuffer, EncodedChunk
-from surreal_redis.hub.wire import Batch, Outcome, classify_reply, is_oom, read_backlog, split_batches
+from surreal_redis.hub.wire import (
+    Batch,
+    Outcome,
+    classify_reply,
+    is_oom,
+    pack_command,
+    read_backlog,
+    send_commands,
+    split_batches,
+)
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -31,34 +42,41 @@ log = logging.getLogger(__name__)
 class SenderConfig:
     """Experience sender settings. Sizes in bytes, times in seconds.
 
-    ``flush_steps``: steps per chunk (T). Observation leaves of at least ``dedup_min_bytes`` per
-    env and step are stored once under ``obs:<digest>`` (others travel inline); leaves (and payload
-    arrays) of at least ``compress_min_bytes`` are lz4-compressed. ``lru_size``: digests remembered
-    as uploaded. ``obs_ttl_s``: lifetime of an uploaded observation no insert referenced (a crashed
-    agent leaks nothing). ``seen_ttl_s``: how long the last seq of this sender is remembered.
-    ``max_lag``: wait before sending while the learner has more unread entries than this on our
-    shard (None or 0: never wait). ``max_wait_s``: give up (HubUnavailableError) after retrying an
-    insert refused for OOM or connection errors this long; ``backpressure_timeout_s``: likewise
-    for waiting on the learner (None: wait as long as it takes).
+    ``flush_steps``: steps per chunk (T): a chunk leaves the agent every T steps; the default 64
+    halves the per-chunk costs of 32 on both sides (for on-policy runs, pick a divisor of the
+    rollout length). Dedup rule: an observation leaf of at least ``dedup_min_bytes`` per env and
+    step is stored once under ``obs:<digest>`` and referenced; smaller leaves travel inline in
+    the chunk. The default (4 KiB) references images and each frame of a frame stack (84x84
+    uint8 = 7 KB), which repeat across steps, and keeps state vectors inline (MuJoCo's 376
+    float32 = 1.5 KB never repeat, and a key costs ~250 B of Redis memory). Observation blobs and
+    chunk bodies of at least ``compress_min_bytes`` are lz4-compressed when that shrinks them.
+    ``lru_size``: digests remembered as stored (at least the most recent ``lru_size / 2``).
+    ``seen_ttl_s``: how long the last seq of this sender is remembered. ``max_insert_bytes``:
+    bytes (fields and blobs) per insert call, which bounds how long one call holds the server;
+    a single bigger chunk goes alone. ``max_lag``: wait before sending while the learner has more
+    unread entries than this on our shard (None or 0: never wait). ``max_wait_s``: give up
+    (HubUnavailableError) after retrying an insert refused for OOM or connection errors this
+    long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long as
+    it takes).
     """
 
-    flush_steps: int = 32
-    dedup_min_bytes: int = 1024
-    compress_min_bytes: int = 2048
+    flush_steps: int = 64
+    dedup_min_bytes: int = 4096
+    compress_min_bytes: int = 512
     lru_size: int = 65536
-    obs_ttl_s: int = 600
     seen_ttl_s: int = 3600
     max_lag: int | None = None
     max_chunks_per_insert: int = 64
     max_obs_per_insert: int = 256
+    max_insert_bytes: int = 4 << 20
     retry_base_s: float = 0.05
     retry_cap_s: float = 2.0
     max_wait_s: float = 120.0
     backpressure_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        positive = ("flush_steps", "dedup_min_bytes", "compress_min_bytes", "lru_size", "obs_ttl_s",
-                    "seen_ttl_s", "max_chunks_per_insert", "max_obs_per_insert", "max_wait_s")
+        positive = ("flush_steps", "dedup_min_bytes", "compress_min_bytes", "lru_size", "seen_ttl_s",
+                    "max_chunks_per_insert", "max_obs_per_insert", "max_insert_bytes", "max_wait_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"sender.{name} must be > 0, got {getattr(self, name)!r}")
@@ -115,7 +133,10 @@ class ExperienceSender:
         self.uuid = uuid.uuid4().hex
         self._scripts = Scripts(client)
         self._seq = 0
-        self._lru: OrderedDict[str, None] = OrderedDict()
+        # Digests known to be stored: two generations, the older dropped when the newer fills up
+        # (at least lru_size / 2 of the most recent are remembered; cheaper than an exact LRU).
+        self._stored: dict[str, None] = {}
+        self._stored_old: dict[str, None] = {}
         self._buffer = ChunkBuffer(agent_id, config.flush_steps, config.dedup_min_bytes,
                                    config.compress_min_bytes, config.max_obs_per_insert)
         self._counts = dict.fromkeys(SenderStats._fields, 0)
@@ -162,12 +183,22 @@ class ExperienceSender:
     # ------------------------------------------------------------ sending
 
     def _remember(self, digests: list[str]) -> None:
-        lru = self._lru
-        for d in digests:
-            lru[d] = None
-            lru.move_to_end(d)
-        while len(lru) > self.config.lru_size:
-            lru.popitem(last=False)
+        stored = self._stored
+        stored.update(dict.fromkeys(digests))
+        if len(stored) > self.config.lru_size // 2:
+            self._stored_old, self._stored = stored, {}
+
+    def _is_stored(self, d: str) -> bool:
+        if d in self._stored:
+            return True
+        if d in self._stored_old:
+            self._stored[d] = None  # still in use: keep it in the newer generation
+            return True
+        return False
+
+    def _forget(self, d: str) -> None:
+        self._stored.pop(d, None)
+        self._stored_old.pop(d, None)
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -187,11 +218,16 @@ class ExperienceSender:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s."""
         cfg = self.config
         self._wait_for_learner()
+        stored, blob = self._is_stored, self._buffer.blob
+
+        def upload_size(d: str) -> int | None:
+            if stored(d):
+                self._counts["obs_lru_hits"] += 1
+                return None
+            return len(blob(d))
+
         pending = split_batches([(c.fields, c.digests) for c in chunks], cfg.max_chunks_per_insert,
-                                cfg.max_obs_per_insert, self._next_seq)
-        for batch in pending:
-            batch.upload = [d for d in batch.digests if d not in self._lru]
-            self._counts["obs_lru_hits"] += len(batch.digests) - len(batch.upload)
+                                cfg.max_obs_per_insert, cfg.max_insert_bytes, upload_size, self._next_seq)
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
         deadline = None
         attempts = 0
@@ -212,43 +248,35 @@ class ExperienceSender:
                 time.sleep(backoff.next_delay())
 
     def _attempt(self, batches: list[Batch]) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
-        """One pipeline: uploads, then the inserts. Returns the batches to retry and why."""
-        keys, sent = self.keys, set()
-        pipe = self.client.pipeline(transaction=False)
-        nbytes = 0
-        for batch in batches:
-            for d in batch.upload:
-                if d not in sent:
-                    sent.add(d)
-                    blob = self._buffer.blob(d)
-                    nbytes += len(blob)
-                    pipe.set(keys.obs(d), blob, nx=True, ex=self.config.obs_ttl_s)
+        """One pipeline of inserts. Returns the batches to retry and why."""
+        keys, blob, cfg = self.keys, self._buffer.blob, self.config
         sha = self._scripts.get("insert").sha
+        head = (keys.exp, keys.obsref, keys.seen(self.uuid))
+        commands = []
         for batch in batches:
-            args = [batch.seq, self.config.seen_ttl_s, len(batch.chunks)]
+            obs_keys = keys.obs_keys(batch.keys_order())
+            args = [batch.seq, cfg.seen_ttl_s, len(batch.chunks), len(batch.upload)]
+            args += [blob(d) for d in batch.upload]
             for fields in batch.chunks:
-                args.extend(fields)
-                nbytes += sum(len(f) for f in fields)
-            obs_keys = [keys.obs(d) for d in batch.digests]
-            pipe.evalsha(sha, 3 + len(obs_keys), keys.exp, keys.obsref, keys.seen(self.uuid), *obs_keys, *args)
+                args += fields
+            commands.append(pack_command("EVALSHA", sha, 3 + len(obs_keys), *head, *obs_keys, *args))
         try:
-            replies = pipe.execute(raise_on_error=False)
+            replies = send_commands(self.client, commands)
         except CONNECTION_ERRORS as exc:
             # Unknown outcome: resend the same seqs; whatever was stored answers DUP.
             self._counts["error_retries"] += 1
             log.warning("shard %d: insert pipeline failed (%s); retrying", self.shard, exc)
             return [(b, Outcome.BACKOFF) for b in batches], exc
-        self._counts["bytes_sent"] += nbytes
-        self._counts["obs_uploaded"] += sum(r is True for r in replies[: len(sent)])
+        self._counts["bytes_sent"] += sum(batch.nbytes for batch in batches)
         retry: list[tuple[Batch, Outcome]] = []
-        # A refused upload (OOM) shows up as MISSING in its insert; keep the reason for the error.
-        error = next((r for r in replies[: len(sent)] if isinstance(r, Exception)), None)
-        for batch, reply in zip(batches, replies[len(sent):]):
+        error = None
+        for batch, reply in zip(batches, replies):
             kind, detail = classify_reply(reply)
             if kind is Outcome.DONE:
                 self._counts["inserts"] += 1
                 self._counts["chunks"] += len(batch.chunks)
                 self._counts["duplicates"] += detail == "DUP"
+                self._counts["obs_uploaded"] += len(batch.upload) * (detail == "OK")
                 self._remember(batch.digests)
                 continue
             if kind is Outcome.RELOAD:
@@ -258,13 +286,13 @@ class ExperienceSender:
                     kind, error = Outcome.BACKOFF, exc
                     log.info("shard %d: cannot load insert.lua (%s); backing off", self.shard, exc)
             elif kind is Outcome.MISSING:
-                batch.upload = list(detail)
+                # gc collected them since the LRU recorded them stored: this time they travel along
                 for d in detail:
-                    self._lru.pop(d, None)
-                if error is None:
-                    self._counts["missing_retries"] += 1
-                else:  # our upload was refused (OOM): back off like a refused insert
-                    self._counts["oom_retries" if is_oom(error) else "error_retries"] += 1
+                    self._forget(d)
+                missing = [d for d in detail if d not in batch.upload]
+                batch.upload += missing
+                batch.nbytes += sum(len(blob(d)) for d in missing)
+                self._counts["missing_retries"] += 1
             else:
                 self._counts["oom_retries" if is_oom(detail) else "error_retries"] += 1
                 error = detail

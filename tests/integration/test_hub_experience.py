@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import redis
 
+import surreal_redis.hub.sender as sender_module
 from surreal_redis.connection import connect, find_redis_server
 from surreal_redis.hub.gc import HubJanitor, RetentionConfig
 from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
@@ -34,11 +35,14 @@ def add_steps(sender: ExperienceSender, count: int, rng: np.random.Generator, n:
         sender.add({"f": noise_frames(rng, n)}, np.zeros(n), np.ones(n), zeros, zeros)
 
 
-def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid: str = "u1"):
-    args = [seq, 60, chunks]
+def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid: str = "u1",
+           upload: dict[str, bytes] | None = None):
+    upload = upload or {}
+    order = list(upload) + [d for d in digests if d not in upload]
+    args = [seq, 60, chunks, len(upload), *upload.values()]
     for c in range(chunks):
         args += [b"0", str(c).encode(), ",".join(digests).encode(), b"payload"]
-    return scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen(uuid), *[KEYS.obs(d) for d in digests]], args)
+    return scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen(uuid), *[KEYS.obs(d) for d in order]], args)
 
 
 def digest_n(i: int) -> str:
@@ -47,23 +51,22 @@ def digest_n(i: int) -> str:
 
 def test_insert_script_is_all_or_nothing_and_idempotent(real_redis):
     scripts = Scripts(real_redis)
-    a, b = digest_n(1), digest_n(2)
-    real_redis.set(KEYS.obs(a), b"A", ex=60)
-    assert insert(scripts, 1, [a, b]) == [b"MISSING", b.encode()]
-    assert real_redis.exists(KEYS.exp, KEYS.obsref, KEYS.seen("u1")) == 0
-    assert real_redis.ttl(KEYS.obs(a)) > 0
-    real_redis.set(KEYS.obs(b), b"B", ex=60)
-    reply = insert(scripts, 1, [a, b], chunks=2)
+    a, b, c = digest_n(1), digest_n(2), digest_n(3)
+    real_redis.set(KEYS.obs(a), b"A")
+    assert insert(scripts, 1, [a, b, c], upload={c: b"C"}) == [b"MISSING", b.encode()]
+    assert real_redis.exists(KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(c)) == 0  # not even the upload
+    reply = insert(scripts, 1, [a, b, c], chunks=2, upload={b: b"B", c: b"C"})
     assert reply[0] == b"OK" and len(reply) == 3
-    assert real_redis.ttl(KEYS.obs(a)) == -1 and real_redis.ttl(KEYS.obs(b)) == -1  # persisted
+    assert real_redis.mget(KEYS.obs(b), KEYS.obs(c)) == [b"B", b"C"]
+    assert real_redis.ttl(KEYS.obs(b)) == -1 and real_redis.ttl(KEYS.obs(c)) == -1  # referenced at once
     assert real_redis.zscore(KEYS.obsref, a) == id_score(reply[2])  # newest referencing entry
     assert real_redis.get(KEYS.seen("u1")) == b"1" and 0 < real_redis.ttl(KEYS.seen("u1")) <= 60
     entry = real_redis.xrange(KEYS.exp)[0][1]
     assert list(entry) == [b"a", b"e", b"o", b"d"]
     # a retried insert (same seq, or an older one) is stored once
     assert insert(scripts, 1, [a, b]) == [b"DUP", b"1"]
-    assert insert(scripts, 0 + 1, [a]) == [b"DUP", b"1"]
-    assert real_redis.xlen(KEYS.exp) == 2
+    assert insert(scripts, 0 + 1, [a], upload={a: b"other"}) == [b"DUP", b"1"]
+    assert real_redis.xlen(KEYS.exp) == 2 and real_redis.get(KEYS.obs(a)) == b"A"
     # another sender is independent
     assert insert(scripts, 1, [a], uuid="u2")[0] == b"OK"
     # bounds and undeclared digests are refused before any write
@@ -71,7 +74,13 @@ def test_insert_script_is_all_or_nothing_and_idempotent(real_redis):
         insert(scripts, 5, [a], chunks=65)
     with pytest.raises(ScriptError, match="missing from KEYS"):
         scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
-                     [7, 60, 1, b"0", b"0", f"{a},{b}".encode(), b"p"])
+                     [7, 60, 1, 0, b"0", b"0", f"{a},{b}".encode(), b"p"])
+    with pytest.raises(ScriptError, match="bad upload count"):
+        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
+                     [7, 60, 1, 2, b"x", b"y", b"0", b"0", a.encode(), b"p"])
+    with pytest.raises(ScriptError, match="expected 9 arguments"):
+        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
+                     [7, 60, 1, 1, b"0", b"0", a.encode(), b"p"])
     with pytest.raises(ScriptError, match="exceed 256"):
         insert(scripts, 8, [digest_n(i) for i in range(257)])
     assert real_redis.xlen(KEYS.exp) == 3 and real_redis.get(KEYS.seen("u1")) == b"1"
@@ -169,42 +178,32 @@ def test_scripts_survive_script_flush_and_restart(restartable):
 def test_retried_insert_after_lost_reply_is_stored_once(real_redis, monkeypatch):
     real_redis.script_load(script_source("insert"))  # so the first insert runs rather than NOSCRIPT
     sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2, retry_base_s=0.01), RUN, 0, 1)
-    original = real_redis.pipeline
+    original = sender_module.send_commands
     lost = []
 
-    def pipeline(*args, **kwargs):
-        pipe = original(*args, **kwargs)
-        execute = pipe.execute
+    def send_then_lose_reply(client, commands):
+        replies = original(client, commands)
+        if not lost:
+            lost.append(True)
+            raise redis.TimeoutError("reply lost after the server ran the inserts")
+        return replies
 
-        def execute_then_lose_reply(raise_on_error=True):
-            inserting = any(args[0] == "EVALSHA" for args, _ in pipe.command_stack)
-            result = execute(raise_on_error=raise_on_error)
-            if inserting and not lost:
-                lost.append(True)
-                raise redis.TimeoutError("reply lost after the server ran the pipeline")
-            return result
-
-        pipe.execute = execute_then_lose_reply
-        return pipe
-
-    monkeypatch.setattr(real_redis, "pipeline", pipeline)
+    monkeypatch.setattr(sender_module, "send_commands", send_then_lose_reply)
     add_steps(sender, 3, np.random.default_rng(1))
     assert lost and sender.stats().duplicates == 1 and sender.stats().error_retries == 1
     assert real_redis.xlen(KEYS.exp) == 2
 
 
-def test_agent_killed_between_upload_and_insert_leaks_nothing(redis_server, real_redis):
-    # An agent whose user may upload but not run the insert is exactly an agent that died after
-    # its SETs: only obs keys with a TTL remain, and they expire.
+def test_refused_insert_leaks_nothing(redis_server, real_redis):
+    # Observations travel inside the insert call, so an agent that cannot run it (or dies before
+    # it runs) leaves nothing behind: there is no separate upload to expire.
     real_redis.acl_setuser("uploader", enabled=True, passwords=["+pw"], keys=["*"],
                            commands=["+@all", "-evalsha", "-eval"])
     agent = redis.Redis(unix_socket_path=str(redis_server.socket_path), username="uploader", password="pw")
-    sender = ExperienceSender(agent, SenderConfig(flush_steps=1, obs_ttl_s=1), RUN, 0, 1)
+    sender = ExperienceSender(agent, SenderConfig(flush_steps=1), RUN, 0, 1)
     with pytest.raises(ScriptError, match="NoPermissionError"):
         add_steps(sender, 2, np.random.default_rng(2))
-    assert len(real_redis.keys(KEYS.obs_prefix + "*")) == 4
-    assert real_redis.exists(KEYS.exp, KEYS.obsref) == 0
-    time.sleep(1.3)
+    assert sender.stats().steps_dropped == 2
     assert real_redis.keys("*") == []
     agent.close()
 

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from surreal_redis.codec import encode_tree
+from surreal_redis.hub import payload as pl
 from surreal_redis.hub.gc import HubJanitor, RetentionConfig
 from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.sender import ExperienceSender, HubUnavailableError, SenderConfig
@@ -69,6 +69,19 @@ def index(tree, i):
     if isinstance(tree, tuple):
         return tuple(index(v, i) for v in tree)
     return tree[i]
+
+
+def chunk_payload(terminated: list[bool], ref: bool = False) -> bytes:
+    """A well-formed payload of one obs leaf (a referenced 84x84 frame or 2 inline floats)."""
+    leaf = pl.Leaf(np.dtype(np.uint8), (84, 84), True) if ref else pl.Leaf(np.dtype("<f4"), (2,), False)
+    layout = pl.Layout.create(np.zeros(1), [leaf], (np.dtype("<f8"), ()), [], None)
+    steps = len(terminated)
+    arrays = {pl.OBS: np.zeros(steps + 1, np.uint8) if ref else np.zeros((steps + 1, 2), "<f4"),
+              pl.FINAL: np.zeros(0, np.uint8) if ref else np.zeros((0, 2), "<f4"),
+              pl.ACTIONS: np.zeros(steps), pl.REWARDS: np.zeros(steps, "<f4"),
+              pl.TERMINATED: np.array(terminated), pl.TRUNCATED: np.zeros(steps, bool),
+              pl.VERSION: np.zeros(1, "<i8")}
+    return pl.encode(layout, steps, 0, lambda slot: arrays[slot.group], True, None)
 
 
 def test_round_trip_vectorized_with_episode_ends_and_extras(fake_redis):
@@ -244,8 +257,9 @@ def test_malformed_entries_go_to_the_dead_letter_stream(fake_redis):
     sender.add({"f": frame(1)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
     fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "", "d": b"not a tree"})
     fake_redis.xadd(keys.exp, {"x": "1"})
-    fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "", "d": encode_tree({"rewards": np.zeros(2)})})
-    fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "ab" * 16, "d": encode_tree({})})
+    # an episode ends but the payload holds no final observation; a digest that was never stored
+    fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "", "d": chunk_payload([False, True])})
+    fake_redis.xadd(keys.exp, {"a": "0", "e": "0", "o": "ab" * 16, "d": chunk_payload([False], ref=True)})
     sender.add({"f": frame(2)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
     sender.add({"f": frame(3)[None]}, np.zeros(1), np.zeros(1), zeros, zeros)
     receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
@@ -388,3 +402,75 @@ def test_start_removes_consumers_with_nothing_pending(fake_redis):
     names = {c["name"] for c in fake_redis.xinfo_consumers(keys.exp, "learner")}
     assert names == {b"busy", b"me"}
     assert fake_redis.xpending(keys.exp, "learner")["pending"] == 1
+
+
+def test_atari_like_frame_stacks_with_resets_round_trip_exactly(fake_redis):
+    from surreal_redis.benchdata import index_tree, obs_bytes, synthetic_trajectory
+
+    traj = synthetic_trajectory("atari", num_envs=2, steps=260, seed=3)  # episodes end (~200 steps)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=16), RUN, 0, 1)
+    for step in traj.steps:
+        sender.add(step.obs, step.actions, step.rewards, step.terminated, step.truncated, step.final_obs,
+                   policy_version=3)
+    sender.flush(traj.last_obs)
+    assert sender.stats().obs_uploaded < 2 * 260 * 1.1  # about one new frame per step and env
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    chunks = [item.chunk for item in receiver.receive(1000, 0)]
+    assert receiver.stats().dead == 0 and sum(c.num_steps for c in chunks) == 2 * 260
+    ended = 0
+    for env in (0, 1):
+        t0 = 0
+        for c in [c for c in chunks if c.env_index == env]:
+            for t in range(c.num_steps):
+                assert obs_bytes(index_tree(c.obs, t)) == obs_bytes(index_tree(traj.steps[t0 + t].obs, env))
+                assert obs_bytes(c.next_obs(t)) == obs_bytes(traj.next_obs(t0 + t, env))
+                ended += bool(c.terminated[t])
+            assert all(not leaf.flags.writeable for leaf in c.obs)  # shared frames are read-only
+            t0 += c.num_steps
+    assert ended >= 1
+
+
+def test_split_batches_bounds_calls_and_uploads_each_blob_once():
+    from surreal_redis.hub.wire import split_batches
+
+    seqs = iter(range(1, 100))
+    sizes = {"a": 100, "b": 100, "c": 100, "d": None}  # d is known to be stored
+    chunks = [((b"x" * 10,), ["a", "b"]), ((b"x" * 10,), ["b", "c", "d"]), ((b"x" * 500,), ["c"]),
+              ((b"x" * 10,), ["a"])]
+    batches = split_batches(chunks, max_chunks=64, max_obs=256, max_bytes=400, upload_size=sizes.get,
+                            next_seq=lambda: next(seqs))
+    assert [b.seq for b in batches] == [1, 2, 3]
+    assert [len(b.chunks) for b in batches] == [2, 1, 1]  # the 500-byte chunk goes alone
+    assert [b.upload for b in batches] == [["a", "b", "c"], [], []]  # each blob once, first batch
+    assert batches[0].digests == ["a", "b", "c", "d"] and batches[0].nbytes == 20 + 300
+    assert batches[1].digests == ["c"] and batches[2].digests == ["a"]
+    assert batches[0].keys_order() == ["a", "b", "c", "d"]
+    counted = split_batches(chunks, max_chunks=1, max_obs=3, max_bytes=1 << 20, upload_size=sizes.get,
+                            next_seq=lambda: 0)
+    assert [len(b.chunks) for b in counted] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="more than 2"):
+        split_batches([((b"",), ["a", "b", "c"])], 64, 2, 1 << 20, sizes.get, lambda: 0)
+
+
+def test_small_insert_byte_bound_splits_flushes_and_loses_nothing(fake_redis):
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T, max_insert_bytes=2000), RUN, 0, 1)
+    record: list = []
+    next_obs = run_episode_steps(sender, 8, record)
+    sender.flush(next_obs)
+    assert sender.stats().inserts == 2 * N  # each chunk (with its new frames) alone, not 1 call per flush
+    chunks = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(100, 0)
+    assert sorted((c.chunk.env_index, int(c.chunk.extras["logp"][0])) for c in chunks) == \
+        sorted((env, -step) for env in range(N) for step in (0, 4))
+    for item in chunks:
+        c = item.chunk
+        start = -int(c.extras["logp"][0])
+        for t in range(c.num_steps):
+            assert_tree_equal(index(c.obs, t), index(record[start + t][0], c.env_index))
+
+
+def test_obs_keys_match_obs_and_validate_every_digest():
+    keys = RunKeys(RUN).shard(2)
+    digests = ["ab" * 16, "cd" * 16]
+    assert keys.obs_keys(digests) == [keys.obs(d) for d in digests]
+    with pytest.raises(ValueError, match="invalid observation digest 'XY'"):
+        keys.obs_keys(digests + ["XY"])
