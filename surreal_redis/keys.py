@@ -163,6 +163,31 @@ class RunKeys:
     def params(self) -> ParamKeys:
         return ParamKeys(self.run)
 
+    def acl_patterns(self, num_shards: int | None = None) -> dict[str, list[str]]:
+        """Glob patterns of this run's keys by kind, for ACL rules (``surreal_redis.acl``).
+
+        Kinds: ``exp``, ``obsref``, ``seen``, ``obs``, ``dead``, ``shards`` (every key of a shard),
+        ``config``, ``agents``, ``episodes``, ``control``, ``learner``, ``run`` (every run-wide
+        key), ``meta``, ``blob``, ``params`` (every parameter key), and ``notify`` (the pub/sub
+        channel). With ``num_shards`` the shard patterns name each shard exactly; without, they
+        match any shard number (and so also the keys of a run named ``<run>.s<digit>...``).
+        """
+        tags = ([self.shard(i).tag for i in range(num_shards)] if num_shards is not None
+                else [f"{PREFIX}:{{{self.run}.s[0-9]*}}"])
+        params = self.params
+
+        def shard(suffix: str) -> list[str]:
+            return [f"{tag}:{suffix}" for tag in tags]
+
+        return {
+            "exp": shard("exp"), "obsref": shard("obsref"), "seen": shard("seen:*"), "obs": shard("obs:*"),
+            "dead": shard("dead"), "shards": shard("*"),
+            "config": [self.config], "agents": [self.agents], "episodes": [self.episodes],
+            "control": [self.control], "learner": [self.learner], "run": [f"{self.tag}:*"],
+            "meta": [params.meta], "blob": [f"{params.tag}:blob:*"], "params": [f"{params.tag}:*"],
+            "notify": [params.notify],
+        }
+
     def all_patterns(self) -> list[str]:
         """SCAN patterns covering every key of this run (used by ``gc --drop``)."""
         return [f"{self.tag}:*", f"{PREFIX}:{{{self.run}.s*}}:*", f"{self.params.tag}:*"]

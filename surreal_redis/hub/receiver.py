@@ -11,6 +11,7 @@ window outside the group (an off-policy learner refilling its replay after a res
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -132,9 +133,10 @@ class ExperienceReceiver:
         return ReceiverStats(**self._counts)
 
     def start(self) -> int:
-        """Create missing consumer groups (from the stream start, MKSTREAM) and claim entries left
-        pending by other consumers; they are returned first by :meth:`receive`. Returns how many
-        were claimed. Called by the first :meth:`receive` if not called before."""
+        """Create missing consumer groups (from the stream start, MKSTREAM), load the agents'
+        insert script, and claim entries left pending by other consumers; they are returned first
+        by :meth:`receive`. Returns how many were claimed. Called by the first :meth:`receive` if
+        not called before."""
         self._create_groups()
         claimed = 0
         for shard, keys in self._keys.items():
@@ -173,6 +175,9 @@ class ExperienceReceiver:
                              ", ".join(bytes(r).decode(errors="replace") for r in removed))
 
     def _create_groups(self) -> None:
+        """Create the consumer groups, and load ``insert.lua`` for agents whose ACL user may run
+        scripts but not load them (after a server restart too: this runs again on NOGROUP)."""
+        self.client.script_load(self._scripts.get("insert").script)
         for keys in self._keys.values():
             try:
                 self.client.xgroup_create(keys.exp, CONSUMER_GROUP, id="0", mkstream=True)
@@ -228,18 +233,8 @@ class ExperienceReceiver:
         ends = {shard: last[0][0] for shard, last in zip(self._keys, pipe.execute()) if last}
         merged = heapq.merge(*(self._scan(shard, end) for shard, end in ends.items()),
                              key=lambda entry: parse_id(entry[1]))
-        left = max_entries
-        batch: list[_Entry] = []
-        for entry in merged:
-            if left is not None:
-                if left == 0:
-                    break
-                left -= 1
-            batch.append(entry)
-            if len(batch) >= self.config.retained_batch:
-                yield from self._decode_retained(batch)
-                batch = []
-        if batch:
+        entries = itertools.islice(merged, max_entries)
+        while batch := list(itertools.islice(entries, self.config.retained_batch)):
             yield from self._decode_retained(batch)
 
     # ------------------------------------------------------------ internals
