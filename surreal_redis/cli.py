@@ -250,6 +250,34 @@ def gc(run_name: str, redis_url: str | None, config_path: str | None, overrides:
     click.echo(json.dumps(stats._asdict()))
 
 
+@main.command()
+@click.option("--run", "run_name", default="default", show_default=True)
+@url_option
+@click.option("--shards", type=click.IntRange(min=1), default=None, help="Name each shard's keys exactly.")
+@click.option("--agent-password", envvar="SURREAL_AGENT_PASSWORD", default=None,
+              help="Default: a random one [env: SURREAL_AGENT_PASSWORD].")
+@click.option("--learner-password", envvar="SURREAL_LEARNER_PASSWORD", default=None,
+              help="Default: a random one [env: SURREAL_LEARNER_PASSWORD].")
+@click.option("--print-rules", is_flag=True, help="Only print the ACL rules of both users; touch no server.")
+@_fail_cleanly
+def acl(run_name: str, redis_url: str | None, shards: int | None, agent_password: str | None,
+        learner_password: str | None, print_rules: bool) -> None:
+    """Create the run's Redis users: agents may only insert experience and read parameters."""
+    import secrets
+
+    from surreal_redis.acl import acl_rules, create_users, username
+
+    if print_rules:
+        for role in ("agent", "learner"):
+            click.echo(f"ACL SETUSER {username(run_name, role)} reset on >PASSWORD " + " ".join(acl_rules(run_name, role, shards)))
+        return
+    passwords = {"agent": agent_password or secrets.token_urlsafe(18),
+                 "learner": learner_password or secrets.token_urlsafe(18)}
+    users = create_users(connect(_require_url(redis_url)), run_name, passwords["agent"], passwords["learner"], shards)
+    for role, name in users.items():
+        click.echo(f"{role}: user {name} password {passwords[role]}  (URL form: redis://{name}:PASSWORD@HOST:PORT/0)")
+
+
 @main.command("redis")
 @click.option("--maxmemory", default="1gb", show_default=True, help="Redis maxmemory (noeviction policy).")
 @click.option("--port", default=0, show_default=True, help="Also listen on this TCP port (0: unix socket only).")

@@ -165,3 +165,17 @@ def test_default_config_round_trips(tmp_path):
         from surreal_redis.config import load_config
 
         assert load_config(path).algo == algo
+
+
+def test_acl_command_creates_working_users(tmp_path, server):
+    import redis
+
+    done = cli("acl", "--run", "secure", "--redis-url", server.url, "--agent-password", "agent-pw", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "agent: user sr-secure-agent" in done.stdout and "learner: user sr-secure-learner" in done.stdout
+    agent = redis.Redis(unix_socket_path=str(server.socket_path), username="sr-secure-agent", password="agent-pw")
+    assert agent.ping()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.flushall()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.hset("sr:{secure.p}:meta", "version", 99)
