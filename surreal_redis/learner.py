@@ -297,6 +297,7 @@ class Learner:
         cfg = self.config
         now = time.monotonic()
         if now - self.metrics.last_gc >= cfg.learner.gc_every_s:
+            self.receiver.load_agent_scripts()  # agents may not load scripts themselves (ACL)
             self.metrics.observe_janitor(self.janitor.run_once())
             prune_stale(self.client, cfg.run, cfg.agent.heartbeat_ttl_s)
         self._read_episodes()

@@ -174,10 +174,15 @@ class ExperienceReceiver:
                     log.info("shard %d: removed idle consumers %s", keys.shard,
                              ", ".join(bytes(r).decode(errors="replace") for r in removed))
 
-    def _create_groups(self) -> None:
-        """Create the consumer groups, and load ``insert.lua`` for agents whose ACL user may run
-        scripts but not load them (after a server restart too: this runs again on NOGROUP)."""
+    def load_agent_scripts(self) -> None:
+        """(Re)load ``insert.lua`` for agents whose ACL user may run scripts but not load them.
+        The learner calls this at start, after a server restart (NOGROUP) and periodically, so a
+        ``SCRIPT FLUSH`` stalls agents for one housekeeping interval at most. One round trip."""
         self.client.script_load(self._scripts.get("insert").script)
+
+    def _create_groups(self) -> None:
+        """Create the consumer groups and load the agents' script (see :meth:`load_agent_scripts`)."""
+        self.load_agent_scripts()
         for keys in self._keys.values():
             try:
                 self.client.xgroup_create(keys.exp, CONSUMER_GROUP, id="0", mkstream=True)

@@ -284,7 +284,10 @@ class ExperienceSender:
                     self.client.script_load(self._scripts.get("insert").script)
                 except redis.ResponseError as exc:  # agents may lack SCRIPT LOAD: the learner loads it
                     kind, error = Outcome.BACKOFF, exc
-                    log.info("shard %d: cannot load insert.lua (%s); backing off", self.shard, exc)
+                    # INFO the first time only: the retries come every couple of seconds
+                    log.log(logging.DEBUG if self._counts["error_retries"] else logging.INFO,
+                            "shard %d: cannot load insert.lua (%s); backing off until the learner loads it",
+                            self.shard, exc)
             elif kind is Outcome.MISSING:
                 # gc collected them since the LRU recorded them stored: this time they travel along
                 for d in detail:

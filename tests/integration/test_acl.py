@@ -127,3 +127,29 @@ def test_agent_user_runs_the_agent_side_only(redis_server, real_redis, caplog):
             learner.execute_command(*command)
     agent.close()
     learner.close()
+
+
+def test_learner_reloads_the_insert_script_after_a_script_flush(redis_server, real_redis):
+    """Agents may not load scripts: after SCRIPT FLUSH their inserts wait until the learner's
+    next housekeeping reloads insert.lua, then go through (nothing lost)."""
+    create_users(real_redis, RUN, "agent-pw", "learner-pw", num_shards=1)
+    receiver = ExperienceReceiver(login(redis_server, "learner", "learner-pw"), ReceiverConfig(), RUN, 1)
+    receiver.start()
+    sender = ExperienceSender(login(redis_server, "agent", "agent-pw"), SenderConfig(flush_steps=2, max_wait_s=30),
+                              RUN, 0, 1)
+    real_redis.script_flush()
+    done = threading.Event()
+
+    def send() -> None:
+        for step in range(3):  # the third add completes the first 2-step chunk
+            sender.add(frames(step), np.zeros(2, np.int64), np.ones(2, np.float32), np.zeros(2, bool), np.zeros(2, bool))
+        done.set()
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    assert not done.is_set() and real_redis.xlen(KEYS.shard(0).exp) == 0  # backing off: NOSCRIPT
+    receiver.load_agent_scripts()
+    assert done.wait(15)
+    thread.join(5)
+    assert real_redis.xlen(KEYS.shard(0).exp) == 2  # one chunk per env
