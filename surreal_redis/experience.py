@@ -25,6 +25,10 @@ class Chunk(NamedTuple):
     - ``policy_version``: int64 ``[T]``, the parameter version that chose each action.
     - ``extras``: algorithm data, each ``[T, ...]`` (e.g. ``logp``, ``value``), plus optional
       ``"initial_state"`` entries (RNN state at the chunk start, no time axis).
+
+    Chunks from :class:`~surreal_redis.hub.receiver.ExperienceReceiver` may hold read-only
+    arrays: observation leaves stored by digest (frames) are views of one shared table, so the
+    same frame costs its memory once. Copy before writing into them.
     """
 
     agent_id: int
