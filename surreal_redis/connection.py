@@ -124,8 +124,10 @@ def find_redis_server() -> str | None:
     return str(bundled) if bundled.exists() else None
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGTERM the server when the process that started it dies."""
+def die_with_parent() -> None:
+    """preexec_fn for child processes: Linux sends the child SIGTERM when the process that started
+    it dies, and the child gets its own process group, so a terminal's Ctrl-C reaches only the
+    parent, which stops its children in order."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -177,7 +179,7 @@ class EmbeddedRedis:
             "--logfile", str(self.dir / "redis.log"), "--daemonize", "no",
         ]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                        stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         atexit.register(self.stop)
         deadline = time.monotonic() + self.start_timeout
         client = redis.Redis(unix_socket_path=str(self.socket_path), socket_timeout=1)

@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import EmbeddedRedis, connect
+from surreal_redis.connection import EmbeddedRedis, connect, die_with_parent
 from surreal_redis.hub.heartbeat import read_agents
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.keys import RunKeys
@@ -67,7 +67,8 @@ class Child:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            preexec_fn=die_with_parent)
         self.started = time.monotonic()
 
     @property

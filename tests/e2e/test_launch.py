@@ -179,3 +179,35 @@ def test_acl_command_creates_working_users(tmp_path, server):
         agent.flushall()
     with pytest.raises(redis.exceptions.NoPermissionError):
         agent.hset("sr:{secure.p}:meta", "version", 99)
+
+
+def test_ctrl_c_stops_every_process_cleanly(tmp_path, server):
+    """SIGINT to the launcher's whole process group, as a terminal's Ctrl-C does: the learner
+    still writes its final checkpoint and the MLflow run is closed as KILLED."""
+    client = connect(server.url)
+    proc = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "1", "--redis-url", server.url,
+                             "-o", f"experiment.root={tmp_path}", "-o", "stop.max_env_steps=10000000",
+                             "-o", "stop.max_seconds=600", "-o", "checkpoint.every_updates=1000"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: (client.get("sr:{smoke}:learner") or b"{}") and
+                 json.loads(client.get("sr:{smoke}:learner") or b"{}").get("iteration", 0) >= 2,
+                 120, "two learner updates", proc)
+        pids = [a.pid for a in read_agents(client, "smoke", 30)]
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    learner_log = (tmp_path / "smoke" / "logs" / "learner.log").read_text()
+    assert "learner stopped" in learner_log and "second SIGTERM" not in learner_log
+    iterations = [int(p.stem.split("-")[1]) for p in (tmp_path / "smoke" / "checkpoints").glob("ckpt-*.pt")]
+    assert max(iterations) >= 2  # the final checkpoint (periodic ones come only every 1000)
+    _, run = mlflow_metrics(tmp_path / "smoke")
+    assert run.info.status == "KILLED"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
