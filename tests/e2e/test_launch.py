@@ -211,3 +211,32 @@ def test_ctrl_c_stops_every_process_cleanly(tmp_path, server):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_learner_crash_stops_the_run_with_a_clear_message(tmp_path, server):
+    client = connect(server.url)
+    proc = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "1", "--redis-url", server.url,
+                             "-o", f"experiment.root={tmp_path}", "-o", "stop.max_env_steps=10000000",
+                             "-o", "stop.max_seconds=600"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        status = wait_for(lambda: json.loads(client.get("sr:{smoke}:learner") or b"{}"), 120, "the learner", proc)
+        agents = wait_for(lambda: read_agents(client, "smoke", 30), 60, "the agent", proc)
+        os.kill(status["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert "learner crashed with exit code -9; stopping the run" in out
+    assert "run 'smoke' FAILED" in out
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(agents[0].pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the agent outlived the failed run")
