@@ -73,7 +73,8 @@ def _pack(arr: np.ndarray, compress_min_bytes: int | None) -> tuple[bytes, str]:
     return data, "raw"
 
 
-def _unpack(stored: bytes | memoryview, codec: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _unpack(stored: bytes | memoryview, codec: str, dtype: np.dtype, shape: tuple[int, ...],
+            copy: bool = True) -> np.ndarray:
     expected = math.prod(shape) * dtype.itemsize
     if expected > MAX_LEAF_BYTES:
         raise CodecError(f"declared array of {expected} bytes exceeds the {MAX_LEAF_BYTES} limit")
@@ -90,8 +91,10 @@ def _unpack(stored: bytes | memoryview, codec: str, dtype: np.dtype, shape: tupl
             raise CodecError(f"lz4 data inflates to {len(raw)} bytes, header declares {expected}")
     else:
         raise CodecError(f"unknown codec {codec!r}")
-    # frombuffer on bytes gives a read-only view; copy so callers own writable memory.
-    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    # frombuffer on bytes gives a read-only view; copy so callers own writable memory (unless
+    # they asked for views: a fresh copy of a large blob costs its page faults again).
+    view = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return view.copy() if copy else view
 
 
 def _check_shape(shape: Any) -> tuple[int, ...]:
@@ -185,8 +188,11 @@ def encode_tree(tree: Tree, compress_min_bytes: int | None = None) -> bytes:
     return b"".join([TREE_MAGIC, struct.pack("<I", len(header)), header, *chunks])
 
 
-def decode_tree(buf: bytes | memoryview) -> Tree:
-    """Inverse of :func:`encode_tree`; raises :class:`CodecError` on anything malformed."""
+def decode_tree(buf: bytes | memoryview, copy: bool = True) -> Tree:
+    """Inverse of :func:`encode_tree`; raises :class:`CodecError` on anything malformed.
+
+    With ``copy=False`` the arrays are read-only views of ``buf`` (raw leaves) or of their
+    decompressed bytes (lz4 leaves): no second copy of a large blob."""
     view = memoryview(buf)
     if len(view) < 8 or bytes(view[:4]) != TREE_MAGIC:
         raise CodecError("not an encoded tree (bad magic or too short)")
@@ -210,7 +216,7 @@ def decode_tree(buf: bytes | memoryview) -> Tree:
             raise CodecError(f"leaf {i}: dtype {name!r} is not allowed")
         if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > len(view):
             raise CodecError(f"leaf {i}: {nbytes!r} bytes do not fit the buffer")
-        arrays.append(_unpack(view[offset : offset + nbytes], codec, DTYPE_BY_NAME[name], _check_shape(shape)))
+        arrays.append(_unpack(view[offset : offset + nbytes], codec, DTYPE_BY_NAME[name], _check_shape(shape), copy))
         offset += nbytes
     if offset != len(view):
         raise CodecError(f"{len(view) - offset} trailing bytes after the last leaf")

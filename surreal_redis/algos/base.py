@@ -9,13 +9,26 @@ from __future__ import annotations
 
 import abc
 import enum
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from surreal_redis.codec import Tree
 
 ParamDict = dict[str, np.ndarray]
+
+
+def params_as_tensors(params: ParamDict, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The entries of ``params`` under ``prefix`` (stripped) as CPU tensors sharing their memory,
+    for ``load_state_dict``, which copies them into the module's own parameters. Arrays fetched
+    from the hub are read-only views of the downloaded blob; torch's warning about that is moot
+    here because nothing writes through these tensors."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {name[len(prefix):]: torch.from_numpy(np.asarray(value))
+                for name, value in params.items() if name.startswith(prefix)}
 
 
 class ActMode(str, enum.Enum):

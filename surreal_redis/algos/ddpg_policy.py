@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict, params_as_tensors
 from surreal_redis.algos.networks import ACTIVATIONS, ObservationEncoder, mlp
 from surreal_redis.algos.noise import (
     AdaptiveParamNoise,
@@ -141,8 +141,7 @@ def module_params(prefix: str, module: nn.Module) -> ParamDict:
 
 def load_module_params(module: nn.Module, prefix: str, params: ParamDict) -> None:
     """Inverse of :func:`module_params` (strict: every key of ``module`` must be present)."""
-    module.load_state_dict({name[len(prefix):]: torch.from_numpy(np.asarray(value))
-                            for name, value in params.items() if name.startswith(prefix)})
+    module.load_state_dict(params_as_tensors(params, prefix))
 
 
 class DDPGPolicy(AgentPolicy):

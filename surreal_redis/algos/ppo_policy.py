@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict, params_as_tensors
 from surreal_redis.algos.networks import ACTIVATIONS, ObservationEncoder, mlp
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.trees import tree_map
@@ -232,7 +232,7 @@ class PPOPolicy(AgentPolicy):
         self._state = self.net.zero_state(num_envs) if self.net.lstm is not None else None
 
     def load_params(self, params: ParamDict, version: int) -> None:
-        self.net.load_state_dict({name: torch.from_numpy(np.asarray(value)) for name, value in params.items()})
+        self.net.load_state_dict(params_as_tensors(params))
         self.version = version
 
     def initial_state(self, num_envs: int) -> dict[str, np.ndarray]:

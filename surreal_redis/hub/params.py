@@ -234,7 +234,8 @@ class ParameterClient:
         """Poll the published version; download, verify and decode it if it differs from the one
         loaded last (or always with ``force``).
 
-        Returns ``(params, info)`` for a new version, ``(None, info)`` when nothing changed,
+        Returns ``(params, info)`` for a new version (the arrays are read-only views of the
+        downloaded blob: copy before writing), ``(None, info)`` when nothing changed,
         nothing is published yet, or the download failed (warning logged); ``info`` always
         describes the parameters this client holds. Blocks for one round trip when nothing
         changed; for a download, one more for meta and the first ``max_in_flight`` chunks (read
@@ -301,7 +302,7 @@ class ParameterClient:
         got = f"{_DIGEST_ALGO}:{hasher.hexdigest()}"
         if got != info.digest:
             raise ParamFetchError(f"v{info.version}: digest mismatch (meta {info.digest}, blob {got})")
-        tree = decode_tree(buf)
+        tree = decode_tree(buf, copy=False)  # read-only views: consumers copy into their own tensors
         if not isinstance(tree, dict):
             raise ParamFetchError(f"v{info.version}: blob holds a {type(tree).__name__}, not a parameter dict")
         params = {name: np.asarray(value) for name, value in tree.items()}

@@ -108,3 +108,12 @@ def test_disallowed_dtype_and_objects_rejected():
 def test_digest_is_stable_and_short():
     assert digest(b"abc") == digest(bytearray(b"abc"))
     assert len(digest(b"abc")) == 32 and digest(b"abc") != digest(b"abd")
+
+
+def test_decode_without_copy_gives_read_only_views():
+    tree = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "c": np.zeros(4096, np.uint8)}
+    blob = encode_tree(tree, compress_min_bytes=1024)
+    views = decode_tree(blob, copy=False)
+    np.testing.assert_array_equal(views["w"], tree["w"])
+    assert not views["w"].flags.writeable and not views["c"].flags.writeable
+    assert decode_tree(blob)["w"].flags.writeable
