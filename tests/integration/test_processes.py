@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from surreal_redis.agent import Agent
 from surreal_redis.algos.registry import make_algorithm
@@ -20,14 +19,6 @@ from surreal_redis.learner import Learner
 from surreal_redis.runtime import StopFlag
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:

@@ -28,16 +28,8 @@ TOTAL_STEPS = 10_000
 EVAL_EPISODES = 20
 
 
-@pytest.fixture
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small MLPs are faster on one thread, and the cores are shared
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
-def test_ddpg_solves_pendulum(one_torch_thread):
+def test_ddpg_solves_pendulum():
     seed = 0
     torch.manual_seed(seed)
     env_config = EnvConfig(env_id="Pendulum-v1")

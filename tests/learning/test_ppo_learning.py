@@ -19,16 +19,8 @@ NUM_ENVS = 8
 CARTPOLE = PPOConfig(learning_rate=2.5e-3, device="cpu")
 
 
-@pytest.fixture
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 64x64 MLP is faster on one thread, and the cores are shared
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
-def test_ppo_solves_cartpole(one_torch_thread):
+def test_ppo_solves_cartpole():
     seed = 0
     torch.manual_seed(seed)
     envs = make_vector_env(EnvConfig(env_id="CartPole-v1"), NUM_ENVS, seed=seed)

@@ -5,7 +5,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from surreal_redis.agent import Agent, with_final_rows
 from surreal_redis.algos.registry import make_algorithm
@@ -17,7 +16,6 @@ from surreal_redis.runtime import StopFlag
 
 
 def run_agent(fake_redis, overrides, until) -> Agent:
-    torch.set_num_threads(1)
     config = load_config("smoke", ["hub.sender.flush_steps=8", *overrides])
     env = make_env(config.env, 0)
     algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]), env.observation_space, env.action_space)

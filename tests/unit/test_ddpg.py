@@ -22,15 +22,6 @@ ACTION_SPACE = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 
 SMALL = {"actor_hidden": (8,), "critic_hidden": (8,)}
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny networks: intra-op threads only contend for the shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_algo(seed: int = 0, obs_space: gym.Space = OBS_SPACE, **overrides) -> DDPGAlgorithm:
     torch.manual_seed(seed)
     return DDPGAlgorithm(DDPGConfig(**{**SMALL, **overrides}), obs_space, ACTION_SPACE, device="cpu")

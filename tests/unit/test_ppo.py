@@ -28,15 +28,6 @@ from surreal_redis.envs import EnvConfig, make_vector_env
 from surreal_redis.experience import Chunk
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny networks run several times faster on one thread than on contended cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class DictEnv(gym.Env):
     """Dict observations (a vector and a 36x36 image), 3 actions, episodes of 3 to 6 steps that
     end terminated when their length is odd and truncated when it is even."""
