@@ -29,6 +29,15 @@ run_option = click.option("--run", "run_name", default=None,
                           help="Take the config a launcher stored in Redis for this run (instead of --config).")
 override_option = click.option("-o", "--override", "overrides", multiple=True, metavar="KEY=VALUE",
                                help="Override a config value, e.g. -o ppo.learning_rate=1e-3 (repeatable).")
+def resume_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--resume [latest|best|N]`` and ``--resume-from DIR``."""
+    command = click.option("--resume-from", type=click.Path(file_okay=False, path_type=Path), default=None,
+                           help="Experiment folder holding the checkpoint (default: this experiment's).")(command)
+    return click.option("--resume", default=None, is_flag=False, flag_value="latest",
+                        help="Continue from a checkpoint: latest (the default when given alone), best or an "
+                             "iteration.")(command)
+
+
 url_option = click.option("--redis-url", default=None, help="redis://, rediss:// or unix:// URL [env: SURREAL_REDIS_URL].")
 
 
@@ -124,10 +133,7 @@ def main(ctx: click.Context, log_level: str) -> None:
 @click.option("--agents", type=click.IntRange(min=0), default=None, help="Number of agents (agent.num_agents).")
 @url_option
 @override_option
-@click.option("--resume", default=None, is_flag=False, flag_value="latest",
-              help="Continue from a checkpoint: latest (the default when given alone), best or an iteration.")
-@click.option("--resume-from", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Experiment folder to resume from (default: this experiment's).")
+@resume_options
 @click.pass_context
 @_fail_cleanly
 def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: str | None,
@@ -164,10 +170,7 @@ def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_ur
 @run_option
 @url_option
 @override_option
-@click.option("--resume", default=None, is_flag=False, flag_value="latest",
-              help="Continue from a checkpoint: latest (alone), best or an iteration.")
-@click.option("--resume-from", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Experiment folder holding the checkpoint (default: this experiment's).")
+@resume_options
 @_fail_cleanly
 def learner(config_path: str | None, run_name: str | None, redis_url: str | None, overrides: tuple[str, ...],
             resume: str | None, resume_from: Path | None) -> None:
