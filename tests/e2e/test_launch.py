@@ -130,6 +130,14 @@ def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
     assert "charts/eval_return" in metrics
     assert json.loads((experiment / "checkpoints" / "best.json").read_text())
 
+    rolled = cli("rollout", str(experiment), "--episodes", "2", cwd=tmp_path)
+    assert rolled.returncode == 0, rolled.stderr[-2000:]
+    result = json.loads(rolled.stdout.strip().splitlines()[-1])
+    assert len(result["returns"]) == 2 and all(r >= 1 for r in result["returns"])
+    best = cli("rollout", str(sorted((experiment / "checkpoints").glob("ckpt-*.pt"))[0]), "--episodes", "1",
+               "--mode", "stochastic", cwd=tmp_path)
+    assert best.returncode == 0, best.stderr[-2000:]
+
 
 @pytest.mark.parametrize("args, message", [
     (["launch", SMOKE, "-o", "ppo.lr=1"], "ppo.lr"),
