@@ -160,7 +160,7 @@ class Learner:
     def _refill_replay(self) -> None:
         """Off-policy: put the hub's retained window back into replay (acked entries included)."""
         count = 0
-        for chunk in self.receiver.read_retained():
+        for chunk in self.receiver.read_retained(delivered_only=True):  # the rest comes through receive()
             self._ingest_off_policy(chunk)
             count += chunk.num_steps
         log.info("refilled replay with %d steps from the hub's retained window", count)

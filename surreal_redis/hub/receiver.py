@@ -216,7 +216,7 @@ class ExperienceReceiver:
             pipe.xack(self._keys[shard].exp, CONSUMER_GROUP, *ids)
         return sum(pipe.execute())
 
-    def read_retained(self, max_entries: int | None = None) -> Iterator[Chunk]:
+    def read_retained(self, max_entries: int | None = None, delivered_only: bool = False) -> Iterator[Chunk]:
         """Every entry retained in this receiver's shard streams, oldest first (shards merged by
         entry id), as decoded chunks: acked entries included, read with XRANGE outside the
         consumer group (nothing is acked, claimed or delivered).
@@ -229,6 +229,11 @@ class ExperienceReceiver:
         ``skipped_by_reason``), logged and skipped; it stays in the stream and is not
         dead-lettered again. ``max_entries``: stop after that many entries (good or skipped).
         Blocks for one round trip per batch and shard, lazily, as the iterator is consumed.
+
+        ``delivered_only``: only what the consumer group was already given (up to its
+        last-delivered id), and entries still pending (a dead learner read them, never stored
+        them) are acked once yielded, so a restarted learner that refills its replay this way
+        then gets every other entry from :meth:`receive`, exactly once.
         """
         if max_entries is not None and max_entries < 0:
             raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
@@ -236,11 +241,39 @@ class ExperienceReceiver:
         for keys in self._keys.values():
             pipe.xrevrange(keys.exp, count=1)
         ends = {shard: last[0][0] for shard, last in zip(self._keys, pipe.execute()) if last}
+        pending: dict[int, set[bytes]] = {}
+        if delivered_only:
+            ends, pending = self._delivered_window(ends)
         merged = heapq.merge(*(self._scan(shard, end) for shard, end in ends.items()),
                              key=lambda entry: parse_id(entry[1]))
         entries = itertools.islice(merged, max_entries)
         while batch := list(itertools.islice(entries, self.config.retained_batch)):
             yield from self._decode_retained(batch)
+            stored = [(shard, entry_id) for shard, entry_id, _ in batch if entry_id in pending.get(shard, ())]
+            if stored:  # the caller has them now: a later claim must not hand them out again
+                pipe = self.client.pipeline(transaction=False)
+                for shard, entry_id in stored:
+                    pipe.xack(self._keys[shard].exp, CONSUMER_GROUP, entry_id)
+                pipe.execute()
+
+    def _delivered_window(self, ends: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, set[bytes]]]:
+        """Per shard: the last id the group was given (capped by ``ends``), and the pending ids."""
+        window, pending = {}, {}
+        for shard, end in ends.items():
+            key = self._keys[shard].exp
+            try:
+                groups = self.client.xinfo_groups(key)
+            except redis.ResponseError:
+                continue
+            group = next((g for g in groups if g["name"] in (CONSUMER_GROUP, CONSUMER_GROUP.encode())), None)
+            if group is None or parse_id(group["last-delivered-id"]) == (0, 0):
+                continue  # nothing delivered yet: receive() will hand out everything
+            last = group["last-delivered-id"]
+            last = last if isinstance(last, bytes) else str(last).encode()
+            window[shard] = min(end, last, key=parse_id)
+            entries = self.client.xpending_range(key, CONSUMER_GROUP, min="-", max=window[shard], count=100_000)
+            pending[shard] = {e["message_id"] for e in entries}
+        return window, pending
 
     # ------------------------------------------------------------ internals
 

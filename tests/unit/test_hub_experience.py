@@ -474,3 +474,32 @@ def test_obs_keys_match_obs_and_validate_every_digest():
     assert keys.obs_keys(digests) == [keys.obs(d) for d in digests]
     with pytest.raises(ValueError, match="invalid observation digest 'XY'"):
         keys.obs_keys(digests + ["XY"])
+
+
+def test_read_retained_delivered_only_then_receive_gives_each_entry_once(fake_redis):
+    """A restarted learner refills replay from what the group was given (acking what a dead
+    learner left pending), then receives the rest: every entry exactly once."""
+    zeros = np.zeros(1, bool)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    for step in range(10):
+        sender.add({"f": frame(step)[None]}, np.zeros(1), np.ones(1), zeros, zeros, policy_version=step)
+    dead = ExperienceReceiver(fake_redis, ReceiverConfig(consumer="learner"), RUN, 1)
+    dead.ack(dead.receive(4, 0))  # 4 stored and acked
+    dead.receive(2, 0)  # 2 read, never stored: pending
+    fresh = ExperienceReceiver(fake_redis, ReceiverConfig(consumer="learner", claim_min_idle_ms=0), RUN, 1)
+    refilled = [int(c.policy_version[0]) for c in fresh.read_retained(delivered_only=True)]
+    assert refilled == list(range(6))
+    assert fake_redis.xpending(RunKeys(RUN).shard(0).exp, "learner")["pending"] == 0
+    rest = [int(item.chunk.policy_version[0]) for item in fresh.receive(100, 0)]
+    assert rest == list(range(6, 9))  # the 10th step waits for its next observation
+    assert sorted(refilled + rest) == list(range(9))
+
+
+def test_read_retained_delivered_only_without_a_group_reads_nothing(fake_redis):
+    zeros = np.zeros(1, bool)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    for step in range(3):
+        sender.add({"f": frame(step)[None]}, np.zeros(1), np.ones(1), zeros, zeros)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    assert list(receiver.read_retained(delivered_only=True)) == []
+    assert len(receiver.receive(10, 0)) == 2
