@@ -248,3 +248,23 @@ def test_a_learner_crash_stops_the_run_with_a_clear_message(tmp_path, server):
         time.sleep(0.2)
     else:
         pytest.fail("the agent outlived the failed run")
+
+
+def test_redis_command_serves_until_interrupted(tmp_path):
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    proc = subprocess.Popen([*CLI, "redis", "--maxmemory", "64mb"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("unix://"), url
+        client = connect(url)
+        assert client.ping() and client.config_get("maxmemory")["maxmemory"] == str(64 * 2**20)
+        socket_dir = Path(url.split("://", 1)[1].split("?")[0]).parent
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not socket_dir.exists()
