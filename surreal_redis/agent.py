@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,8 +83,8 @@ class Agent:
         self._last_obs: Tree | None = None
 
     # ------------------------------------------------------------ parameters
-    def _pull_params(self, force: bool = False) -> bool:
-        params, info = self.params.fetch(force=force)
+    def _pull_params(self) -> bool:
+        params, info = self.params.fetch()
         if params is None:
             return False
         self.policy.load_params(params, info.version)
@@ -118,12 +119,12 @@ class Agent:
         self._shutdown()
         return 0
 
-    def _outage_tolerant(self, call: Any, *args: Any) -> Any:
+    def _outage_tolerant(self, call: Callable[[], Any]) -> Any:
         """Run ``call`` until it succeeds, backing off (capped) while Redis is unavailable."""
         backoff = Backoff(0.1, 5.0)
         while not self.stop:
             try:
-                result = call(*args)
+                result = call()
             except OUTAGE_ERRORS as exc:
                 delay = backoff.next_delay()
                 log.warning("agent %d: Redis unavailable (%s); retrying in %.1fs", self.agent_id, exc, delay)
