@@ -132,8 +132,8 @@ def die_with_parent() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
-        pass
-    os.setpgrp()  # Ctrl-C in the terminal reaches us, not the server: we shut it down in order.
+        pass  # no glibc (not Linux): children are still stopped by the parent's orderly shutdown
+    os.setpgrp()
 
 
 class EmbeddedRedis:
