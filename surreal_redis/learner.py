@@ -115,6 +115,8 @@ class Learner:
         self.chunk_check = ChunkCheck(self.obs_space, self.action_space, required if cfg.algo == "ppo" else ())
         self.env_steps = 0
         self.transitions = 0
+        self.param_version = 0  # the last version this learner published
+        self._publish_failed = False
         self.started = time.monotonic()
         self.elapsed_before = 0.0
         self.episodes = EpisodeReader(client, cfg.run, start_id="0-0")
@@ -133,7 +135,7 @@ class Learner:
     def _state(self) -> dict[str, Any]:
         return {
             "algorithm": self.algo.state_dict(), "iteration": self.algo.iteration,
-            "env_steps": self.env_steps, "param_version": self.publisher.version,
+            "env_steps": self.env_steps, "param_version": self.param_version,
             "elapsed_s": self.elapsed(), "algo": self.config.algo,
             "rng": {"numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state(),
                     "python": random.getstate()},
@@ -149,7 +151,8 @@ class Learner:
         self.algo.load_state_dict(state["algorithm"])
         self.env_steps = int(state["env_steps"])
         self.elapsed_before = float(state["elapsed_s"])
-        self.publisher.continue_after(int(state["param_version"]))
+        self.param_version = int(state["param_version"])
+        self.publisher.continue_after(self.param_version)
         self.rng.bit_generator.state = state["rng"]["numpy"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
@@ -181,6 +184,7 @@ class Learner:
         prefetcher.start()
         next_housekeeping = 0.0
         status = "FINISHED"
+        backoff = Backoff(0.1, 5.0)
         try:
             while not self.stop:
                 items = []
@@ -191,12 +195,18 @@ class Learner:
                         pass
                 if prefetcher.error is not None:
                     raise RuntimeError(f"experience reader failed: {prefetcher.error!r}") from prefetcher.error
-                if items:
-                    self._ingest(items)
-                self._train()
-                if time.monotonic() >= next_housekeeping:
-                    next_housekeeping = time.monotonic() + 1.0
-                    self._housekeeping()
+                try:
+                    if items:
+                        self._ingest(items)
+                    self._train()
+                    if time.monotonic() >= next_housekeeping:
+                        next_housekeeping = time.monotonic() + 1.0
+                        self._housekeeping()
+                    backoff.reset()
+                except CONNECTION_ERRORS as exc:  # training goes on from replay; Redis work is retried
+                    delay = backoff.next_delay()
+                    log.warning("learner: Redis unavailable (%s); retrying in %.1fs", exc, delay)
+                    self.stop.wait(delay)
         except BaseException:
             status = "FAILED"
             log.exception("learner failed")
@@ -208,23 +218,23 @@ class Learner:
         return 0
 
     def _ingest(self, items: list[ReceivedChunk]) -> None:
-        version = self.publisher.version
-        usable = []
+        """Into replay first, then the Redis calls: an outage in between leaves entries pending
+        (never delivered twice), not data lost."""
+        usable, unusable = [], []
         for item in items:
             problem = self.chunk_check.problem(item.chunk)
-            if problem:  # decodes, but does not fit this env/algorithm: set aside, never crash
-                self.receiver.set_aside(item, "unusable", f"agent {item.chunk.agent_id}: {problem}")
-            else:
-                usable.append(item)
-        for item in usable:
+            (unusable if problem else usable).append((item, problem))
+        for item, _ in usable:
             chunk = item.chunk
             self.env_steps += chunk.num_steps
-            self.metrics.observe_chunk(version, chunk, item.nbytes)
+            self.metrics.observe_chunk(self.param_version, chunk, item.nbytes)
             if self.fifo is not None:
                 self.fifo.insert(chunk)
             else:
                 self._ingest_off_policy(chunk)
-        self.receiver.ack(usable)  # only now is the data safely in replay
+        self.receiver.ack([item for item, _ in usable])  # only now is the data safely in replay
+        for item, problem in unusable:  # decodes, but does not fit this env/algorithm: never crash
+            self.receiver.set_aside(item, "unusable", f"agent {item.chunk.agent_id}: {problem}")
 
     def _ingest_off_policy(self, chunk: Chunk) -> None:
         assert self.replay is not None
@@ -279,15 +289,18 @@ class Learner:
     def _after_update(self, stats: dict[str, float]) -> None:
         self.metrics.observe_update(stats)
         iteration = self.algo.iteration
-        if iteration % self.config.learner.publish_every_updates == 0:
-            self._publish()
-        if self.checkpoints.due(iteration):
+        if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
+        if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
+            self._publish()
 
     def _publish(self, force: bool = False) -> None:
         start = time.monotonic()
+        self._publish_failed = True  # until it went through: the next update tries again
         version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force)
+        self._publish_failed = False
         if version is not None:
+            self.param_version = version
             self.metrics.observe_publish(time.monotonic() - start)
             if self.fifo is not None:
                 self.fifo.set_learner_version(version)

@@ -105,7 +105,7 @@ class LearnerMetrics:
         backlogs = [read_backlog(self.client, keys) for keys in shards]
         memory = self.client.info("memory")
         agents = [a for a in read_agents(self.client, cfg.run, cfg.agent.heartbeat_ttl_s) if not a.stale]
-        version = learner.publisher.version
+        version = learner.param_version
         numbers = {
             "hub/stream_unread": float(sum(b.unread for b in backlogs)),
             "hub/stream_length": float(sum(b.length for b in backlogs)),
@@ -134,7 +134,7 @@ class LearnerMetrics:
             "charts/env_steps": float(learner.env_steps),
             "charts/env_steps_per_s": self._rate("steps", learner.env_steps, dt),
             "charts/updates_per_s": self._rate("updates", step, dt),
-            "charts/param_version": float(learner.publisher.version),
+            "charts/param_version": float(learner.param_version),
             "charts/episode_return_mean": learner.mean_return(),
             "hub/ingest_mb_per_s": self._rate("bytes", self.ingest_bytes, dt) / 2**20,
             "hub/dead_entries_total": float(receiver.dead),
@@ -161,7 +161,7 @@ class LearnerMetrics:
             log.warning("hub metrics unavailable: %s", exc)
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step)
-        status = {"iteration": step, "version": learner.publisher.version, "env_steps": learner.env_steps,
+        status = {"iteration": step, "version": learner.param_version, "env_steps": learner.env_steps,
                   "mean_return": learner.mean_return(), "eval_return": self.eval_score,
                   "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
                   "pid": os.getpid(), "time": time.time(), "elapsed_s": learner.elapsed(), "state": "running"}
@@ -169,7 +169,7 @@ class LearnerMetrics:
         self._status = status
         mean = learner.mean_return()
         log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s",
-                 step, learner.publisher.version, learner.env_steps, metrics["charts/env_steps_per_s"],
+                 step, learner.param_version, learner.env_steps, metrics["charts/env_steps_per_s"],
                  metrics["charts/updates_per_s"], "-" if mean is None else f"{mean:.1f}",
                  "-" if self.eval_score is None else f"{self.eval_score:.1f}")
         self.losses.clear()

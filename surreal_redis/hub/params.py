@@ -131,7 +131,8 @@ class ParameterPublisher:
     """Learner side: uploads the encoded parameters to its staging key, then ``lua/publish.lua``
     renames that to ``blob:<v+1>`` and swaps ``meta`` to it.
 
-    Versions continue from whatever ``meta`` holds (a restarted learner resumes the sequence).
+    Versions continue from whatever ``meta`` holds (a restarted learner resumes the sequence),
+    and never fall below what this publisher already published (a Redis restarted empty).
     One publisher per run: a second one makes the script refuse with a version error.
     """
 
@@ -184,20 +185,31 @@ class ParameterPublisher:
         digest = f"{_DIGEST_ALGO}:{hashlib.sha256(blob).hexdigest()}"
         codec = CODEC + ("+lz4" if self._config.compress_min_bytes is not None else "")
         try:
-            prev = self.version
-            new = max(prev, self._floor) + 1
             self._upload(blob)
-            self._scripts.call(
-                "publish",
-                keys=[self._keys.meta, self._staging, self._keys.blob(new), self._keys.blob(prev)],
-                args=[new, prev, len(blob), self._config.chunk_bytes, digest, codec,
-                      json.dumps(spec, separators=(",", ":")), int(iteration), repr(time.time()), message,
-                      int(self._config.grace_s * 1000), self._keys.notify],
-            )
-        except (ScriptError, redis.RedisError):
+            for attempt in (1, 2):
+                prev = self.version
+                new = max(prev, self._floor) + 1
+                try:
+                    self._scripts.call(
+                        "publish",
+                        keys=[self._keys.meta, self._staging, self._keys.blob(new), self._keys.blob(prev)],
+                        args=[new, prev, len(blob), self._config.chunk_bytes, digest, codec,
+                              json.dumps(spec, separators=(",", ":")), int(iteration), repr(time.time()),
+                              message, int(self._config.grace_s * 1000), self._keys.notify],
+                    )
+                    break
+                except ScriptError:
+                    # The script wrote nothing. Meta behind our own last version means a Redis that
+                    # restarted empty: re-read and retry once (the staged blob is still there).
+                    # Meta ahead of it means another publisher: refuse, as documented.
+                    self._version = None
+                    if attempt == 2 or self.version >= self._floor:
+                        raise
+        except redis.RedisError:
             self._version = None  # unsure what meta holds now: re-read it next time
             raise
         self._version = new
+        self._floor = new  # a Redis that lost its meta (restart) must not take the versions back
         self._last_publish = now
         log.debug("published parameters v%d (%d bytes, iteration %d)", new, len(blob), iteration)
         return new

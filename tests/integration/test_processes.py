@@ -134,3 +134,42 @@ def test_learner_sets_aside_chunks_from_another_env_and_goes_on(tmp_path):
         assert learner.receiver.stats().dead >= 1
         dead = client.xrange(RunKeys(config.run).shard(0).dead)
         assert dead and dead[0][1][b"reason"] == b"unusable" and b"agent 7" in dead[0][1][b"detail"]
+
+
+def test_learner_rides_out_a_redis_restart(tmp_path):
+    """Redis goes away (and comes back empty): the learner backs off instead of crashing, then
+    publishes again and goes on training from the agent's new experience."""
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    port = 20000 + (int(time.time() * 1000) + 7) % 20000
+    server = EmbeddedRedis(port=port).start()
+    config = load_config("smoke", [f"redis.url={server.url}", f"experiment.root={tmp_path}", "tracking.enabled=false",
+                                   "ppo.device=cpu", "stop.max_env_steps=1000000", "learner.steps_per_update=128",
+                                   "hub.sender.flush_steps=16", "hub.sender.max_wait_s=2"])
+    settings = RedisSettings(socket_timeout=1, connect_timeout=1, retries=0)
+    learner_stop, agent_stop = StopFlag(install_handlers=False), StopFlag(install_handlers=False)
+    learner = Learner(config, connect(server.url, settings), learner_stop)
+    agent = Agent(config, connect(server.url, settings), 0, agent_stop)
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(learner.run()), daemon=True),
+               threading.Thread(target=agent.run, daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: learner.algo.iteration >= 2, 60, "updates before the outage")
+        server.stop()
+        time.sleep(3)
+        assert threads[0].is_alive(), f"learner exited during the outage: {results}"
+        updates_at_restart = learner.algo.iteration
+        server = EmbeddedRedis(port=port).start()
+        client = connect(server.url)
+        wait_until(lambda: learner.algo.iteration >= updates_at_restart + 2, 90, "updates after Redis came back")
+        wait_until(lambda: int(client.hget(RunKeys(config.run).params.meta, "version") or 0) > 0, 30,
+                   "parameters published again")
+    finally:
+        agent_stop.set("test over")
+        learner_stop.set("test over")
+        for thread in threads:
+            thread.join(timeout=30)
+        server.stop()
+    assert results == [0]

@@ -320,3 +320,14 @@ def test_continue_after_jumps_the_version_sequence(fake_redis):
     assert info.version == 43 and params["w"][0] == 1
     with pytest.raises(ValueError, match="version"):
         publisher.continue_after(-1)
+
+
+def test_versions_never_go_back_when_redis_loses_the_meta(fake_redis):
+    from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
+
+    publisher = ParameterPublisher(fake_redis, "lost", PublisherConfig())
+    for _ in range(3):
+        publisher.publish({"w": np.zeros(2, np.float32)}, 0, force=True)
+    fake_redis.flushall()  # a Redis restarted without persistence: the cached prev is gone
+    assert publisher.publish({"w": np.zeros(2, np.float32)}, 1, force=True) == 4
+    assert publisher.publish({"w": np.zeros(2, np.float32)}, 2, force=True) == 5
