@@ -39,6 +39,7 @@ class ExperimentSection:
     name: str = "default"
     root: str = "./runs"
     seed: int = 0
+    """Seeds the learner; agents and eval derive their own seeds from it and their ids."""
 
     def __post_init__(self) -> None:
         validate_run_name(self.name)
@@ -50,7 +51,9 @@ class RedisSection(RedisSettings):
     to it; ``maxmemory`` applies to the embedded server; ``num_shards`` experience streams."""
 
     maxmemory: str = "2gb"
+    """maxmemory of the embedded server (noeviction: a full Redis makes agents back off)."""
     num_shards: int = 1
+    """Experience streams; agent k writes to shard k mod num_shards."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,6 +73,7 @@ class HubSection:
     publisher: PublisherConfig = field(default_factory=PublisherConfig)
     params_client: ParameterClientConfig = field(default_factory=ParameterClientConfig)
     episodes_maxlen: int = 100_000
+    """Approximate length cap of the episode-statistics stream."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class AgentSection:
     heartbeat_every_s: float = 2.0
     heartbeat_ttl_s: float = 30.0
     restart_on_crash: bool = True
+    """``launch`` restarts a crashed agent (or eval) up to ``max_restarts`` times."""
     max_restarts: int = 5
 
     def __post_init__(self) -> None:
@@ -119,10 +124,15 @@ class LearnerSection:
     updates_per_step: float = 1.0
     publish_every_updates: int = 1
     prefetch_chunks: int = 64
+    """Chunks decoded ahead of the training loop by the prefetch thread."""
     receive_batch: int = 64
+    """Chunks per read from Redis."""
     gc_every_s: float = 5.0
+    """Seconds between retention/gc passes (and reloads of the agents' insert script)."""
     metrics_every_s: float = 5.0
+    """Seconds between MLflow metric flushes and learner status reports."""
     torch_threads: int = 1
+    """CPU threads for torch (small networks are fastest on one)."""
 
     def __post_init__(self) -> None:
         for name in ("steps_per_update", "learning_starts", "publish_every_updates", "prefetch_chunks",
@@ -136,9 +146,12 @@ class LearnerSection:
 @dataclass(frozen=True)
 class EvalSection:
     enabled: bool = True
+    """``launch`` runs one eval process."""
     mode: Literal["deterministic", "stochastic"] = "deterministic"
     episodes: int = 5
+    """Episodes per eval of a parameter version; their mean is the score (best-k checkpoints)."""
     every_s: float = 10.0
+    """Seconds between evals (an eval runs only for a new parameter version)."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -165,7 +178,9 @@ class StopSection:
 @dataclass(frozen=True)
 class TrackingSection:
     enabled: bool = True
+    """The learner logs params, metrics and artifacts to MLflow."""
     tracking_uri: str | None = None
+    """None: ``$MLFLOW_TRACKING_URI``, else SQLite in the experiment folder."""
 
 
 @dataclass(frozen=True)

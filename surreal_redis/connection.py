@@ -35,12 +35,16 @@ class RedisSettings:
     """How to reach Redis. Times are in seconds."""
 
     url: str | None = None
+    """redis://, rediss:// or unix:// URL; None: ``$SURREAL_REDIS_URL``, or an embedded server."""
     socket_timeout: float = 10.0
+    """Seconds a command may wait for its reply; blocking reads use at most half of it."""
     connect_timeout: float = 5.0
     retries: int = 3
+    """Retries of a command after a connection or timeout error (with backoff)."""
     backoff_base: float = 0.05
     backoff_cap: float = 2.0
     health_check_interval: float = 30.0
+    """Seconds of idleness after which a connection is checked with PING before use."""
 
     def __post_init__(self) -> None:
         if self.socket_timeout <= 0 or self.connect_timeout <= 0:
