@@ -21,6 +21,7 @@ import redis
 
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.registry import make_policy
+from surreal_redis.algos.trees import tree_map
 from surreal_redis.codec import Tree
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
@@ -46,18 +47,15 @@ def with_final_rows(obs: Tree, final_obs: dict[int, Tree]) -> Tree | None:
     the form :meth:`ExperienceSender.add` takes. None when no episode ended."""
     if not final_obs:
         return None
+    envs = list(final_obs)
 
-    def replace(leaf: Any, parts: dict[int, Any]) -> Any:
-        if isinstance(leaf, dict):
-            return {k: replace(v, {i: p[k] for i, p in parts.items()}) for k, v in leaf.items()}
-        if isinstance(leaf, (list, tuple)):
-            return type(leaf)(replace(v, {i: p[j] for i, p in parts.items()}) for j, v in enumerate(leaf))
+    def replace(leaf: np.ndarray, *finals: np.ndarray) -> np.ndarray:
         out = np.array(leaf, copy=True)
-        for i, value in parts.items():
-            out[i] = value
+        for env, value in zip(envs, finals):
+            out[env] = value
         return out
 
-    return replace(obs, final_obs)
+    return tree_map(replace, obs, *(final_obs[env] for env in envs))
 
 
 class Agent:

@@ -12,6 +12,7 @@ import redis
 
 from surreal_redis.algos.base import ActMode
 from surreal_redis.algos.registry import make_policy
+from surreal_redis.algos.trees import tree_map
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.envs import make_env
@@ -32,7 +33,7 @@ def play_episode(env, policy, mode: ActMode, seed: int | None, stop: StopFlag | 
     policy.on_episode_start(0)
     total, length = 0.0, 0
     while stop is None or not stop:
-        batched = _add_batch_axis(obs)
+        batched = tree_map(lambda leaf: np.asarray(leaf)[None], obs)
         action = policy.act(batched, mode).actions[0]
         obs, reward, terminated, truncated, _ = env.step(action)
         total += float(reward)
@@ -43,14 +44,6 @@ def play_episode(env, policy, mode: ActMode, seed: int | None, stop: StopFlag | 
             break
     policy.on_episode_end(0, total, length)
     return total, length
-
-
-def _add_batch_axis(obs):
-    if isinstance(obs, dict):
-        return {k: _add_batch_axis(v) for k, v in obs.items()}
-    if isinstance(obs, (list, tuple)):
-        return type(obs)(_add_batch_axis(v) for v in obs)
-    return np.asarray(obs)[None]
 
 
 class Evaluator:

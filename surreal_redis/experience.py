@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from surreal_redis.algos.trees import tree_map
 from surreal_redis.codec import Tree
 
 
@@ -50,15 +51,7 @@ class Chunk(NamedTuple):
         """The observation that followed action t (the true final one if the episode ended)."""
         if t in self.final_obs:
             return self.final_obs[t]
-        return _index_tree(self.obs, t + 1)
-
-
-def _index_tree(tree: Tree, index: int) -> Tree:
-    if isinstance(tree, dict):
-        return {k: _index_tree(v, index) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_index_tree(v, index) for v in tree)
-    return tree[index]
+        return tree_map(lambda leaf: leaf[t + 1], self.obs)
 
 
 class TransitionBatch(NamedTuple):

@@ -134,8 +134,7 @@ class Learner:
     # ---------------------------------------------------------------- checkpoints
     def _state(self) -> dict[str, Any]:
         return {
-            "algorithm": self.algo.state_dict(), "iteration": self.algo.iteration,
-            "env_steps": self.env_steps, "param_version": self.param_version,
+            "algorithm": self.algo.state_dict(), "env_steps": self.env_steps, "param_version": self.param_version,
             "elapsed_s": self.elapsed(), "algo": self.config.algo,
             "rng": {"numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state(),
                     "python": random.getstate()},

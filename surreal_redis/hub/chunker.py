@@ -251,26 +251,18 @@ class ChunkBuffer:
         last = len(prev) - 1
         for pos, i in enumerate(layout.refs):
             raw = leaves[i][env].tobytes()
-            found = None
-            if pos < last:
-                found = prev[pos + 1]
-                if found[1] != raw or sig[found[0]] != sig[i]:
-                    found = None
-            if found is None and prev:
-                found = prev[pos]
-                if found[1] != raw or sig[found[0]] != sig[i]:
-                    found = None
-            if found is None and pos:
-                found = row[-1]
-                if found[1] != raw or sig[found[0]] != sig[i]:
-                    found = None
-            if found is None:
+            candidates = (prev[pos + 1] if pos < last else None, prev[pos] if prev else None,
+                          row[-1] if pos else None)
+            for found in candidates:
+                if found is not None and found[1] == raw and sig[found[0]] == sig[i]:
+                    if found[0] != i:
+                        found = (i, found[1], found[2])
+                    break
+            else:
                 spec = specs[i]
                 blob = encode_raw(raw, spec.dtype, spec.shape, self.compress_min_bytes)
                 found = (i, raw, digest(blob))
                 self._blobs.setdefault(found[2], blob)
-            elif found[0] != i:
-                found = (i, found[1], found[2])
             row.append(found)
         return row
 

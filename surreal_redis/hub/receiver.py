@@ -304,7 +304,6 @@ class ExperienceReceiver:
         self._counts["retained"] += len(good)
         return [chunk for _, chunk, _ in good]
 
-
     def _read(self, max_chunks: int, wait_ms: int) -> list[tuple[int, bytes, dict]]:
         streams = {keys.exp: ">" for keys in self._keys.values()}
         count = -(-max_chunks // len(streams))
