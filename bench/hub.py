@@ -1,7 +1,7 @@
 """Hub benchmark: ``python bench/hub.py [--quick]``.
 
 Progress goes to stderr through logging; the last line of stdout is one JSON object with the
-results (see :func:`surreal_redis.benchmarks.run_hub_bench`).
+results (see :func:`surreal_redis.testing.hub_bench.run_hub_bench`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from surreal_redis.benchmarks import run_hub_bench
 from surreal_redis.runtime import setup_logging
+from surreal_redis.testing.hub_bench import run_hub_bench
 
 
 def main() -> None:

@@ -241,7 +241,7 @@ def stop(run_name: str, redis_url: str | None) -> None:
 @_fail_cleanly
 def gc(run_name: str, redis_url: str | None, config_path: str | None, overrides: tuple[str, ...], drop: bool) -> None:
     """Apply retention and collect unreferenced observations now (or --drop the run)."""
-    from surreal_redis.hub.gc import HubJanitor
+    from surreal_redis.hub.experience.retention import HubJanitor
     from surreal_redis.launcher import drop_run
 
     client = connect(_require_url(redis_url))
@@ -335,7 +335,7 @@ def bench() -> None:
 @click.option("--quick", is_flag=True, help="Small sizes: under a minute.")
 def bench_hub(quick: bool) -> None:
     """Hub ingest/memory/receive/parameter numbers against naive baselines."""
-    from surreal_redis.benchmarks import run_hub_bench
+    from surreal_redis.testing.hub_bench import run_hub_bench
 
     started = time.monotonic()
     result = run_hub_bench(quick=quick)

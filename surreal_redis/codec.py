@@ -46,6 +46,7 @@ _ARRAY_HEADER = struct.Struct("<4sBBB")  # magic, codec, dtype code, ndim
 _CODECS = ("raw", "lz4")
 
 Tree = Any  # np.ndarray | scalar | dict[str, Tree] | list[Tree] | tuple[Tree, ...]
+ParamDict = dict[str, np.ndarray]  # flat name -> array: what parameter blobs hold
 
 
 class CodecError(ValueError):

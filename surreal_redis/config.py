@@ -1,6 +1,6 @@
 """The experiment config: one frozen dataclass tree, loaded from YAML and validated.
 
-Each component owns its settings dataclass (``SenderConfig`` in hub/sender.py, ``PPOConfig`` in
+Each component owns its settings dataclass (``SenderConfig`` in hub/experience/sender.py, ``PPOConfig`` in
 algos/ppo_policy.py, ...); this module only composes them into sections, adds the settings of
 the processes, and loads/dumps the whole. Unknown keys and wrong types are errors naming the key
 (see :mod:`surreal_redis.configtools`).
@@ -21,10 +21,10 @@ from surreal_redis.checkpoint import CheckpointConfig
 from surreal_redis.configtools import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
 from surreal_redis.connection import RedisSettings
 from surreal_redis.envs import EnvConfig
-from surreal_redis.hub.gc import RetentionConfig
+from surreal_redis.hub.experience.receiver import ReceiverConfig
+from surreal_redis.hub.experience.retention import RetentionConfig
+from surreal_redis.hub.experience.sender import SenderConfig
 from surreal_redis.hub.params import ParameterClientConfig, PublisherConfig
-from surreal_redis.hub.receiver import ReceiverConfig
-from surreal_redis.hub.sender import SenderConfig
 from surreal_redis.keys import validate_run_name
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplayConfig

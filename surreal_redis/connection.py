@@ -17,8 +17,10 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 
 ENV_URL = "SURREAL_REDIS_URL"
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+# A server that is still loading its dataset after a restart is an outage too.
+OUTAGE_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.BusyLoadingError)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,60 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+class Waiter(Protocol):
+    """What a loop stops on: ``threading.Event`` and :class:`~surreal_redis.runtime.StopFlag`."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def is_set(self) -> bool: ...
+
+
+T = TypeVar("T")
+
+
+class OutageGuard:
+    """The one way a long-running loop rides out a Redis outage: capped exponential backoff with
+    jitter, one warning per failed attempt, one info line when Redis answers again.
+
+    Two uses: :meth:`call` retries one call until it succeeds (None once ``stop`` is set); a loop
+    that keeps its own shape calls :meth:`failed` in its ``except OUTAGE_ERRORS`` branch (sleeps the
+    next delay, waking early on ``stop``) and :meth:`succeeded` after a good round.
+    """
+
+    def __init__(self, who: str, stop: Waiter, base: float = 0.1, cap: float = 5.0,
+                 errors: tuple[type[BaseException], ...] | None = None) -> None:
+        self.who, self.stop = who, stop
+        self.errors = OUTAGE_ERRORS if errors is None else errors
+        self.backoff = Backoff(base, cap)
+
+    @property
+    def failing(self) -> bool:
+        return self.backoff.failures > 0
+
+    def failed(self, exc: BaseException) -> None:
+        """Log the outage and block for the next backoff delay (or until ``stop``)."""
+        delay = self.backoff.next_delay()
+        log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.who, exc, delay)
+        self.stop.wait(delay)
+
+    def succeeded(self) -> None:
+        if self.backoff.failures:
+            log.info("%s: Redis reachable again", self.who)
+            self.backoff.reset()
+
+    def call(self, fn: Callable[[], T]) -> T | None:
+        """``fn()`` once it succeeds; blocks through the outage; None when stopped first."""
+        while not self.stop.is_set():
+            try:
+                result = fn()
+            except self.errors as exc:
+                self.failed(exc)
+                continue
+            self.succeeded()
+            return result
+        return None
 
 
 # ---------------------------------------------------------------- embedded server

@@ -12,13 +12,13 @@ import redis
 
 from surreal_redis.algos.base import ActMode
 from surreal_redis.algos.registry import make_policy
-from surreal_redis.algos.trees import tree_map
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.envs import make_env
-from surreal_redis.hub.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.runtime import RunControl, StopFlag
+from surreal_redis.trees import tree_map
 
 log = logging.getLogger(__name__)
 

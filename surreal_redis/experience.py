@@ -6,8 +6,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from surreal_redis.algos.trees import tree_map
 from surreal_redis.codec import Tree
+from surreal_redis.trees import tree_map
 
 
 class Chunk(NamedTuple):
@@ -27,7 +27,7 @@ class Chunk(NamedTuple):
     - ``extras``: algorithm data, each ``[T, ...]`` (e.g. ``logp``, ``value``), plus optional
       ``"initial_state"`` entries (RNN state at the chunk start, no time axis).
 
-    Chunks from :class:`~surreal_redis.hub.receiver.ExperienceReceiver` may hold read-only
+    Chunks from :class:`~surreal_redis.hub.experience.receiver.ExperienceReceiver` may hold read-only
     arrays: observation leaves stored by digest (frames) are views of one shared table, so the
     same frame costs its memory once. Copy before writing into them.
     """

@@ -20,8 +20,8 @@ import redis
 
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import EmbeddedRedis, connect, die_with_parent
-from surreal_redis.hub.heartbeat import read_agents
 from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import RunControl, StopFlag, read_learner_status
 

@@ -25,7 +25,6 @@ import numpy as np
 import redis
 import torch
 
-from surreal_redis.algos.nstep import NStepBuilder
 from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.chunk_check import ChunkCheck
@@ -33,13 +32,14 @@ from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.envs import make_env
 from surreal_redis.experience import Chunk
-from surreal_redis.hub.episodes import EpisodeReader
-from surreal_redis.hub.gc import HubJanitor
-from surreal_redis.hub.heartbeat import prune_stale
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
+from surreal_redis.hub.experience.retention import HubJanitor
 from surreal_redis.hub.params import ParameterPublisher
-from surreal_redis.hub.receiver import ExperienceReceiver, ReceivedChunk
+from surreal_redis.hub.run.episodes import EpisodeReader
+from surreal_redis.hub.run.heartbeat import prune_stale
 from surreal_redis.learner_metrics import LearnerMetrics
 from surreal_redis.replay.fifo import FIFOReplay
+from surreal_redis.replay.nstep import NStepBuilder
 from surreal_redis.replay.prioritized import PrioritizedReplay
 from surreal_redis.replay.uniform import UniformReplay
 from surreal_redis.runtime import RunControl, StopFlag

@@ -15,13 +15,12 @@ import redis
 
 from surreal_redis.configtools import flatten, to_dict
 from surreal_redis.experience import Chunk
-from surreal_redis.hub.episodes import EpisodeRecord
-from surreal_redis.hub.gc import JanitorStats
-from surreal_redis.hub.heartbeat import read_agents
-from surreal_redis.hub.receiver import ReceiverStats
-from surreal_redis.hub.wire import read_backlog
+from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
+from surreal_redis.hub.experience.receiver import ReceiverStats
+from surreal_redis.hub.experience.retention import JanitorStats
+from surreal_redis.hub.run.episodes import EpisodeRecord
+from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import RunKeys
-from surreal_redis.status import dedup_ratio
 from surreal_redis.tracking import Tracker
 
 if TYPE_CHECKING:

@@ -48,6 +48,9 @@ class StopFlag:
     def __bool__(self) -> bool:
         return self._event.is_set()
 
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)
 

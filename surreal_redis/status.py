@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import redis
 
-from surreal_redis.codec import CodecError
-from surreal_redis.hub.heartbeat import read_agents
-from surreal_redis.hub.wire import WireError, parse_entry, read_backlog, referenced_slots
+from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
+from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.runtime import RunControl, read_learner_status
-
-DEDUP_SAMPLE = 50  # recent entries sampled to estimate the observation slots per entry
 
 
 def _num_shards(client: redis.Redis, run: str) -> int:
@@ -21,31 +17,6 @@ def _num_shards(client: redis.Redis, run: str) -> int:
     while client.exists(RunKeys(run).shard(count).exp):
         count += 1
     return count
-
-
-def _obs_slots(fields: dict) -> int:
-    """Observation slots an entry references through digests (T+1 per referenced leaf)."""
-    return referenced_slots(parse_entry(fields))
-
-
-def dedup_ratio(client: redis.Redis, keys: ShardKeys, length: int) -> tuple[float | None, int]:
-    """(observation slots referenced by the retained entries / observation blobs stored, blobs).
-
-    The slots per entry are estimated from the newest ``DEDUP_SAMPLE`` entries; None when the
-    shard stores no blobs (every observation travels inline)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.obsref)
-    pipe.xrevrange(keys.exp, count=DEDUP_SAMPLE)
-    blobs, recent = pipe.execute()
-    slots = []
-    for _, fields in recent:
-        try:
-            slots.append(_obs_slots(fields))
-        except (WireError, CodecError):
-            continue
-    if not blobs or not slots:
-        return None, blobs
-    return float(np.mean(slots)) * length / blobs, blobs
 
 
 def shard_lines(client: redis.Redis, keys: ShardKeys) -> str:

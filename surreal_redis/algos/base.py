@@ -15,9 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from surreal_redis.codec import Tree
-
-ParamDict = dict[str, np.ndarray]
+from surreal_redis.codec import ParamDict, Tree
 
 
 def params_as_tensors(params: ParamDict, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -30,8 +30,8 @@ from surreal_redis.algos.noise import (
     make_action_noise,
 )
 from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.algos.trees import tree_map
 from surreal_redis.codec import Tree
+from surreal_redis.trees import tree_map
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from surreal_redis.algos.ppo_policy import (
     params_to_numpy,
     to_tensors,
 )
-from surreal_redis.algos.trees import tree_map, tree_stack
 from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
+from surreal_redis.trees import tree_map, tree_stack
 
 __all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "adapt_kl_coef", "clipped_surrogate_loss",
            "compute_gae", "explained_variance", "kl_penalty_loss", "resolve_device", "value_loss"]

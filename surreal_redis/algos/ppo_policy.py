@@ -24,8 +24,8 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict, params_as_tensors
 from surreal_redis.algos.networks import ACTIVATIONS, ObservationEncoder, mlp
 from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.algos.trees import tree_map
 from surreal_redis.codec import Tree
+from surreal_redis.trees import tree_map
 
 LSTMState = tuple[torch.Tensor, torch.Tensor]
 

@@ -1,1 +1,2 @@
-"""The Redis data plane: experience sender/receiver, eviction, parameters, heartbeats."""
+"""The Redis data plane, in the order data flows: ``experience/`` (agents -> streams -> learner),
+``params`` (learner -> agents), ``run/`` (control, heartbeats, episode statistics)."""

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from surreal_redis.algos.base import ParamDict
-from surreal_redis.codec import CodecError, decode_tree, encode_tree
+from surreal_redis.codec import CodecError, ParamDict, decode_tree, encode_tree
 from surreal_redis.keys import ParamKeys, RunKeys
 from surreal_redis.scripts import ScriptError, Scripts
 

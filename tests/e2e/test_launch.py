@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
-from surreal_redis.hub.heartbeat import read_agents
+from surreal_redis.hub.run.heartbeat import read_agents
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -10,17 +10,17 @@ import pytest
 import redis
 
 from surreal_redis.acl import create_users, username
-from surreal_redis.hub.episodes import EpisodeLog, EpisodeRecord
-from surreal_redis.hub.gc import HubJanitor, RetentionConfig
-from surreal_redis.hub.heartbeat import Heartbeat, read_agents
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,
     ParameterPublisher,
     PublisherConfig,
 )
-from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
-from surreal_redis.hub.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
+from surreal_redis.hub.run.heartbeat import Heartbeat, read_agents
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import RunControl
 from surreal_redis.scripts import Scripts
@@ -59,7 +59,7 @@ def test_agent_user_runs_the_agent_side_only(redis_server, real_redis, caplog):
         except Exception as exc:  # surfaced by the assertion below
             errors.append(exc)
 
-    with caplog.at_level(logging.INFO, logger="surreal_redis.hub.sender"):
+    with caplog.at_level(logging.INFO, logger="surreal_redis.hub.experience.sender"):
         thread = threading.Thread(target=act)
         thread.start()
         time.sleep(0.4)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import redis
 
-import surreal_redis.hub.sender as sender_module
+import surreal_redis.hub.experience.sender as sender_module
 from surreal_redis.connection import connect, find_redis_server
-from surreal_redis.hub.gc import HubJanitor, RetentionConfig
-from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
-from surreal_redis.hub.sender import ExperienceSender, SenderConfig
-from surreal_redis.hub.wire import id_score
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.experience.wire import id_score
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import ScriptError, Scripts, script_source
 

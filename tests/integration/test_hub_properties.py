@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from surreal_redis.hub.gc import HubJanitor, RetentionConfig
-from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
-from surreal_redis.hub.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.keys import RunKeys
 
 pytestmark = pytest.mark.integration

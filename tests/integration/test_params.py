@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 from surreal_redis.connection import RedisSettings, connect
-from surreal_redis.hub.heartbeat import Heartbeat, prune_stale, read_agents
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,
     ParameterPublisher,
     PublisherConfig,
 )
+from surreal_redis.hub.run.heartbeat import Heartbeat, prune_stale, read_agents
 from surreal_redis.keys import RunKeys
 
 pytestmark = pytest.mark.integration

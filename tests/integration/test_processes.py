@@ -116,7 +116,7 @@ def test_off_policy_learner_resumes_and_refills_replay(tmp_path):
 def test_learner_sets_aside_chunks_from_another_env_and_goes_on(tmp_path):
     """An agent of the wrong env (Pendulum's 3-float observations in a CartPole run) is
     dead-lettered; the learner keeps training on the good agent's data."""
-    from surreal_redis.hub.sender import ExperienceSender
+    from surreal_redis.hub.experience.sender import ExperienceSender
 
     if find_redis_server() is None:
         pytest.skip("no redis-server")

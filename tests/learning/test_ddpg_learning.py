@@ -1,5 +1,5 @@
 """DDPG learns Pendulum-v1 in one process: vector env -> DDPGPolicy -> chunks -> n-step -> replay
--> DDPGAlgorithm -> parameters -> policy (surreal_redis.algos.offpolicy_loop)."""
+-> DDPGAlgorithm -> parameters -> policy (surreal_redis.testing.offpolicy_loop)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 from surreal_redis.algos.ddpg import DDPGAlgorithm
 from surreal_redis.algos.ddpg_policy import DDPGConfig, DDPGPolicy
-from surreal_redis.algos.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 from surreal_redis.envs import EnvConfig, make_vector_env
+from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 
-from surreal_redis.algos.local_loop import LocalLoopConfig, run_local
 from surreal_redis.algos.ppo import PPOAlgorithm, PPOConfig, PPOPolicy
 from surreal_redis.envs import EnvConfig, make_vector_env
+from surreal_redis.testing.local_loop import LocalLoopConfig, run_local
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from surreal_redis.agent import Agent, with_final_rows
 from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
-from surreal_redis.hub.episodes import EpisodeReader
 from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.runtime import StopFlag
 
 

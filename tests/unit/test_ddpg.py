@@ -235,8 +235,8 @@ def test_config_from_dict_and_validation():
 
 @pytest.mark.parametrize("use_per", [False, True])
 def test_offpolicy_loop_feeds_replay_and_updates_at_the_replay_ratio(use_per):
-    from surreal_redis.algos.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
     from surreal_redis.envs import EnvConfig, make_vector_env
+    from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
     config = DDPGConfig(**SMALL, n_step=3, batch_size=16, use_per=use_per, device="cpu")
     envs = make_vector_env(EnvConfig(env_id="Pendulum-v1", max_episode_steps=40), 2, seed=0)

@@ -6,10 +6,10 @@ import time
 import numpy as np
 import pytest
 
-from surreal_redis.hub import payload as pl
-from surreal_redis.hub.gc import HubJanitor, RetentionConfig
-from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
-from surreal_redis.hub.sender import ExperienceSender, HubUnavailableError, SenderConfig
+from surreal_redis.hub.experience import payload as pl
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
 from surreal_redis.keys import RunKeys
 
 RUN = "unit"
@@ -405,7 +405,7 @@ def test_start_removes_consumers_with_nothing_pending(fake_redis):
 
 
 def test_atari_like_frame_stacks_with_resets_round_trip_exactly(fake_redis):
-    from surreal_redis.benchdata import index_tree, obs_bytes, synthetic_trajectory
+    from surreal_redis.testing.bench_data import index_tree, obs_bytes, synthetic_trajectory
 
     traj = synthetic_trajectory("atari", num_envs=2, steps=260, seed=3)  # episodes end (~200 steps)
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=16), RUN, 0, 1)
@@ -431,7 +431,7 @@ def test_atari_like_frame_stacks_with_resets_round_trip_exactly(fake_redis):
 
 
 def test_split_batches_bounds_calls_and_uploads_each_blob_once():
-    from surreal_redis.hub.wire import split_batches
+    from surreal_redis.hub.experience.batching import split_batches
 
     seqs = iter(range(1, 100))
     sizes = {"a": 100, "b": 100, "c": 100, "d": None}  # d is known to be stored

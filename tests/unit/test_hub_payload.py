@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from surreal_redis.codec import CodecError
-from surreal_redis.hub import payload as pl
+from surreal_redis.hub.experience import payload as pl
 
 T, F = 5, 2
 OBS = {"pix": (0, 0), "vec": 0}  # structure only: two referenced frames and an inline vector

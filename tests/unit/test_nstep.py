@@ -7,8 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from surreal_redis.algos.nstep import NStepBuilder
 from surreal_redis.experience import Chunk
+from surreal_redis.replay.nstep import NStepBuilder
 
 G = 0.5
 
@@ -97,7 +97,7 @@ def test_streams_are_kept_apart():
 def test_a_stream_that_does_not_continue_flushes_its_waiting_steps(caplog):
     builder = NStepBuilder(3, G)
     builder.add(make_chunk([0, 1, 2], [1, 2]))
-    with caplog.at_level(logging.WARNING, logger="surreal_redis.algos.nstep"):
+    with caplog.at_level(logging.WARNING, logger="surreal_redis.replay.nstep"):
         batch = builder.add(make_chunk([100, 101], [8]))  # agent restarted: a new episode
     assert "does not continue" in caplog.text
     # steps 0 and 1 truncated at the last observation seen (2); step 100 waits

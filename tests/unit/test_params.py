@@ -7,7 +7,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from surreal_redis.hub.heartbeat import Heartbeat, prune_stale, read_agents
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,
@@ -15,6 +14,7 @@ from surreal_redis.hub.params import (
     ParamInfo,
     PublisherConfig,
 )
+from surreal_redis.hub.run.heartbeat import Heartbeat, prune_stale, read_agents
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -262,8 +262,8 @@ def test_outage_gives_none_not_exception(caplog):
 
 def test_heartbeat_rate_limit_and_staleness(fake_redis, monkeypatch):
     clock = {"wall": 1000.0, "mono": 50.0}
-    monkeypatch.setattr("surreal_redis.hub.heartbeat.time.time", lambda: clock["wall"])
-    monkeypatch.setattr("surreal_redis.hub.heartbeat.time.monotonic", lambda: clock["mono"])
+    monkeypatch.setattr("surreal_redis.hub.run.heartbeat.time.time", lambda: clock["wall"])
+    monkeypatch.setattr("surreal_redis.hub.run.heartbeat.time.monotonic", lambda: clock["mono"])
     a3, a10 = Heartbeat(fake_redis, RUN, 3, ttl_s=30), Heartbeat(fake_redis, RUN, 10, ttl_s=30)
     assert a3.beat(steps=100, episodes=2, param_version=5)
     assert a10.beat(steps=1, episodes=0, param_version=0)

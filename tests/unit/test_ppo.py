@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.local_loop import ChunkCollector
 from surreal_redis.algos.ppo import (
     PPOAlgorithm,
     PPOConfig,
@@ -26,6 +25,7 @@ from surreal_redis.algos.ppo import (
 from surreal_redis.algos.ppo_policy import to_tensors
 from surreal_redis.envs import EnvConfig, make_vector_env
 from surreal_redis.experience import Chunk
+from surreal_redis.testing.local_loop import ChunkCollector
 
 
 class DictEnv(gym.Env):

@@ -1,10 +1,11 @@
 import numpy as np
 
-from surreal_redis.hub.heartbeat import Heartbeat
-from surreal_redis.hub.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.experience.backlog import dedup_ratio
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import RunControl
-from surreal_redis.status import dedup_ratio, render_status
+from surreal_redis.status import render_status
 
 
 def send_frame_stacks(client, steps=40, num_envs=2):

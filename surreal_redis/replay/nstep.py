@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from surreal_redis.algos.trees import tree_map
 from surreal_redis.codec import Tree, flatten_tree
 from surreal_redis.experience import Chunk
+from surreal_redis.trees import tree_map
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ import numpy as np
 
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.local_loop import ChunkCollector, LoopResult
-from surreal_redis.algos.nstep import NStepBuilder
 from surreal_redis.envs import step_vector_env
+from surreal_redis.replay.nstep import NStepBuilder
 from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
 from surreal_redis.replay.uniform import UniformReplay, UniformReplayConfig
+from surreal_redis.testing.local_loop import ChunkCollector, LoopResult
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ out in one pipeline of ``insert.lua`` calls (at most 64 chunks, 256 obs keys and
 writes them together with the entries, all-or-nothing, idempotent per (sender uuid, seq). Blobs
 that the sender remembers as stored travel again only when the script answers MISSING (gc
 collected them meanwhile). Commands are packed and sent without redis-py's pipeline (see
-:func:`surreal_redis.hub.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.wire`.
+:func:`surreal_redis.hub.experience.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.experience.wire`.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import redis
 
 from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
-from surreal_redis.hub.chunker import ChunkBuffer, EncodedChunk
-from surreal_redis.hub.wire import (
+from surreal_redis.hub.experience.backlog import read_backlog
+from surreal_redis.hub.experience.batching import (
     Batch,
     Outcome,
     classify_reply,
     is_oom,
     pack_command,
-    read_backlog,
     send_commands,
     split_batches,
 )
+from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 

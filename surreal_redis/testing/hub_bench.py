@@ -1,10 +1,10 @@
 """The hub benchmark: the experience and parameter paths against naive baselines, same server.
 
 :func:`run_hub_bench` starts a throwaway embedded redis-server and, for three observation kinds
-(:mod:`surreal_redis.benchdata`), measures
+(:mod:`surreal_redis.testing.bench_data`), measures
 
 - ``hub_tps`` / ``naive_tps``: transitions per second stored by 2 sender processes, through the
-  :class:`~surreal_redis.hub.sender.ExperienceSender` (vectorized ``add``) versus one pipelined
+  :class:`~surreal_redis.hub.experience.sender.ExperienceSender` (vectorized ``add``) versus one pipelined
   XADD per transition carrying the obs and next_obs bytes;
 - ``hub_bytes_per_t`` / ``naive_bytes_per_t``: Redis ``used_memory`` growth per stored transition;
 - ``recv_tps``: transitions per second the learner-side receiver reads and decodes;
@@ -30,17 +30,17 @@ from typing import NamedTuple
 import numpy as np
 import redis
 
-from surreal_redis.benchdata import KINDS, Trajectory, index_tree, obs_bytes, synthetic_trajectory
 from surreal_redis.connection import EmbeddedRedis, connect
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,
     ParameterPublisher,
     PublisherConfig,
 )
-from surreal_redis.hub.receiver import ExperienceReceiver, ReceiverConfig
-from surreal_redis.hub.sender import ExperienceSender, SenderConfig
 from surreal_redis.keys import RunKeys
+from surreal_redis.testing.bench_data import KINDS, Trajectory, index_tree, obs_bytes, synthetic_trajectory
 
 log = logging.getLogger(__name__)
 

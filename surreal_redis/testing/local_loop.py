@@ -18,10 +18,10 @@ import gymnasium as gym
 import numpy as np
 
 from surreal_redis.algos.base import ActMode, AgentPolicy, ParamDict
-from surreal_redis.algos.trees import tree_map, tree_stack
 from surreal_redis.codec import Tree
 from surreal_redis.envs import step_vector_env
 from surreal_redis.experience import Chunk
+from surreal_redis.trees import tree_map, tree_stack
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import redis
 
-from surreal_redis.hub.wire import id_score, parse_id, read_backlog
+from surreal_redis.hub.experience.backlog import read_backlog
+from surreal_redis.hub.experience.wire import id_score, parse_id
 from surreal_redis.keys import RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 

@@ -24,8 +24,8 @@ import redis
 from surreal_redis.codec import CodecError, decode_array, digest
 from surreal_redis.connection import RedisSettings, block_ms
 from surreal_redis.experience import Chunk
-from surreal_redis.hub.payload import Layout
-from surreal_redis.hub.wire import ParsedEntry, WireError, build_chunk, parse_entry, parse_id
+from surreal_redis.hub.experience.payload import Layout
+from surreal_redis.hub.experience.wire import ParsedEntry, WireError, build_chunk, parse_entry, parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 

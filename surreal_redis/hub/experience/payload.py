@@ -1,4 +1,4 @@
-"""The binary payload of one experience chunk: stream field ``d`` (see :mod:`surreal_redis.hub.wire`).
+"""The binary payload of one experience chunk: stream field ``d`` (see :mod:`surreal_redis.hub.experience.wire`).
 
 Layout::
 

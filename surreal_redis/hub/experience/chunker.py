@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from surreal_redis.codec import DTYPE_BY_NAME, Tree, digest, encode_raw
-from surreal_redis.hub import payload as pl
-from surreal_redis.hub.wire import INITIAL_STATE, tree_leaves, tree_map
+from surreal_redis.hub.experience import payload as pl
+from surreal_redis.hub.experience.wire import INITIAL_STATE, tree_leaves, tree_map
 
 Ref = tuple[int, bytes, str]  # one referenced leaf of one obs row: (leaf ordinal, raw bytes, digest)
 Row = list[Ref]  # the referenced leaves of one obs row, in leaf order

@@ -1,0 +1,2 @@
+"""Experience path: agent steps -> chunks -> insert.lua -> shard streams -> receiver -> replay,
+and the retention/gc that keeps the streams bounded."""

@@ -1,0 +1,88 @@
+"""Reading where a shard stream stands: the consumer group's backlog (backpressure, retention,
+metrics) and the observation dedup ratio (metrics, ``status``). Read-only; one round trip each."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import redis
+
+from surreal_redis.codec import CodecError
+from surreal_redis.hub.experience.wire import WireError, parse_entry, parse_id, referenced_slots
+from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
+
+DEDUP_SAMPLE = 50  # recent entries sampled to estimate the observation slots per entry
+
+
+class Backlog(NamedTuple):
+    """Where the learner's consumer group stands on one shard stream.
+
+    ``unread``: entries in the stream not yet delivered to the group; ``last_delivered``: the
+    group's last-delivered id (None when the group does not exist: nothing was delivered).
+    """
+
+    length: int
+    unread: int
+    first_id: bytes | None
+    last_delivered: bytes | None
+
+
+def read_backlog(client: redis.Redis, keys: ShardKeys, max_count: int = 10_000) -> Backlog:
+    """One round trip (XINFO GROUPS, XLEN, first entry id); blocks only for that round trip.
+
+    Redis >= 7 reports the group's ``lag``, but it still counts entries trimmed before delivery, so
+    it is capped by the entries after the last-delivered id. Without a usable lag (Redis 6.2), the
+    unread entries are counted with an XRANGE of at most ``max_count`` ids.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.xinfo_groups(keys.exp)
+    pipe.xlen(keys.exp)
+    pipe.xrange(keys.exp, count=1)
+    groups, length, first = pipe.execute(raise_on_error=False)
+    if isinstance(length, Exception):
+        raise length
+    first_id = first[0][0] if isinstance(first, list) and first else None
+    if isinstance(groups, redis.ResponseError) and "no such key" in str(groups).lower():
+        groups = []
+    elif isinstance(groups, Exception):
+        raise groups
+    group = next((g for g in groups if g["name"] in (CONSUMER_GROUP, CONSUMER_GROUP.encode())), None)
+    if group is None:
+        return Backlog(length, length, first_id, None)
+    last = group["last-delivered-id"]
+    if first_id is None:
+        unread = 0
+    elif parse_id(first_id) > parse_id(last):
+        unread = length  # everything after the last delivered entry is still there, unread
+    elif isinstance(group.get("lag"), int):
+        unread = min(group["lag"], length)
+    else:
+        after = client.xrange(keys.exp, min=b"(" + last, count=max_count)
+        unread = len(after)
+    return Backlog(length, unread, first_id, last)
+
+
+def _obs_slots(fields: dict) -> int:
+    """Observation slots an entry references through digests (T+1 per referenced leaf)."""
+    return referenced_slots(parse_entry(fields))
+
+
+def dedup_ratio(client: redis.Redis, keys: ShardKeys, length: int) -> tuple[float | None, int]:
+    """(observation slots referenced by the retained entries / observation blobs stored, blobs).
+
+    The slots per entry are estimated from the newest ``DEDUP_SAMPLE`` entries; None when the
+    shard stores no blobs (every observation travels inline)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keys.obsref)
+    pipe.xrevrange(keys.exp, count=DEDUP_SAMPLE)
+    blobs, recent = pipe.execute()
+    slots = []
+    for _, fields in recent:
+        try:
+            slots.append(_obs_slots(fields))
+        except (WireError, CodecError):
+            continue
+    if not blobs or not slots:
+        return None, blobs
+    return float(np.mean(slots)) * length / blobs, blobs

@@ -1,0 +1,176 @@
+"""The experience stream-entry format shared by the sender and the receiver.
+
+One stream entry holds one chunk (see :class:`surreal_redis.experience.Chunk`). The insert script
+writes the fields in this fixed order (so Redis stores field names once per stream node):
+
+- ``a``: agent id (decimal), ``e``: env index inside the agent's vectorized env (decimal);
+- ``o``: the digests of every observation leaf the chunk references, comma-separated, each once
+  (empty when all leaves are inline), at most 256;
+- ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays).
+
+The obsref sorted set scores a digest with :func:`id_score` of the newest entry referencing it, so
+gc can compare with the first retained entry (insert.lua and gc.lua compute the same score).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from surreal_redis.codec import Tree
+from surreal_redis.experience import Chunk
+from surreal_redis.hub.experience import payload as pl
+
+FIELDS = (b"a", b"e", b"o", b"d")
+INITIAL_STATE = "initial_state"
+# Entry ids are <ms>-<seq>; the score keeps the order of ids exactly while seq < SEQ_SLOTS - 1 and
+# stays monotonic beyond (ms * 1024 < 2**53 until the year 2248, so doubles hold it exactly).
+SEQ_SLOTS = 1024
+_DIGESTS = re.compile(rb"^[0-9a-f]{32}(?:,[0-9a-f]{32}){0,255}$")
+_ID = re.compile(r"^(\d+)-(\d+)$")
+
+
+class WireError(ValueError):
+    """A stream entry that does not follow the format above."""
+
+
+def tree_leaves(tree: Tree) -> list[Any]:
+    """Leaves of a dict/list/tuple tree, depth first, dicts in insertion order."""
+    if isinstance(tree, Mapping):
+        return [leaf for value in tree.values() for leaf in tree_leaves(value)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for value in tree for leaf in tree_leaves(value)]
+    return [tree]
+
+
+def tree_map(tree: Tree, fn: Callable[[int, Any], Any]) -> Tree:
+    """A copy of ``tree`` with leaf number i (depth-first ordinal) replaced by ``fn(i, leaf)``."""
+    counter = iter(range(1 << 62))
+
+    def walk(node: Tree) -> Tree:
+        if isinstance(node, Mapping):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(walk(value) for value in node)
+        return fn(next(counter), node)
+
+    return walk(tree)
+
+
+def parse_id(entry_id: bytes | str) -> tuple[int, int]:
+    """``b"1700000000000-3"`` -> ``(1700000000000, 3)``; WireError when malformed."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    match = _ID.match(text)
+    if not match:
+        raise WireError(f"bad stream entry id {entry_id!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def id_score(entry_id: bytes | str) -> int:
+    """obsref score of an entry id: ``ms * 1024 + min(seq, 1023)`` (monotonic in the id)."""
+    ms, seq = parse_id(entry_id)
+    return ms * SEQ_SLOTS + min(seq, SEQ_SLOTS - 1)
+
+
+# ---------------------------------------------------------------- decoding (receiver side)
+
+class ParsedEntry(NamedTuple):
+    """A stream entry with its fields checked and its payload decoded, obs not yet resolved."""
+
+    agent_id: int
+    env_index: int
+    digests: list[str]
+    payload: pl.Decoded
+    nbytes: int
+
+
+def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] | None = None) -> ParsedEntry:
+    """Check the fields of one entry and decode its payload; ``layouts`` caches parsed templates.
+
+    Raises WireError (wrong fields, bad digests) or CodecError (payload bytes).
+    """
+    if not isinstance(fields, Mapping) or tuple(fields) != FIELDS:
+        names = list(fields) if isinstance(fields, Mapping) else fields
+        raise WireError(f"entry fields {names!r} are not {list(FIELDS)!r}")
+    try:
+        agent_id, env_index = int(fields[b"a"]), int(fields[b"e"])
+    except ValueError as exc:
+        raise WireError(f"bad entry header: {exc}") from None
+    refs = fields[b"o"]
+    if refs and not _DIGESTS.match(refs):
+        raise WireError(f"bad observation digest list {refs[:100]!r}")
+    digests = refs.decode().split(",") if refs else []
+    decoded = pl.decode(fields[b"d"], {} if layouts is None else layouts)
+    nbytes = sum(len(v) for v in fields.values())
+    return ParsedEntry(agent_id, env_index, digests, decoded, nbytes)
+
+
+def referenced_slots(entry: ParsedEntry) -> int:
+    """Observation rows the entry references by digest (T+1 per referenced leaf)."""
+    return sum(entry.payload.steps + 1 for leaf in entry.payload.layout.leaves if leaf.ref)
+
+
+def _resolve_refs(p: pl.Decoded, digests: list[str], arrays: Mapping[str, np.ndarray]) -> dict:
+    """(group, leaf) -> stacked observations of every referenced leaf, read-only.
+
+    The frames of leaves of one (dtype, shape) are copied once into a table; a leaf whose
+    indices form a consecutive range (a frame stack, within an episode) is a view of it, any
+    other a gathered copy. Leaves may thus share memory.
+    """
+    out = {}
+    for members in p.layout.ref_groups:
+        leaf = p.layout.leaves[members[0]]
+        columns = {(group, i): p.arrays[group, i] for group in (pl.OBS, pl.FINAL) for i in members}
+        used = np.unique(np.concatenate(list(columns.values()))).tolist()
+        if used and used[-1] >= len(digests):
+            raise WireError(f"observation index {used[-1]} outside the {len(digests)} digests")
+        frames = [arrays[digests[k]] for k in used]
+        for k, frame in zip(used, frames):
+            if frame.dtype != leaf.dtype or frame.shape != leaf.shape:
+                raise WireError(f"observation {digests[k]} is {frame.dtype}{frame.shape}, the template "
+                                f"says {leaf.dtype}{leaf.shape}")
+        table = np.frombuffer(bytearray().join(frames), leaf.dtype).reshape((len(used), *leaf.shape))
+        table.setflags(write=False)
+        position = None if used == list(range(len(used))) else {k: n for n, k in enumerate(used)}
+        for key, column in columns.items():
+            rows = column.tolist() if position is None else [position[k] for k in column.tolist()]
+            first = rows[0] if rows else 0
+            if rows == list(range(first, first + len(rows))):
+                out[key] = table[first:first + len(rows)]
+            else:
+                out[key] = table[rows]
+                out[key].setflags(write=False)
+    return out
+
+
+def build_chunk(entry: ParsedEntry, arrays: Mapping[str, np.ndarray]) -> Chunk:
+    """The Chunk of a parsed entry; ``arrays`` maps every digest of the entry to its decoded array.
+
+    Raises WireError when the payload is inconsistent (step count, flags, indices, shapes).
+    The arrays of the chunk are writable and its own, except the observation leaves referenced
+    by digest: read-only, and possibly sharing memory with each other (see :func:`_resolve_refs`).
+    """
+    p = entry.payload
+    layout, steps, a = p.layout, p.steps, p.arrays
+    if steps < 1:
+        raise WireError("chunk has no steps")
+    terminated, truncated = a[pl.TERMINATED, 0], a[pl.TRUNCATED, 0]
+    ended = (terminated | truncated).nonzero()[0].tolist()
+    if len(ended) != p.finals:
+        raise WireError(f"{p.finals} final observations for {len(ended)} episodes that ended")
+    resolved = _resolve_refs(p, entry.digests, arrays) if layout.ref_groups else {}
+    obs_leaves = [resolved.get((pl.OBS, i), a[pl.OBS, i]) for i in range(len(layout.leaves))]
+    final_leaves = [resolved.get((pl.FINAL, i), a[pl.FINAL, i]) for i in range(len(layout.leaves))]
+    obs = layout.build_obs(obs_leaves)
+    final_obs = {t: layout.build_obs([leaf[row] for leaf in final_leaves]) for row, t in enumerate(ended)}
+    versions = a[pl.VERSION, 0]
+    if versions.shape[0] != steps:
+        versions = versions.repeat(steps)
+    extras: dict[str, Any] = {name: a[pl.EXTRAS, i] for i, (name, _, _) in enumerate(layout.extras)}
+    if layout.build_state is not None:
+        extras[INITIAL_STATE] = layout.build_state([a[pl.STATE, i] for i in range(len(layout.state_leaves))])
+    return Chunk(entry.agent_id, entry.env_index, obs, a[pl.ACTIONS, 0], a[pl.REWARDS, 0], terminated,
+                 truncated, final_obs, versions, extras)
