@@ -27,9 +27,10 @@ from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.envs import make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError
 from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
-from surreal_redis.runtime import RunControl, StopFlag
+from surreal_redis.runtime import StopFlag
 from surreal_redis.trees import tree_map
 
 log = logging.getLogger(__name__)

@@ -77,10 +77,10 @@ def _load(config_path: str | None, overrides: tuple[str, ...], redis_url: str | 
 
         from surreal_redis.config import ExperimentConfig
         from surreal_redis.configtools import apply_overrides, from_dict
-        from surreal_redis.keys import RunKeys
+        from surreal_redis.hub.run.control import RunControl
 
         url = _require_url(redis_url)
-        stored = connect(url).hget(RunKeys(run_name).config, "yaml")
+        stored = RunControl(connect(url), run_name).stored_config()
         if stored is None:
             raise ConfigError(f"no config stored in Redis for run {run_name!r} at {url} (start it with launch, or pass --config)")
         config = from_dict(ExperimentConfig, apply_overrides(yaml.safe_load(stored), list(overrides)))
@@ -226,7 +226,7 @@ def status(run_name: str, redis_url: str | None, watch: bool) -> None:
 @_fail_cleanly
 def stop(run_name: str, redis_url: str | None) -> None:
     """Ask every process of a run to stop cleanly."""
-    from surreal_redis.runtime import RunControl
+    from surreal_redis.hub.run.control import RunControl
 
     RunControl(connect(_require_url(redis_url)), run_name).request_stop("surreal-redis stop")
     click.echo(f"stop requested for run {run_name!r}")
@@ -242,11 +242,11 @@ def stop(run_name: str, redis_url: str | None) -> None:
 def gc(run_name: str, redis_url: str | None, config_path: str | None, overrides: tuple[str, ...], drop: bool) -> None:
     """Apply retention and collect unreferenced observations now (or --drop the run)."""
     from surreal_redis.hub.experience.retention import HubJanitor
-    from surreal_redis.launcher import drop_run
+    from surreal_redis.hub.run.control import RunControl
 
     client = connect(_require_url(redis_url))
     if drop:
-        click.echo(f"deleted {drop_run(client, run_name)} keys of run {run_name!r}")
+        click.echo(f"deleted {RunControl(client, run_name).drop()} keys of run {run_name!r}")
         return
     config = _load(config_path, tuple(overrides) + (f"experiment.name={run_name}",))
     stats = HubJanitor(client, config.hub.retention, run_name, config.redis.num_shards).run_once()

@@ -16,8 +16,9 @@ from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff
 from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
-from surreal_redis.runtime import RunControl, StopFlag
+from surreal_redis.runtime import StopFlag
 from surreal_redis.trees import tree_map
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ import redis
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import EmbeddedRedis, connect, die_with_parent
 from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
-from surreal_redis.keys import RunKeys
-from surreal_redis.runtime import RunControl, StopFlag, read_learner_status
+from surreal_redis.runtime import StopFlag
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +35,6 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def drop_run(client: redis.Redis, run: str) -> int:
-    """Delete every key of ``run`` (SCAN + UNLINK in batches); returns how many."""
-    deleted = 0
-    for pattern in RunKeys(run).all_patterns():
-        batch = []
-        for key in client.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                deleted += client.unlink(*batch)
-                batch = []
-        if batch:
-            deleted += client.unlink(*batch)
-    return deleted
 
 
 @dataclass
@@ -109,16 +94,17 @@ class Launcher:
             client.ping()
         except redis.RedisError as exc:
             raise RuntimeError(f"cannot reach Redis at {self.url}: {exc}") from exc
-        status = read_learner_status(client, cfg.run)
+        status = RunControl(client, cfg.run).learner_status()
         if status.get("state") == "running" and time.time() - float(status.get("time", 0)) < 30:
             raise RuntimeError(f"a learner of run {cfg.run!r} is already running on {self.url} (pid "
                                f"{status.get('pid')}); stop it or choose another experiment.name")
         if self.resume is None:
-            dropped = drop_run(client, cfg.run)
+            dropped = RunControl(client, cfg.run).drop()
             if dropped:
                 log.info("removed %d keys left by an earlier run named %r", dropped, cfg.run)
-        client.hset(RunKeys(cfg.run).config, mapping={"yaml": cfg.to_yaml(), "created": time.time()})
-        RunControl(client, cfg.run).start()
+        control = RunControl(client, cfg.run)
+        control.store_config(cfg.to_yaml())
+        control.start()
         return client
 
     def _children(self) -> list[Child]:
@@ -222,7 +208,7 @@ class Launcher:
             log.warning("learner still running %.0fs after the stop request", STOP_GRACE_S)
 
     def _progress_line(self, client: redis.Redis) -> str:
-        status = read_learner_status(client, self.config.run)
+        status = RunControl(client, self.config.run).learner_status()
         agents = read_agents(client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
         if not status:
             return f"waiting for the learner... agents {len(agents)}/{self.config.agent.num_agents}"
@@ -256,7 +242,7 @@ class Launcher:
 
     def _summary(self, client: redis.Redis, code: int) -> None:
         try:
-            status = read_learner_status(client, self.config.run)
+            status = RunControl(client, self.config.run).learner_status()
         except redis.RedisError:
             status = {}
         db = (self.dir / "mlflow.db").resolve()

@@ -35,6 +35,7 @@ from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
 from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.hub.run.heartbeat import prune_stale
 from surreal_redis.learner_metrics import LearnerMetrics
@@ -42,7 +43,7 @@ from surreal_redis.replay.fifo import FIFOReplay
 from surreal_redis.replay.nstep import NStepBuilder
 from surreal_redis.replay.prioritized import PrioritizedReplay
 from surreal_redis.replay.uniform import UniformReplay
-from surreal_redis.runtime import RunControl, StopFlag
+from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import Tracker
 
 log = logging.getLogger(__name__)

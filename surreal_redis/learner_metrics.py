@@ -3,7 +3,6 @@ learner-step axis) and the learner status hash that ``launch`` and ``status`` di
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -18,6 +17,7 @@ from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.experience.receiver import ReceiverStats
 from surreal_redis.hub.experience.retention import JanitorStats
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeRecord
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import RunKeys
@@ -35,7 +35,7 @@ class LearnerMetrics:
 
     def __init__(self, client: redis.Redis, config: ExperimentConfig, tracker: Tracker | None) -> None:
         self.client, self.config, self.tracker = client, config, tracker
-        self.status_key = RunKeys(config.run).learner
+        self.control = RunControl(client, config.run)
         self.losses: dict[str, list[float]] = defaultdict(list)
         self.staleness: deque[int] = deque(maxlen=10_000)
         self.publish_s: list[float] = []
@@ -90,7 +90,7 @@ class LearnerMetrics:
     def mark_stopped(self) -> None:
         """Keep the last status readable (for the launcher's summary) but say the learner is gone."""
         status = dict(self._status, state="stopped", time=time.time())
-        self.client.set(self.status_key, json.dumps(status), ex=3600)
+        self.control.write_learner_status(status, ttl_s=3600)
 
     # ---------------------------------------------------------------- flushing
     def _rate(self, name: str, value: float, dt: float) -> float:
@@ -164,7 +164,7 @@ class LearnerMetrics:
                   "mean_return": learner.mean_return(), "eval_return": self.eval_score,
                   "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
                   "pid": os.getpid(), "time": time.time(), "elapsed_s": learner.elapsed(), "state": "running"}
-        self.client.set(self.status_key, json.dumps(status), ex=max(60, int(10 * self.config.learner.metrics_every_s)))
+        self.control.write_learner_status(status, ttl_s=max(60, int(10 * self.config.learner.metrics_every_s)))
         self._status = status
         mean = learner.mean_return()
         log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s",

@@ -1,9 +1,9 @@
 """What every long-running process shares: signal handling (the first SIGINT/SIGTERM asks for a
-clean stop, the second exits at once), the run's control state in Redis, and logging setup."""
+clean stop, the second exits at once) and logging setup. The run's state in Redis is in
+:mod:`surreal_redis.hub.run.control`."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -12,15 +12,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-import redis
-
-from surreal_redis.keys import RunKeys
-
 log = logging.getLogger(__name__)
-
-RUNNING = "running"
-STOPPING = "stopping"
-
 
 class StopFlag:
     """Set by the first SIGINT/SIGTERM (or by code); the second signal exits immediately with
@@ -53,31 +45,6 @@ class StopFlag:
 
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)
-
-
-class RunControl:
-    """The run's state hash (``sr:{run}:control``): ``running`` or ``stopping`` plus a reason."""
-
-    def __init__(self, client: redis.Redis, run: str) -> None:
-        self.client = client
-        self.key = RunKeys(run).control
-
-    def start(self) -> None:
-        self.client.hset(self.key, mapping={"state": RUNNING, "reason": ""})
-
-    def request_stop(self, reason: str) -> None:
-        self.client.hset(self.key, mapping={"state": STOPPING, "reason": reason})
-
-    def stopping(self) -> tuple[bool, str]:
-        state, reason = self.client.hmget(self.key, ["state", "reason"])
-        return state == STOPPING.encode(), (reason or b"").decode()
-
-
-def read_learner_status(client: redis.Redis, run: str) -> dict:
-    """The learner's last status report (iteration, version, env steps, returns, state, time) as a
-    dict; empty when no learner has reported."""
-    raw = client.get(RunKeys(run).learner)
-    return json.loads(raw) if raw else {}
 
 
 def setup_logging(level: str = "INFO", logfile: Path | None = None) -> None:

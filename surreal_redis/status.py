@@ -7,9 +7,9 @@ import time
 import redis
 
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
-from surreal_redis.runtime import RunControl, read_learner_status
 
 
 def _num_shards(client: redis.Redis, run: str) -> int:
@@ -38,7 +38,7 @@ def render_status(client: redis.Redis, run: str) -> str:
     stopping, reason = RunControl(client, run).stopping()
     state = client.hget(keys.control, "state")
     lines.append(f"state: {(state or b'unknown').decode()}{' (' + reason + ')' if stopping and reason else ''}")
-    learner = read_learner_status(client, run)
+    learner = RunControl(client, run).learner_status()
     if learner:
         age = time.time() - float(learner["time"])
         lines.append(f"learner: pid {learner['pid']}, update {learner['iteration']}, params v{learner['version']}, "

@@ -19,10 +19,10 @@ from surreal_redis.hub.params import (
     ParameterPublisher,
     PublisherConfig,
 )
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat, read_agents
 from surreal_redis.keys import RunKeys
-from surreal_redis.runtime import RunControl
 from surreal_redis.scripts import Scripts
 
 pytestmark = pytest.mark.integration

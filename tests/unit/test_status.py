@@ -2,9 +2,9 @@ import numpy as np
 
 from surreal_redis.hub.experience.backlog import dedup_ratio
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
-from surreal_redis.runtime import RunControl
 from surreal_redis.status import render_status
 
 
