@@ -1,9 +1,10 @@
 """The experiment config: one frozen dataclass tree, loaded from YAML and validated.
 
-Each component owns its settings dataclass (``SenderConfig`` in hub/experience/sender.py, ``PPOConfig`` in
-algos/ppo_policy.py, ...); this module only composes them into sections, adds the settings of
-the processes, and loads/dumps the whole. Unknown keys and wrong types are errors naming the key
-(see :mod:`surreal_redis.configtools`).
+Naming: a ``*Config`` is the settings of one component or process (``SenderConfig`` in
+hub/experience/sender.py, ``PPOConfig`` in algos/ppo_policy.py; the processes' own ``AgentConfig``,
+``LearnerConfig``, ... live here); a ``*Section`` only groups other configs under one YAML key
+(``hub:``, ``replay:``). This module composes them, and loads/dumps the whole. Unknown keys and
+wrong types are errors naming the key (see :mod:`surreal_redis.configtools`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from surreal_redis.resources import resource_dir
 
 
 @dataclass(frozen=True)
-class ExperimentSection:
-    """``name`` is also the run name in Redis keys; results go to ``<root>/<name>/``."""
+class RunConfig:
+    """The run (YAML key ``experiment``): ``name`` is also the run name in Redis keys; results go to ``<root>/<name>/``."""
 
     name: str = "default"
     root: str = "./runs"
@@ -46,7 +47,7 @@ class ExperimentSection:
 
 
 @dataclass(frozen=True)
-class RedisSection(RedisSettings):
+class RedisConfig(RedisSettings):
     """Where Redis is (``url``; None: the launcher starts an embedded server) and how to talk
     to it; ``maxmemory`` applies to the embedded server; ``num_shards`` experience streams."""
 
@@ -86,7 +87,7 @@ class ReplaySection:
 
 
 @dataclass(frozen=True)
-class AgentSection:
+class AgentConfig:
     """``fetch_every_steps``: vector steps between parameter version polls (each poll is one tiny
     round trip; the parameters are downloaded only when the version changed);
     ``fetch_every_episodes``: also poll after this many finished episodes (None: steps only)."""
@@ -112,7 +113,7 @@ class AgentSection:
 
 
 @dataclass(frozen=True)
-class LearnerSection:
+class LearnerConfig:
     """PPO: ``steps_per_update`` env steps (all agents together) per update.
     DDPG: ``learning_starts`` transitions before the first update, ``updates_per_step`` gradient
     updates per inserted transition (unless the rate limiter sets a ratio).
@@ -144,7 +145,7 @@ class LearnerSection:
 
 
 @dataclass(frozen=True)
-class EvalSection:
+class EvalConfig:
     enabled: bool = True
     """``launch`` runs one eval process."""
     mode: Literal["deterministic", "stochastic"] = "deterministic"
@@ -159,7 +160,7 @@ class EvalSection:
 
 
 @dataclass(frozen=True)
-class StopSection:
+class StopConfig:
     """The run stops at the first condition met: env steps, wall seconds, or a return reaching
     ``target_return``: with ``target_metric: train`` the mean of the last ``return_window``
     training episodes, with ``eval`` the mean of the latest complete eval (``eval.episodes``)."""
@@ -176,7 +177,7 @@ class StopSection:
 
 
 @dataclass(frozen=True)
-class TrackingSection:
+class TrackingConfig:
     enabled: bool = True
     """The learner logs params, metrics and artifacts to MLflow."""
     tracking_uri: str | None = None
@@ -185,20 +186,20 @@ class TrackingSection:
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    experiment: ExperimentSection = field(default_factory=ExperimentSection)
-    redis: RedisSection = field(default_factory=RedisSection)
+    experiment: RunConfig = field(default_factory=RunConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: Literal["ppo", "ddpg"] = "ppo"
     ppo: PPOConfig = field(default_factory=PPOConfig)
     ddpg: DDPGConfig = field(default_factory=DDPGConfig)
     hub: HubSection = field(default_factory=HubSection)
     replay: ReplaySection = field(default_factory=ReplaySection)
-    agent: AgentSection = field(default_factory=AgentSection)
-    learner: LearnerSection = field(default_factory=LearnerSection)
-    eval: EvalSection = field(default_factory=EvalSection)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    stop: StopSection = field(default_factory=StopSection)
-    tracking: TrackingSection = field(default_factory=TrackingSection)
+    stop: StopConfig = field(default_factory=StopConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @property
     def run(self) -> str:
