@@ -45,11 +45,13 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the errors a user can fix into a one-line message and exit code 1."""
     from functools import wraps
 
-    from surreal_redis.checkpoint import CheckpointError
-    from surreal_redis.envs import EnvError
-
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # Imported when a command runs, not when the CLI loads: they pull in torch and gymnasium,
+        # which `--help` and the light commands do not need.
+        from surreal_redis.checkpoint import CheckpointError
+        from surreal_redis.envs import EnvError
+
         try:
             return fn(*args, **kwargs)
         except (ConfigError, CheckpointError, EnvError) as exc:
