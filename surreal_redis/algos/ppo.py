@@ -194,7 +194,7 @@ class PPOAlgorithm(Algorithm):
         def stacked(arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
             return torch.as_tensor(np.stack(arrays, axis=1), dtype=dtype, device=dev)
 
-        obs = to_tensors(tree_stack([c.obs for c in chunks], lambda leaves: np.stack(leaves, axis=1)), dev)
+        obs = to_tensors(tree_stack(lambda leaves: np.stack(leaves, axis=1), [c.obs for c in chunks]), dev)
         if self.net.continuous:
             if any("raw_action" not in c.extras for c in chunks):
                 raise ValueError("PPO with a Box action space needs extras['raw_action'] (the unclipped sample)")
@@ -229,7 +229,7 @@ class PPOAlgorithm(Algorithm):
             if ends:
                 t_idx = torch.tensor([t for t, _ in ends], device=dev)
                 b_idx = torch.tensor([b for _, b in ends], device=dev)
-                final_obs = to_tensors(tree_stack([chunks[b].final_obs[t] for t, b in ends], np.stack), dev)
+                final_obs = to_tensors(tree_stack(np.stack, [chunks[b].final_obs[t] for t, b in ends]), dev)
                 end_state = None if states is None else (states[0][t_idx, b_idx], states[1][t_idx, b_idx])
                 no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
                 z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
@@ -336,7 +336,7 @@ class PPOAlgorithm(Algorithm):
         gradient steps; call it alone only to warm the statistics up without training."""
         if self.net.obs_normalizer is not None:
             steps = [tree_map(lambda v, n=c.num_steps: v[:n], c.obs) for c in chunks]
-            self.net.obs_normalizer.update(to_tensors(tree_stack(steps, np.concatenate), self.device))
+            self.net.obs_normalizer.update(to_tensors(tree_stack(np.concatenate, steps), self.device))
         if self.reward_scaler is not None:
             for c in chunks:
                 self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),

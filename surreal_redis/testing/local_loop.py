@@ -3,13 +3,15 @@
 No Redis and no processes: :class:`ChunkCollector` cuts experience into
 :class:`~surreal_redis.experience.Chunk` objects exactly as an agent does (T steps per env, the
 true final observation of every episode that ends, the recurrent state at each chunk start), and
-:func:`run_local` alternates collection and one learner update, loading the new parameters into
-the policy after each. Used by the learning tests and by ``bench/learning.py``.
+:func:`run_local` alternates collection and one learner update through the learner's own
+:class:`~surreal_redis.replay.feeds.OnPolicyFeed`, loading the new parameters into the policy after
+each. Used by the learning tests and by ``bench/learning.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -21,6 +23,8 @@ from surreal_redis.algos.base import ActMode, AgentPolicy, ParamDict
 from surreal_redis.codec import Tree
 from surreal_redis.envs import step_vector_env
 from surreal_redis.experience import Chunk
+from surreal_redis.replay.feeds import OnPolicyFeed
+from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.trees import tree_map, tree_stack
 
 log = logging.getLogger(__name__)
@@ -116,7 +120,7 @@ class ChunkCollector:
             extras.append(step_extras)
 
         def stack(items: list) -> Tree:
-            return tree_stack(items, lambda leaves: np.stack(leaves, axis=0))  # [T(+1), N, ...]
+            return tree_stack(lambda leaves: np.stack(leaves, axis=0), items)  # [T(+1), N, ...]
 
         obs_seq, extras_seq, actions_seq = stack(obs), stack(extras), np.stack(actions)
         rewards_seq, terminated_seq, truncated_seq = np.stack(rewards), np.stack(terminated), np.stack(truncated)
@@ -139,15 +143,21 @@ def run_local(learner: OnPolicyLearner, policy: AgentPolicy, envs: gym.vector.Ve
     """Collect ``config.chunk_steps`` steps per env, update once, publish to the policy; repeat
     until ``total_steps`` or the target return. Blocks; returns the run's summary."""
     start = time.perf_counter()
+    steps_per_update = config.chunk_steps * envs.num_envs
+    feed = OnPolicyFeed(FIFOReplayConfig(capacity_steps=steps_per_update, max_policy_lag=None), steps_per_update)
+    never = threading.Event()
     policy.load_params(learner.actor_params(), 0)
     collector = ChunkCollector(envs, policy, seed=config.seed)
     steps, updates, stats = 0, 0, {}
     mean_return = float("nan")
     while steps < config.total_steps:
-        chunks = collector.collect(config.chunk_steps)
-        steps += config.chunk_steps * envs.num_envs
-        stats = learner.update(chunks)
-        updates += 1
+        for chunk in collector.collect(config.chunk_steps):
+            feed.ingest(chunk)
+        steps += steps_per_update
+        for update_stats in feed.train(learner, never):
+            stats = update_stats
+            updates += 1
+        feed.on_publish(updates)
         policy.load_params(learner.actor_params(), updates)
         recent = collector.episode_returns[-config.return_window:]
         mean_return = float(np.mean(recent)) if recent else float("nan")

@@ -17,10 +17,11 @@ import numpy as np
 
 from surreal_redis.codec import DTYPE_BY_NAME, Tree, digest, encode_raw
 from surreal_redis.hub.experience import payload as pl
-from surreal_redis.hub.experience.wire import INITIAL_STATE, tree_leaves, tree_map
+from surreal_redis.hub.experience.wire import INITIAL_STATE
+from surreal_redis.trees import tree_leaves, tree_map, tree_structure
 
-Ref = tuple[int, bytes, str]  # one referenced leaf of one obs row: (leaf ordinal, raw bytes, digest)
-Row = list[Ref]  # the referenced leaves of one obs row, in leaf order
+Frame = tuple[int, bytes, str]  # one referenced leaf of one obs row: (leaf ordinal, raw bytes, digest)
+Row = list[Frame]  # the referenced leaves of one obs row, in leaf order
 
 
 class EncodedChunk(NamedTuple):
@@ -31,15 +32,17 @@ class EncodedChunk(NamedTuple):
     steps: int
 
 
-class _Layout(NamedTuple):
+class _StepSpec(NamedTuple):
+    """What every step must look like (fixed by the first one), and how its obs leaves travel."""
+
     num_envs: int
-    template: Tree  # first obs tree; only its structure is used
-    ref: list[int]  # leaf ordinal -> position among referenced leaves, -1 if inline
-    refs: list[int]  # ordinals of the referenced leaves
-    sig: list[int]  # referenced leaves with equal (dtype, shape) share a signature
-    extras: tuple[str, ...]
-    leaves: list[pl.Leaf]
-    actions: tuple[np.dtype, tuple[int, ...]]
+    example_obs: Tree  # the first obs; only its structure is used
+    leaf_specs: list[pl.Leaf]  # per obs leaf: wire dtype, shape without N, referenced or inline
+    inline: list[int]  # ordinals of the obs leaves that travel inline
+    referenced: list[int]  # ordinals of the obs leaves referenced by digest
+    frame_class: list[int]  # per obs leaf: referenced leaves of equal (dtype, shape) share one; -1 inline
+    extras_names: tuple[str, ...]
+    action_spec: tuple[np.dtype, tuple[int, ...]]
 
 
 def _wire_dtype(dtype: np.dtype, what: str) -> np.dtype:
@@ -50,12 +53,12 @@ def _wire_dtype(dtype: np.dtype, what: str) -> np.dtype:
     return wire
 
 
-def _as_wire(leaves: list[np.ndarray], layout: _Layout) -> list[np.ndarray]:
+def _as_wire(leaves: list[np.ndarray], spec: _StepSpec) -> list[np.ndarray]:
     """The referenced leaves in their wire dtype (little-endian; no copy when they already are)."""
     out = list(leaves)
-    for i in layout.refs:
-        if out[i].dtype != layout.leaves[i].dtype:
-            out[i] = out[i].astype(layout.leaves[i].dtype)
+    for i in spec.referenced:
+        if out[i].dtype != spec.leaf_specs[i].dtype:
+            out[i] = out[i].astype(spec.leaf_specs[i].dtype)
     return out
 
 
@@ -75,14 +78,14 @@ class ChunkBuffer:
         self.agent_id, self.flush_steps, self.max_obs = agent_id, flush_steps, max_obs
         self.dedup_min_bytes, self.compress_min_bytes = dedup_min_bytes, compress_min_bytes
         self.steps = 0  # steps stored in the current chunks
-        self._layout: _Layout | None = None
+        self._spec: _StepSpec | None = None
         self._carry = False  # whether row 0 of the current chunks holds the previous chunks' last row
         self._blobs: dict[str, bytes] = {}  # digest -> encoded observation, until release()
-        self._sent: dict[str, Ref] = {}  # digest -> its reference, for every chunk returned since release()
+        self._sent: dict[str, Frame] = {}  # digest -> its reference, for every chunk returned since release()
 
     @property
     def num_envs(self) -> int:
-        return 0 if self._layout is None else self._layout.num_envs
+        return 0 if self._spec is None else self._spec.num_envs
 
     def add(self, obs: Tree, actions: Any, rewards: Any, terminated: Any, truncated: Any,
             final_obs: Tree | None, extras: dict[str, Any] | None, policy_version: Any) -> list[EncodedChunk]:
@@ -90,12 +93,12 @@ class ChunkBuffer:
         chunks this step completed (its obs is their last row), else ``[]``."""
         leaves = [np.asarray(leaf) for leaf in tree_leaves(obs)]
         extras = extras or {}
-        if self._layout is None:
+        if self._spec is None:
             self._allocate(obs, leaves, actions, extras)
-        layout = self._layout
+        spec = self._spec
         T = self.flush_steps
-        if len(leaves) != len(layout.leaves):
-            raise ValueError(f"obs has {len(leaves)} leaves, expected {len(layout.leaves)}")
+        if len(leaves) != len(spec.leaf_specs):
+            raise ValueError(f"obs has {len(leaves)} leaves, expected {len(spec.leaf_specs)}")
         done: list[EncodedChunk] = []
         if self.steps == T:  # obs is obs_T of the full chunks, and obs_0 of the next ones
             self._store_obs(leaves, T)
@@ -117,13 +120,13 @@ class ChunkBuffer:
             self._versions[:, t] = policy_version
         else:
             self._put(self._versions, t, policy_version, "policy_version")
-        if tuple(k for k in extras if k != INITIAL_STATE) != layout.extras:
-            raise ValueError(f"extras keys {sorted(extras)} differ from the first step's {sorted(layout.extras)}")
-        for name in layout.extras:
+        if tuple(k for k in extras if k != INITIAL_STATE) != spec.extras_names:
+            raise ValueError(f"extras keys {sorted(extras)} differ from the first step's {sorted(spec.extras_names)}")
+        for name in spec.extras_names:
             self._put(self._extras[name], t, extras[name], f"extras[{name!r}]")
         if t == 0:
             state = extras.get(INITIAL_STATE)
-            self._state = None if state is None else tree_map(state, lambda _i, x: np.array(x, copy=True))
+            self._state = None if state is None else tree_map(lambda x: np.array(x, copy=True), state)
         ended = np.flatnonzero(self._terminated[:, t] | self._truncated[:, t])
         if ended.size:
             if final_obs is None:
@@ -131,10 +134,10 @@ class ChunkBuffer:
             final = [np.asarray(leaf) for leaf in tree_leaves(final_obs)]
             if [f.shape for f in final] != [leaf.shape for leaf in leaves]:
                 raise ValueError("final_obs must have the structure and leaf shapes of obs")
-            final = _as_wire(final, layout)
+            final = _as_wire(final, spec)
             for env in ended.tolist():
                 row = self._digest_row(final, env, self._rows[env][t])
-                self._final[env][t] = (row, {i: final[i][env].copy() for i, r in enumerate(layout.ref) if r < 0})
+                self._final[env][t] = (row, {i: final[i][env].copy() for i in spec.inline})
         self.steps += 1
         return done
 
@@ -157,8 +160,8 @@ class ChunkBuffer:
         blob = self._blobs.get(key)
         if blob is None:
             leaf, raw, _ = self._sent[key]
-            spec = self._layout.leaves[leaf]
-            blob = self._blobs[key] = encode_raw(raw, spec.dtype, spec.shape, self.compress_min_bytes)
+            leaf_spec = self._spec.leaf_specs[leaf]
+            blob = self._blobs[key] = encode_raw(raw, leaf_spec.dtype, leaf_spec.shape, self.compress_min_bytes)
         return blob
 
     def release(self) -> None:
@@ -174,16 +177,17 @@ class ChunkBuffer:
         n = leaves[0].shape[0]
         if any(leaf.shape[0] != n for leaf in leaves):
             raise ValueError(f"obs leaves disagree on N: {[leaf.shape for leaf in leaves]}")
-        ref, sig, sigs, specs = [], [], {}, []
+        specs, frame_class, classes = [], [], {}
         for i, leaf in enumerate(leaves):
             dtype = _wire_dtype(leaf.dtype, f"obs leaf {i}")
             referenced = leaf.nbytes // max(n, 1) >= self.dedup_min_bytes
             specs.append(pl.Leaf(dtype, leaf.shape[1:], referenced))
-            ref.append(sum(r >= 0 for r in ref) if referenced else -1)
-            sig.append(sigs.setdefault((dtype.str, leaf.shape[1:]), len(sigs)) if referenced else -1)
+            frame_class.append(classes.setdefault((dtype.str, leaf.shape[1:]), len(classes)) if referenced else -1)
+        inline = [i for i, leaf_spec in enumerate(specs) if not leaf_spec.ref]
+        referenced = [i for i, leaf_spec in enumerate(specs) if leaf_spec.ref]
         T = self.flush_steps
         # inline leaves only; referenced leaves live in self._rows as (leaf, raw bytes, digest)
-        self._obs = {i: np.zeros((n, T + 1, *spec.shape), spec.dtype) for i, spec in enumerate(specs) if not spec.ref}
+        self._obs = {i: np.zeros((n, T + 1, *specs[i].shape), specs[i].dtype) for i in inline}
         self._rows: list[list[Row]] = [[[] for _ in range(T + 1)] for _ in range(n)]
         act = np.asarray(actions)
         self._actions = np.zeros((n, T, *act.shape[1:]), _wire_dtype(act.dtype, "actions"))
@@ -199,21 +203,21 @@ class ChunkBuffer:
         # env -> step -> (referenced row, {inline leaf ordinal: copy}) of the true final observation
         self._final: list[dict[int, tuple[Row, dict[int, np.ndarray]]]] = [{} for _ in range(n)]
         self._state: Tree | None = None
-        refs = [i for i, r in enumerate(ref) if r >= 0]
-        self._layout = _Layout(n, obs, ref, refs, sig, names, specs, (self._actions.dtype, act.shape[1:]))
+        self._spec = _StepSpec(n, obs, specs, inline, referenced, frame_class, names,
+                               (self._actions.dtype, act.shape[1:]))
         self._payloads: dict[Any, pl.Layout] = {}
 
     def _payload_layout(self) -> pl.Layout:
         """The payload layout of the current chunks (one per recurrent-state signature)."""
-        layout, state = self._layout, self._state
+        spec, state = self._spec, self._state
         key = None
         if state is not None:
-            key = (repr(pl.structure_of(state)), tuple((x.dtype.str, x.shape[1:]) for x in tree_leaves(state)))
+            key = (repr(tree_structure(state)), tuple((x.dtype.str, x.shape[1:]) for x in tree_leaves(state)))
         found = self._payloads.get(key)
         if found is None:
             extras = [(name, buffer.dtype, buffer.shape[2:]) for name, buffer in self._extras.items()]
-            example = None if state is None else tree_map(state, lambda _i, x: x[0])
-            found = self._payloads[key] = pl.Layout.create(layout.template, layout.leaves, layout.actions,
+            example = None if state is None else tree_map(lambda x: x[0], state)
+            found = self._payloads[key] = pl.Layout.create(spec.example_obs, spec.leaf_specs, spec.action_spec,
                                                            extras, example)
         return found
 
@@ -226,15 +230,15 @@ class ChunkBuffer:
     def _store_obs(self, leaves: list[np.ndarray], t: int, inline_only: bool = False) -> None:
         """Copy the inline leaves into row ``t`` and identify the referenced ones (row ``t`` of
         ``self._rows``, compared with row ``t - 1``)."""
-        layout = self._layout
-        n = layout.num_envs
-        for i, (leaf, spec) in enumerate(zip(leaves, layout.leaves)):
-            if leaf.shape != (n, *spec.shape):
-                raise ValueError(f"obs leaf {i} has shape {leaf.shape}, expected {(n, *spec.shape)}")
+        spec = self._spec
+        n = spec.num_envs
+        for i, (leaf, leaf_spec) in enumerate(zip(leaves, spec.leaf_specs)):
+            if leaf.shape != (n, *leaf_spec.shape):
+                raise ValueError(f"obs leaf {i} has shape {leaf.shape}, expected {(n, *leaf_spec.shape)}")
         for i, buffer in self._obs.items():
             buffer[:, t] = leaves[i]
-        if layout.refs and not inline_only:
-            leaves = _as_wire(leaves, layout)
+        if spec.referenced and not inline_only:
+            leaves = _as_wire(leaves, spec)
             for env, rows in enumerate(self._rows):
                 rows[t] = self._digest_row(leaves, env, rows[t - 1] if t else [])
 
@@ -245,22 +249,22 @@ class ChunkBuffer:
         candidates (frame stacks shift by one leaf per step: leaf k of this row is leaf k+1 of
         ``prev``; an unchanged screen; a reset stack of equal frames) takes its digest; any
         other is encoded and hashed."""
-        layout = self._layout
-        sig, specs = layout.sig, layout.leaves
+        spec = self._spec
+        frame_class, specs = spec.frame_class, spec.leaf_specs
         row: Row = []
         last = len(prev) - 1
-        for pos, i in enumerate(layout.refs):
+        for pos, i in enumerate(spec.referenced):
             raw = leaves[i][env].tobytes()
             candidates = (prev[pos + 1] if pos < last else None, prev[pos] if prev else None,
                           row[-1] if pos else None)
             for found in candidates:
-                if found is not None and found[1] == raw and sig[found[0]] == sig[i]:
+                if found is not None and found[1] == raw and frame_class[found[0]] == frame_class[i]:
                     if found[0] != i:
                         found = (i, found[1], found[2])
                     break
             else:
-                spec = specs[i]
-                blob = encode_raw(raw, spec.dtype, spec.shape, self.compress_min_bytes)
+                leaf_spec = specs[i]
+                blob = encode_raw(raw, leaf_spec.dtype, leaf_spec.shape, self.compress_min_bytes)
                 found = (i, raw, digest(blob))
                 self._blobs.setdefault(found[2], blob)
             row.append(found)
@@ -272,31 +276,31 @@ class ChunkBuffer:
         payload = self._payload_layout()
         ended_all = self._terminated[:, :steps] | self._truncated[:, :steps]
         chunks = []
-        for env in range(self._layout.num_envs):
+        for env in range(self._spec.num_envs):
             ended = np.flatnonzero(ended_all[env]).tolist()  # add() holds a final obs for each
             chunks.append(self._chunk_fields(payload, env, steps, ended))
             self._final[env].clear()
         return chunks
 
     def _chunk_fields(self, payload: pl.Layout, env: int, steps: int, ended: list[int]) -> EncodedChunk:
-        layout = self._layout
+        spec = self._spec
         rows = self._rows[env][: steps + 1]
         finals = self._final[env]
         final_rows = [finals[t][0] for t in ended]
         order: dict[str, int] = {}
         sent = self._sent
-        refs: dict[tuple[int, int], list[int]] = {}  # (group, leaf) -> digest indices
+        indices: dict[tuple[int, int], list[int]] = {}  # (group, referenced leaf) -> digest indices
         # Numbered in order of first use, leaf by leaf, so the leaves of a frame stack index
         # consecutive ranges (the receiver then shares one array of frames between them).
         for group, source in ((pl.OBS, rows), (pl.FINAL, final_rows)):
-            for pos, i in enumerate(layout.refs):
-                column = refs[group, i] = []
+            for pos, i in enumerate(spec.referenced):
+                column = indices[group, i] = []
                 for row in source:
-                    ref = row[pos]
-                    index = order.get(ref[2])
+                    frame = row[pos]
+                    index = order.get(frame[2])
                     if index is None:
-                        index = order[ref[2]] = len(order)
-                        sent[ref[2]] = ref
+                        index = order[frame[2]] = len(order)
+                        sent[frame[2]] = frame
                     column.append(index)
         digests = list(order)
         if len(digests) > self.max_obs:
@@ -310,8 +314,8 @@ class ChunkBuffer:
 
         def array(slot: pl.Slot) -> np.ndarray:
             group, i = slot.group, slot.index
-            if (group, i) in refs:
-                return np.array(refs[group, i], pl.INDEX_DTYPE)
+            if (group, i) in indices:
+                return np.array(indices[group, i], pl.INDEX_DTYPE)
             if group == pl.OBS:
                 return self._obs[i][env, : steps + 1]
             if group == pl.FINAL:

@@ -34,13 +34,14 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import lz4.block
 import numpy as np
 
 from surreal_redis.codec import DTYPE_BY_NAME, MAX_DEPTH, MAX_LEAF_BYTES, MAX_NDIM, CodecError, Tree
+from surreal_redis.trees import tree_leaves, tree_structure
 
 MAGIC = b"SRC1"
 _HEAD = struct.Struct("<4sHIIB")
@@ -86,24 +87,6 @@ class Decoded(NamedTuple):
 
 
 # ---------------------------------------------------------------- tree structure
-
-def structure_of(tree: Tree) -> Any:
-    """JSON-able structure of a dict/list/tuple tree; leaves become their depth-first ordinals."""
-    counter = iter(range(1 << 62))
-
-    def walk(node: Tree) -> Any:
-        if isinstance(node, Mapping):
-            if not all(isinstance(k, str) for k in node):
-                raise ValueError("tree dict keys must be strings")
-            return {"d": {k: walk(v) for k, v in node.items()}}
-        if isinstance(node, tuple):
-            return {"u": [walk(v) for v in node]}
-        if isinstance(node, list):
-            return {"l": [walk(v) for v in node]}
-        return next(counter)
-
-    return walk(tree)
-
 
 def _builder(structure: Any, count: int) -> Callable[[list], Tree]:
     """A function leaves -> tree for a validated structure with ``count`` leaves."""
@@ -211,15 +194,15 @@ class Layout:
                extras: list[tuple[str, np.dtype, tuple]], state: Tree | None) -> Layout:
         """Sender side: ``obs`` and ``state`` are example trees (only their structure is used;
         ``state`` leaves give the recurrent-state dtypes and shapes)."""
-        state_leaves = [] if state is None else [(np.dtype(x.dtype), tuple(x.shape)) for x in _leaves(state)]
+        state_leaves = [] if state is None else [(x.dtype, x.shape) for x in map(np.asarray, tree_leaves(state))]
         doc: dict[str, Any] = {
-            "o": structure_of(obs),
+            "o": tree_structure(obs),
             "l": [[dtype_name(leaf.dtype), list(leaf.shape), int(leaf.ref)] for leaf in leaves],
             "a": [dtype_name(actions[0]), list(actions[1])],
             "x": [[name, dtype_name(dtype), list(shape)] for name, dtype, shape in extras],
         }
         if state is not None:
-            doc["s"] = structure_of(state)
+            doc["s"] = tree_structure(state)
             doc["sl"] = [[dtype_name(dtype), list(shape)] for dtype, shape in state_leaves]
         template = json.dumps(doc, separators=(",", ":")).encode()
         if len(template) > MAX_TEMPLATE_BYTES:
@@ -255,14 +238,6 @@ class Layout:
                 raise CodecError("chunk template: malformed state leaves")
             state_leaves = [_spec(item, f"state leaf {i}") for i, item in enumerate(doc["sl"])]
         return cls(bytes(template), doc["o"], leaves, _spec(doc["a"], "actions"), extras, doc.get("s"), state_leaves)
-
-
-def _leaves(tree: Tree) -> list:
-    if isinstance(tree, Mapping):
-        return [leaf for value in tree.values() for leaf in _leaves(value)]
-    if isinstance(tree, (list, tuple)):
-        return [leaf for value in tree for leaf in _leaves(value)]
-    return [np.asarray(tree)]
 
 
 # ---------------------------------------------------------------- encode / decode

@@ -15,12 +15,11 @@ gc can compare with the first retained entry (insert.lua and gc.lua compute the 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience import payload as pl
 
@@ -35,29 +34,6 @@ _ID = re.compile(r"^(\d+)-(\d+)$")
 
 class WireError(ValueError):
     """A stream entry that does not follow the format above."""
-
-
-def tree_leaves(tree: Tree) -> list[Any]:
-    """Leaves of a dict/list/tuple tree, depth first, dicts in insertion order."""
-    if isinstance(tree, Mapping):
-        return [leaf for value in tree.values() for leaf in tree_leaves(value)]
-    if isinstance(tree, (list, tuple)):
-        return [leaf for value in tree for leaf in tree_leaves(value)]
-    return [tree]
-
-
-def tree_map(tree: Tree, fn: Callable[[int, Any], Any]) -> Tree:
-    """A copy of ``tree`` with leaf number i (depth-first ordinal) replaced by ``fn(i, leaf)``."""
-    counter = iter(range(1 << 62))
-
-    def walk(node: Tree) -> Tree:
-        if isinstance(node, Mapping):
-            return {key: walk(value) for key, value in node.items()}
-        if isinstance(node, (list, tuple)):
-            return type(node)(walk(value) for value in node)
-        return fn(next(counter), node)
-
-    return walk(tree)
 
 
 def parse_id(entry_id: bytes | str) -> tuple[int, int]:
