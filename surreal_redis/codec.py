@@ -26,6 +26,8 @@ from typing import Any
 import lz4.block
 import numpy as np
 
+from surreal_redis.trees import Tree
+
 TREE_MAGIC = b"SRT1"
 ARRAY_MAGIC = b"SRA1"
 MAX_HEADER_BYTES = 1 << 20
@@ -45,7 +47,6 @@ _NAME_BY_DTYPE = {np.dtype(name): name for name in _DTYPES}
 _ARRAY_HEADER = struct.Struct("<4sBBB")  # magic, codec, dtype code, ndim
 _CODECS = ("raw", "lz4")
 
-Tree = Any  # np.ndarray | scalar | dict[str, Tree] | list[Tree] | tuple[Tree, ...]
 ParamDict = dict[str, np.ndarray]  # flat name -> array: what parameter blobs hold
 
 
@@ -139,8 +140,9 @@ def encode_raw(data: bytes, dtype: np.dtype, shape: tuple[int, ...], compress_mi
     return _array_prefix(codec, name, tuple(shape)) + data
 
 
-def decode_array(buf: bytes | memoryview) -> np.ndarray:
-    """Inverse of :func:`encode_array`; raises :class:`CodecError` on anything malformed."""
+def array_header(buf: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], str, int]:
+    """(dtype, shape, codec, data offset) of an :func:`encode_array` blob, read without touching
+    its data (so a reader can check them before decompressing); CodecError when malformed."""
     view = memoryview(buf)
     if len(view) < _ARRAY_HEADER.size:
         raise CodecError(f"array blob of {len(view)} bytes is too short")
@@ -153,7 +155,13 @@ def decode_array(buf: bytes | memoryview) -> np.ndarray:
     if len(view) < start:
         raise CodecError("array blob is truncated inside its shape")
     shape = struct.unpack_from(f"<{ndim}I", view, _ARRAY_HEADER.size)
-    return _unpack(view[start:], _CODECS[codec], DTYPE_BY_NAME[_DTYPES[code]], shape)
+    return DTYPE_BY_NAME[_DTYPES[code]], shape, _CODECS[codec], start
+
+
+def decode_array(buf: bytes | memoryview) -> np.ndarray:
+    """Inverse of :func:`encode_array`; raises :class:`CodecError` on anything malformed."""
+    dtype, shape, codec, start = array_header(buf)
+    return _unpack(memoryview(buf)[start:], codec, dtype, shape)
 
 
 # ---------------------------------------------------------------- trees
@@ -247,20 +255,3 @@ def decode_tree(buf: bytes | memoryview, copy: bool = True) -> Tree:
     if len(used) != len(arrays):
         raise CodecError("tree header lists leaves that the structure never uses")
     return result
-
-
-# ---------------------------------------------------------------- tree helpers
-
-def flatten_tree(tree: Tree, prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts/lists/tuples into ``{"a/b/0": leaf}`` (deterministic order)."""
-    if isinstance(tree, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(flatten_tree(value, f"{prefix}/{key}" if prefix else str(key)))
-        return out
-    if isinstance(tree, (list, tuple)):
-        out = {}
-        for i, value in enumerate(tree):
-            out.update(flatten_tree(value, f"{prefix}/{i}" if prefix else str(i)))
-        return out
-    return {prefix: tree}

@@ -21,9 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from surreal_redis.codec import Tree, flatten_tree
 from surreal_redis.experience import Chunk
-from surreal_redis.trees import tree_map
+from surreal_redis.trees import Tree, tree_leaves_with_paths, tree_map
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ def _concat(batches: list[NStepBatch]) -> NStepBatch:
 
 def _same_tree(a: Tree, b: Tree) -> bool:
     """Exact equality of two observation trees (bytes, so NaN equals NaN)."""
-    flat_a, flat_b = flatten_tree(a), flatten_tree(b)
+    flat_a, flat_b = dict(tree_leaves_with_paths(a)), dict(tree_leaves_with_paths(b))
     if flat_a.keys() != flat_b.keys():
         return False
     pairs = [(np.asarray(flat_a[key]), np.asarray(flat_b[key])) for key in flat_a]

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from surreal_redis.codec import Tree, flatten_tree
 from surreal_redis.experience import TransitionBatch
+from surreal_redis.trees import Path, Structure, Tree, tree_leaves_with_paths, tree_structure, tree_unflatten
 
 
 @dataclass(frozen=True)
@@ -121,23 +120,9 @@ class _LeafSpec(NamedTuple):
     pooled: bool
 
 
-def _rebuild(skeleton: Tree, leaves: Mapping[str, np.ndarray], prefix: str = "") -> Tree:
-    """Inverse of ``flatten_tree``: the tree shaped like ``skeleton`` with ``leaves`` by path."""
-    if isinstance(skeleton, Mapping):
-        return {k: _rebuild(v, leaves, f"{prefix}/{k}" if prefix else str(k)) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(
-            _rebuild(v, leaves, f"{prefix}/{i}" if prefix else str(i)) for i, v in enumerate(skeleton)
-        )
-    return leaves[prefix]
-
-
-def _skeleton(tree: Tree) -> Tree:
-    if isinstance(tree, Mapping):
-        return {k: _skeleton(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_skeleton(v) for v in tree)
-    return None
+def _name(path: Path) -> str:
+    """A leaf path for messages: ``("pixels", 0)`` -> ``"pixels/0"`` (``""`` for a bare array)."""
+    return "/".join(map(str, path))
 
 
 class UniformReplay:
@@ -155,12 +140,12 @@ class UniformReplay:
         self._lock = threading.RLock()
         self._size = 0
         self._next = 0  # ring position of the next insert
-        self._skeleton: Tree = None
-        self._specs: dict[str, _LeafSpec] = {}
+        self._structure: Structure = None  # of the first obs; leaves are rebuilt in _specs order
+        self._specs: dict[Path, _LeafSpec] = {}
         self._pools: dict[tuple[str, tuple[int, ...]], _FramePool] = {}
-        # per path: dense [capacity, ...] values, or pooled [capacity] int64 pool slots
-        self._obs: dict[str, np.ndarray] = {}
-        self._next_obs: dict[str, np.ndarray] = {}
+        # per leaf path: dense [capacity, ...] values, or pooled [capacity] int64 pool slots
+        self._obs: dict[Path, np.ndarray] = {}
+        self._next_obs: dict[Path, np.ndarray] = {}
         self._actions: np.ndarray | None = None
         self._rewards = np.zeros(config.capacity, dtype=np.float32)
         self._discounts = np.zeros(config.capacity, dtype=np.float32)
@@ -197,8 +182,8 @@ class UniformReplay:
         :class:`~surreal_redis.experience.TransitionBatch`). B must not exceed :attr:`capacity`.
         """
         with self._lock:
-            flat_obs = {k: np.asarray(v) for k, v in flatten_tree(obs).items()}
-            flat_next = {k: np.asarray(v) for k, v in flatten_tree(next_obs).items()}
+            flat_obs = {path: np.asarray(leaf) for path, leaf in tree_leaves_with_paths(obs)}
+            flat_next = {path: np.asarray(leaf) for path, leaf in tree_leaves_with_paths(next_obs)}
             actions = np.asarray(actions)
             batch = int(np.shape(rewards)[0]) if np.ndim(rewards) == 1 else -1
             if batch < 0 or np.shape(discounts) != (batch,):
@@ -248,18 +233,18 @@ class UniformReplay:
             raise ValueError("cannot sample from an empty replay")
 
     def _gather(self, indices: np.ndarray, weights: np.ndarray) -> TransitionBatch:
-        def leaves(ring: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            out = {}
+        def tree(ring: dict[Path, np.ndarray]) -> Tree:
+            leaves = []
             for path, spec in self._specs.items():
                 values = ring[path][indices]
-                out[path] = self._pool(spec).frames[values] if spec.pooled else values
-            return out
+                leaves.append(self._pool(spec).frames[values] if spec.pooled else values)
+            return tree_unflatten(self._structure, leaves)
 
         return TransitionBatch(
-            obs=_rebuild(self._skeleton, leaves(self._obs)),
+            obs=tree(self._obs),
             actions=self._actions[indices],
             rewards=self._rewards[indices],
-            next_obs=_rebuild(self._skeleton, leaves(self._next_obs)),
+            next_obs=tree(self._next_obs),
             discounts=self._discounts[indices],
             weights=weights,
             indices=indices,
@@ -268,12 +253,13 @@ class UniformReplay:
     def _pool(self, spec: _LeafSpec) -> _FramePool:
         return self._pools[(spec.dtype.str, spec.shape)]
 
-    def _allocate(self, obs: Tree, flat_obs: dict[str, np.ndarray], actions: np.ndarray) -> None:
+    def _allocate(self, obs: Tree, flat_obs: dict[Path, np.ndarray], actions: np.ndarray) -> None:
+        structure = tree_structure(obs)  # first: ValueError for a key that is not a string
         capacity = self.capacity
         specs = {}
         for path, leaf in flat_obs.items():
             if leaf.ndim == 0:
-                raise ValueError(f"obs leaf {path!r} has no batch axis (shape ())")
+                raise ValueError(f"obs leaf {_name(path)!r} has no batch axis (shape ())")
             specs[path] = _LeafSpec(tuple(leaf.shape[1:]), leaf.dtype, leaf[0].nbytes >= self.config.dedup_min_bytes)
         for path, spec in specs.items():
             if spec.pooled:
@@ -286,16 +272,17 @@ class UniformReplay:
                 self._obs[path] = np.zeros((capacity, *spec.shape), dtype=spec.dtype)
                 self._next_obs[path] = np.zeros((capacity, *spec.shape), dtype=spec.dtype)
         self._specs = specs
-        self._skeleton = _skeleton(obs)
+        self._structure = structure
         self._actions = np.zeros((capacity, *actions.shape[1:]), dtype=actions.dtype)
 
-    def _check(self, name: str, flat: dict[str, np.ndarray], batch: int) -> None:
+    def _check(self, name: str, flat: dict[Path, np.ndarray], batch: int) -> None:
         if flat.keys() != self._specs.keys():
-            raise ValueError(f"{name} leaves {sorted(flat)} do not match the stored layout {sorted(self._specs)}")
+            raise ValueError(f"{name} leaves {[_name(p) for p in flat]} do not match the stored layout "
+                             f"{[_name(p) for p in self._specs]}")
         for path, leaf in flat.items():
             expected = (batch, *self._specs[path].shape)
             if leaf.shape != expected:
-                raise ValueError(f"{name} leaf {path!r} has shape {leaf.shape}, expected {expected}")
+                raise ValueError(f"{name} leaf {_name(path)!r} has shape {leaf.shape}, expected {expected}")
 
     def _release(self, indices: np.ndarray) -> None:
         if len(indices) == 0:

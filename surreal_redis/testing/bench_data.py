@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from surreal_redis.codec import Tree
+from surreal_redis.trees import Tree, tree_leaves, tree_map
 
 KINDS = ("cartpole", "humanoid", "atari")
 _FRAME = 84
@@ -52,11 +52,7 @@ class Trajectory(NamedTuple):
 
 def index_tree(tree: Tree, index: int) -> Tree:
     """Row ``index`` of every leaf of a tree of batched arrays."""
-    if isinstance(tree, dict):
-        return {k: index_tree(v, index) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(index_tree(v, index) for v in tree)
-    return tree[index]
+    return tree_map(lambda leaf: leaf[index], tree)
 
 
 class _Pong:
@@ -174,8 +170,4 @@ def synthetic_trajectory(kind: str, num_envs: int, steps: int, seed: int) -> Tra
 
 def obs_bytes(obs: Any) -> bytes:
     """The raw bytes of one (unbatched) observation tree, leaves concatenated (the naive wire)."""
-    if isinstance(obs, dict):
-        return b"".join(obs_bytes(v) for v in obs.values())
-    if isinstance(obs, (list, tuple)):
-        return b"".join(obs_bytes(v) for v in obs)
-    return np.ascontiguousarray(obs).tobytes()
+    return b"".join(np.ascontiguousarray(leaf).tobytes() for leaf in tree_leaves(obs))

@@ -41,7 +41,7 @@ import lz4.block
 import numpy as np
 
 from surreal_redis.codec import DTYPE_BY_NAME, MAX_DEPTH, MAX_LEAF_BYTES, MAX_NDIM, CodecError, Tree
-from surreal_redis.trees import tree_leaves, tree_structure
+from surreal_redis.trees import tree_leaves, tree_structure, tree_unflatten
 
 MAGIC = b"SRC1"
 _HEAD = struct.Struct("<4sHIIB")
@@ -113,19 +113,7 @@ def _builder(structure: Any, count: int) -> Callable[[list], Tree]:
     check(structure, 0)
     if seen != list(range(count)):
         raise CodecError(f"template tree leaves {seen[:8]} are not 0..{count - 1} in order")
-    if isinstance(structure, int):
-        return lambda leaves: leaves[0]
-
-    def build(node: Any, leaves: list) -> Tree:
-        if isinstance(node, int):
-            return leaves[node]
-        (kind, value), = node.items()
-        if kind == "d":
-            return {k: build(v, leaves) for k, v in value.items()}
-        children = [build(v, leaves) for v in value]
-        return tuple(children) if kind == "u" else children
-
-    return lambda leaves: build(structure, leaves)
+    return lambda leaves: tree_unflatten(structure, leaves)
 
 
 def _spec(value: Any, what: str) -> tuple[np.dtype, tuple[int, ...]]:
