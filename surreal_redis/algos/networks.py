@@ -1,5 +1,12 @@
-"""Network building blocks shared by PPO and DDPG: MLP torsos, a Nature-CNN pixel stem, and an
-observation encoder for Box (flat or image) and Dict observation spaces."""
+"""Network building blocks shared by PPO and DDPG: MLP torsos, CNN pixel stems, and an
+observation encoder for Box (vector or image), frame-tuple and Dict observation spaces.
+
+Images (see :mod:`surreal_redis.envs.spaces`): every uint8 Box of shape ``(H, W)``, ``(H, W, C)``
+or ``(C, H, W)``, and every frame tuple, goes through a CNN stem, scaled by 1/255 (never
+z-filtered). Frames are brought to channels-first and a frame tuple is concatenated along the
+channels, so K frames of C channels are one ``[B, K*C, H, W]`` input. Every other Box leaf is
+flattened; Dict observations concatenate a CNN per image key with the flattened vector keys.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from surreal_redis.envs.spaces import ImageLayout, image_layout, is_frame_tuple, is_image_space
+
+__all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "channels_first",
+           "is_frame_tuple", "is_image_space", "layer_init", "mlp", "pixel_stem"]
+
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+
+NATURE_MIN_SIZE = 36
+"""Smallest height and width the Nature CNN's 8/4, 4/2, 3/1 convolutions accept."""
 
 
 def layer_init(layer: nn.Module, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:
@@ -35,16 +50,12 @@ def mlp(in_dim: int, hidden: Sequence[int], out_dim: int | None = None, activati
     return nn.Sequential(*layers)
 
 
-class NatureCNN(nn.Module):
-    """The DQN Nature CNN for ``[B, C, 84, 84]``-ish uint8 frames (scaled by 1/255) -> 512."""
+class _ConvStem(nn.Module):
+    """Convolutions -> flatten -> Linear -> ReLU; input uint8 ``[B, C, H, W]`` scaled by 1/255."""
 
-    def __init__(self, in_channels: int, height: int, width: int, features: int = 512) -> None:
+    def __init__(self, conv: nn.Sequential, in_channels: int, height: int, width: int, features: int) -> None:
         super().__init__()
-        self.conv = nn.Sequential(
-            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
-        )
+        self.conv = conv
         with torch.no_grad():
             flat = self.conv(torch.zeros(1, in_channels, height, width)).shape[1]
         self.head = nn.Sequential(layer_init(nn.Linear(flat, features)), nn.ReLU())
@@ -54,35 +65,57 @@ class NatureCNN(nn.Module):
         return self.head(self.conv(frames.float() / 255.0))
 
 
-def is_image_space(space: gym.Space) -> bool:
-    """uint8 Box of rank 3 (C,H,W) or (stack,H,W): treated as pixels."""
-    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+class NatureCNN(_ConvStem):
+    """The DQN Nature CNN (as in CleanRL's ``ppo_atari.py``) for ``[B, C, H, W]`` frames with
+    H, W >= 36 (84x84 Atari) -> ``[B, 512]``."""
+
+    def __init__(self, in_channels: int, height: int, width: int, features: int = 512) -> None:
+        conv = nn.Sequential(
+            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+        )
+        super().__init__(conv, in_channels, height, width, features)
 
 
-def is_frame_tuple(space: gym.Space) -> bool:
-    """A frame stack kept as separate frames: Tuple of identical uint8 Box (H,W) or (H,W,C)."""
-    return (isinstance(space, gym.spaces.Tuple) and len(space.spaces) > 0
-            and all(isinstance(s, gym.spaces.Box) and s.dtype == np.uint8 and s.shape == space.spaces[0].shape
-                    and len(s.shape) in (2, 3) for s in space.spaces))
+class SmallCNN(_ConvStem):
+    """Two padded 3x3 convolutions of stride 2 for frames smaller than the Nature CNN accepts
+    (any H, W >= 1) -> ``[B, features]``."""
+
+    def __init__(self, in_channels: int, height: int, width: int, features: int = 512) -> None:
+        conv = nn.Sequential(
+            layer_init(nn.Conv2d(in_channels, 32, 3, stride=2, padding=1)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 3, stride=2, padding=1)), nn.ReLU(), nn.Flatten(),
+        )
+        super().__init__(conv, in_channels, height, width, features)
 
 
-def stack_frames(frames: tuple | list) -> torch.Tensor | np.ndarray:
-    """K frames ``[B,H,W]`` (or ``[B,H,W,C]``) -> ``[B, K*C, H, W]`` channels-first."""
-    lib = torch if isinstance(frames[0], torch.Tensor) else np
-    stacked = lib.stack(list(frames), 1)  # [B,K,H,W] or [B,K,H,W,C]
-    if stacked.ndim == 5:
-        b, k, h, w, c = stacked.shape
-        stacked = stacked.permute(0, 1, 4, 2, 3) if lib is torch else stacked.transpose(0, 1, 4, 2, 3)
-        stacked = stacked.reshape(b, k * c, h, w)
-    return stacked
+def pixel_stem(layout: ImageLayout) -> _ConvStem:
+    """The Nature CNN for frames of at least 36x36, else :class:`SmallCNN`."""
+    cls = NatureCNN if min(layout.height, layout.width) >= NATURE_MIN_SIZE else SmallCNN
+    return cls(layout.channels, layout.height, layout.width)
+
+
+def channels_first(frames: torch.Tensor | Sequence[torch.Tensor], layout: ImageLayout) -> torch.Tensor:
+    """An image batch (``[B, H, W]``, ``[B, H, W, C]`` or ``[B, C, H, W]`` per ``layout.axes``),
+    or a sequence of K such frame batches, as one ``[B, K*C, H, W]`` tensor."""
+    if isinstance(frames, (tuple, list)):
+        return torch.cat([channels_first(frame, layout) for frame in frames], dim=1)
+    if layout.axes == "hw":
+        return frames.unsqueeze(1)
+    if layout.axes == "hwc":
+        return frames.permute(0, 3, 1, 2)
+    return frames
 
 
 class ObservationEncoder(nn.Module):
-    """Maps an observation batch (tensor, or dict of tensors for Dict spaces) to ``[B, out_dim]``.
+    """Maps an observation batch (tensor, tuple of frame tensors, or dict of those for Dict
+    spaces) to ``[B, out_dim]``.
 
-    Image leaves (uint8 ``(C,H,W)`` Box, or a Tuple of K frames, see :func:`stack_frames`) go
-    through a :class:`NatureCNN`; other leaves are flattened and concatenated
-    (normalize them first, e.g. with the z-filter). Dict keys are taken in sorted order.
+    Image and frame-tuple leaves go through a CNN stem (:func:`pixel_stem`), vector leaves are
+    flattened and concatenated (normalize them first, e.g. with the z-filter). Dict keys are taken
+    in sorted order. Raises ValueError naming the leaf for anything else (Discrete, nested Dict,
+    Tuple of unequal frames, ...).
     """
 
     def __init__(self, space: gym.Space) -> None:
@@ -91,34 +124,30 @@ class ObservationEncoder(nn.Module):
         self.keys = list(leaves)
         self.is_dict = isinstance(space, gym.spaces.Dict)
         self.stems = nn.ModuleDict()
+        self.layouts: dict[str, ImageLayout] = {}
         self.out_dim = 0
         for key, leaf in leaves.items():
-            if is_frame_tuple(leaf):
-                first = leaf.spaces[0].shape
-                channels = len(leaf.spaces) * (first[2] if len(first) == 3 else 1)
-                stem = NatureCNN(channels, first[0], first[1])
-                self.stems[key or "_"] = stem
-                self.out_dim += stem.out_dim
-                continue
-            if not isinstance(leaf, gym.spaces.Box):
-                raise ValueError(f"unsupported observation space {leaf} for key {key!r} "
-                                 "(supported: Box, Tuple of uint8 frames, Dict of those)")
-            if is_image_space(leaf):
-                stem = NatureCNN(*leaf.shape)
-                self.stems[key or "_"] = stem
-                self.out_dim += stem.out_dim
-            else:
+            name = key or "_"
+            layout = image_layout(leaf)
+            if layout is not None:
+                self.layouts[name] = layout
+                self.stems[name] = pixel_stem(layout)
+                self.out_dim += self.stems[name].out_dim
+            elif isinstance(leaf, gym.spaces.Box):
                 self.out_dim += int(np.prod(leaf.shape))
+            else:
+                where = f"observation leaf {key!r}" if key else "the observation"
+                raise ValueError(f"no network for {where}: {leaf} (supported: Box vectors, uint8 images "
+                                 "(H, W), (H, W, C) or (C, H, W), Tuples of identical uint8 frames, and a Dict "
+                                 "of those)")
 
-    def forward(self, obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor | tuple | dict[str, torch.Tensor]) -> torch.Tensor:
         parts = []
         for key in self.keys:
             value = obs[key] if self.is_dict else obs
             name = key or "_"
             if name in self.stems:
-                if isinstance(value, (tuple, list)):
-                    value = stack_frames(value)
-                parts.append(self.stems[name](value))
+                parts.append(self.stems[name](channels_first(value, self.layouts[name])))
             else:
                 parts.append(value.float().reshape(value.shape[0], -1))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)

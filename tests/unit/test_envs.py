@@ -186,12 +186,18 @@ def test_vector_env_reports_true_final_obs_and_episodes(test_envs):
 
 def test_config_from_dict_and_validation():
     config = from_dict(EnvConfig, {"env_id": "pong", "frame_stack": 4,
-                                   "atari": {"terminal_on_life_loss": True},
-                                   "eval": {"atari": {"terminal_on_life_loss": False}, "max_episode_steps": 100}})
-    assert config.atari.terminal_on_life_loss and not config.for_mode("eval").atari.terminal_on_life_loss
-    assert config.for_mode("eval").max_episode_steps == 100 and config.for_mode("train").max_episode_steps is None
+                                   "atari": {"noop_max": 5, "repeat_action_probability": 0.0},
+                                   "eval": {"atari": {"noop_max": 0}, "max_episode_steps": 100}})
+    train, evaluation = config.for_mode("train"), config.for_mode("eval")
+    assert train.atari.noop_max == 5 and evaluation.atari.noop_max == 0
+    # training aids only: eval plays whole games with raw rewards
+    assert train.atari.episodic_life and train.atari.clip_rewards
+    assert not evaluation.atari.episodic_life and not evaluation.atari.clip_rewards
+    assert evaluation.max_episode_steps == 100 and train.max_episode_steps is None
     with pytest.raises(ConfigError, match="frame_stack must be >= 1, got 0"):
         from_dict(EnvConfig, {"frame_stack": 0})
+    with pytest.raises(ConfigError, match="action_repeat must be >= 1, got 0"):
+        from_dict(EnvConfig, {"action_repeat": 0})
     with pytest.raises(ValueError, match=r"repeat_action_probability must be in \[0, 1\], got 2"):
         AtariConfig(repeat_action_probability=2)
     with pytest.raises(ValueError, match="mode must be 'train' or 'eval', got 'test'"):

@@ -1,0 +1,202 @@
+"""Atari as CleanRL's ``ppo_atari.py`` and SB3's ``AtariWrapper`` run it, on ALE v5 ids.
+
+Wrapper stack, innermost first: the ALE env (``frameskip=1``, sticky actions and action set from
+:class:`AtariConfig`, grayscale or RGB screens) -> :class:`NoopReset` -> :class:`MaxAndSkip` ->
+``TimeLimit`` (``max_episode_steps`` agent steps, whole games) -> ``RecordEpisodeStatistics``
+(whole games, raw rewards, lengths in agent steps) -> :class:`EpisodicLife` -> :class:`FireReset`
+-> :class:`ClipReward` -> :class:`ResizeFrame`.
+
+Episodic life and autoreset: a lost life sets ``terminated`` (so the learner does not bootstrap
+across it), and the vector env's autoreset then calls ``reset``, which :class:`EpisodicLife` turns
+into one no-op step: the game goes on. Only a game over (or a truncation) resets the game, and
+only then does ``RecordEpisodeStatistics``, which sits below it, report an episode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from surreal_redis.codec import Tree
+from surreal_redis.envs.config import AtariConfig, EnvConfig, EnvError
+
+# ALE ROM names; the gymnasium id is "ALE/" + rom.title() without underscores + "-v5".
+ATARI_GAMES = (
+    "adventure", "air_raid", "alien", "amidar", "assault", "asterix", "asteroids", "atlantis",
+    "atlantis2", "backgammon", "bank_heist", "basic_math", "battle_zone", "beam_rider", "berzerk",
+    "blackjack", "bowling", "boxing", "breakout", "carnival", "casino", "centipede",
+    "chopper_command", "combat", "crazy_climber", "crossbow", "darkchambers", "defender",
+    "demon_attack", "donkey_kong", "double_dunk", "earthworld", "elevator_action", "enduro",
+    "entombed", "et", "fishing_derby", "flag_capture", "freeway", "frogger", "frostbite",
+    "galaxian", "gopher", "gravitar", "hangman", "haunted_house", "hero", "human_cannonball",
+    "ice_hockey", "jamesbond", "journey_escape", "kaboom", "kangaroo", "keystone_kapers",
+    "king_kong", "klax", "koolaid", "krull", "kung_fu_master", "laser_gates", "lost_luggage",
+    "mario_bros", "miniature_golf", "montezuma_revenge", "mr_do", "ms_pacman", "name_this_game",
+    "othello", "pacman", "phoenix", "pitfall", "pitfall2", "pong", "pooyan", "private_eye", "qbert",
+    "riverraid", "road_runner", "robotank", "seaquest", "sir_lancelot", "skiing", "solaris",
+    "space_invaders", "space_war", "star_gunner", "superman", "surround", "tennis", "tetris",
+    "tic_tac_toe_3d", "time_pilot", "trondead", "turmoil", "tutankham", "up_n_down", "venture",
+    "video_checkers", "video_chess", "video_cube", "video_pinball", "wizard_of_wor",
+    "word_zapper", "yars_revenge", "zaxxon",
+)
+
+
+def atari_env_id(name: str) -> str | None:
+    """The ALE v5 id for an Atari game name, or None if ``name`` names no Atari game.
+
+    Accepts ``pong``, ``Pong``, ``space_invaders``, ``SpaceInvaders``, ``PongNoFrameskip-v4``,
+    ``PongDeterministic-v4``, ``Pong-v4``, ``ALE/Pong-v5`` (all -> ``ALE/Pong-v5``; frame skip and
+    sticky actions come from :class:`AtariConfig`, not from the name).
+    """
+    base = re.sub(r"-v\d+$", "", name.removeprefix("ALE/"))
+    base = re.sub(r"(NoFrameskip|Deterministic)$", "", base)
+    key = base.replace("_", "").lower()
+    for rom in ATARI_GAMES:
+        if rom.replace("_", "") == key:
+            return f"ALE/{rom.title().replace('_', '')}-v5"
+    return None
+
+
+class NoopReset(gym.Wrapper):
+    """After each game reset, 1 to ``noop_max`` no-op frames (random starts)."""
+
+    def __init__(self, env: gym.Env, noop_max: int) -> None:
+        super().__init__(env)
+        if env.unwrapped.get_action_meanings()[0] != "NOOP":
+            raise EnvError(f"{env.spec.id if env.spec else env}: action 0 is not NOOP")
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs: Any) -> tuple[Tree, dict]:
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(int(self.unwrapped.np_random.integers(1, self.noop_max + 1))):
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Repeats the action ``skip`` frames, sums the rewards, and shows the pixel-wise max of the
+    last two frames (Atari sprites flicker between frames)."""
+
+    def __init__(self, env: gym.Env, skip: int) -> None:
+        super().__init__(env)
+        self.skip = skip
+
+    def step(self, action: Any) -> tuple[Tree, float, bool, bool, dict]:
+        total, last_two = 0.0, []
+        for _ in range(self.skip):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            last_two = [last_two[-1], obs] if last_two else [obs]
+            if terminated or truncated:
+                break
+        frame = np.maximum(*last_two) if len(last_two) == 2 else last_two[0]
+        return frame, total, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode (``terminated``) but not the game: ``reset`` after a lost
+    life is a no-op step; after a game over or a truncation (or with a seed) it resets the game."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action: Any) -> tuple[Tree, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Tree, dict]:
+        if self.game_over or seed is not None:
+            obs, info = self.env.reset(seed=seed, options=options)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Presses FIRE (then UP/RIGHT, as baselines does) after each reset, for games that wait for
+    it to start (Breakout launches no ball without it)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        meanings = env.unwrapped.get_action_meanings()
+        if len(meanings) < 3 or meanings[1] != "FIRE":
+            raise EnvError(f"FireReset needs FIRE as action 1, got actions {meanings}")
+
+    def reset(self, **kwargs: Any) -> tuple[Tree, dict]:
+        self.env.reset(**kwargs)
+        for action in (1, 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        return obs, info
+
+
+class ClipReward(gym.RewardWrapper):
+    """Rewards become -1, 0 or +1 (their sign)."""
+
+    def reward(self, reward: float) -> float:
+        return float(np.sign(reward))
+
+
+class ResizeFrame(gym.ObservationWrapper):
+    """Resizes (H, W) or (H, W, C) uint8 frames to ``size x size`` with area interpolation."""
+
+    def __init__(self, env: gym.Env, size: int) -> None:
+        super().__init__(env)
+        import cv2
+
+        self._cv2 = cv2
+        self.size = size
+        shape = (size, size, *env.observation_space.shape[2:])
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return self._cv2.resize(observation, (self.size, self.size), interpolation=self._cv2.INTER_AREA)
+
+
+def make_atari(config: EnvConfig, gym_id: str) -> gym.Env:
+    """The wrapped Atari env for ``config`` (already in its mode), see the module docstring."""
+    missing = [name for name, module in (("ale-py", "ale_py"), ("opencv-python-headless", "cv2"))
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        raise EnvError(f"{config.env_id!r} is the Atari game {gym_id}, which needs the 'atari' extra "
+                       f"(missing: {', '.join(missing)}): pip install 'surreal-redis[atari]'")
+    if config.action_repeat != 1:
+        raise EnvError(f"action_repeat={config.action_repeat} does not apply to Atari games: set atari.frame_skip")
+    import ale_py
+
+    gym.register_envs(ale_py)
+    atari: AtariConfig = config.atari
+    env = gym.make(gym_id, frameskip=1, repeat_action_probability=atari.repeat_action_probability,
+                   full_action_space=atari.full_action_space, obs_type="grayscale" if atari.grayscale else "rgb",
+                   disable_env_checker=True, **config.kwargs)
+    if atari.noop_max > 0:
+        env = NoopReset(env, atari.noop_max)
+    env = MaxAndSkip(env, atari.frame_skip)
+    if config.max_episode_steps is not None:
+        env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    if atari.episodic_life:
+        env = EpisodicLife(env)
+    if atari.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireReset(env)
+    if atari.clip_rewards:
+        env = ClipReward(env)
+    return ResizeFrame(env, atari.screen_size)
