@@ -1,5 +1,6 @@
 """Time to solve, end to end: ``surreal-redis launch`` of the shipped configs against
-stable-baselines3 (default settings) on the same machine, in the same run.
+stable-baselines3, with rl-baselines3-zoo's tuned settings and with its defaults, on the same
+machine, in the same run.
 
     python bench/solve.py [--budget-s 900] [--only ppo|ddpg] [--skip-sb3]
 
@@ -10,8 +11,8 @@ stable-baselines3 (default settings) on the same machine, in the same run.
   SB3 DDPG (no action noise by default, so its training episodes are deterministic too): when
   the mean of its last 20 training episodes is >= -200.
 
-Our wall time includes everything a user waits for: process start-up, the embedded Redis and
-MLflow. A case that misses the target within the budget reports null. The last line of output is
+Both wall times are whole processes, as a user waits for them: ours from ``launch`` (process
+start-up, the embedded Redis, MLflow) and SB3's from its interpreter's start (imports included). A case that misses the target within the budget reports null. The last line of output is
 one JSON object.
 """
 
@@ -27,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+PROCESS_STARTED = time.monotonic()  # an SB3 case's clock starts with its interpreter
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.solve")
 
@@ -54,39 +56,83 @@ def run_launch(config: str, agents: int, budget_s: float, workdir: Path) -> tupl
     return (wall if reached else None), steps
 
 
-def run_sb3(algo: str, budget_s: float) -> tuple[float | None, int | None]:
-    try:
-        import gymnasium as gym
-        import torch
-        from stable_baselines3 import DDPG, PPO
-        from stable_baselines3.common.callbacks import BaseCallback
-    except ImportError:
-        log.warning("stable-baselines3 is not installed (pip install -e '.[bench]'): skipping SB3 %s", algo)
-        return None, None
+# rl-baselines3-zoo's tuned settings (hyperparams/ppo.yml CartPole-v1, hyperparams/ddpg.yml Pendulum-v1).
+ZOO = {
+    "ppo": dict(n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+                learning_rate="lin_0.001", clip_range="lin_0.2"),
+    "ddpg": dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, noise_std=0.1, gradient_steps=1,
+                 train_freq=1, learning_rate=1e-3, net_arch=[400, 300]),
+}
+
+
+def _linear(start: float):
+    return lambda progress_remaining: progress_remaining * start
+
+
+def sb3_case(algo: str, settings: str, budget_s: float, started: float) -> dict:
+    """One SB3 run in this process; seconds are counted from ``started`` (the process start, so
+    imports count as they do for ``launch``)."""
+    import gymnasium as gym
     import numpy as np
+    import torch
+    from stable_baselines3 import DDPG, PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.noise import NormalActionNoise
 
     torch.set_num_threads(1)  # same as our learner (learner.torch_threads)
     target, window, env_id = (475.0, 100, "CartPole-v1") if algo == "ppo" else (-200.0, 20, "Pendulum-v1")
 
     class StopAtTarget(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.solved_at: float | None = None
-            self.started = time.monotonic()
+        solved_at: float | None = None
 
         def _on_step(self) -> bool:
             episodes = [info["r"] for info in list(self.model.ep_info_buffer)[-window:]]
             if len(episodes) >= window and float(np.mean(episodes)) >= target:
-                self.solved_at = time.monotonic() - self.started
+                self.solved_at = time.monotonic() - started
                 return False
-            return time.monotonic() - self.started < budget_s
+            return time.monotonic() - started < budget_s
 
+    if algo == "ppo" and settings == "zoo":
+        z = dict(ZOO["ppo"])
+        env = make_vec_env(env_id, n_envs=z.pop("n_envs"), seed=1)
+        z["learning_rate"], z["clip_range"] = _linear(1e-3), _linear(0.2)
+        model = PPO("MlpPolicy", env, seed=1, **z)
+        total = 100_000  # the zoo's budget: the linear schedules anneal over it
+    elif algo == "ppo":
+        model, total = PPO("MlpPolicy", gym.make(env_id), seed=1), 10_000_000
+    elif settings == "zoo":
+        z = dict(ZOO["ddpg"])
+        env = gym.make(env_id)
+        noise = NormalActionNoise(np.zeros(1), z.pop("noise_std") * np.ones(1))
+        model = DDPG("MlpPolicy", env, seed=1, action_noise=noise, policy_kwargs={"net_arch": z.pop("net_arch")}, **z)
+        total = 10_000_000
+    else:
+        model, total = DDPG("MlpPolicy", gym.make(env_id), seed=1), 10_000_000
     callback = StopAtTarget()
-    model = PPO("MlpPolicy", gym.make(env_id), seed=1) if algo == "ppo" else DDPG("MlpPolicy", gym.make(env_id), seed=1)
-    model.learn(total_timesteps=10_000_000, callback=callback)
-    log.info("SB3 %s on %s: %s after %d steps", algo.upper(), env_id,
-             f"solved in {callback.solved_at:.0f}s" if callback.solved_at else "NOT solved", model.num_timesteps)
-    return callback.solved_at, model.num_timesteps
+    model.learn(total_timesteps=total, callback=callback)
+    return {"seconds": callback.solved_at, "steps": model.num_timesteps}
+
+
+def run_sb3(algo: str, settings: str, budget_s: float) -> tuple[float | None, int | None]:
+    """Wall seconds of a whole SB3 process (interpreter start to target) and its env steps."""
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        log.warning("stable-baselines3 is not installed (pip install -e '.[bench]'): skipping SB3 %s", algo)
+        return None, None
+    args = [sys.executable, __file__, "--sb3-case", f"{algo}:{settings}", "--budget-s", str(budget_s)]
+    started = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=budget_s + 300)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        log.error("SB3 %s (%s) failed:\n%s", algo, settings, done.stderr[-3000:])
+        return None, None
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    solved = result["seconds"] is not None
+    log.info("SB3 %s (%s settings): %s, %d steps", algo.upper(), settings,
+             f"solved, {wall:.0f}s whole process" if solved else "NOT solved", result["steps"])
+    return (wall if solved else None), result["steps"]
 
 
 def main() -> None:
@@ -94,7 +140,12 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=900.0, help="per case")
     parser.add_argument("--only", choices=["ppo", "ddpg"], default=None)
     parser.add_argument("--skip-sb3", action="store_true")
+    parser.add_argument("--sb3-case", default=None, help=argparse.SUPPRESS)  # internal: one SB3 run
     options = parser.parse_args()
+    if options.sb3_case:
+        algo, settings = options.sb3_case.split(":")
+        print(json.dumps(sb3_case(algo, settings, options.budget_s, PROCESS_STARTED)))
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result: dict[str, float | int | None] = {}
     with tempfile.TemporaryDirectory(prefix="surreal-solve-") as tmp:
@@ -104,14 +155,20 @@ def main() -> None:
             result["ppo_cartpole_4_agents_s"], result["ppo_cartpole_4_agents_steps"] = run_launch(
                 "ppo_cartpole.yaml", 4, options.budget_s, workdir)
             if not options.skip_sb3:
-                result["sb3_ppo_cartpole_s"], result["sb3_ppo_cartpole_steps"] = run_sb3("ppo", options.budget_s)
+                for settings in ("zoo", "defaults"):
+                    result[f"sb3_{settings}_ppo_cartpole_s"], result[f"sb3_{settings}_ppo_cartpole_steps"] = run_sb3(
+                        "ppo", settings, options.budget_s)
         if options.only in (None, "ddpg"):
             result["ddpg_pendulum_s"], result["ddpg_pendulum_steps"] = run_launch("ddpg_pendulum.yaml", 2, options.budget_s, workdir)
             if not options.skip_sb3:
-                result["sb3_ddpg_pendulum_s"], result["sb3_ddpg_pendulum_steps"] = run_sb3("ddpg", options.budget_s)
-    for ours, theirs in (("ppo_cartpole_s", "sb3_ppo_cartpole_s"), ("ddpg_pendulum_s", "sb3_ddpg_pendulum_s")):
-        if result.get(ours) and result.get(theirs):
-            result[ours.replace("_s", "_time_ratio_vs_sb3")] = result[ours] / result[theirs]
+                for settings in ("zoo", "defaults"):
+                    result[f"sb3_{settings}_ddpg_pendulum_s"], result[f"sb3_{settings}_ddpg_pendulum_steps"] = run_sb3(
+                        "ddpg", settings, options.budget_s)
+    for case in ("ppo_cartpole", "ddpg_pendulum"):
+        for settings in ("zoo", "defaults"):
+            ours, theirs = result.get(f"{case}_s"), result.get(f"sb3_{settings}_{case}_s")
+            if ours and theirs:
+                result[f"{case}_time_ratio_vs_sb3_{settings}"] = ours / theirs
     print(json.dumps(result))
 
 
