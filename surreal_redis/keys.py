@@ -4,6 +4,11 @@ Layout (see DESIGN.md): ``sr:{run}:...`` for run-wide keys, ``sr:{run.sN}:...`` 
 experience shard N and ``sr:{run.p}:...`` for parameters. The part in braces is a Redis Cluster hash
 tag, so each shard's keys (and the parameter keys) share one slot and every Lua script touches a
 single slot.
+
+Run names never contain ``.`` (the tag separator) nor a glob character, so the tag of one run can
+never be read as the tag of another (``{ppo.p}`` is run ``ppo``'s, never a run named ``ppo.p``),
+and every pattern built here matches the keys of its own run only (the ACL users and ``gc --drop``
+rely on that).
 """
 
 from __future__ import annotations
@@ -13,15 +18,16 @@ from dataclasses import dataclass
 
 PREFIX = "sr"
 CONSUMER_GROUP = "learner"
-_RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
-_DIGEST = re.compile(r"^[0-9a-f]{8,64}$")
+_RUN_NAME = re.compile(r"[A-Za-z0-9_\-]{1,100}")
+_DIGEST = re.compile(r"[0-9a-f]{8,64}")
 
 
 def validate_run_name(run: str) -> str:
     """Return ``run`` if it is usable inside key names, else raise ``ValueError`` naming it."""
-    if not isinstance(run, str) or not _RUN_NAME.match(run):
+    if not isinstance(run, str) or not _RUN_NAME.fullmatch(run):
         raise ValueError(
-            f"invalid run name {run!r}: use 1-100 characters from letters, digits, '_', '-', '.'"
+            f"invalid run name {run!r}: use 1-100 characters from letters, digits, '_' and '-' "
+            "('.' separates the shard and parameter tags of key names)"
         )
     return run
 
@@ -58,13 +64,13 @@ class ShardKeys:
 
     def obs(self, digest: str) -> str:
         """String key holding one encoded observation leaf or frame."""
-        if not _DIGEST.match(digest):
+        if not _DIGEST.fullmatch(digest):
             raise ValueError(f"invalid observation digest {digest!r}")
         return f"{self.tag}:obs:{digest}"
 
     def obs_keys(self, digests: list[str]) -> list[str]:
         """:meth:`obs` of each digest (one call for a whole insert)."""
-        prefix, match = self.obs_prefix, _DIGEST.match
+        prefix, match = self.obs_prefix, _DIGEST.fullmatch
         bad = next((d for d in digests if not match(d)), None)
         if bad is not None:
             raise ValueError(f"invalid observation digest {bad!r}")
@@ -101,6 +107,11 @@ class ParamKeys:
         """Pub/sub channel on which each new version number is announced."""
         return f"{self.tag}:notify"
 
+    @property
+    def quota(self) -> str:
+        """Hash (version, left): env steps the learner still wants for one version (lockstep)."""
+        return f"{self.tag}:quota"
+
     def blob(self, version: int) -> str:
         if int(version) < 0:
             raise ValueError(f"parameter version must be >= 0, got {version}")
@@ -109,7 +120,7 @@ class ParamKeys:
     def staging(self, publisher_id: str) -> str:
         """Where one publisher uploads a blob before the publish script renames it to ``blob:<v>``
         (so a stale publisher can never overwrite a published blob)."""
-        if not _DIGEST.match(publisher_id):
+        if not _DIGEST.fullmatch(publisher_id):
             raise ValueError(f"invalid publisher id {publisher_id!r} (need 8-64 lowercase hex characters)")
         return f"{self.tag}:staging:{publisher_id}"
 
@@ -138,8 +149,14 @@ class RunKeys:
 
     @property
     def episodes(self) -> str:
-        """Stream of finished-episode statistics."""
+        """Stream of finished training episodes, written by the agents."""
         return f"{self.tag}:episodes"
+
+    @property
+    def evals(self) -> str:
+        """Stream of eval episodes, written by the eval process only (its own ACL user): the
+        scores behind best-k checkpoints and ``stop.target_metric: eval``."""
+        return f"{self.tag}:evals"
 
     @property
     def control(self) -> str:
@@ -167,10 +184,10 @@ class RunKeys:
         """Glob patterns of this run's keys by kind, for ACL rules (``surreal_redis.acl``).
 
         Kinds: ``exp``, ``obsref``, ``seen``, ``obs``, ``dead``, ``shards`` (every key of a shard),
-        ``config``, ``agents``, ``episodes``, ``control``, ``learner``, ``run`` (every run-wide
-        key), ``meta``, ``blob``, ``params`` (every parameter key), and ``notify`` (the pub/sub
-        channel). With ``num_shards`` the shard patterns name each shard exactly; without, they
-        match any shard number (and so also the keys of a run named ``<run>.s<digit>...``).
+        ``config``, ``agents``, ``episodes``, ``evals``, ``control``, ``learner``, ``run`` (every
+        run-wide key), ``meta``, ``blob``, ``params`` (every parameter key), and ``notify`` (the
+        pub/sub channel). With ``num_shards`` the shard patterns name each shard exactly; without,
+        they match any shard number. Either way they match no key of another run.
         """
         tags = ([self.shard(i).tag for i in range(num_shards)] if num_shards is not None
                 else [f"{PREFIX}:{{{self.run}.s[0-9]*}}"])
@@ -182,12 +199,12 @@ class RunKeys:
         return {
             "exp": shard("exp"), "obsref": shard("obsref"), "seen": shard("seen:*"), "obs": shard("obs:*"),
             "dead": shard("dead"), "shards": shard("*"),
-            "config": [self.config], "agents": [self.agents], "episodes": [self.episodes],
+            "config": [self.config], "agents": [self.agents], "episodes": [self.episodes], "evals": [self.evals],
             "control": [self.control], "learner": [self.learner], "run": [f"{self.tag}:*"],
             "meta": [params.meta], "blob": [f"{params.tag}:blob:*"], "params": [f"{params.tag}:*"],
             "notify": [params.notify],
         }
 
     def all_patterns(self) -> list[str]:
-        """SCAN patterns covering every key of this run (used by ``gc --drop``)."""
-        return [f"{self.tag}:*", f"{PREFIX}:{{{self.run}.s*}}:*", f"{self.params.tag}:*"]
+        """SCAN patterns covering every key of this run and no key of another (``gc --drop``)."""
+        return [f"{self.tag}:*", f"{PREFIX}:{{{self.run}.s[0-9]*}}:*", f"{self.params.tag}:*"]
