@@ -3,38 +3,54 @@
 -- KEYS[3] blob key of the new version (sr:{run.p}:blob:<new>)
 -- KEYS[4] blob key of the version the caller believes is current (sr:{run.p}:blob:<prev>)
 -- ARGV[1] new version, ARGV[2] prev version (0 when nothing was published yet)
--- ARGV[3] nbytes of the new blob, ARGV[4] suggested read chunk size in bytes
--- ARGV[5] digest ("sha256:<hex>"), ARGV[6] codec, ARGV[7] spec (JSON)
+-- ARGV[3] nbytes of the new blob, ARGV[4] read piece size in bytes (for the clients)
+-- ARGV[5] digest ("xxh3_128:<hex>"), ARGV[6] codec, ARGV[7] spec (JSON)
 -- ARGV[8] learner iteration, ARGV[9] publish time (unix seconds), ARGV[10] message
 -- ARGV[11] grace in ms before the previous blob expires, ARGV[12] notify channel
--- returns the new version; error replies (nothing written): non-monotonic version, stale prev,
--- missing or wrong-sized staged blob
+-- returns the new version, also for a re-sent call whose version and digest are already live (its
+-- first reply was lost). Error replies, nothing written: "VERSION ..." (not greater than the
+-- published version, or a stale prev), "STAGING ..." (staged blob missing, wrong-sized, or
+-- recreated without its TTL by a write after a Redis restart: upload it again)
 local new_version = tonumber(ARGV[1])
 local prev_version = tonumber(ARGV[2])
 local nbytes = tonumber(ARGV[3])
 
-local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0') or 0
+local live = redis.call('HMGET', KEYS[1], 'version', 'digest')
+local current = tonumber(live[1] or '0') or 0
+if new_version == current and live[2] == ARGV[5] then
+  return new_version
+end
 if new_version <= current then
-  return redis.error_reply('version ' .. ARGV[1] .. ' is not greater than the published version ' .. current)
+  return redis.error_reply('VERSION version ' .. ARGV[1] .. ' is not greater than the published version '
+    .. current)
 end
 if prev_version ~= current then
-  return redis.error_reply('publisher out of sync: declared previous version ' .. ARGV[2]
+  return redis.error_reply('VERSION publisher out of sync: declared previous version ' .. ARGV[2]
     .. ' but the published version is ' .. current)
 end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  return redis.error_reply('staged blob for version ' .. ARGV[1] .. ' does not exist')
+-- The publisher SETs the first piece with a TTL and SETRANGEs the rest; a piece written after a
+-- restart lost that key recreates it without a TTL (and zero-filled below the piece).
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl == -2 then
+  return redis.error_reply('STAGING staged blob for version ' .. ARGV[1] .. ' does not exist')
+end
+if ttl == -1 then
+  return redis.error_reply('STAGING staged blob for version ' .. ARGV[1] .. ' has no TTL: it was recreated'
+    .. ' mid-upload')
 end
 local stored = redis.call('STRLEN', KEYS[2])
 if stored ~= nbytes then
-  return redis.error_reply('staged blob for version ' .. ARGV[1] .. ' has ' .. stored .. ' bytes, declared '
-    .. ARGV[3])
+  return redis.error_reply('STAGING staged blob for version ' .. ARGV[1] .. ' has ' .. stored
+    .. ' bytes, declared ' .. ARGV[3])
 end
 
+-- HSET goes first: it is the only write Redis refuses when out of memory, and a refusal must
+-- leave nothing half done.
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'nbytes', ARGV[3], 'piece', ARGV[4], 'digest', ARGV[5],
+  'codec', ARGV[6], 'spec', ARGV[7], 'iteration', ARGV[8], 'time', ARGV[9], 'message', ARGV[10])
 -- RENAME moves the string without copying; the staging TTL (leak guard) is dropped once published.
 redis.call('RENAME', KEYS[2], KEYS[3])
 redis.call('PERSIST', KEYS[3])
-redis.call('HSET', KEYS[1], 'version', ARGV[1], 'nbytes', ARGV[3], 'chunk', ARGV[4], 'digest', ARGV[5],
-  'codec', ARGV[6], 'spec', ARGV[7], 'iteration', ARGV[8], 'time', ARGV[9], 'message', ARGV[10])
 -- Readers still downloading the previous version get the grace period to finish.
 if prev_version > 0 then
   redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[11]))

@@ -5,42 +5,72 @@ Wire layout (key names from :class:`surreal_redis.keys.ParamKeys`):
 - ``blob:<v>``: the parameters as :func:`surreal_redis.codec.encode_tree` bytes (pickle-free,
   optionally lz4 per leaf). The publisher uploads them to its own ``staging:<id>`` key (with a TTL,
   so a crash leaks nothing); ``lua/publish.lua`` renames that to ``blob:<v>``, and expires it a
-  grace period after the next version replaces it.
-- ``meta``: hash ``version nbytes chunk digest codec spec iteration time message``, swapped
+  grace period after the next version replaces it. A published blob never changes.
+- ``meta``: hash ``version nbytes piece digest codec spec iteration time message``, swapped
   atomically by the publish script, which also announces ``version`` on the ``notify`` channel.
 
 Agents poll ``HGET meta version`` (one tiny round trip); only a new version costs a download, read
-in ``chunk``-sized GETRANGE pieces so that hundreds of agents fetching a big blob at once do not
+in ``piece``-sized GETRANGE pieces so that hundreds of agents fetching a big blob at once do not
 inflate Redis' client output buffers.
+
+Every Redis step of a publish can be repeated without harm, so the publisher retries each one
+itself (a few times, with capped backoff) after a connection error: the blob is written at explicit
+offsets (SET, then SETRANGE), and the script answers a re-sent call whose version and digest are
+already live with success (its first reply was lost). A digest guards each blob against
+corruption; a client that rejects a blob keeps its parameters, counts the rejection and waits,
+with capped backoff, before downloading that version again, and the learner can
+:meth:`~ParameterPublisher.republish` above it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import redis
+import xxhash
 
 from surreal_redis.codec import CodecError, ParamDict, decode_tree, encode_tree
+from surreal_redis.connection import OUTAGE_ERRORS, Backoff
 from surreal_redis.keys import ParamKeys, RunKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)
 
 CODEC = "srt1"  # the encode_tree format; "+lz4" is appended when leaves may be compressed
-_DIGEST_ALGO = "sha256"  # fastest strong hash here (SHA-NI): ~2x blake2b on a 10 MB blob
+# The digest guards against corruption, not forgery: only the learner's Redis user can write
+# parameter keys (acl.py). XXH3-128 hashes ~30 GB/s here against sha256's ~1 GB/s, which cost
+# as much as the download of the blob itself.
+DIGEST_ALGO = "xxh3_128"
 MAX_BLOB_BYTES = 512 * 1024 * 1024  # Redis proto-max-bulk-len: the largest string a key can hold
-DEFAULT_CHUNK_BYTES = 1 << 20  # 1 MiB reads keep Redis' client output buffers small (research §4)
+DEFAULT_PIECE_BYTES = 1 << 20  # 1 MiB reads keep Redis' client output buffers small (research §4)
+
+T = TypeVar("T")
 
 
 class ParamFetchError(RuntimeError):
     """A parameter download that cannot be used: blob missing or expired, wrong size, digest
     mismatch, unknown codec or malformed metadata."""
+
+
+class PublishBackpressure(RuntimeError):
+    """Redis refused the parameter upload for lack of memory (an OOM reply under ``noeviction``).
+
+    Nothing was published and the staged bytes were deleted; the previous version stays live.
+    Treat it like backpressure: keep training (which frees memory as experience is consumed and
+    trimmed) and publish again later."""
+
+
+def blob_digest(blob: bytes | memoryview) -> str:
+    """``"xxh3_128:<hex>"`` of ``blob``, as recorded in ``meta``."""
+    return f"{DIGEST_ALGO}:{xxhash.xxh3_128_hexdigest(blob)}"
 
 
 @dataclass(frozen=True)
@@ -67,49 +97,69 @@ class PublisherConfig:
       bypasses it), so a fast learner does not flood agents with versions.
     - ``compress_min_bytes``: lz4 leaves at least this big (None: never; float weights barely
       compress, so the default is off).
-    - ``chunk_bytes``: read piece size recorded in meta for the clients (1 MiB keeps server
-      output buffers small).
-    - ``write_piece_bytes``: blobs above this are written as SET + APPENDs of this size.
+    - ``read_piece_bytes``: size of the GETRANGE pieces clients read, recorded in meta (1 MiB
+      keeps server output buffers small).
+    - ``write_piece_bytes``: blobs above this are written as a SET and SETRANGEs of this size.
     - ``grace_s``: how long a superseded blob stays readable for agents mid-download.
     - ``pending_ttl_s``: TTL of an uploaded but not yet published blob (a crashed learner leaks
       nothing); the publish script removes it.
+    - ``retries``: how often each Redis step of a publish is re-sent after a connection error
+      (every step is idempotent), with backoff from ``retry_base_s`` doubling up to 1 s.
     """
 
     min_publish_interval: float = 0.0
     compress_min_bytes: int | None = None
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    read_piece_bytes: int = DEFAULT_PIECE_BYTES
     write_piece_bytes: int = 8 << 20
     grace_s: float = 60.0
     pending_ttl_s: float = 600.0
+    retries: int = 3
+    retry_base_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.min_publish_interval < 0:
             raise ValueError(f"min_publish_interval must be >= 0, got {self.min_publish_interval}")
         if self.compress_min_bytes is not None and self.compress_min_bytes < 0:
             raise ValueError(f"compress_min_bytes must be >= 0 or None, got {self.compress_min_bytes}")
-        if self.chunk_bytes < 1024:
-            raise ValueError(f"chunk_bytes must be >= 1024, got {self.chunk_bytes}")
+        if self.read_piece_bytes < 1024:
+            raise ValueError(f"read_piece_bytes must be >= 1024, got {self.read_piece_bytes}")
         if self.write_piece_bytes < 1024:
             raise ValueError(f"write_piece_bytes must be >= 1024, got {self.write_piece_bytes}")
         if self.grace_s <= 0 or self.pending_ttl_s <= 0:
             raise ValueError(f"grace_s and pending_ttl_s must be > 0, got {self.grace_s}, {self.pending_ttl_s}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+        if not 0 < self.retry_base_s <= 1.0:
+            raise ValueError(f"retry_base_s must be in (0, 1], got {self.retry_base_s}")
 
 
 @dataclass(frozen=True)
 class ParameterClientConfig:
-    """Settings of :class:`ParameterClient`: ``max_in_flight`` GETRANGE chunks per pipelined round
-    trip (bounds the server's output buffer per agent to about ``max_in_flight`` chunks);
-    ``chunk_bytes`` overrides the chunk size the publisher recorded (None: use it, and 1 MiB for
-    the first reads, which go out with the meta read before that size is known)."""
+    """Settings of :class:`ParameterClient`.
+
+    - ``max_in_flight``: GETRANGE pieces per pipelined round trip (bounds the server's output
+      buffer per agent to about ``max_in_flight`` pieces).
+    - ``piece_bytes``: overrides the read piece size the publisher recorded (None: use it, and
+      1 MiB for the first reads, which go out with the meta read before that size is known).
+    - ``reject_backoff_s`` / ``reject_backoff_cap_s``: after a version failed verification
+      (digest mismatch, wrong size, missing blob, undecodable), wait between this and twice this
+      before downloading that same version again, doubling after each further failure up to the
+      cap (seconds, jittered). A newer version is fetched at once.
+    """
 
     max_in_flight: int = 4
-    chunk_bytes: int | None = None
+    piece_bytes: int | None = None
+    reject_backoff_s: float = 1.0
+    reject_backoff_cap_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
-        if self.chunk_bytes is not None and self.chunk_bytes < 1024:
-            raise ValueError(f"chunk_bytes must be >= 1024 or None, got {self.chunk_bytes}")
+        if self.piece_bytes is not None and self.piece_bytes < 1024:
+            raise ValueError(f"piece_bytes must be >= 1024 or None, got {self.piece_bytes}")
+        if not 0 < self.reject_backoff_s <= self.reject_backoff_cap_s:
+            raise ValueError(f"need 0 < reject_backoff_s <= reject_backoff_cap_s, got "
+                             f"{self.reject_backoff_s}, {self.reject_backoff_cap_s}")
 
 
 def param_spec(params: ParamDict) -> dict[str, list]:
@@ -149,7 +199,7 @@ class ParameterPublisher:
     def version(self) -> int:
         """The last published version (0 if none). Blocks for one HGET the first time."""
         if self._version is None:
-            self._version = int(self._client.hget(self._keys.meta, "version") or 0)
+            self._version = int(self._retrying(lambda: self._client.hget(self._keys.meta, "version")) or 0)
         return self._version
 
     def continue_after(self, version: int) -> None:
@@ -164,46 +214,55 @@ class ParameterPublisher:
 
         Returns None without touching Redis when the last publish was less than
         ``min_publish_interval`` seconds ago and ``force`` is false. Blocks for the blob upload
-        (one round trip per ``write_piece_bytes``) and the script call. Raises ``TypeError`` /
-        ``CodecError`` for unencodable params, ``ValueError`` for a bad ``iteration`` or
-        ``message``, :class:`ScriptError` if the script refuses (another publisher moved the
-        version; the next call re-reads it) and Redis errors unchanged.
+        (one round trip per ``write_piece_bytes``) and the script call, plus up to ``retries``
+        backoff sleeps (well under a few seconds) per step that hits a connection error.
+
+        Raises ``TypeError`` / ``CodecError`` for unencodable params, ``ValueError`` for a bad
+        ``iteration`` or ``message``, :class:`PublishBackpressure` when Redis is out of memory,
+        :class:`ScriptError` if the script refuses (another publisher moved the version; the
+        next call re-reads it) and other Redis errors (connection errors once the retries are
+        spent) unchanged.
         """
-        now = time.monotonic()
         if (not force and self._last_publish is not None
-                and now - self._last_publish < self._config.min_publish_interval):
+                and time.monotonic() - self._last_publish < self._config.min_publish_interval):
             return None
+        return self._publish(params, iteration, message)
+
+    def republish(self, params: ParamDict, iteration: int, above: int = 0, message: str = "republish") -> int:
+        """Publish ``params`` as a version above every one seen: the version in ``meta`` (even one
+        another writer put there), this publisher's own last one and ``above`` (say, the highest
+        version agents report). For when the live blob is unusable (agents keep rejecting it) or
+        ``meta`` moved behind this publisher's back. Ignores ``min_publish_interval``; blocks
+        and raises like :meth:`publish`.
+        """
+        if isinstance(above, bool) or not isinstance(above, (int, np.integer)) or above < 0:
+            raise ValueError(f"above must be an integer >= 0, got {above!r}")
+        self._version = None
+        seen = max(self._floor, self.version, int(above))
+        self._floor = seen
+        version = self._publish(params, iteration, message)
+        log.info("republished parameters as v%d (above v%d)", version, seen)
+        return version
+
+    def _publish(self, params: ParamDict, iteration: int, message: str) -> int:
+        now = time.monotonic()
         if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
         if not isinstance(message, str):
             raise ValueError(f"message must be a string, got {message!r}")
-        spec = param_spec(params)
+        spec = json.dumps(param_spec(params), separators=(",", ":"))
         blob = encode_tree(params, self._config.compress_min_bytes)
         if len(blob) > MAX_BLOB_BYTES:
             raise ValueError(f"encoded parameters are {len(blob)} bytes, above Redis' {MAX_BLOB_BYTES}-byte limit")
-        digest = f"{_DIGEST_ALGO}:{hashlib.sha256(blob).hexdigest()}"
         codec = CODEC + ("+lz4" if self._config.compress_min_bytes is not None else "")
+        fields = [blob_digest(blob), codec, spec, int(iteration), repr(time.time()), message]
         try:
             self._upload(blob)
-            for attempt in (1, 2):
-                prev = self.version
-                new = max(prev, self._floor) + 1
-                try:
-                    self._scripts.call(
-                        "publish",
-                        keys=[self._keys.meta, self._staging, self._keys.blob(new), self._keys.blob(prev)],
-                        args=[new, prev, len(blob), self._config.chunk_bytes, digest, codec,
-                              json.dumps(spec, separators=(",", ":")), int(iteration), repr(time.time()),
-                              message, int(self._config.grace_s * 1000), self._keys.notify],
-                    )
-                    break
-                except ScriptError:
-                    # The script wrote nothing. Meta behind our own last version means a Redis that
-                    # restarted empty: re-read and retry once (the staged blob is still there).
-                    # Meta ahead of it means another publisher: refuse, as documented.
-                    self._version = None
-                    if attempt == 2 or self.version >= self._floor:
-                        raise
+            new = self._swap_in(blob, fields)
+        except redis.exceptions.OutOfMemoryError as exc:
+            self._version = None
+            self._discard_staging()
+            raise PublishBackpressure(f"Redis is out of memory; parameters not published: {exc}") from exc
         except redis.RedisError:
             self._version = None  # unsure what meta holds now: re-read it next time
             raise
@@ -214,12 +273,61 @@ class ParameterPublisher:
         return new
 
     def _upload(self, blob: bytes) -> None:
+        """SET the first piece (with the leak-guard TTL), then SETRANGE the others at their
+        offsets: a re-sent piece lands where it belongs (an APPEND would duplicate it), and
+        SETRANGE keeps the TTL, whose presence the script checks."""
         piece = self._config.write_piece_bytes
         view = memoryview(blob)
-        self._client.set(self._staging, view[:piece], px=int(self._config.pending_ttl_s * 1000))
-        # APPENDs in pieces pace replication and bound the query buffer; APPEND keeps the TTL.
+        ttl_ms = int(self._config.pending_ttl_s * 1000)
+        self._retrying(lambda: self._client.set(self._staging, view[:piece], px=ttl_ms))
         for start in range(piece, len(blob), piece):
-            self._client.append(self._staging, view[start:start + piece])
+            self._retrying(partial(self._client.setrange, self._staging, start, view[start:start + piece]))
+
+    def _swap_in(self, blob: bytes, fields: list) -> int:
+        """Run the publish script until it takes the staged blob (at most 3 tries); the new version."""
+        tries_left = 3
+        while True:
+            prev = self.version
+            new = max(prev, self._floor) + 1
+            keys = [self._keys.meta, self._staging, self._keys.blob(new), self._keys.blob(prev)]
+            args = [new, prev, len(blob), self._config.read_piece_bytes, *fields,
+                    int(self._config.grace_s * 1000), self._keys.notify]
+            try:
+                self._retrying(partial(self._scripts.call, "publish", keys=keys, args=args))
+                return new
+            except ScriptError as exc:
+                # The script wrote nothing. A lost staging key means Redis restarted mid-publish:
+                # upload again. Meta behind our own last version means a Redis that restarted
+                # empty: re-read it and go on. Meta ahead of it means another publisher: refuse.
+                tries_left -= 1
+                if tries_left == 0:
+                    raise
+                if "STAGING" in str(exc):
+                    self._upload(blob)
+                    continue
+                self._version = None
+                if self.version >= self._floor:
+                    raise
+
+    def _discard_staging(self) -> None:
+        try:
+            self._client.delete(self._staging)  # DEL frees memory and is allowed under OOM
+        except redis.RedisError as exc:
+            log.warning("could not delete the staged parameter blob (its TTL will): %s", exc)
+
+    def _retrying(self, step: Callable[[], T]) -> T:
+        """``step()``, re-sent up to ``retries`` times after connection errors (it must be
+        idempotent); blocks for the backoff sleeps; the last error propagates."""
+        backoff = Backoff(self._config.retry_base_s, 1.0)
+        while True:
+            try:
+                return step()
+            except OUTAGE_ERRORS as exc:
+                if backoff.failures >= self._config.retries:
+                    raise
+                delay = backoff.next_delay()
+                log.warning("parameter publish: Redis unavailable (%s); retrying in %.2fs", exc, delay)
+                time.sleep(delay)
 
 
 class ParameterClient:
@@ -227,6 +335,8 @@ class ParameterClient:
 
     Not thread-safe; one per process. ``fetch`` never raises for Redis outages or bad blobs: it
     logs a warning and returns ``(None, info)``, and the caller keeps its current parameters.
+    A version that failed verification is counted in :attr:`rejections` and downloaded again only
+    after a capped backoff (``reject_backoff_s`` doubling to ``reject_backoff_cap_s``).
     """
 
     def __init__(self, client: redis.Redis, run: str, config: ParameterClientConfig) -> None:
@@ -235,31 +345,53 @@ class ParameterClient:
         self._config = config
         self._info = ParamInfo.nothing()
         self._failures = 0
+        self._rejections = 0
+        self._rejected_version = 0  # the version whose download failed last, 0 if none
+        self._retry_at = 0.0  # time.monotonic() after which that version may be downloaded again
+        self._reject_backoff = Backoff(config.reject_backoff_s, config.reject_backoff_cap_s)
 
     @property
     def info(self) -> ParamInfo:
         """What the last successful fetch loaded (version 0 before any)."""
         return self._info
 
+    @property
+    def rejections(self) -> int:
+        """Downloads rejected so far (digest or size mismatch, missing blob, undecodable or
+        mismatched contents), counted once per attempt; Redis outages do not count. A rising
+        count while the published version stays the same means the live blob is unusable."""
+        return self._rejections
+
     def fetch(self, force: bool = False) -> tuple[ParamDict | None, ParamInfo]:
         """Poll the published version; download, verify and decode it if it differs from the one
-        loaded last (or always with ``force``).
+        loaded last (or always with ``force``, which also skips a rejection's backoff).
 
         Returns ``(params, info)`` for a new version (the arrays are read-only views of the
         downloaded blob: copy before writing), ``(None, info)`` when nothing changed,
-        nothing is published yet, or the download failed (warning logged); ``info`` always
-        describes the parameters this client holds. Blocks for one round trip when nothing
-        changed; for a download, one more for meta and the first ``max_in_flight`` chunks (read
-        as one range), then one per ``max_in_flight`` further chunks.
+        nothing is published yet, the version was rejected less than its backoff ago, or the
+        download failed (warning logged); ``info`` always describes the parameters this client
+        holds. Blocks for one round trip when nothing changed; for a download, one more for
+        meta and the first ``max_in_flight`` pieces (read as one range), then one per
+        ``max_in_flight`` further pieces.
         """
+        version = 0  # unknown until the poll parsed
         try:
             raw = self._client.hget(self._keys.meta, "version")
-            if raw is None or (not force and int(raw) == self._info.version):
+            if raw is None:
                 self._recovered()
                 return None, self._info
-            params, info = self._download(int(raw))
-        except (redis.RedisError, ParamFetchError, CodecError, ValueError) as exc:
+            version = _parse_version(raw)
+            if not force and version == self._info.version:
+                self._recovered()
+                return None, self._info
+            if not force and version == self._rejected_version and time.monotonic() < self._retry_at:
+                return None, self._info
+            params, info = self._download(version)
+        except redis.RedisError as exc:
             self._failed(exc)
+            return None, self._info
+        except (ParamFetchError, CodecError, ValueError) as exc:
+            self._rejected(version, exc)
             return None, self._info
         self._recovered()
         self._info = info
@@ -271,22 +403,24 @@ class ParameterClient:
         return _parse_meta(self._client.hgetall(self._keys.meta))[0]
 
     def _download(self, version: int) -> tuple[ParamDict, ParamInfo]:
-        # The meta read carries the first max_in_flight chunks of the polled version as one range
-        # (GETRANGE stops at the end), so a blob of up to that many chunks costs one round trip
+        # The meta read carries the first max_in_flight pieces of the polled version as one range
+        # (GETRANGE stops at the end), so a blob of up to that many pieces costs one round trip
         # and arrives in one piece: no copy to join pieces (the same reply bytes in flight).
         step = self._config.max_in_flight
-        head_bytes = step * (self._config.chunk_bytes or DEFAULT_CHUNK_BYTES)
+        head_bytes = step * (self._config.piece_bytes or DEFAULT_PIECE_BYTES)
         pipe = self._client.pipeline(transaction=False)
         pipe.hgetall(self._keys.meta)
         pipe.getrange(self._keys.blob(version), 0, head_bytes - 1)
         meta, head = pipe.execute()
-        info, chunk, codec, spec = _parse_meta(meta)
+        info, piece, codec, spec = _parse_meta(meta)
         if info.version == 0:
             raise ParamFetchError("parameter metadata vanished between poll and download")
         if codec not in (CODEC, CODEC + "+lz4"):
             raise ParamFetchError(f"v{info.version}: unknown parameter codec {codec!r}")
+        if not info.digest.startswith(f"{DIGEST_ALGO}:"):
+            raise ParamFetchError(f"v{info.version}: unknown digest {info.digest!r} (expected {DIGEST_ALGO})")
         key = self._keys.blob(info.version)
-        hasher = hashlib.sha256()  # each piece is hashed while it is still in the CPU cache
+        hasher = xxhash.xxh3_128()  # each piece is hashed while it is still in the CPU cache
         parts: list[bytes] = []
 
         def take(part: bytes, start: int, size: int) -> None:
@@ -300,19 +434,19 @@ class ParameterClient:
 
         if info.version == version:  # else a newer version was published since the poll: read it all
             take(head, 0, head_bytes)
-        chunk = self._config.chunk_bytes or chunk
-        starts = range(sum(map(len, parts)), info.nbytes, chunk)
+        piece = self._config.piece_bytes or piece
+        starts = range(sum(map(len, parts)), info.nbytes, piece)
         for first in range(0, len(starts), step):
             batch = starts[first:first + step]
             pipe = self._client.pipeline(transaction=False)
             for start in batch:
-                pipe.getrange(key, start, min(start + chunk, info.nbytes) - 1)
+                pipe.getrange(key, start, min(start + piece, info.nbytes) - 1)
             for start, part in zip(batch, pipe.execute()):
-                take(part, start, chunk)
-        buf = b"".join(parts) if len(parts) > 1 else parts[0]
-        got = f"{_DIGEST_ALGO}:{hasher.hexdigest()}"
+                take(part, start, piece)
+        got = f"{DIGEST_ALGO}:{hasher.hexdigest()}"
         if got != info.digest:
             raise ParamFetchError(f"v{info.version}: digest mismatch (meta {info.digest}, blob {got})")
+        buf = b"".join(parts) if len(parts) > 1 else parts[0]
         tree = decode_tree(buf, copy=False)  # read-only views: consumers copy into their own tensors
         if not isinstance(tree, dict):
             raise ParamFetchError(f"v{info.version}: blob holds a {type(tree).__name__}, not a parameter dict")
@@ -320,6 +454,16 @@ class ParameterClient:
         if param_spec(params) != spec:
             raise ParamFetchError(f"v{info.version}: decoded parameters do not match the published spec")
         return params, info
+
+    def _rejected(self, version: int, exc: Exception) -> None:
+        self._rejections += 1
+        if version != self._rejected_version:
+            self._rejected_version = version
+            self._reject_backoff.reset()
+        delay = self._reject_backoff.next_delay()
+        self._retry_at = time.monotonic() + delay
+        log.warning("parameter v%d rejected (%d rejections so far), keeping v%d; next try in %.1fs: %s",
+                    version, self._rejections, self._info.version, delay, exc)
 
     def _failed(self, exc: Exception) -> None:
         self._failures += 1
@@ -335,18 +479,27 @@ class ParameterClient:
             self._failures = 0
 
 
+def _parse_version(raw: bytes) -> int:
+    try:
+        version = int(raw)
+    except ValueError:
+        version = -1
+    if version < 1:
+        raise ParamFetchError(f"malformed published parameter version {raw!r}")
+    return version
+
+
 def _parse_meta(meta: dict[bytes, bytes]) -> tuple[ParamInfo, int, str, dict]:
-    """(info, chunk, codec, spec) from a raw meta hash; empty meta gives version 0."""
+    """(info, read piece size, codec, spec) from a raw meta hash; empty meta gives version 0."""
     if not meta:
         return ParamInfo.nothing(), 0, "", {}
     try:
         fields = {k.decode(): v.decode() for k, v in meta.items()}
         info = ParamInfo(version=int(fields["version"]), iteration=int(fields["iteration"]),
                          time=float(fields["time"]), digest=fields["digest"], nbytes=int(fields["nbytes"]))
-        chunk, codec, spec = int(fields["chunk"]), fields["codec"], json.loads(fields["spec"])
+        piece, codec, spec = int(fields["piece"]), fields["codec"], json.loads(fields["spec"])
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise ParamFetchError(f"malformed parameter metadata {meta!r}: {exc!r}") from None
-    if not (0 < info.nbytes <= MAX_BLOB_BYTES and chunk >= 1024 and isinstance(spec, dict)):
-        raise ParamFetchError(f"implausible parameter metadata: nbytes {info.nbytes}, chunk {chunk}")
-    return info, chunk, codec, spec
-
+    if not (0 < info.nbytes <= MAX_BLOB_BYTES and piece >= 1024 and isinstance(spec, dict)):
+        raise ParamFetchError(f"implausible parameter metadata: nbytes {info.nbytes}, piece {piece}")
+    return info, piece, codec, spec

@@ -3,12 +3,14 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from surreal_redis.connection import RedisSettings, connect
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,
     ParameterPublisher,
+    PublishBackpressure,
     PublisherConfig,
 )
 from surreal_redis.hub.run.heartbeat import Heartbeat, prune_stale, read_agents
@@ -51,9 +53,9 @@ def test_publish_on_real_server_survives_script_flush(real_redis):
     pubsub.close()
 
 
-def test_chunked_fetch_of_multi_megabyte_blob(real_redis):
-    # 6 MB written as 1 MiB APPEND pieces, read as 512 KiB GETRANGEs, 3 per round trip
-    pub = ParameterPublisher(real_redis, RUN, PublisherConfig(write_piece_bytes=1 << 20, chunk_bytes=1 << 19))
+def test_piecewise_fetch_of_multi_megabyte_blob(real_redis):
+    # 6 MB written as 1 MiB SETRANGE pieces, read as 512 KiB GETRANGEs, 3 per round trip
+    pub = ParameterPublisher(real_redis, RUN, PublisherConfig(write_piece_bytes=1 << 20, read_piece_bytes=1 << 19))
     client = ParameterClient(real_redis, RUN, ParameterClientConfig(max_in_flight=3))
     params = big_params(6)
     pub.publish(params, 1)
@@ -88,3 +90,107 @@ def test_heartbeats_on_real_server(real_redis):
     Heartbeat(real_redis, RUN, 1, ttl_s=5).beat(30, 2, 3)
     assert prune_stale(real_redis, RUN, ttl_s=0.2) == ["0"]
     assert [a.steps for a in read_agents(real_redis, RUN, ttl_s=0.2)] == [30]
+
+
+def lose_first_reply(monkeypatch, client, command):
+    """The first ``command`` runs on the server, then raises as if its reply were lost."""
+    original = getattr(client, command)
+    calls = []
+
+    def lossy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls.append(args)
+        if len(calls) == 1:
+            raise redis.ConnectionError(f"{command} reply lost (simulated)")
+        return result
+    monkeypatch.setattr(client, command, lossy)
+    return calls
+
+
+def test_publish_whose_reply_was_lost_is_not_refused(real_redis, monkeypatch):
+    pub = ParameterPublisher(real_redis, RUN, PublisherConfig(write_piece_bytes=1 << 18, retry_base_s=0.001))
+    pub.publish(big_params(1), 1)
+    evals = lose_first_reply(monkeypatch, real_redis, "evalsha")
+    pieces = lose_first_reply(monkeypatch, real_redis, "setrange")
+    assert pub.publish(big_params(1, seed=1), 2) == 2  # the re-sent script call finds v2 live: success
+    assert len(evals) == 2 and len(pieces) == 4 + 1  # 1 MiB: a SET and 4 SETRANGEs, one re-sent
+    got, info = ParameterClient(real_redis, RUN, ParameterClientConfig()).fetch()
+    assert info.version == 2 and info.nbytes == real_redis.strlen(KEYS.blob(2))
+    np.testing.assert_array_equal(got["actor/w"], big_params(1, seed=1)["actor/w"])
+    assert real_redis.hget(KEYS.meta, "version") == b"2" and not real_redis.exists(KEYS.blob(3))
+
+
+def test_tampered_blob_is_rejected_then_republished(real_redis, caplog):
+    pub = ParameterPublisher(real_redis, RUN, PublisherConfig())
+    agents = [ParameterClient(real_redis, RUN, ParameterClientConfig(reject_backoff_s=30)) for _ in range(2)]
+    pub.publish(big_params(1), 1)
+    for agent in agents:
+        assert agent.fetch()[0] is not None
+    pub.publish(big_params(1, seed=1), 2)
+    real_redis.setrange(KEYS.blob(2), 1 << 19, b"\xff\xfe")  # corrupted in place, same length
+    with caplog.at_level(logging.WARNING, logger="surreal_redis.hub.params"):
+        for _ in range(3):
+            for agent in agents:
+                assert agent.fetch() == (None, agent.info)
+    assert [(a.info.version, a.rejections) for a in agents] == [(1, 1), (1, 1)]  # no re-download yet
+    assert caplog.text.count("digest mismatch") == 2
+    # the learner hears of the rejections (say, through heartbeats) and republishes above them
+    assert pub.republish(big_params(1, seed=2), 3, above=2) == 3
+    for agent in agents:
+        got, info = agent.fetch()
+        assert info.version == 3
+        np.testing.assert_array_equal(got["actor/w"], big_params(1, seed=2)["actor/w"])
+
+
+def test_out_of_memory_at_staging_is_backpressure(real_redis):
+    pub = ParameterPublisher(real_redis, RUN, PublisherConfig())
+    pub.publish(big_params(1), 1)
+    used = int(real_redis.info("memory")["used_memory"])
+    real_redis.config_set("maxmemory", used - (256 << 10))  # already full: the staging SET is refused
+    with pytest.raises(PublishBackpressure, match="out of memory"):
+        pub.publish(big_params(1, seed=1), 2)
+    assert real_redis.keys(f"{KEYS.tag}:staging:*") == []
+    assert real_redis.hget(KEYS.meta, "version") == b"1" and not real_redis.exists(KEYS.blob(2))
+    real_redis.config_set("maxmemory", 128 << 20)  # memory freed (the learner trimmed experience)
+    assert pub.publish(big_params(1, seed=1), 2) == 2
+    assert ParameterClient(real_redis, RUN, ParameterClientConfig()).fetch()[1].version == 2
+
+
+def test_out_of_memory_at_the_script_leaves_nothing_half_done(real_redis, monkeypatch):
+    pub = ParameterPublisher(real_redis, RUN, PublisherConfig())
+    pub.publish(big_params(1), 1)
+    original = real_redis.evalsha
+
+    def fill_memory_first(*args):
+        used = int(real_redis.info("memory")["used_memory"])
+        real_redis.config_set("maxmemory", used - (256 << 10))  # the upload landed, then memory ran out
+        return original(*args)
+    monkeypatch.setattr(real_redis, "evalsha", fill_memory_first)
+    with pytest.raises(PublishBackpressure):
+        pub.publish(big_params(1, seed=1), 2)
+    monkeypatch.setattr(real_redis, "evalsha", original)
+    real_redis.config_set("maxmemory", 128 << 20)
+    assert real_redis.hget(KEYS.meta, "version") == b"1" and not real_redis.exists(KEYS.blob(2))
+    assert real_redis.keys(f"{KEYS.tag}:staging:*") == []
+    got, info = ParameterClient(real_redis, RUN, ParameterClientConfig()).fetch()
+    assert info.version == 1
+    np.testing.assert_array_equal(got["actor/w"], big_params(1)["actor/w"])
+
+
+def test_restart_mid_upload_is_uploaded_again(redis_server):
+    client = connect(redis_server.url)
+    pub = ParameterPublisher(client, RUN, PublisherConfig(write_piece_bytes=1 << 18))
+    original = client.setrange
+    calls = []
+
+    def restart_after_second_piece(*args):
+        calls.append(args)
+        if len(calls) == 2:  # the key the SET made is gone, as after a restart without persistence
+            client.delete(*client.keys(f"{KEYS.tag}:staging:*"))
+        return original(*args)  # ... and SETRANGE recreates it zero-filled, without the TTL
+    client.setrange = restart_after_second_piece
+    assert pub.publish(big_params(1), 1) == 1
+    assert len(calls) == 2 * 4
+    got, info = ParameterClient(client, RUN, ParameterClientConfig()).fetch()
+    np.testing.assert_array_equal(got["actor/w"], big_params(1)["actor/w"])
+    client.close()

@@ -12,7 +12,9 @@ from surreal_redis.hub.params import (
     ParameterClientConfig,
     ParameterPublisher,
     ParamInfo,
+    PublishBackpressure,
     PublisherConfig,
+    blob_digest,
 )
 from surreal_redis.hub.run.heartbeat import Heartbeat, prune_stale, read_agents
 from surreal_redis.keys import RunKeys
@@ -78,7 +80,7 @@ def test_publish_fetch_round_trip(fake_redis):
     got, info = client.fetch()
     assert_params_equal(got, params)
     assert (info.version, info.iteration, info.nbytes) == (1, 3, fake_redis.strlen(KEYS.blob(1)))
-    assert info.digest.startswith("sha256:") and info.time > 0
+    assert info.digest == blob_digest(fake_redis.get(KEYS.blob(1))) and info.time > 0
     assert client.fetch_info() == info == client.info
     meta = fake_redis.hgetall(KEYS.meta)
     assert meta[b"message"] == b"hello"
@@ -87,9 +89,9 @@ def test_publish_fetch_round_trip(fake_redis):
     assert fake_redis.ttl(KEYS.blob(1)) == -1  # the publish script made the blob permanent
 
 
-def test_lz4_and_small_chunks_round_trip(fake_redis):
+def test_lz4_and_small_pieces_round_trip(fake_redis):
     pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(compress_min_bytes=64, write_piece_bytes=1024))
-    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(chunk_bytes=1024, max_in_flight=3))
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(piece_bytes=1024, max_in_flight=3))
     params = {"w": np.zeros((3000,), np.float32), "v": np.arange(5000, dtype=np.int32)}
     pub.publish(params, 0)
     assert fake_redis.hget(KEYS.meta, "codec") == b"srt1+lz4"
@@ -100,12 +102,12 @@ def test_lz4_and_small_chunks_round_trip(fake_redis):
 def test_fetch_downloads_only_when_version_changed(fake_redis):
     pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
     counting = CountingClient(fake_redis)
-    client = ParameterClient(counting, RUN, ParameterClientConfig(max_in_flight=2, chunk_bytes=4096))
-    pub.publish(make_params(n=4000), 1)  # ~64 KB: 16 chunks of 4 KiB
+    client = ParameterClient(counting, RUN, ParameterClientConfig(max_in_flight=2, piece_bytes=4096))
+    pub.publish(make_params(n=4000), 1)  # ~64 KB: 16 pieces of 4 KiB
     got, _ = client.fetch()
     assert got is not None
     assert counting.commands.count("getrange") == 1 + 14
-    # poll, meta + the first 2 chunks (one range), then 14 chunks 2 per round trip
+    # poll, meta + the first 2 pieces (one range), then 14 pieces 2 per round trip
     assert counting.round_trips == 1 + 1 + 7
     counting.commands.clear()
     for _ in range(5):
@@ -116,8 +118,8 @@ def test_fetch_downloads_only_when_version_changed(fake_redis):
     assert "getrange" in counting.commands
 
 
-def test_reads_follow_the_published_chunk_size(fake_redis):
-    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(chunk_bytes=256 << 10))
+def test_reads_follow_the_published_piece_size(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(read_piece_bytes=256 << 10))
     counting = CountingClient(fake_redis)
     client = ParameterClient(counting, RUN, ParameterClientConfig(max_in_flight=2))
     params = {"w": np.ones(3 << 18, np.float32)}  # 3 MiB and a small header
@@ -173,21 +175,38 @@ def test_publish_script_checks_staged_blob(fake_redis):
     pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
     pub.publish(make_params(), 1)
     scripts, staging = Scripts(fake_redis), KEYS.staging("ab" * 8)
-    fake_redis.set(staging, b"short")
+    fake_redis.set(staging, b"short", px=60_000)
 
     def call(new, prev, nbytes):
         return scripts.call("publish", [KEYS.meta, staging, KEYS.blob(new), KEYS.blob(prev)],
-                            [new, prev, nbytes, 1024, "sha256:x", "srt1", "{}", 0, "0", "", 1000, KEYS.notify])
-    with pytest.raises(ScriptError, match="has 5 bytes, declared 99"):
+                            [new, prev, nbytes, 1024, "xxh3_128:x", "srt1", "{}", 0, "0", "", 1000, KEYS.notify])
+    with pytest.raises(ScriptError, match="STAGING staged blob for version 2 has 5 bytes, declared 99"):
         call(2, 1, 99)
-    with pytest.raises(ScriptError, match="out of sync: declared previous version 0"):
+    with pytest.raises(ScriptError, match="VERSION publisher out of sync: declared previous version 0"):
         call(2, 0, 5)
-    with pytest.raises(ScriptError, match="not greater"):
+    with pytest.raises(ScriptError, match="VERSION version 1 is not greater"):
         call(1, 1, 5)
+    fake_redis.persist(staging)  # as if a SETRANGE recreated it after a restart lost the SET's key
+    with pytest.raises(ScriptError, match="STAGING .* has no TTL"):
+        call(2, 1, 5)
     fake_redis.delete(staging)
-    with pytest.raises(ScriptError, match="does not exist"):
+    with pytest.raises(ScriptError, match="STAGING .* does not exist"):
         call(2, 1, 5)
     assert fake_redis.hget(KEYS.meta, "version") == b"1" and not fake_redis.exists(KEYS.blob(2))
+
+
+def test_publish_script_takes_a_resent_call_as_success(fake_redis):
+    scripts, staging = Scripts(fake_redis), KEYS.staging("cd" * 8)
+    fake_redis.set(staging, b"x" * 2000, px=60_000)
+
+    def call(digest):
+        return scripts.call("publish", [KEYS.meta, staging, KEYS.blob(1), KEYS.blob(0)],
+                            [1, 0, 2000, 1024, digest, "srt1", "{}", 0, "0", "", 1000, KEYS.notify])
+    assert call("xxh3_128:aa") == 1
+    assert call("xxh3_128:aa") == 1  # the first reply was lost: the same call again is success
+    with pytest.raises(ScriptError, match="VERSION version 1 is not greater"):
+        call("xxh3_128:bb")  # same version, other contents: a second publisher
+    assert fake_redis.hget(KEYS.meta, "digest") == b"xxh3_128:aa" and fake_redis.strlen(KEYS.blob(1)) == 2000
 
 
 def test_publisher_resumes_from_meta(fake_redis):
@@ -209,25 +228,135 @@ def test_bad_params_are_rejected_by_name(fake_redis):
         pub.publish(make_params(), -1)
     with pytest.raises(ValueError, match="message must be a string, got 3"):
         pub.publish(make_params(), 1, message=3)
-    with pytest.raises(ValueError, match="chunk_bytes"):
-        PublisherConfig(chunk_bytes=10)
+    with pytest.raises(ValueError, match="read_piece_bytes must be >= 1024, got 10"):
+        PublisherConfig(read_piece_bytes=10)
+    with pytest.raises(ValueError, match="piece_bytes must be >= 1024 or None, got 10"):
+        ParameterClientConfig(piece_bytes=10)
+    with pytest.raises(ValueError, match="retries must be >= 0, got -1"):
+        PublisherConfig(retries=-1)
+    with pytest.raises(ValueError, match="reject_backoff_s <= reject_backoff_cap_s, got 5, 1"):
+        ParameterClientConfig(reject_backoff_s=5, reject_backoff_cap_s=1)
+    with pytest.raises(ValueError, match="above must be an integer >= 0, got -1"):
+        pub.republish(make_params(), 1, above=-1)
     with pytest.raises(ValueError, match="invalid publisher id '../x'"):
         KEYS.staging("../x")
     assert not fake_redis.exists(KEYS.meta)
 
 
-def test_digest_mismatch_gives_none_and_warning(fake_redis, caplog):
+def test_rejected_blob_keeps_params_backs_off_and_is_counted(fake_redis, caplog, monkeypatch):
+    clock = {"now": 100.0}
+    monkeypatch.setattr("surreal_redis.hub.params.time.monotonic", lambda: clock["now"])
     pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
-    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    counting = CountingClient(fake_redis)
+    client = ParameterClient(counting, RUN, ParameterClientConfig(reject_backoff_s=2, reject_backoff_cap_s=8))
     pub.publish(make_params(), 1)
     first, info = client.fetch()
     pub.publish(make_params(1), 2)
-    blob = bytearray(fake_redis.get(KEYS.blob(2)))
-    blob[-1] ^= 0xFF  # same length, different bytes
-    fake_redis.set(KEYS.blob(2), bytes(blob))
+    last = fake_redis.strlen(KEYS.blob(2)) - 1
+    fake_redis.setrange(KEYS.blob(2), last, bytes([fake_redis.getrange(KEYS.blob(2), last, last)[0] ^ 0xFF]))
     with caplog.at_level(logging.WARNING, logger="surreal_redis.hub.params"):
         assert client.fetch() == (None, info)
-    assert "digest mismatch" in caplog.text and client.info.version == 1
+    assert "digest mismatch" in caplog.text and client.info.version == 1 and client.rejections == 1
+
+    def downloads_after(seconds):
+        clock["now"] += seconds
+        counting.commands.clear()
+        assert client.fetch() == (None, info)
+        return counting.commands.count("getrange")
+    # jittered backoff: the k-th wait is within [2 * 2^(k-1), 2 * 2^k] s, capped at [4, 8] s
+    assert downloads_after(1.9) == 0 and client.rejections == 1  # polls, but no download yet
+    assert downloads_after(2.2) == 1 and client.rejections == 2
+    assert downloads_after(3.9) == 0
+    assert downloads_after(4.2) == 1
+    assert [downloads_after(8.1), downloads_after(8.1), downloads_after(3.9)] == [1, 1, 0]
+    assert client.rejections == 5 and client.info.version == 1
+    assert client.fetch(force=True) == (None, info) and client.rejections == 6  # force skips the wait
+    pub.republish(make_params(2), 3, above=2)  # a new version is fetched at once
+    got, new_info = client.fetch()
+    assert new_info.version == 3 and client.rejections == 6
+    assert_params_equal(got, make_params(2))
+
+
+def test_republish_goes_above_every_version_seen(fake_redis):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(min_publish_interval=3600))
+    assert pub.publish(make_params(), 1) == 1
+    ParameterPublisher(fake_redis, RUN, PublisherConfig()).publish(make_params(1), 2)  # meta moves to 2
+    assert pub.republish(make_params(2), 3) == 3  # no refusal, no interval
+    assert pub.republish(make_params(2), 4, above=9) == 10  # agents reported v9 (a Redis that lost it)
+    assert pub.publish(make_params(3), 5, force=True) == 11
+    got, info = ParameterClient(fake_redis, RUN, ParameterClientConfig()).fetch()
+    assert (info.version, info.iteration) == (11, 5)
+
+
+def lose_replies(monkeypatch, client, command, losses=1):
+    """The first ``losses`` calls of ``command`` run on the server, then raise as if the reply
+    were lost on the way back; returns the list of calls."""
+    original = getattr(client, command)
+    calls = []
+
+    def lossy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls.append(args)
+        if len(calls) <= losses:
+            raise redis.ConnectionError(f"{command} reply lost (simulated)")
+        return result
+    monkeypatch.setattr(client, command, lossy)
+    return calls
+
+
+def test_lost_replies_are_resent_without_harm(fake_redis, monkeypatch):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(write_piece_bytes=1024, retry_base_s=0.001))
+    evals = lose_replies(monkeypatch, fake_redis, "evalsha")
+    pieces = lose_replies(monkeypatch, fake_redis, "setrange", losses=2)
+    params = make_params(n=2000)  # ~32 KB: a SET and 31 SETRANGEs
+    assert pub.publish(params, 1) == 1
+    assert len(evals) == 2 and len(pieces) > 30  # the script and two pieces ran twice
+    got, info = ParameterClient(fake_redis, RUN, ParameterClientConfig()).fetch()
+    assert info.version == 1 and info.nbytes == fake_redis.strlen(KEYS.blob(1))
+    assert_params_equal(got, params)
+    assert fake_redis.keys(f"{KEYS.tag}:staging:*") == []
+
+
+def test_retries_are_bounded(fake_redis, monkeypatch):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(retries=2, retry_base_s=0.001))
+    calls = lose_replies(monkeypatch, fake_redis, "set", losses=10)
+    with pytest.raises(redis.ConnectionError, match="reply lost"):
+        pub.publish(make_params(), 1)
+    assert len(calls) == 3 and not fake_redis.exists(KEYS.meta)
+
+
+def test_staging_lost_before_the_script_is_uploaded_again(fake_redis, monkeypatch):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(write_piece_bytes=1024))
+    pub.publish(make_params(), 1)  # loads the script
+    original = fake_redis.evalsha
+    calls = []
+
+    def restart_first(*args):
+        calls.append(args)
+        if len(calls) == 1:  # as if Redis restarted between the upload and the script
+            fake_redis.delete(*fake_redis.keys(f"{KEYS.tag}:staging:*"))
+        return original(*args)
+    monkeypatch.setattr(fake_redis, "evalsha", restart_first)
+    assert pub.publish(make_params(1), 2) == 2
+    assert len(calls) == 2
+    got, _ = ParameterClient(fake_redis, RUN, ParameterClientConfig()).fetch()
+    assert_params_equal(got, make_params(1))
+
+
+def test_out_of_memory_is_backpressure(fake_redis, monkeypatch):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(write_piece_bytes=1024))
+    pub.publish(make_params(), 1)
+    original = fake_redis.setrange
+
+    def full(*args):
+        original(*args)  # the first piece landed, then memory ran out
+        raise redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+    monkeypatch.setattr(fake_redis, "setrange", full)
+    with pytest.raises(PublishBackpressure, match="out of memory"):
+        pub.publish(make_params(1), 2)
+    assert fake_redis.keys(f"{KEYS.tag}:staging:*") == []  # the partial upload is freed at once
+    monkeypatch.setattr(fake_redis, "setrange", original)
+    assert pub.publish(make_params(1), 2) == 2
 
 
 def test_expired_blob_gives_none_and_one_warning(fake_redis, caplog):
