@@ -187,11 +187,17 @@ def make_atari(config: EnvConfig, gym_id: str) -> gym.Env:
     env = gym.make(gym_id, frameskip=1, repeat_action_probability=atari.repeat_action_probability,
                    full_action_space=atari.full_action_space, obs_type="grayscale" if atari.grayscale else "rgb",
                    disable_env_checker=True, **config.kwargs)
+    return wrap_atari(env, atari, config.max_episode_steps)
+
+
+def wrap_atari(env: gym.Env, atari: AtariConfig, max_episode_steps: int | None = None) -> gym.Env:
+    """The preprocessing stack around an ALE env with ``frameskip=1`` (anything whose
+    ``unwrapped`` has ``ale.lives()``, ``get_action_meanings()`` and ``np_random``)."""
     if atari.noop_max > 0:
         env = NoopReset(env, atari.noop_max)
     env = MaxAndSkip(env, atari.frame_skip)
-    if config.max_episode_steps is not None:
-        env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
+    if max_episode_steps is not None:
+        env = gym.wrappers.TimeLimit(env, max_episode_steps)
     env = gym.wrappers.RecordEpisodeStatistics(env)
     if atari.episodic_life:
         env = EpisodicLife(env)

@@ -1,0 +1,145 @@
+"""Atari: the CleanRL/SB3 preprocessing stack (on a scripted fake ALE game, exactly, and on real
+ALE games), the hub round trip with frames stored once, PPO updates and an eval game."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from surreal_redis.algos.ppo_policy import PPOConfig
+from surreal_redis.envs import AtariConfig, EnvConfig, make_env, step_vector_env
+from surreal_redis.envs.atari import EpisodicLife, wrap_atari
+
+from .family import loaded_policy, obs_keys, play_eval_episode, play_into_hub, ppo_updates, receive_and_check
+
+needs_cv2 = pytest.mark.skipif(importlib.util.find_spec("cv2") is None, reason="opencv is not installed")
+needs_ale = pytest.mark.skipif(importlib.util.find_spec("ale_py") is None or importlib.util.find_spec("cv2") is None,
+                               reason="the 'atari' extra (ale-py, opencv) is not installed")
+CLEANRL_PPO = PPOConfig(hidden_sizes=(), learning_rate=2.5e-4, clip_coef=0.1, update_epochs=1, num_minibatches=2,
+                        device="cpu")
+NO_STICKY = AtariConfig(repeat_action_probability=0.0)
+
+
+class ScriptedGame(gym.Env):
+    """A fake ALE game: 3 lives, a life lost every 8 frames, raw reward 5 per frame; the screen
+    shows the frame number of the current game."""
+
+    observation_space = gym.spaces.Box(0, 255, (210, 160), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def __init__(self) -> None:
+        self.ale = SimpleNamespace(lives=lambda: self.lives)
+        self.game_resets = 0
+        self.frame = 0
+        self.lives = 3
+        self.frames_per_game: list[int] = []
+
+    def get_action_meanings(self) -> list[str]:
+        return ["NOOP", "FIRE", "RIGHT", "LEFT"]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.game_resets += 1
+        self.frame, self.lives = 0, 3
+        return np.full((210, 160), 0, np.uint8), {}
+
+    def step(self, action):
+        self.frame += 1
+        if self.frame % 8 == 0:
+            self.lives -= 1
+        if self.lives == 0:
+            self.frames_per_game.append(self.frame)
+        return np.full((210, 160), self.frame, np.uint8), 5.0, self.lives == 0, False, {}
+
+
+@needs_cv2
+def test_lost_life_terminates_without_resetting_the_game_and_episodes_report_raw_whole_games():
+    game = ScriptedGame()
+    envs = gym.vector.SyncVectorEnv([lambda: wrap_atari(game, AtariConfig(noop_max=0, frame_skip=2))],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs.reset(seed=0)
+    assert game.game_resets == 1
+    terminations, learner_rewards, episodes = 0, [], []
+    while len(episodes) < 2:
+        step = step_vector_env(envs, np.array([3]))
+        learner_rewards.append(float(step.rewards[0]))
+        terminations += int(step.terminated[0])
+        if step.terminated[0] and not step.episodes:  # a lost life: the game goes on
+            assert game.game_resets == 1 + len(episodes) and game.lives > 0
+        episodes += step.episodes.values()
+    assert terminations == 6  # 2 lost lives + 1 game over, twice
+    assert game.game_resets == 3
+    assert set(learner_rewards) == {1.0}  # clipped for training (raw: 10 per agent step)
+    # whole games with raw rewards, FIRE/RIGHT and no-op steps after lost lives included
+    assert [e.episode_return for e in episodes] == [5.0 * f for f in game.frames_per_game]
+    assert all(e.episode_length >= f // 2 for e, f in zip(episodes, game.frames_per_game))
+
+
+@needs_cv2
+def test_eval_mode_plays_the_whole_game_with_raw_rewards():
+    game = ScriptedGame()
+    config = EnvConfig(env_id="pong", atari=AtariConfig(noop_max=0, frame_skip=2)).for_mode("eval")
+    env = wrap_atari(game, config.atari)
+    assert not any(isinstance(w, EpisodicLife) for w in _wrappers(env))
+    env.reset(seed=0)
+    total, terminated = 0.0, False
+    while not terminated:
+        _, reward, terminated, _, _ = env.step(3)
+        total += reward
+    # the FIRE and RIGHT presses of the reset (2 agent steps of 2 frames) happen inside reset()
+    assert game.lives == 0 and total == 5.0 * (game.frames_per_game[0] - 4)
+
+
+def _wrappers(env):
+    while isinstance(env, gym.Wrapper):
+        yield env
+        env = env.env
+
+
+@needs_ale
+@pytest.mark.parametrize("game, config, shape", [
+    ("pong", AtariConfig(), (84, 84)),
+    ("BreakoutNoFrameskip-v4", AtariConfig(grayscale=False, screen_size=64), (64, 64, 3)),
+])
+def test_real_games_frames_and_spaces(game, config, shape):
+    env = make_env(EnvConfig(env_id=game, atari=config), seed=0)
+    assert env.observation_space == gym.spaces.Box(0, 255, shape, np.uint8)
+    obs, _ = env.reset()
+    assert obs.shape == shape and obs.dtype == np.uint8
+    assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(config.repeat_action_probability)
+    env.close()
+
+
+@needs_ale
+def test_breakout_life_loss_keeps_the_game_and_fires():
+    env = make_env(EnvConfig(env_id="breakout", atari=NO_STICKY), seed=3)
+    ale = env.unwrapped.ale
+    env.reset(seed=3)
+    frames_before = ale.getEpisodeFrameNumber()
+    terminated = False
+    while not terminated:
+        _, _, terminated, truncated, _ = env.step(0)  # never moves: the ball is missed
+        assert not truncated
+    assert ale.lives() == 4
+    env.reset()  # what the vector env's autoreset does after a lost life
+    assert ale.lives() == 4 and ale.getEpisodeFrameNumber() > frames_before  # same game, no restart
+    env.close()
+
+
+@needs_ale
+def test_pong_through_the_hub_stores_each_frame_once(fake_redis):
+    config = EnvConfig(env_id="pong", frame_stack=4, num_envs=2, atari=NO_STICKY)
+    played, _ = play_into_hub(fake_redis, config, steps=24, policy_config=CLEANRL_PPO)
+    chunks = receive_and_check(fake_redis, played)
+    assert chunks[0].obs[0].shape == (9, 84, 84) and chunks[0].obs[0].dtype == np.uint8
+    frames = 2 * (24 + 1 + played.ends)  # one new frame per env step, plus reset frames
+    assert obs_keys(fake_redis) <= frames < 4 * obs_keys(fake_redis)  # a stack of 4 would store 4x
+    algo = ppo_updates(chunks, played, CLEANRL_PPO)
+    policy = loaded_policy(algo, CLEANRL_PPO, played)
+    total, length = play_eval_episode(EnvConfig(env_id="pong", frame_stack=4, max_episode_steps=30,
+                                                atari=NO_STICKY), policy)
+    assert length == 30 - 2 and total <= 0  # the time limit counts the reset's FIRE and RIGHT steps
