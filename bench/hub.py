@@ -1,4 +1,4 @@
-"""Hub benchmark: ``python bench/hub.py [--quick]``.
+"""Hub benchmark: ``python bench/hub.py [--quick] [--params-only]``.
 
 Progress goes to stderr through logging; the last line of stdout is one JSON object with the
 results (see :func:`surreal_redis.testing.hub_bench.run_hub_bench`).
@@ -7,18 +7,23 @@ results (see :func:`surreal_redis.testing.hub_bench.run_hub_bench`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.hub_bench import run_hub_bench
+from surreal_redis.testing.hub_bench import BenchSizes, run_hub_bench
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, under a minute")
+    parser.add_argument("--params-only", action="store_true", help="only the parameter poll and fetch, seconds")
     args = parser.parse_args()
     setup_logging("INFO")
-    print(json.dumps(run_hub_bench(args.quick)))
+    sizes = BenchSizes.quick() if args.quick else BenchSizes()
+    if args.params_only:
+        sizes = dataclasses.replace(sizes, kinds={})
+    print(json.dumps(run_hub_bench(args.quick, sizes)))
 
 
 if __name__ == "__main__":

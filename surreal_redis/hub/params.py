@@ -8,6 +8,7 @@ Wire layout (key names from :class:`surreal_redis.keys.ParamKeys`):
   grace period after the next version replaces it. A published blob never changes.
 - ``meta``: hash ``version nbytes piece digest codec spec iteration time message``, swapped
   atomically by the publish script, which also announces ``version`` on the ``notify`` channel.
+  ``spec`` (JSON ``{name: [dtype, shape]}``) tells the shapes without a download.
 
 Agents poll ``HGET meta version`` (one tiny round trip); only a new version costs a download, read
 in ``piece``-sized GETRANGE pieces so that hundreds of agents fetching a big blob at once do not
@@ -412,7 +413,7 @@ class ParameterClient:
         pipe.hgetall(self._keys.meta)
         pipe.getrange(self._keys.blob(version), 0, head_bytes - 1)
         meta, head = pipe.execute()
-        info, piece, codec, spec = _parse_meta(meta)
+        info, piece, codec = _parse_meta(meta)
         if info.version == 0:
             raise ParamFetchError("parameter metadata vanished between poll and download")
         if codec not in (CODEC, CODEC + "+lz4"):
@@ -446,14 +447,13 @@ class ParameterClient:
         got = f"{DIGEST_ALGO}:{hasher.hexdigest()}"
         if got != info.digest:
             raise ParamFetchError(f"v{info.version}: digest mismatch (meta {info.digest}, blob {got})")
+        # The blob is byte for byte what the publisher encoded, so the contents match meta's spec
+        # (written by the same script call from the same parameters) without a second check.
         buf = b"".join(parts) if len(parts) > 1 else parts[0]
         tree = decode_tree(buf, copy=False)  # read-only views: consumers copy into their own tensors
         if not isinstance(tree, dict):
             raise ParamFetchError(f"v{info.version}: blob holds a {type(tree).__name__}, not a parameter dict")
-        params = {name: np.asarray(value) for name, value in tree.items()}
-        if param_spec(params) != spec:
-            raise ParamFetchError(f"v{info.version}: decoded parameters do not match the published spec")
-        return params, info
+        return {name: np.asarray(value) for name, value in tree.items()}, info
 
     def _rejected(self, version: int, exc: Exception) -> None:
         self._rejections += 1
@@ -489,17 +489,17 @@ def _parse_version(raw: bytes) -> int:
     return version
 
 
-def _parse_meta(meta: dict[bytes, bytes]) -> tuple[ParamInfo, int, str, dict]:
-    """(info, read piece size, codec, spec) from a raw meta hash; empty meta gives version 0."""
+def _parse_meta(meta: dict[bytes, bytes]) -> tuple[ParamInfo, int, str]:
+    """(info, read piece size, codec) from a raw meta hash; empty meta gives version 0."""
     if not meta:
-        return ParamInfo.nothing(), 0, "", {}
+        return ParamInfo.nothing(), 0, ""
     try:
         fields = {k.decode(): v.decode() for k, v in meta.items()}
         info = ParamInfo(version=int(fields["version"]), iteration=int(fields["iteration"]),
                          time=float(fields["time"]), digest=fields["digest"], nbytes=int(fields["nbytes"]))
-        piece, codec, spec = int(fields["piece"]), fields["codec"], json.loads(fields["spec"])
+        piece, codec = int(fields["piece"]), fields["codec"]
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise ParamFetchError(f"malformed parameter metadata {meta!r}: {exc!r}") from None
-    if not (0 < info.nbytes <= MAX_BLOB_BYTES and piece >= 1024 and isinstance(spec, dict)):
+    if not (0 < info.nbytes <= MAX_BLOB_BYTES and piece >= 1024):
         raise ParamFetchError(f"implausible parameter metadata: nbytes {info.nbytes}, piece {piece}")
-    return info, piece, codec, spec
+    return info, piece, codec
