@@ -7,14 +7,13 @@ when the version changed); a heartbeat and a look at the run's control state eve
 ``agent.heartbeat_every_s``. Finished episodes go to the episodes stream. A Redis outage is
 ridden out with capped backoff (experience of the outage is dropped and counted, never
 duplicated); the first SIGTERM/SIGINT or a ``stop`` flushes and exits 0, the second exits at once.
+A stop is noticed within a second even while the sender waits on backpressure (``max_lag``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import redis
@@ -23,11 +22,12 @@ from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.registry import make_policy
 from surreal_redis.codec import Tree
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff
+from surreal_redis.connection import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
+from surreal_redis.connection import Backoff, OutageGuard
 from surreal_redis.envs import make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError
 from surreal_redis.hub.params import ParameterClient
-from surreal_redis.hub.run.control import RunControl
+from surreal_redis.hub.run.control import RunControl, StopWatch
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.runtime import StopFlag
@@ -35,7 +35,7 @@ from surreal_redis.trees import tree_map
 
 log = logging.getLogger(__name__)
 
-OUTAGE_ERRORS = (*CONNECTION_ERRORS, HubUnavailableError, redis.exceptions.BusyLoadingError)
+OUTAGE_ERRORS = (*REDIS_OUTAGE_ERRORS, HubUnavailableError)
 
 
 def agent_seed(base_seed: int, agent_id: int) -> int:
@@ -71,11 +71,12 @@ class Agent:
         self.num_envs = self.envs.num_envs
         self.policy: AgentPolicy = make_policy(config, self.envs.single_observation_space,
                                                self.envs.single_action_space, self.num_envs, agent_id, seed)
-        self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards)
+        self.control = RunControl(client, config.run)
+        self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards,
+                                       stop=StopWatch(stop, self.control))
         self.params = ParameterClient(client, config.run, config.hub.params_client)
         self.heartbeat = Heartbeat(client, config.run, agent_id, config.agent.heartbeat_ttl_s)
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
-        self.control = RunControl(client, config.run)
         self.seed = seed
         self.steps = 0
         self.num_episodes = 0
@@ -113,26 +114,11 @@ class Agent:
         """Step until stopped; returns the process exit code (0 on a clean stop)."""
         log.info("agent %d: %s with %d env(s), shard %d", self.agent_id, self.config.env.env_id,
                  self.num_envs, self.sender.shard)
-        if self._outage_tolerant(self._wait_for_first_params):
+        guard = OutageGuard(f"agent {self.agent_id}", self.stop, errors=OUTAGE_ERRORS)
+        if guard.call(self._wait_for_first_params):
             self._loop()
         self._shutdown()
         return 0
-
-    def _outage_tolerant(self, call: Callable[[], Any]) -> Any:
-        """Run ``call`` until it succeeds, backing off (capped) while Redis is unavailable."""
-        backoff = Backoff(0.1, 5.0)
-        while not self.stop:
-            try:
-                result = call()
-            except OUTAGE_ERRORS as exc:
-                delay = backoff.next_delay()
-                log.warning("agent %d: Redis unavailable (%s); retrying in %.1fs", self.agent_id, exc, delay)
-                self.stop.wait(delay)
-                continue
-            if backoff.failures:
-                log.info("agent %d: Redis reachable again", self.agent_id)
-            return result
-        return None
 
     def _loop(self) -> None:
         cfg = self.config.agent
@@ -189,7 +175,8 @@ class Agent:
     def _shutdown(self) -> None:
         """Send what is buffered (best effort: Redis may be gone) and leave the agents table."""
         try:
-            self.sender.flush(self._last_obs)
+            if self.steps:  # stopped before its first step: nothing to send
+                self.sender.flush(self._last_obs)
             self.heartbeat.remove()
         except OUTAGE_ERRORS as exc:
             log.warning("agent %d: could not flush on shutdown (%s); %d steps unsent", self.agent_id, exc,

@@ -132,22 +132,32 @@ def main(ctx: click.Context, log_level: str) -> None:
 
 @main.command()
 @click.argument("config_path", metavar="CONFIG")
-@click.option("--agents", type=click.IntRange(min=0), default=None, help="Number of agents (agent.num_agents).")
+@click.option("--agents", type=click.IntRange(min=1), default=None, help="Number of agents (agent.num_agents).")
 @url_option
 @override_option
 @resume_options
+@click.option("--fresh", is_flag=True,
+              help="Start over when the experiment folder holds an earlier run: move it to <folder>.<time> first.")
 @click.pass_context
 @_fail_cleanly
 def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: str | None,
-           overrides: tuple[str, ...], resume: str | None, resume_from: Path | None) -> None:
-    """Run an experiment: embedded Redis (without a URL), learner, agents and eval."""
-    from surreal_redis.launcher import Launcher
+           overrides: tuple[str, ...], resume: str | None, resume_from: Path | None, fresh: bool) -> None:
+    """Run an experiment: embedded Redis (without a URL), learner, agents and eval.
+
+    Restarts crashed agents, eval and learner (from its latest checkpoint), rides out Redis
+    outages, and refuses to mix a new run into a folder holding an earlier one (see --resume, --fresh)."""
+    from surreal_redis.launcher import Launcher, LaunchError
 
     extra = [f"agent.num_agents={agents}"] if agents is not None else []
     config = _load(config_path, tuple(overrides) + tuple(extra), redis_url or resolve_url(None))
-    launcher = Launcher(config, StopFlag(), resume=resume, resume_from=resume_from,
-                        progress=lambda line: click.echo(line, err=True), log_level=ctx.obj["log_level"])
-    sys.exit(launcher.run())
+    try:
+        launcher = Launcher(config, StopFlag(), resume=resume, resume_from=resume_from,
+                            progress=lambda line: click.echo(line, err=True), log_level=ctx.obj["log_level"],
+                            fresh=fresh)
+        code = launcher.run()
+    except (LaunchError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)
 
 
 @main.command()
@@ -180,7 +190,7 @@ def learner(config_path: str | None, run_name: str | None, redis_url: str | None
     from surreal_redis.learner import Learner
 
     config = _load(config_path, overrides, redis_url, run_name)
-    sys.exit(Learner(config, _client(config), StopFlag(), resume=resume, resume_from=resume_from).run())
+    sys.exit(Learner.from_config(config, _client(config), StopFlag(), resume=resume, resume_from=resume_from).run())
 
 
 @main.command("eval")
@@ -324,8 +334,12 @@ def rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...
     """Evaluate a checkpoint (a file, or an experiment folder: its latest) locally."""
     from surreal_redis.rollout import run_rollout
 
-    returns = run_rollout(checkpoint, config_path, overrides, episodes, mode, video)
-    click.echo(json.dumps({"returns": returns, "mean": sum(returns) / len(returns)}))
+    result = run_rollout(checkpoint, config_path, overrides, episodes, mode, video)
+    click.echo(f"checkpoint {result.checkpoint} (update {result.iteration}): mean return "
+               f"{sum(result.returns) / len(result.returns):.2f} over {len(result.returns)} episodes", err=True)
+    click.echo(json.dumps({"checkpoint": str(result.checkpoint), "iteration": result.iteration,
+                           "returns": [round(r, 3) for r in result.returns],
+                           "mean": round(sum(result.returns) / len(result.returns), 3)}))
 
 
 @main.group()

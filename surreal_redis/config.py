@@ -98,7 +98,7 @@ class AgentConfig:
     heartbeat_every_s: float = 2.0
     heartbeat_ttl_s: float = 30.0
     restart_on_crash: bool = True
-    """``launch`` restarts a crashed agent (or eval) up to ``max_restarts`` times."""
+    """``launch`` restarts a crashed agent (or eval) up to ``max_restarts`` times, with backoff."""
     max_restarts: int = 5
 
     def __post_init__(self) -> None:
@@ -110,6 +110,8 @@ class AgentConfig:
             raise ValueError(f"fetch_every_episodes must be >= 1 or null, got {self.fetch_every_episodes}")
         if self.heartbeat_every_s <= 0 or self.heartbeat_ttl_s <= self.heartbeat_every_s:
             raise ValueError("need 0 < heartbeat_every_s < heartbeat_ttl_s")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,8 @@ class LearnerConfig:
     """Seconds between MLflow metric flushes and learner status reports."""
     torch_threads: int = 1
     """CPU threads for torch (small networks are fastest on one)."""
+    max_restarts: int = 3
+    """``launch`` restarts a crashed learner from its latest checkpoint up to this many times, with backoff."""
 
     def __post_init__(self) -> None:
         for name in ("steps_per_update", "learning_starts", "publish_every_updates", "prefetch_chunks",
@@ -142,6 +146,8 @@ class LearnerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.updates_per_step <= 0:
             raise ValueError(f"updates_per_step must be > 0, got {self.updates_per_step}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
+        if self.every_s <= 0:
+            raise ValueError(f"every_s must be > 0 seconds, got {self.every_s}")
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,10 @@ class StopConfig:
     def __post_init__(self) -> None:
         if self.return_window < 1:
             raise ValueError(f"return_window must be >= 1, got {self.return_window}")
+        if self.max_env_steps is not None and self.max_env_steps < 1:
+            raise ValueError(f"max_env_steps must be >= 1 or null, got {self.max_env_steps}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"max_seconds must be > 0 or null, got {self.max_seconds}")
 
 
 @dataclass(frozen=True)

@@ -198,13 +198,23 @@ def die_with_parent() -> None:
     os.setpgrp()
 
 
+# redis-server runs under a tiny sh that passes SIGTERM on and then deletes the server's directory,
+# so it goes away even when the process that started it is killed (sh gets die_with_parent's
+# SIGTERM). A server that exits by itself keeps its log for the error message; stop() deletes it.
+_REMOVE_DIR_ON_SIGNAL = (
+    '"$@" & pid=$!; signalled=; trap \'signalled=1; kill -TERM "$pid" 2>/dev/null\' TERM INT HUP; '
+    'while :; do wait "$pid"; code=$?; kill -0 "$pid" 2>/dev/null || break; done; '
+    'if [ -n "$signalled" ]; then rm -rf -- "$0"; fi; exit "$code"')
+
+
 class EmbeddedRedis:
     """A private ``redis-server`` on a unix socket in a temporary directory.
 
     No persistence (``save ""``, AOF off unless ``appendonly``), an explicit ``maxmemory`` with the
     ``noeviction`` policy. ``start()`` blocks until the server answers PING (or raises
     ``RuntimeError`` with the server's log). ``stop()`` shuts it down and removes the directory; it
-    also runs at interpreter exit, and the server gets SIGTERM if this process dies abruptly.
+    also runs at interpreter exit; if this process dies abruptly, the server gets SIGTERM and the
+    directory is removed all the same. ``process`` is the sh that watches the server.
     Usable as a context manager.
     """
 
@@ -240,7 +250,8 @@ class EmbeddedRedis:
             "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction",
             "--logfile", str(self.dir / "redis.log"), "--daemonize", "no",
         ]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        self.process = subprocess.Popen(["sh", "-c", _REMOVE_DIR_ON_SIGNAL, str(self.dir), *args],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         atexit.register(self.stop)
         deadline = time.monotonic() + self.start_timeout
@@ -274,11 +285,11 @@ class EmbeddedRedis:
     def stop(self) -> None:
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
-            process.terminate()  # redis-server shuts down cleanly on SIGTERM
+            process.terminate()  # redis-server shuts down cleanly on SIGTERM (the sh passes it on)
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)  # the sh and redis-server: its process group
                 process.wait()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -13,7 +13,7 @@ import redis
 from surreal_redis.algos.base import ActMode
 from surreal_redis.algos.registry import make_policy
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff
+from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
@@ -67,7 +67,8 @@ class Evaluator:
         self.seed = config.experiment.seed + 20_000 + 1000 * eval_id
 
     def run(self) -> int:
-        backoff = Backoff(0.2, 5.0)
+        """Evaluate until stopped (signal or the run's stop request); returns the exit code."""
+        guard = OutageGuard(self.name, self.stop)
         while not self.stop:
             try:
                 stopping, _ = self.control.stopping()
@@ -75,15 +76,14 @@ class Evaluator:
                     break
                 params, info = self.params.fetch()
                 if params is None:
+                    guard.succeeded()
                     self.stop.wait(self.config.eval.every_s if self.policy.version >= 0 else 0.2)
                     continue
                 self.policy.load_params(params, info.version)
                 self._evaluate(info.version)
-                backoff.reset()
-            except CONNECTION_ERRORS as exc:
-                delay = backoff.next_delay()
-                log.warning("%s: Redis unavailable (%s); retrying in %.1fs", self.name, exc, delay)
-                self.stop.wait(delay)
+                guard.succeeded()
+            except OUTAGE_ERRORS as exc:
+                guard.failed(exc)
                 continue
             self.stop.wait(self.config.eval.every_s)
         self.env.close()

@@ -1,25 +1,39 @@
 """``surreal-redis launch``: one experiment on this machine.
 
 Starts an embedded Redis when no URL is given, then the learner, N agents and one eval as child
-processes (each logging to ``<experiment>/logs/<name>.log``), shows progress, restarts crashed
-agents, and stops everything cleanly on Ctrl-C, on ``surreal-redis stop`` or when the learner
-reports that a stop condition was met.
+processes. Each child logs to ``<experiment>/logs/<name>.log`` and runs in that folder, so files
+that libraries drop into their working directory (MuJoCo's ``MUJOCO_LOG.TXT``) stay with the run.
+The launcher shows progress and supervises:
+
+- a crashed agent or eval is restarted, up to ``agent.max_restarts`` times, with backoff;
+- a crashed learner is restarted from its latest checkpoint, up to ``learner.max_restarts`` times,
+  with backoff. It reads under the same consumer name (``hub.receiver.consumer`` of the same
+  config file), so what it had read but not stored is still pending for it. The run fails once
+  the restarts are used up;
+- a Redis outage is ridden out like the children ride it out, and a Redis that came back empty
+  gets the run's config and control state again;
+- everything stops cleanly on Ctrl-C, on ``surreal-redis stop``, or when the learner reports that
+  a stop condition was met.
+
+A new run never shares an experiment folder with an earlier one. Without ``--resume`` the launch
+is refused, unless ``fresh`` asks to move the earlier run aside first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import EmbeddedRedis, connect, die_with_parent
+from surreal_redis.connection import OUTAGE_ERRORS, EmbeddedRedis, OutageGuard, connect, die_with_parent
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
@@ -28,6 +42,13 @@ from surreal_redis.runtime import StopFlag
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 30.0  # the learner writes a final checkpoint and MLflow artifacts on the way out
+RESTART_DELAY_S = 1.0  # before the first restart of a child; doubles with each restart
+RESTART_DELAY_CAP_S = 30.0
+SUPERVISE_EVERY_S = 0.5
+
+
+class LaunchError(RuntimeError):
+    """A launch refused before any process started; the message says what to do instead."""
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -37,53 +58,115 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+def restart_delay(restart: int) -> float:
+    """Seconds to wait before restart number ``restart`` (1, 2, ...) of a child: 1, 2, 4, ... 30."""
+    return min(RESTART_DELAY_CAP_S, RESTART_DELAY_S * 2 ** max(0, restart - 1))
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 @dataclass
 class Child:
-    """One child process of the launch and how to (re)start it."""
+    """One child process of the launch and how to (re)start it. ``restart_at``: monotonic time
+    of a scheduled restart (None: none scheduled)."""
 
     name: str
     args: list[str]
     log_path: Path
-    restartable: bool
+    max_restarts: int
     process: subprocess.Popen | None = None
     restarts: int = 0
-    started: float = field(default=0.0)
+    restart_at: float | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=die_with_parent)
-        self.started = time.monotonic()
+                                            cwd=self.log_path.parent, preexec_fn=die_with_parent)
+        self.restart_at = None
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def gone(self) -> bool:
+        """Exited for good: not running and no restart scheduled."""
+        return self.process is None and self.restart_at is None
+
+    def schedule_restart(self) -> float:
+        """Count one more restart and schedule it; returns its delay in seconds."""
+        self.restarts += 1
+        delay = restart_delay(self.restarts)
+        self.restart_at = time.monotonic() + delay
+        return delay
+
 
 class Launcher:
-    """Runs one experiment; :meth:`run` blocks and returns the exit code (0 when the learner
-    finished cleanly). ``progress`` receives one human-readable line every couple of seconds."""
+    """Runs one experiment; :meth:`run` blocks and returns the exit code (0 when the run ended
+    cleanly: stop condition, stop request or Ctrl-C; 1 when it failed). ``progress`` receives one
+    human-readable line every couple of seconds, and the summary at the end.
+
+    ``fresh``: an experiment folder that holds an earlier run is moved to ``<folder>.<time>``
+    instead of refusing the launch. Raises :class:`LaunchError` (before anything starts) for a
+    folder that holds an earlier run, a learner of the run that is still alive, or an unreachable
+    Redis; ``ValueError`` naming the setting for settings a launch cannot run with.
+    """
 
     def __init__(self, config: ExperimentConfig, stop: StopFlag, resume: str | None = None,
                  resume_from: Path | None = None, progress: Callable[[str], None] | None = None,
-                 log_level: str = "INFO") -> None:
+                 log_level: str = "INFO", fresh: bool = False) -> None:
+        if config.agent.num_agents < 1:
+            raise ValueError(f"launch needs at least one agent, got agent.num_agents={config.agent.num_agents}")
+        if fresh and resume is not None:
+            raise ValueError("--fresh starts the run over, --resume continues it: choose one")
         self.config, self.stop, self.resume, self.resume_from = config, stop, resume, resume_from
+        self.fresh = fresh
         self.progress = progress or (lambda line: log.info("%s", line))
         self.log_level = log_level
-        self.dir = config.experiment_dir
+        self.dir = config.experiment_dir.resolve()
         self.server: EmbeddedRedis | None = None
         self.children: list[Child] = []
+        self.url = ""
+        self.ending = ""  # why the run ended, for the summary
 
     # ---------------------------------------------------------------- set-up
     def _command(self, *role: str) -> list[str]:
         return [sys.executable, "-m", "surreal_redis.cli", "--log-level", self.log_level, *role,
                 "--config", str(self.dir / "config.yaml"), "--redis-url", self.url]
 
+    def _earlier_run(self) -> list[str]:
+        """What in the experiment folder shows an earlier run."""
+        found = [f"{name}/" for name in ("checkpoints", "logs") if any((self.dir / name).glob("*"))]
+        return found + [name for name in ("mlflow_run_id",) if (self.dir / name).exists()]
+
+    def _claim_folder(self) -> None:
+        """Refuse (or with ``fresh``, move aside) a folder holding an earlier run, unless resuming."""
+        found = self._earlier_run()
+        if not found or self.resume is not None:
+            return
+        archive = self.dir.with_name(f"{self.dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        if not self.fresh:
+            raise LaunchError(
+                f"{self.dir} already holds a run ({', '.join(found)}). Continue it with --resume, start over "
+                f"with --fresh (moves the earlier run to {archive.name}), or choose another experiment.name "
+                f"(-o experiment.name=NEW)")
+        suffix = 1
+        while archive.exists():
+            suffix += 1
+            archive = archive.with_name(f"{self.dir.name}.{time.strftime('%Y%m%d-%H%M%S')}-{suffix}")
+        self.dir.rename(archive)
+        log.info("moved the earlier run in %s to %s", self.dir, archive)
+
     def _prepare(self) -> redis.Redis:
         cfg = self.config
+        self._claim_folder()
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(cfg.to_yaml())
+        # Children run in logs/: every path they get must be absolute.
+        absolute = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, root=str(self.dir.parent)))
+        (self.dir / "config.yaml").write_text(absolute.to_yaml())
         if cfg.redis.url:
             self.url = cfg.redis.url
         else:
@@ -93,33 +176,46 @@ class Launcher:
         try:
             client.ping()
         except redis.RedisError as exc:
-            raise RuntimeError(f"cannot reach Redis at {self.url}: {exc}") from exc
-        status = RunControl(client, cfg.run).learner_status()
-        if status.get("state") == "running" and time.time() - float(status.get("time", 0)) < 30:
-            raise RuntimeError(f"a learner of run {cfg.run!r} is already running on {self.url} (pid "
-                               f"{status.get('pid')}); stop it or choose another experiment.name")
+            raise LaunchError(f"cannot reach Redis at {self.url}: {exc}") from exc
+        control = RunControl(client, cfg.run)
+        alive = control.learner_alive()
+        if alive:
+            raise LaunchError(f"a learner of run {cfg.run!r} is already running on {self.url} (pid {alive.get('pid')}, "
+                              f"reported {time.time() - float(alive['time']):.0f}s ago); stop it "
+                              f"(surreal-redis stop --run {cfg.run}) or choose another experiment.name")
         if self.resume is None:
-            dropped = RunControl(client, cfg.run).drop()
+            dropped = control.drop()
             if dropped:
                 log.info("removed %d keys left by an earlier run named %r", dropped, cfg.run)
-        control = RunControl(client, cfg.run)
-        control.store_config(cfg.to_yaml())
-        control.start()
+        self._write_run_state(control)
         return client
+
+    def _write_run_state(self, control: RunControl) -> None:
+        """The config for ``--run`` processes and the ``running`` state (again after Redis came back empty)."""
+        control.store_config(self.config.to_yaml())
+        control.start()
+
+    def _learner_command(self) -> list[str]:
+        """The learner, resumed from this run's latest checkpoint once there is one (a restart),
+        else as the launch was asked to start it."""
+        command = self._command("learner")
+        if any((self.dir / "checkpoints").glob("ckpt-*.pt")):
+            return command + ["--resume", "latest"]
+        if self.resume is not None:
+            command += ["--resume", self.resume]
+            if self.resume_from is not None:
+                command += ["--resume-from", str(self.resume_from.resolve())]
+        return command
 
     def _children(self) -> list[Child]:
         logs = self.dir / "logs"
-        learner = self._command("learner")
-        if self.resume is not None:
-            learner += ["--resume", self.resume]
-            if self.resume_from is not None:
-                learner += ["--resume-from", str(self.resume_from)]
-        children = [Child("learner", learner, logs / "learner.log", restartable=False)]
+        children = [Child("learner", self._learner_command(), logs / "learner.log", self.config.learner.max_restarts)]
+        agent_restarts = self.config.agent.max_restarts if self.config.agent.restart_on_crash else 0
         for agent_id in range(self.config.agent.num_agents):
             children.append(Child(f"agent-{agent_id}", self._command("agent", "--id", str(agent_id)),
-                                  logs / f"agent-{agent_id}.log", restartable=self.config.agent.restart_on_crash))
+                                  logs / f"agent-{agent_id}.log", agent_restarts))
         if self.config.eval.enabled:
-            children.append(Child("eval-0", self._command("eval"), logs / "eval-0.log", restartable=True))
+            children.append(Child("eval-0", self._command("eval"), logs / "eval-0.log", agent_restarts))
         return children
 
     # ---------------------------------------------------------------- running
@@ -147,90 +243,162 @@ class Launcher:
             return 1
         for child in others:
             child.start()
+        guard = OutageGuard("launcher", self.stop)
         next_progress = 0.0
         last_line = ""
-        while not self.stop:
-            self.stop.wait(0.5)
-            if learner.process.poll() is not None:
-                code = learner.process.returncode
-                if code != 0:
-                    log.error("learner crashed with exit code %d; stopping the run. Last log lines:\n%s",
-                              code, log_tail(learner.log_path))
-                    return 1
-                log.info("learner finished")
-                return 0
-            stopping, reason = control.stopping()
-            if stopping:
-                log.info("run stopping: %s", reason or "stop requested")
-                self._wait_learner(learner)
-                return 0 if learner.process.returncode in (0, None) else 1
+        while not self.stop.wait(SUPERVISE_EVERY_S):
+            code = self._check_learner(client, learner)
+            if code is not None:
+                return code
             for child in others:
                 self._check_child(child)
-            if time.monotonic() >= next_progress:
-                next_progress = time.monotonic() + 2.0
-                line = self._progress_line(client)
-                if line != last_line:  # the learner reports every learner.metrics_every_s
-                    self.progress(line)
-                    last_line = line
-        control.request_stop(self.stop.reason or "launcher stopped")
+            if all(child.gone for child in others if child.name.startswith("agent-")):
+                self.ending = "no agent left"
+                log.error("every agent exited and none is restarted any more; stopping the run")
+                return 1
+            if self.server is not None and self.server.process is not None and self.server.process.poll() is not None:
+                self.ending = "the embedded Redis died"
+                log.error("the embedded redis-server exited with code %d; stopping the run. Its log:\n%s",
+                          self.server.process.returncode, self.server.log_tail())
+                return 1
+            try:
+                stopping, reason = control.stopping()
+                if guard.failing:  # back after an outage, possibly empty: the run's state again
+                    if control.stored_config() is None:
+                        log.warning("Redis came back without the run's keys; writing its config and state again")
+                        self._write_run_state(control)
+                    guard.succeeded()
+                if stopping:
+                    self.ending = reason or "stop requested"
+                    log.info("run stopping: %s", self.ending)
+                    return self._wait_learner(learner)
+                if time.monotonic() >= next_progress:
+                    next_progress = time.monotonic() + 2.0
+                    line = self._progress_line(client, learner)
+                    if line != last_line:  # the learner reports every learner.metrics_every_s
+                        self.progress(line)
+                        last_line = line
+            except OUTAGE_ERRORS as exc:
+                guard.failed(exc)
+        self.ending = self.stop.reason or "launcher stopped"
         return 0
 
     def _wait_for_parameters(self, client: redis.Redis, learner: Child) -> bool:
         """Agents start once the learner has published its first parameters."""
         params = ParameterClient(client, self.config.run, self.config.hub.params_client)
+        guard = OutageGuard("launcher", self.stop)
         while not self.stop:
             if learner.process.poll() is not None:
+                self.ending = "the learner did not start"
                 log.error("learner exited with code %d before publishing parameters. Last log lines:\n%s",
                           learner.process.returncode, log_tail(learner.log_path))
+                self._note_learner_exit(client, learner)
                 return False
-            if params.fetch_info().version > 0:
-                return True
+            try:
+                if params.fetch_info().version > 0:
+                    guard.succeeded()
+                    return True
+            except OUTAGE_ERRORS as exc:
+                guard.failed(exc)
+                continue
             self.stop.wait(0.2)
         return False
 
+    def _check_learner(self, client: redis.Redis, learner: Child) -> int | None:
+        """None while the run goes on; else its exit code (the learner finished, or crashed with
+        no restart left). A crashed learner is restarted from its latest checkpoint."""
+        if learner.restart_at is not None:
+            if time.monotonic() >= learner.restart_at:
+                learner.args = self._learner_command()
+                resumed = "--resume" in learner.args
+                log.info("restarting the learner (restart %d of %d)%s", learner.restarts, learner.max_restarts,
+                         " from its latest checkpoint" if resumed else "")
+                learner.start()
+            return None
+        code = learner.process.poll()
+        if code is None:
+            return None
+        self._note_learner_exit(client, learner)
+        if code == 0:
+            try:
+                stopping, reason = RunControl(client, self.config.run).stopping()
+            except OUTAGE_ERRORS:
+                stopping, reason = False, ""
+            self.ending = reason if stopping and reason else "the learner finished"
+            log.info("learner finished")
+            return 0
+        tail = log_tail(learner.log_path)
+        if learner.restarts >= learner.max_restarts:
+            self.ending = f"the learner crashed (exit code {code}, restarts used: {learner.restarts} of {learner.max_restarts})"
+            log.error("learner crashed with exit code %d; stopping the run (restarts used: %d of %d). "
+                      "Last log lines:\n%s", code, learner.restarts, learner.max_restarts, tail)
+            return 1
+        delay = learner.schedule_restart()
+        log.error("learner crashed with exit code %d; restarting it in %.0fs (restart %d of %d). Last log lines:\n%s",
+                  code, delay, learner.restarts, learner.max_restarts, tail)
+        return None
+
+    def _note_learner_exit(self, client: redis.Redis, learner: Child) -> None:
+        """Tell Redis the learner is gone, so a ``--resume`` right after is not refused (best effort)."""
+        if learner.process is None or learner.process.returncode is None:
+            return
+        try:
+            RunControl(client, self.config.run).mark_learner_exited(learner.process.pid, learner.process.returncode)
+        except redis.RedisError as exc:
+            log.debug("could not mark the learner as exited: %s", exc)
+
     def _check_child(self, child: Child) -> None:
+        if child.restart_at is not None:
+            if time.monotonic() >= child.restart_at:
+                child.start()
+            return
         if child.alive or child.process is None:
             return
         code = child.process.returncode
         log.error("%s exited with code %d. Last log lines:\n%s", child.name, code, log_tail(child.log_path))
-        if child.restartable and child.restarts < self.config.agent.max_restarts:
-            child.restarts += 1
-            log.info("restarting %s (restart %d of %d)", child.name, child.restarts, self.config.agent.max_restarts)
-            child.start()
+        if child.restarts < child.max_restarts:
+            delay = child.schedule_restart()
+            log.info("restarting %s in %.0fs (restart %d of %d)", child.name, delay, child.restarts, child.max_restarts)
         else:
-            log.error("%s is not restarted (restarts used: %d)", child.name, child.restarts)
+            log.error("%s is not restarted (restarts used: %d of %d)", child.name, child.restarts, child.max_restarts)
             child.process = None
 
-    def _wait_learner(self, learner: Child) -> None:
+    def _wait_learner(self, learner: Child) -> int:
+        """After a stop request: the learner's exit code once it stopped (0 when it is not running)."""
+        if not learner.alive:
+            return 0 if learner.process is None or learner.process.returncode in (0, None) else 1
         try:
             learner.process.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             log.warning("learner still running %.0fs after the stop request", STOP_GRACE_S)
+            return 0
+        return 0 if learner.process.returncode == 0 else 1
 
-    def _progress_line(self, client: redis.Redis) -> str:
+    def _progress_line(self, client: redis.Redis, learner: Child) -> str:
         status = RunControl(client, self.config.run).learner_status()
         agents = read_agents(client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
+        restarting = "learner restarting | " if learner.restart_at is not None else ""
         if not status:
-            return f"waiting for the learner... agents {len(agents)}/{self.config.agent.num_agents}"
-
-        def fmt(value: object) -> str:
-            return "-" if value is None else f"{value:.1f}"
-
-        return (f"env steps {status['env_steps']} ({status['steps_per_s']:.0f}/s) | updates {status['iteration']} "
-                f"({status['updates_per_s']:.1f}/s) | params v{status['version']} | return {fmt(status['mean_return'])} "
-                f"| eval {fmt(status['eval_return'])} | agents {len(agents)}/{self.config.agent.num_agents} "
-                f"| {status['elapsed_s']:.0f}s")
+            return f"{restarting}waiting for the learner... agents {len(agents)}/{self.config.agent.num_agents}"
+        return (f"{restarting}env steps {status['env_steps']} ({status['steps_per_s']:.0f}/s) | updates "
+                f"{status['iteration']} ({status['updates_per_s']:.1f}/s) | params v{status['version']} | return "
+                f"{_fmt(status['mean_return'])} | eval {_fmt(status['eval_return'])} | agents "
+                f"{len(agents)}/{self.config.agent.num_agents} | {status['elapsed_s']:.0f}s")
 
     # ---------------------------------------------------------------- stopping
     def _shutdown(self, client: redis.Redis) -> None:
-        """Stop request in Redis, SIGTERM to every child, SIGKILL for those still alive after the grace."""
-        try:
-            RunControl(client, self.config.run).request_stop(self.stop.reason or "launcher exiting")
-        except redis.RedisError as exc:
-            log.warning("could not write the stop request (%s)", exc)
+        """SIGTERM to every child, the stop request in Redis (for processes on other machines),
+        SIGKILL for children still alive after the grace.
+
+        Children hear the signal before the request, so a learner stopped by Ctrl-C knows it was
+        interrupted (MLflow: KILLED) rather than finished."""
         alive = [c for c in self.children if c.alive]
         for child in alive:
             child.process.terminate()
+        try:
+            RunControl(client, self.config.run).request_stop(self.ending or self.stop.reason or "launcher exiting")
+        except redis.RedisError as exc:
+            log.warning("could not write the stop request (%s)", exc)
         deadline = time.monotonic() + STOP_GRACE_S
         for child in alive:
             try:
@@ -239,21 +407,29 @@ class Launcher:
                 log.warning("%s did not stop within %.0fs; killing it", child.name, STOP_GRACE_S)
                 child.process.kill()
                 child.process.wait()
+        if self.children:
+            self._note_learner_exit(client, self.children[0])
+
+    def _headline(self, code: int) -> str:
+        if code != 0:
+            return f"FAILED ({self.ending})" if self.ending else "FAILED"
+        if self.stop.reason.startswith("signal"):
+            return f"interrupted ({self.stop.reason}; MLflow marks it KILLED)"
+        return f"finished ({self.ending})" if self.ending else "finished"
 
     def _summary(self, client: redis.Redis, code: int) -> None:
         try:
             status = RunControl(client, self.config.run).learner_status()
         except redis.RedisError:
             status = {}
-        db = (self.dir / "mlflow.db").resolve()
-        lines = [f"run {self.config.run!r} {'finished' if code == 0 else 'FAILED'}; results in {self.dir.resolve()}"]
+        lines = [f"run {self.config.run!r} {self._headline(code)}; results in {self.dir}"]
         if status:
             lines.append(f"  {status['env_steps']} env steps, {status['iteration']} updates, "
-                         f"mean return {status['mean_return']}, last eval {status['eval_return']}")
-        lines.append(f"  checkpoints: {(self.dir / 'checkpoints').resolve()}")
-        lines.append(f"  logs: {(self.dir / 'logs').resolve()}")
+                         f"mean return {_fmt(status['mean_return'])}, last eval {_fmt(status['eval_return'])}")
+        lines.append(f"  checkpoints: {self.dir / 'checkpoints'}")
+        lines.append(f"  logs: {self.dir / 'logs'}")
         if self.config.tracking.enabled:
-            lines.append(f"  MLflow: mlflow ui --backend-store-uri sqlite:///{db}")
+            lines.append(f"  MLflow: mlflow ui --backend-store-uri sqlite:///{self.dir / 'mlflow.db'}")
         self.progress("\n".join(lines))
 
     def _stop_server(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 from surreal_redis.algos.base import ActMode
 from surreal_redis.algos.registry import make_algorithm, make_policy
@@ -17,6 +18,14 @@ from surreal_redis.evaluator import play_episode
 log = logging.getLogger(__name__)
 
 MODES = {"deterministic": ActMode.EVAL_DETERMINISTIC, "stochastic": ActMode.EVAL_STOCHASTIC}
+
+
+class RolloutResult(NamedTuple):
+    """The checkpoint file played (absolute), its learner update count, and each episode's return."""
+
+    checkpoint: Path
+    iteration: int
+    returns: list[float]
 
 
 def locate(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...]) -> tuple[Path, ExperimentConfig]:
@@ -39,9 +48,10 @@ def locate(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...]
 
 
 def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...], episodes: int,
-                mode: str, video_dir: Path | None = None) -> list[float]:
-    """Play ``episodes`` episodes with the checkpoint's policy; returns their returns."""
+                mode: str, video_dir: Path | None = None) -> RolloutResult:
+    """Play ``episodes`` episodes with the checkpoint's policy (blocks until they are done)."""
     path, config = locate(checkpoint, config_path, overrides)
+    path = path.resolve()
     state = CheckpointManager.load(path)
     if state.get("algo") != config.algo:
         raise CheckpointError(f"checkpoint {path} is for algo {state.get('algo')!r}, the config says {config.algo!r}")
@@ -51,6 +61,8 @@ def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str,
     env = make_env(config.env, seed=config.experiment.seed + 30_000, mode="eval")
     algo = make_algorithm(config.with_overrides([f"{config.algo}.device=cpu"]), env.observation_space, env.action_space)
     algo.load_state_dict(state["algorithm"])
+    iteration = int(algo.iteration)
+    log.info("loaded checkpoint %s (update %d, %d env steps)", path, iteration, int(state.get("env_steps", 0)))
     policy = make_policy(config, env.observation_space, env.action_space, 1, agent_id=0, seed=config.experiment.seed)
     policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
     returns = []
@@ -64,7 +76,7 @@ def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str,
         if video_dir is not None:
             _write_gif(video_dir / f"episode-{episode:03d}.gif", frames, env.metadata.get("render_fps", 30))
     env.close()
-    return returns
+    return RolloutResult(path, iteration, returns)
 
 
 def _write_gif(path: Path, frames: list, fps: int) -> None:

@@ -12,6 +12,10 @@ from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _num_shards(client: redis.Redis, run: str) -> int:
     count = 0
     while client.exists(RunKeys(run).shard(count).exp):
@@ -43,8 +47,8 @@ def render_status(client: redis.Redis, run: str) -> str:
         age = time.time() - float(learner["time"])
         lines.append(f"learner: pid {learner['pid']}, update {learner['iteration']}, params v{learner['version']}, "
                      f"{learner['env_steps']} env steps ({learner['steps_per_s']:.0f}/s), "
-                     f"{learner['updates_per_s']:.1f} updates/s, return {learner['mean_return']}, "
-                     f"eval {learner['eval_return']}, reported {age:.0f}s ago")
+                     f"{learner['updates_per_s']:.1f} updates/s, return {_fmt(learner['mean_return'])}, "
+                     f"eval {_fmt(learner['eval_return'])}, {learner.get('state', 'running')}, reported {age:.0f}s ago")
     else:
         lines.append("learner: no report")
     agents = read_agents(client, run, ttl_s=30.0)

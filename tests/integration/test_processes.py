@@ -14,6 +14,7 @@ from surreal_redis.config import load_config
 from surreal_redis.connection import EmbeddedRedis, RedisSettings, connect, find_redis_server
 from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.keys import RunKeys
 from surreal_redis.learner import Learner
 from surreal_redis.runtime import StopFlag
@@ -173,3 +174,57 @@ def test_learner_rides_out_a_redis_restart(tmp_path):
             thread.join(timeout=30)
         server.stop()
     assert results == [0]
+
+
+@pytest.mark.parametrize("how", ["stop request", "signal"])
+def test_agent_waiting_on_backpressure_stops_at_once(tmp_path, real_redis, redis_server, how):
+    """No learner reads, so the agent waits on hub.sender.max_lag (with no timeout); a stop request
+    (what a DDPG learner writes when it reaches its target) or a signal still ends it at once."""
+    config = load_config("smoke", [f"redis.url={redis_server.url}", "hub.sender.flush_steps=8", "hub.sender.max_lag=1",
+                                   f"experiment.root={tmp_path}"])
+    env = make_env(config.env, 0)
+    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]), env.observation_space, env.action_space)
+    ParameterPublisher(real_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
+    stop = StopFlag(install_handlers=False)
+    agent = Agent(config, real_redis, 0, stop)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    exp = RunKeys(config.run).shard(0).exp
+    try:
+        wait_until(lambda: real_redis.xlen(exp) >= 2, 60, "the backlog to pass max_lag")
+        steps = agent.steps
+        time.sleep(1.0)
+        assert agent.steps <= steps + config.hub.sender.flush_steps * config.env.num_envs  # it is waiting
+        if how == "signal":
+            stop.set("signal SIGTERM")
+        else:
+            RunControl(real_redis, config.run).request_stop("reached the target return")
+        thread.join(timeout=10)  # without the stop watch it waits as long as the backlog stays
+        assert not thread.is_alive(), "the agent did not stop while waiting on backpressure"
+    finally:
+        stop.set("test over")
+        thread.join(timeout=30)
+    assert agent.sender.stats().backpressure_wait_s >= 1.0
+    if how == "stop request":
+        assert stop.reason == "run stopping (reached the target return)"
+
+
+def test_a_killed_owner_leaves_no_embedded_redis_folder(tmp_path):
+    """The process that started an embedded Redis is killed: its server stops and its temporary
+    folder (socket, log) goes too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    code = ("import time; from surreal_redis.connection import EmbeddedRedis;"
+            "s = EmbeddedRedis().start(); print(s.dir, flush=True); time.sleep(60)")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    folder = Path(owner.stdout.readline().strip())
+    assert (folder / "redis.log").exists()
+    owner.kill()
+    owner.wait()
+    wait_until(lambda: not folder.exists(), 10, f"{folder} to be removed")
+    assert not os.path.exists(folder)

@@ -11,6 +11,7 @@ from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.runtime import StopFlag
 
@@ -70,3 +71,21 @@ def test_with_final_rows_replaces_only_ended_envs():
 def test_bad_agent_id_is_rejected(fake_redis):
     with pytest.raises(ValueError, match="-1"):
         Agent(load_config("smoke"), fake_redis, -1, StopFlag(install_handlers=False))
+
+
+def test_an_agent_stopped_before_its_first_step_exits_cleanly(fake_redis, caplog):
+    config = load_config("smoke")
+    stop = StopFlag(install_handlers=False)
+    agent = Agent(config, fake_redis, 0, stop)
+    stop.set("test: stopped at once")
+    assert agent.run() == 0
+    assert agent.steps == 0 and agent.sender.stats().chunks == 0
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+
+
+def test_an_agent_waiting_for_its_first_parameters_stops_on_a_stop_request(fake_redis):
+    config = load_config("smoke")
+    agent = Agent(config, fake_redis, 0, StopFlag(install_handlers=False))
+    RunControl(fake_redis, config.run).request_stop("surreal-redis stop")
+    assert agent.run() == 0  # no parameters were ever published: it would wait forever otherwise
+    assert agent.stop.reason == "run stopping (surreal-redis stop)"

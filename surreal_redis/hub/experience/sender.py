@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import redis
 
 from surreal_redis.codec import Tree
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff, Waiter
 from surreal_redis.hub.experience.backlog import read_backlog
 from surreal_redis.hub.experience.batching import (
     Batch,
@@ -122,12 +122,13 @@ class ExperienceSender:
     """
 
     def __init__(self, client: redis.Redis, config: SenderConfig, run: str, agent_id: int,
-                 num_shards: int) -> None:
+                 num_shards: int, stop: Waiter | None = None) -> None:
         if agent_id < 0:
             raise ValueError(f"agent_id must be >= 0, got {agent_id}")
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.client, self.config, self.agent_id = client, config, agent_id
+        self.stop = stop  # ends the backpressure wait (the run is stopping)
         self.shard = agent_id % num_shards
         self.keys = RunKeys(run).shard(self.shard)
         self.uuid = uuid.uuid4().hex
@@ -307,13 +308,14 @@ class ExperienceSender:
         return retry, error
 
     def _wait_for_learner(self) -> None:
-        """Block while the learner's unread backlog on our shard exceeds max_lag."""
-        cfg = self.config
+        """Block while the learner's unread backlog on our shard exceeds max_lag, or until
+        ``stop`` is set (then the chunks go out without waiting: the run is ending)."""
+        cfg, stop = self.config, self.stop
         if not cfg.max_lag:
             return
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
         start = time.monotonic()
-        while True:
+        while stop is None or not stop.is_set():
             try:
                 unread = read_backlog(self.client, self.keys, cfg.max_lag + 1).unread
             except CONNECTION_ERRORS as exc:
@@ -326,5 +328,8 @@ class ExperienceSender:
                 raise HubUnavailableError(
                     f"shard {self.shard}: learner backlog {unread} > max_lag {cfg.max_lag} for "
                     f"{waited:.1f}s (sender.backpressure_timeout_s)")
-            time.sleep(backoff.next_delay())
+            if stop is None:
+                time.sleep(backoff.next_delay())
+            else:
+                stop.wait(backoff.next_delay())
         self._counts["backpressure_wait_s"] += time.monotonic() - start

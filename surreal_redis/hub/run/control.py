@@ -12,10 +12,14 @@ from typing import Any
 
 import redis
 
+from surreal_redis.connection import OUTAGE_ERRORS
 from surreal_redis.keys import RunKeys
+from surreal_redis.runtime import StopFlag
 
 RUNNING = "running"
 STOPPING = "stopping"
+LEARNER_ALIVE_S = 30.0  # a learner reports every learner.metrics_every_s; older "running" reports are stale
+EXITED_TTL_S = 3600
 
 
 class RunControl:
@@ -48,6 +52,32 @@ class RunControl:
         raw = self.client.get(self.keys.learner)
         return json.loads(raw) if raw else {}
 
+    def learner_alive(self, max_age_s: float = LEARNER_ALIVE_S) -> dict[str, Any]:
+        """The status of a learner that may still be running (it said ``running`` less than
+        ``max_age_s`` seconds ago), else an empty dict."""
+        status = self.learner_status()
+        if status.get("state") == RUNNING and time.time() - float(status.get("time", 0)) < max_age_s:
+            return status
+        return {}
+
+    def mark_learner_exited(self, pid: int, exit_code: int) -> bool:
+        """Record that the learner process ``pid`` is gone (its supervisor saw it exit), so a
+        ``--resume`` right after a crash is not refused as a second learner. The last report stays
+        readable for an hour; a report of another pid (a newer learner) is left alone. Returns
+        whether it changed the report. One WATCH/GET/SET transaction."""
+
+        def mark(pipe: redis.client.Pipeline) -> bool:
+            raw = pipe.get(self.keys.learner)
+            status = json.loads(raw) if raw else {}
+            if status.get("pid") != pid or status.get("state") != RUNNING:
+                return False
+            status.update(state="exited", exit_code=int(exit_code), time=time.time())
+            pipe.multi()
+            pipe.set(self.keys.learner, json.dumps(status), ex=EXITED_TTL_S)
+            return True
+
+        return self.client.transaction(mark, self.keys.learner, value_from_callable=True)
+
     # ---------------------------------------------------------------- stored config
     def store_config(self, yaml_text: str) -> None:
         """The run's experiment config, for processes started with ``--run`` instead of ``--config``."""
@@ -72,3 +102,43 @@ class RunControl:
             if batch:
                 deleted += self.client.unlink(*batch)
         return deleted
+
+
+class StopWatch:
+    """Set when ``stop`` is set or when the run's control state says ``stopping`` (which then sets
+    ``stop`` too). For waits deep inside a component, such as the sender's backpressure wait, that
+    must notice a ``surreal-redis stop`` or a learner's stop request within a second.
+
+    A :class:`~surreal_redis.connection.Waiter`: ``is_set()`` polls Redis at most every
+    ``poll_s`` seconds (one HMGET; an outage counts as "not stopping"); ``wait(timeout)`` blocks
+    up to ``timeout`` seconds and wakes at once on a signal, within ``poll_s`` on a stop request.
+    """
+
+    def __init__(self, stop: StopFlag, control: RunControl, poll_s: float = 0.5) -> None:
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0 seconds, got {poll_s!r}")
+        self.stop, self.control, self.poll_s = stop, control, poll_s
+        self._next_poll = 0.0
+
+    def is_set(self) -> bool:
+        if self.stop.is_set():
+            return True
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + self.poll_s
+            try:
+                stopping, reason = self.control.stopping()
+            except OUTAGE_ERRORS:
+                return False
+            if stopping:
+                self.stop.set(f"run stopping ({reason or 'stop requested'})")
+        return self.stop.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.stop.wait(min(remaining, self.poll_s))
+        return True
