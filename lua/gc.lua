@@ -1,9 +1,10 @@
 -- KEYS[1] experience stream, KEYS[2] obsref sorted set, KEYS[3..] obs:<digest> candidate keys (at most 256)
 -- ARGV none
--- returns the number of obs keys deleted: those whose obsref score is below the score of the first
+-- returns {obs keys deleted, orphans among them}: those whose obsref score is below the score of the first
 -- retained entry (all of them when the stream is empty), re-checked here so a concurrent insert
--- that re-referenced a digest keeps it. Digests absent from obsref are not touched (insert.lua
--- writes each obs key together with its reference). Frees memory only, so it runs under OOM.
+-- that re-referenced a digest keeps it. Obs keys whose digest is absent from obsref are deleted too:
+-- insert.lua writes each obs key together with its reference, so such a key is an orphan (written
+-- around the script) that nothing can reach. Frees memory only, so it runs under OOM.
 local MAX_OBS, SLOTS = 256, 1024
 if #KEYS - 2 > MAX_OBS then
   return redis.error_reply('gc: ' .. (#KEYS - 2) .. ' candidate keys exceed ' .. MAX_OBS)
@@ -14,17 +15,19 @@ if #first > 0 then
   local ms, sq = string.match(first[1][1], '^(%d+)-(%d+)$')
   limit = tonumber(ms) * SLOTS + math.min(tonumber(sq), SLOTS - 1)
 end
-local deleted = 0
+local deleted, orphans = 0, 0
 for i = 3, #KEYS do
   local digest = string.match(KEYS[i], ':obs:(%x+)$')
   if not digest then
     return redis.error_reply('gc: KEYS[' .. i .. '] is not an obs key')
   end
   local score = redis.call('ZSCORE', KEYS[2], digest)
-  if score and (limit == nil or tonumber(score) < limit) then
+  if not score then
+    orphans = orphans + redis.call('DEL', KEYS[i])
+  elseif limit == nil or tonumber(score) < limit then
     redis.call('DEL', KEYS[i])
     redis.call('ZREM', KEYS[2], digest)
     deleted = deleted + 1
   end
 end
-return deleted
+return {deleted + orphans, orphans}

@@ -1,34 +1,52 @@
 -- KEYS[1] experience stream, KEYS[2] obsref sorted set, KEYS[3] seen:<sender uuid>
 -- KEYS[4..] obs:<digest> key of every observation the chunks reference (at most 256, each once); the
---   first u of them are uploaded by this call, the others must exist already
--- ARGV[1] batch seq (integer > 0), ARGV[2] seen ttl in seconds, ARGV[3] m = number of chunks (1..64),
--- ARGV[4] u = number of uploaded observations, ARGV[5..4+u] their encoded bytes (KEYS order)
--- ARGV[5+u..] m x (agent id, env index, digests csv, payload): the stream fields a, e, o, d
--- returns {"OK", id_1 .. id_m} | {"DUP", last seq} | {"MISSING", digest ...}; nothing is written
+--   first u of them are uploaded by this call (each must be referenced by a chunk), the others must
+--   exist already
+-- ARGV[1] batch seq (integer > 0), ARGV[2] floor: the sender's lowest seq whose fate it does not know
+--   yet (floor <= seq < floor + 1024), ARGV[3] seen ttl in seconds, ARGV[4] m = number of chunks
+--   (1..64), ARGV[5] u = number of uploaded observations, ARGV[6..5+u] their encoded bytes (KEYS order)
+-- ARGV[6+u..] m x (agent id, env index, digests csv, payload): the stream fields a, e, o, d
+-- returns {"OK", id_1 .. id_m} | {"DUP", seq} | {"MISSING", digest ...}; nothing is written
 -- unless "OK" (all checks run before the first write, so an OOM refusal also writes nothing).
+-- Dedup window: seen holds "<floor>,<seq>,<seq>,...," - the highest floor sent and every seq stored
+-- at or above it. A seq in that set, or below the floor (its fate was settled), answers DUP; any
+-- other seq may be stored, in any order, so a batch refused before a later one was stored is still
+-- stored when resent. Stored seqs below a new floor are forgotten: the set stays under 1024.
 -- Uploaded observations are stored without a TTL: they are referenced from the moment they exist.
+-- They are stored with SETNX, never SET: the agent user may not overwrite an observation (acl.py).
 -- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest.
-local MAX_CHUNKS, MAX_OBS, SLOTS = 64, 256, 1024
-local seq, ttl, m, u = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-if not seq or seq < 1 or not ttl or ttl < 1 or not m or m < 1 or m > MAX_CHUNKS then
-  return redis.error_reply('insert: bad seq/ttl/chunk count ' .. tostring(ARGV[1]) .. '/' ..
-    tostring(ARGV[2]) .. '/' .. tostring(ARGV[3]))
+local MAX_CHUNKS, MAX_OBS, SLOTS, WINDOW = 64, 256, 1024, 1024
+local seq, floor, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local m, u = tonumber(ARGV[4]), tonumber(ARGV[5])
+if not seq or seq < 1 or seq % 1 ~= 0 or not floor or floor < 1 or floor % 1 ~= 0 or floor > seq
+    or seq >= floor + WINDOW
+    or not ttl or ttl < 1 or not m or m < 1 or m > MAX_CHUNKS then
+  return redis.error_reply('insert: bad seq/floor/ttl/chunk count ' .. tostring(ARGV[1]) .. '/' ..
+    tostring(ARGV[2]) .. '/' .. tostring(ARGV[3]) .. '/' .. tostring(ARGV[4]))
 end
 if #KEYS - 3 > MAX_OBS then
   return redis.error_reply('insert: ' .. (#KEYS - 3) .. ' obs keys exceed ' .. MAX_OBS)
 end
 if not u or u < 0 or u > #KEYS - 3 then
-  return redis.error_reply('insert: bad upload count ' .. tostring(ARGV[4]))
+  return redis.error_reply('insert: bad upload count ' .. tostring(ARGV[5]))
 end
-local base = 4 + u
+local base = 5 + u
 if #ARGV ~= base + 4 * m then
   return redis.error_reply('insert: expected ' .. (base + 4 * m) .. ' arguments, got ' .. #ARGV)
 end
 
 -- Reads and checks first: any refusal returns before the first write.
-local last = redis.call('GET', KEYS[3])
-if last and seq <= tonumber(last) then
-  return {'DUP', last}
+local state = redis.call('GET', KEYS[3])
+local known_floor, stored = 0, ','
+if state then
+  local f, rest = string.match(state, '^(%d+)(,[%d,]*)$')
+  if not f then
+    return redis.error_reply('insert: malformed seen state ' .. string.sub(state, 1, 40))
+  end
+  known_floor, stored = tonumber(f), rest
+end
+if seq < known_floor or string.find(stored, ',' .. string.format('%d', seq) .. ',', 1, true) then
+  return {'DUP', ARGV[1]}
 end
 local known = {}
 local missing = {'MISSING'}
@@ -37,7 +55,7 @@ for i = 4, #KEYS do
   if not digest then
     return redis.error_reply('insert: KEYS[' .. i .. '] is not an obs key')
   end
-  known[digest] = true
+  known[digest] = i
   if i > 3 + u and redis.call('EXISTS', KEYS[i]) == 0 then
     missing[#missing + 1] = digest
   end
@@ -45,7 +63,7 @@ end
 if #missing > 1 then
   return missing
 end
-local refs = {}
+local refs, referenced = {}, {}
 for c = 1, m do
   local list = {}
   for digest in string.gmatch(ARGV[base + 4 * c - 1], '[^,]+') do
@@ -53,12 +71,20 @@ for c = 1, m do
       return redis.error_reply('insert: chunk ' .. c .. ' references ' .. digest .. ' missing from KEYS')
     end
     list[#list + 1] = digest
+    referenced[digest] = true
   end
   refs[c] = list
 end
+for i = 4, 3 + u do
+  -- an upload no chunk references would never enter obsref, so gc would never see it
+  local digest = string.match(KEYS[i], ':obs:(%x+)$')
+  if not referenced[digest] then
+    return redis.error_reply('insert: uploaded observation ' .. digest .. ' is referenced by no chunk')
+  end
+end
 
 for i = 1, u do
-  redis.call('SET', KEYS[3 + i], ARGV[4 + i])
+  redis.call('SETNX', KEYS[3 + i], ARGV[5 + i])
 end
 local result = {'OK'}
 for c = 1, m do
@@ -76,5 +102,15 @@ for c = 1, m do
     redis.call('ZADD', KEYS[2], 'GT', unpack(args))
   end
 end
-redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[2])
+if floor > known_floor then
+  local kept = {''}
+  for s in string.gmatch(stored, '%d+') do
+    if tonumber(s) >= floor then
+      kept[#kept + 1] = s
+    end
+  end
+  kept[#kept + 1] = ''
+  known_floor, stored = floor, table.concat(kept, ',')
+end
+redis.call('SET', KEYS[3], string.format('%d', known_floor) .. stored .. string.format('%d', seq) .. ',', 'EX', ARGV[3])
 return result

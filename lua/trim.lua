@@ -1,16 +1,94 @@
 -- KEYS[1] experience stream
--- ARGV[1] "MAXLEN" or "MINID", ARGV[2] threshold (entry count or entry id), ARGV[3] limit (1..1000)
--- returns {entries removed, id of the first retained entry or ""}: one bounded approximate XTRIM
--- (whole stream nodes, at most limit entries) and, atomically with it, the new first id that the
--- caller needs to pick gc candidates. Frees memory only, so it runs under maxmemory/OOM.
+-- ARGV[1] consumer group, ARGV[2] "AGE" or "CAP", ARGV[3] for AGE: the oldest entry id young enough
+--   to keep; for CAP: the entry count to trim down to; ARGV[4] limit (1..1000)
+-- returns {entries removed, unread entries among them, id of the first retained entry or ""}: one
+-- bounded approximate XTRIM (whole stream nodes, at most limit entries), counted atomically with it.
+-- AGE removes only entries the group has acked (below its last-delivered id and its oldest pending
+-- one), so age never loses data. CAP first removes delivered entries, and only once no whole node of
+-- them is left does it trim unread ones; those are counted exactly here ("unread": never delivered).
+-- Frees memory only (no denyoom command), so it runs under maxmemory/OOM.
 local MAX_LIMIT = 1000
-local mode, limit = ARGV[1], tonumber(ARGV[3])
-if (mode ~= 'MAXLEN' and mode ~= 'MINID') or not limit or limit < 1 or limit > MAX_LIMIT then
-  return redis.error_reply('trim: bad mode/limit ' .. tostring(mode) .. '/' .. tostring(ARGV[3]))
+local group, mode, limit = ARGV[1], ARGV[2], tonumber(ARGV[4])
+if (mode ~= 'AGE' and mode ~= 'CAP') or not limit or limit < 1 or limit > MAX_LIMIT or limit % 1 ~= 0 then
+  return redis.error_reply('trim: bad mode/limit ' .. tostring(mode) .. '/' .. tostring(ARGV[4]))
 end
-local removed = redis.call('XTRIM', KEYS[1], mode, '~', ARGV[2], 'LIMIT', limit)
-local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
-if #first > 0 then
-  return {removed, first[1][1]}
+local function parse(id)
+  local ms, sq = string.match(id, '^(%d+)-(%d+)$')
+  if not ms then
+    return nil
+  end
+  return {tonumber(ms), tonumber(sq)}
 end
-return {removed, ''}
+local function older(a, b)
+  local x, y = parse(a), parse(b)
+  return x[1] < y[1] or (x[1] == y[1] and x[2] < y[2])
+end
+local function first_id()
+  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+  if #first > 0 then
+    return first[1][1]
+  end
+  return ''
+end
+
+local length = redis.call('XLEN', KEYS[1])
+if length == 0 then
+  return {0, 0, ''}
+end
+-- The group's last-delivered id (nil: no group, nothing was ever delivered).
+local delivered = nil
+for _, info in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local fields = {}
+  for i = 1, #info, 2 do
+    fields[info[i]] = info[i + 1]
+  end
+  if fields['name'] == group then
+    delivered = fields['last-delivered-id']
+  end
+end
+if delivered == '0-0' then
+  delivered = nil
+end
+
+if mode == 'AGE' then
+  local keep = ARGV[3]
+  if not parse(keep) then
+    return redis.error_reply('trim: bad entry id ' .. tostring(keep))
+  end
+  if not delivered then
+    return {0, 0, first_id()}
+  end
+  local pending = redis.call('XPENDING', KEYS[1], group)
+  if older(delivered, keep) then
+    keep = delivered
+  end
+  if pending[1] > 0 and older(pending[2], keep) then
+    keep = pending[2]
+  end
+  local removed = redis.call('XTRIM', KEYS[1], 'MINID', '~', keep, 'LIMIT', limit)
+  return {removed, 0, first_id()}
+end
+
+local cap = tonumber(ARGV[3])
+if not cap or cap < 0 or cap % 1 ~= 0 then
+  return redis.error_reply('trim: bad entry count ' .. tostring(ARGV[3]))
+end
+if length <= cap then
+  return {0, 0, first_id()}
+end
+local delivered_before = 0
+if delivered then
+  -- Delivered entries first, no more than the cap asks for.
+  local removed = redis.call('XTRIM', KEYS[1], 'MINID', '~', delivered, 'LIMIT', math.min(limit, length - cap))
+  if removed > 0 then
+    return {removed, 0, first_id()}
+  end
+  -- What is left at or below the last-delivered id fits in about one stream node (bounded by limit).
+  delivered_before = #redis.call('XRANGE', KEYS[1], '-', delivered, 'COUNT', limit)
+end
+local removed = redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', cap, 'LIMIT', limit)
+local unread = 0
+if delivered_before < limit then
+  unread = math.max(0, removed - delivered_before)
+end
+return {removed, unread, first_id()}

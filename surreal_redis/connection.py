@@ -1,8 +1,15 @@
-"""Redis connections: URL -> client with explicit timeouts and retries, capped backoff, and an
-embedded ``redis-server`` for runs that were given no URL.
+"""Redis connections: URL -> client with explicit timeouts, explicit retries of idempotent calls,
+capped backoff, and an embedded ``redis-server`` for runs that were given no URL.
 
 Every process builds its client through :func:`connect`; blocking reads size their ``BLOCK`` with
 :func:`block_ms` so a blocked call always returns well inside the socket timeout.
+
+Retry policy: a client from :func:`connect` never repeats a command by itself. A command whose
+reply was lost may have run (an ``XREADGROUP ... >`` has then moved entries into the consumer's
+pending list; a trim has removed entries), so only the caller knows whether running it again is
+safe. Idempotent calls (GET, GETRANGE, HGET, MGET, XACK, XRANGE, a script call keyed by a sequence
+number, ...) go through :func:`retry_idempotent`; everything else handles the error itself
+(long-running loops with :class:`OutageGuard`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
@@ -44,7 +51,8 @@ class RedisSettings:
     """Seconds a command may wait for its reply; blocking reads use at most half of it."""
     connect_timeout: float = 5.0
     retries: int = 3
-    """Retries of a command after a connection or timeout error (with backoff)."""
+    """Retries of an idempotent call wrapped in :func:`retry_idempotent` after a connection or
+    timeout error (with backoff); the client itself never retries (see the module docstring)."""
     backoff_base: float = 0.05
     backoff_cap: float = 2.0
     health_check_interval: float = 30.0
@@ -67,24 +75,22 @@ def resolve_url(url: str | None) -> str | None:
 def connect(url: str, settings: RedisSettings | None = None) -> redis.Redis:
     """A client for ``redis://``, ``rediss://`` or ``unix://`` URLs.
 
-    RESP2, bytes replies, explicit socket/connect timeouts, and retries with capped exponential
-    backoff and jitter on connection and timeout errors. Retried writes may be applied twice, which
-    is why every experience insert is idempotent (per-sender sequence numbers).
+    RESP2, bytes replies, explicit socket/connect timeouts, and no automatic retries: a connection
+    or timeout error reaches the caller, whose command may or may not have run (see the module
+    docstring; :func:`retry_idempotent` retries calls that are safe to repeat).
     Raises ``ValueError`` naming the URL when its scheme is not supported.
     """
     settings = settings or RedisSettings()
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"unsupported Redis URL {url!r}: use redis://, rediss:// or unix://")
-    retry = Retry(ExponentialWithJitterBackoff(cap=settings.backoff_cap, base=settings.backoff_base),
-                  settings.retries)
     return redis.Redis.from_url(
         url,
         protocol=2,
         decode_responses=False,
         socket_timeout=settings.socket_timeout,
         socket_connect_timeout=settings.connect_timeout,
-        retry=retry,
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        retry=Retry(NoBackoff(), 0),  # redis-py's default would repeat every command 3 times
+        retry_on_error=[],
         health_check_interval=settings.health_check_interval,
     )
 
@@ -169,6 +175,26 @@ class OutageGuard:
             self.succeeded()
             return result
         return None
+
+
+def retry_idempotent(fn: Callable[[], T], settings: RedisSettings | None = None) -> T:
+    """``fn()``, called again after a connection or timeout error up to ``settings.retries`` times,
+    sleeping a capped exponential backoff with jitter (``backoff_base`` .. ``backoff_cap``) between
+    attempts; the last error propagates. Only for calls that are safe to repeat when their reply
+    was lost (reads, XACK, SET of the same value, a script deduplicated by a sequence number).
+    Blocks for the attempts and sleeps."""
+    settings = settings or RedisSettings()
+    backoff = Backoff(settings.backoff_base, settings.backoff_cap)
+    while True:
+        try:
+            return fn()
+        except CONNECTION_ERRORS as exc:
+            if backoff.failures >= settings.retries:
+                raise
+            delay = backoff.next_delay()
+            log.debug("idempotent call failed (%s); retry %d of %d in %.2fs", exc, backoff.failures,
+                      settings.retries, delay)
+            time.sleep(delay)
 
 
 # ---------------------------------------------------------------- embedded server

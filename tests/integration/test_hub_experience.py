@@ -36,10 +36,10 @@ def add_steps(sender: ExperienceSender, count: int, rng: np.random.Generator, n:
 
 
 def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid: str = "u1",
-           upload: dict[str, bytes] | None = None):
+           upload: dict[str, bytes] | None = None, floor: int | None = None):
     upload = upload or {}
     order = list(upload) + [d for d in digests if d not in upload]
-    args = [seq, 60, chunks, len(upload), *upload.values()]
+    args = [seq, seq if floor is None else floor, 60, chunks, len(upload), *upload.values()]
     for c in range(chunks):
         args += [b"0", str(c).encode(), ",".join(digests).encode(), b"payload"]
     return scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen(uuid), *[KEYS.obs(d) for d in order]], args)
@@ -60,30 +60,61 @@ def test_insert_script_is_all_or_nothing_and_idempotent(real_redis):
     assert real_redis.mget(KEYS.obs(b), KEYS.obs(c)) == [b"B", b"C"]
     assert real_redis.ttl(KEYS.obs(b)) == -1 and real_redis.ttl(KEYS.obs(c)) == -1  # referenced at once
     assert real_redis.zscore(KEYS.obsref, a) == id_score(reply[2])  # newest referencing entry
-    assert real_redis.get(KEYS.seen("u1")) == b"1" and 0 < real_redis.ttl(KEYS.seen("u1")) <= 60
+    assert real_redis.get(KEYS.seen("u1")) == b"1,1," and 0 < real_redis.ttl(KEYS.seen("u1")) <= 60
     entry = real_redis.xrange(KEYS.exp)[0][1]
     assert list(entry) == [b"a", b"e", b"o", b"d"]
-    # a retried insert (same seq, or an older one) is stored once
+    # a retried insert is stored once, whatever it carries
     assert insert(scripts, 1, [a, b]) == [b"DUP", b"1"]
-    assert insert(scripts, 0 + 1, [a], upload={a: b"other"}) == [b"DUP", b"1"]
+    assert insert(scripts, 1, [a], upload={a: b"other"}) == [b"DUP", b"1"]
     assert real_redis.xlen(KEYS.exp) == 2 and real_redis.get(KEYS.obs(a)) == b"A"
     # another sender is independent
     assert insert(scripts, 1, [a], uuid="u2")[0] == b"OK"
-    # bounds and undeclared digests are refused before any write
+    # bounds, undeclared digests and unreferenced uploads are refused before any write
     with pytest.raises(ScriptError, match="chunk count"):
         insert(scripts, 5, [a], chunks=65)
     with pytest.raises(ScriptError, match="missing from KEYS"):
         scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
-                     [7, 60, 1, 0, b"0", b"0", f"{a},{b}".encode(), b"p"])
+                     [7, 7, 60, 1, 0, b"0", b"0", f"{a},{b}".encode(), b"p"])
     with pytest.raises(ScriptError, match="bad upload count"):
         scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
-                     [7, 60, 1, 2, b"x", b"y", b"0", b"0", a.encode(), b"p"])
-    with pytest.raises(ScriptError, match="expected 9 arguments"):
+                     [7, 7, 60, 1, 2, b"x", b"y", b"0", b"0", a.encode(), b"p"])
+    with pytest.raises(ScriptError, match="expected 10 arguments"):
         scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
-                     [7, 60, 1, 1, b"0", b"0", a.encode(), b"p"])
+                     [7, 7, 60, 1, 1, b"0", b"0", a.encode(), b"p"])
     with pytest.raises(ScriptError, match="exceed 256"):
         insert(scripts, 8, [digest_n(i) for i in range(257)])
-    assert real_redis.xlen(KEYS.exp) == 3 and real_redis.get(KEYS.seen("u1")) == b"1"
+    with pytest.raises(ScriptError, match="referenced by no chunk"):
+        insert(scripts, 9, [a], upload={digest_n(9): b"never referenced"})
+    for seq, floor in ((9, 10), (2000, 1), (0, 0), (2.5, 1)):
+        with pytest.raises(ScriptError, match="bad seq/floor"):
+            insert(scripts, seq, [a], floor=floor)
+    assert real_redis.xlen(KEYS.exp) == 3 and real_redis.get(KEYS.seen("u1")) == b"1,1,"
+    assert not real_redis.exists(KEYS.obs(digest_n(9)))
+
+
+def test_insert_dedup_window_stores_a_refused_batch_after_a_later_one(real_redis):
+    """One pipeline carries s1 < s2; s1 is refused (MISSING), s2 stored, the replies are lost.
+    The resend must store s1 (a maximum-based dedup answered DUP: s1 lost, counted nowhere)."""
+    scripts = Scripts(real_redis)
+    a, b = digest_n(1), digest_n(2)
+    assert insert(scripts, 1, [a], floor=1)[0] == b"MISSING"
+    assert insert(scripts, 2, [b], upload={b: b"B"}, floor=1)[0] == b"OK"
+    # replies lost: both are sent again, unchanged, with the same floor
+    assert insert(scripts, 1, [a], upload={a: b"A"}, floor=1)[0] == b"OK"
+    assert insert(scripts, 2, [b], upload={b: b"B"}, floor=1) == [b"DUP", b"2"]
+    assert real_redis.xlen(KEYS.exp) == 2
+    # the next flush raises the floor: the stored seqs below it are forgotten, and any seq below
+    # it (settled long ago, e.g. a copy stuck in a dead connection) answers DUP unstored
+    assert insert(scripts, 3, [a], floor=3)[0] == b"OK"
+    assert real_redis.get(KEYS.seen("u1")) == b"3,3,"
+    assert insert(scripts, 2, [a], floor=2) == [b"DUP", b"2"]
+    assert insert(scripts, 1, [a], floor=1) == [b"DUP", b"1"]
+    assert real_redis.xlen(KEYS.exp) == 3
+    # seqs stored out of order inside the window all count
+    assert [insert(scripts, s, [a], floor=4)[0] for s in (6, 4, 5, 6, 4)] == [b"OK", b"OK", b"OK", b"DUP", b"DUP"]
+    assert real_redis.get(KEYS.seen("u1")) == b"4,6,4,5,"
+    with pytest.raises(ScriptError, match="bad seq/floor"):
+        insert(scripts, 4 + 1024, [a], floor=4)  # beyond the window
 
 
 def test_trim_and_gc_scripts(real_redis):
@@ -93,19 +124,30 @@ def test_trim_and_gc_scripts(real_redis):
     for d in digests:
         real_redis.set(KEYS.obs(d), d, ex=60)
     ids = [insert(scripts, i + 1, [digests[i], digests[i + 1]])[1] for i in range(5)]  # 5 entries
-    real_redis.set(KEYS.obs(digest_n(99)), b"uploaded, never referenced", ex=60)
-    removed, first = scripts.call("trim", [KEYS.exp], ["MAXLEN", 3, 1000])
-    assert removed == 2 and first == ids[2]  # whole nodes of 2 entries
-    assert scripts.call("trim", [KEYS.exp], ["MINID", ids[3].decode(), 1]) == [0, ids[2]]  # limit < node
-    candidates = [KEYS.obs(d) for d in digests] + [KEYS.obs(digest_n(99))]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == 2  # digests 0 and 1
-    assert real_redis.exists(*[KEYS.obs(d) for d in digests]) == 4
-    assert real_redis.zcard(KEYS.obsref) == 4 and real_redis.exists(KEYS.obs(digest_n(99)))
+    orphan = digest_n(99)
+    real_redis.set(KEYS.obs(orphan), b"written around insert.lua, never referenced")
+    removed, unread, first = scripts.call("trim", [KEYS.exp], ["learner", "CAP", 3, 1000])
+    assert (removed, unread, first) == (2, 2, ids[2])  # whole nodes of 2 entries; no group: all unread
+    real_redis.xgroup_create(KEYS.exp, "learner", id="0")
+    delivered = real_redis.xreadgroup("learner", "c", {KEYS.exp: ">"}, count=2)[0][1]  # ids 2 and 3
+    # age trims acked entries only: nothing while entries 2 and 3 are pending
+    assert scripts.call("trim", [KEYS.exp], ["learner", "AGE", ids[4].decode(), 1000]) == [0, 0, ids[2]]
+    real_redis.xack(KEYS.exp, "learner", delivered[0][0], delivered[1][0])
+    assert scripts.call("trim", [KEYS.exp], ["learner", "AGE", ids[4].decode(), 1]) == [0, 0, ids[2]]  # limit < node
+    assert scripts.call("trim", [KEYS.exp], ["learner", "AGE", ids[4].decode(), 1000]) == [0, 0, ids[2]]  # keeps ids[3]
+    # cap: delivered entries first (ids 2 and 3 share a node), then unread ones, counted exactly
+    assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 1, 1000]) == [2, 0, ids[4]]
+    ids += [insert(scripts, 10 + i, [digests[5]])[1] for i in range(3)]  # nodes [4, 5] and [6, 7]
+    assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 1, 1000]) == [2, 2, ids[6]]
+    candidates = [KEYS.obs(d) for d in digests] + [KEYS.obs(orphan)]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == [6, 1]  # digests 0..4 and the orphan
+    assert real_redis.exists(*[KEYS.obs(d) for d in digests]) == 1
+    assert real_redis.zcard(KEYS.obsref) == 1 and not real_redis.exists(KEYS.obs(orphan))
     with pytest.raises(ScriptError, match="bad mode"):
-        scripts.call("trim", [KEYS.exp], ["MAXLEN", 3, 5000])
-    assert scripts.call("trim", [KEYS.exp], ["MAXLEN", 0, 1000]) == [3, b""]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == 4  # empty stream: all go
-    assert real_redis.zcard(KEYS.obsref) == 0 and real_redis.exists(KEYS.obs(digest_n(99)))
+        scripts.call("trim", [KEYS.exp], ["learner", "CAP", 3, 5000])
+    assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 0, 1000]) == [2, 2, b""]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == [1, 0]  # empty stream: all go
+    assert real_redis.zcard(KEYS.obsref) == 0
 
 
 class RestartableRedis:

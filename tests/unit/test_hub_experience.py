@@ -305,10 +305,10 @@ def test_janitor_trims_by_count_counts_unread_and_collects_obs(fake_redis):
     stored = {keys.digest_of(k.decode()) for k in fake_redis.keys(keys.obs_prefix + "*")}
     assert stored == referenced and len(stored) == 3
     assert {m.decode() for m in fake_redis.zrange(keys.obsref, 0, -1)} == referenced
-    assert janitor.run_once() == (0, 0, 0, 0)
+    assert janitor.run_once()._replace(calls=0) == (0, 0, 0, 0, 0)
 
 
-def test_janitor_age_trim_keeps_unread(fake_redis):
+def test_janitor_age_trim_keeps_unread_and_pending(fake_redis):
     fake_redis.config_set("stream-node-max-entries", 1)
     keys = RunKeys(RUN).shard(0)
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
@@ -318,9 +318,14 @@ def test_janitor_age_trim_keeps_unread(fake_redis):
     receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
     delivered = receiver.receive(3, 0)
     time.sleep(0.01)
-    stats = HubJanitor(fake_redis, RetentionConfig(max_entries=None, max_age_s=0.001), RUN, 1).run_once()
-    assert stats.unread_dropped == 0 and stats.trimmed == 2  # the last delivered entry stays
+    janitor = HubJanitor(fake_redis, RetentionConfig(max_entries=None, max_age_s=0.001), RUN, 1)
+    assert janitor.run_once().trimmed == 0  # delivered but not acked: the learner may still die
+    receiver.ack(delivered[:2])
+    stats = janitor.run_once()
+    assert stats.unread_dropped == 0 and stats.trimmed == 2  # the oldest pending entry stays
     assert fake_redis.xrange(keys.exp)[0][0] == delivered[-1].entry_id
+    receiver.ack(delivered[2:])
+    assert janitor.run_once().trimmed == 0  # and so does the last delivered one
 
 
 def chunk_key(chunk) -> tuple:

@@ -12,11 +12,14 @@ import redis
 
 from surreal_redis.scripts import ScriptError
 
+SEQ_WINDOW = 1024  # insert.lua takes seqs below floor + SEQ_WINDOW only (it remembers that many)
+
 
 @dataclass
 class Batch:
     """One insert.lua call: chunks (stream fields a, e, o, d), the digests they reference (each
-    once), those whose blobs this call uploads, and its size in bytes (fields and blobs)."""
+    once), those whose blobs this call uploads, and its size in bytes (fields and blobs). ``seq``
+    is fixed for the batch's life: resends reuse it, so insert.lua stores the batch at most once."""
 
     seq: int
     chunks: list[tuple[bytes, ...]] = field(default_factory=list)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -48,6 +49,10 @@ _HEAD = struct.Struct("<4sHIIB")
 FLAG_LZ4 = 1
 FLAG_ONE_VERSION = 2
 MAX_TEMPLATE_BYTES = 65535
+# JSON nesting of a template: two brackets per tree level, a few around them. Checked before the
+# JSON is parsed, so a template of 65535 "[" never reaches the (recursive) parser.
+MAX_TEMPLATE_NESTING = 2 * MAX_DEPTH + 8
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 INDEX_DTYPE = np.dtype(np.uint8)  # referenced leaves index the chunk's digests, at most 256 of them
 _LZ4_MAX_RATIO = 255  # an lz4 block never inflates more than this (bounds the allocation)
 _NAME_OF = {dtype: name for name, dtype in DTYPE_BY_NAME.items()}
@@ -199,7 +204,11 @@ class Layout:
 
     @classmethod
     def parse(cls, template: bytes) -> Layout:
-        """Receiver side: validate and compile a template; CodecError when malformed."""
+        """Receiver side: validate and compile a template; CodecError when malformed (nested
+        deeper than ``MAX_TEMPLATE_NESTING`` included)."""
+        depth = _nesting(template)
+        if depth > MAX_TEMPLATE_NESTING:
+            raise CodecError(f"chunk template nested {depth} deep, more than {MAX_TEMPLATE_NESTING}")
         try:
             doc = json.loads(template)
         except ValueError as exc:
@@ -226,6 +235,16 @@ class Layout:
                 raise CodecError("chunk template: malformed state leaves")
             state_leaves = [_spec(item, f"state leaf {i}") for i, item in enumerate(doc["sl"])]
         return cls(bytes(template), doc["o"], leaves, _spec(doc["a"], "actions"), extras, doc.get("s"), state_leaves)
+
+
+def _nesting(template: bytes) -> int:
+    """Deepest bracket nesting of JSON text (brackets inside strings do not count)."""
+    text = np.frombuffer(_JSON_STRING.sub(b'""', bytes(template)), np.uint8)
+    if not len(text):
+        return 0
+    opens = (text == ord("[")) | (text == ord("{"))
+    closes = (text == ord("]")) | (text == ord("}"))
+    return int(np.cumsum(opens.astype(np.int32) - closes).max())
 
 
 # ---------------------------------------------------------------- encode / decode

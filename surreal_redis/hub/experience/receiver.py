@@ -2,10 +2,23 @@
 
 Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), resolves observation
 digests with one MGET per shard and batch plus a bounded cache of decoded arrays, optionally
-verifies every blob's digest, and hands out chunks to be acked once they are in replay. Malformed
-entries are counted, logged once per kind, copied to the shard's dead-letter stream and acked: bad
-data never stops the reader. :meth:`ExperienceReceiver.read_retained` reads the whole retained
-window outside the group (an off-policy learner refilling its replay after a restart).
+verifies every blob's digest, and hands out chunks to be acked once they are in replay.
+
+Exactly once: every entry the group hands this consumer stays in its pending list until
+:meth:`~ExperienceReceiver.ack` (or until it is set aside). The receiver remembers what it holds
+(handed out and not acked, queued, or waiting to be set aside); on start, and after any connection
+error (an ``XREADGROUP ... >`` whose reply was lost has already moved entries into the pending
+list), it reads its own pending list again from the start and takes back every entry it does not
+hold. Entries other consumers left pending for ``claim_min_idle_ms`` are claimed every
+``claim_every_s``. Entries trimmed while pending (gone before anyone acked them) are counted
+(``pending_trimmed``) and acked. An ack whose reply was lost is sent again with the next one.
+
+No entry can stop the reader: any exception while decoding one entry sets it aside (dead-letter
+stream of its shard, with the reason) and the batch goes on. Observation blobs are checked against
+the entry's template (dtype, shape, size, compression ratio) before they are decompressed, and
+cached only once they decoded. When Redis is out of memory, setting aside waits (capped backoff;
+the entries stay pending) instead of failing. :meth:`ExperienceReceiver.read_retained` reads the
+whole retained window outside the group (an off-policy learner refilling its replay after a restart).
 """
 
 from __future__ import annotations
@@ -13,56 +26,82 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
+import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import redis
 
-from surreal_redis.codec import CodecError, decode_array, digest
-from surreal_redis.connection import RedisSettings, block_ms
+from surreal_redis.codec import CodecError, array_header, decode_array, digest
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisSettings, block_ms
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.payload import Layout
-from surreal_redis.hub.experience.wire import ParsedEntry, WireError, build_chunk, parse_entry, parse_id
+from surreal_redis.hub.experience.wire import (
+    ParsedEntry,
+    WireError,
+    build_chunk,
+    expected_frames,
+    parse_entry,
+    parse_id,
+)
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
+# An lz4 block never inflates more than ~255x: a blob that declares more is refused unread (the
+# decompressor would allocate the declared size first).
+MAX_INFLATION = 256
+
 
 @dataclass(frozen=True)
 class ReceiverConfig:
-    """Experience receiver settings.
+    """Experience receiver settings. Sizes in bytes, times in seconds unless named ``_ms``.
 
     ``consumer``: this reader's name in the consumer group (a restarted learner with the same name
-    gets its own pending entries back). ``block_ms``: default wait of :meth:`receive`.
-    ``cache_entries``: decoded observation arrays kept by digest. ``verify_digests``: check
-    blake2b(blob) == digest for every fetched blob. ``claim_min_idle_ms``: at start, take over
-    entries pending this long on any consumer (a dead learner's), then remove the group's other
-    consumers that have nothing pending. ``dead_maxlen``: approximate cap of the dead-letter
-    stream. ``retained_batch``: entries per XRANGE of :meth:`ExperienceReceiver.read_retained`.
+    gets its own pending entries back at once). ``block_ms``: default wait of :meth:`receive`.
+    ``cache_entries``/``cache_bytes``: decoded observation arrays kept by digest (both bound the
+    cache). ``max_obs_bytes``: decoded size of one observation blob beyond which it is refused.
+    ``verify_digests``: check blake2b(blob) == digest for every fetched blob.
+    ``claim_min_idle_ms``: take over entries pending this long on other consumers (a dead
+    learner's), checked every ``claim_every_s`` (then the group's other consumers with nothing
+    pending are removed); ``claim_count``: entries per claim or pending-list read.
+    ``dead_maxlen``: approximate cap of the dead-letter stream. ``retained_batch``: entries per
+    XRANGE of :meth:`ExperienceReceiver.read_retained`. ``retry_base_s``/``retry_cap_s``: backoff
+    of setting entries aside while Redis is out of memory.
     """
 
     consumer: str = "learner"
     block_ms: int = 1000
     cache_entries: int = 8192
+    cache_bytes: int = 64 << 20
+    max_obs_bytes: int = 64 << 20
     verify_digests: bool = True
     claim_min_idle_ms: int = 60_000
+    claim_every_s: float = 30.0
     claim_count: int = 100
     dead_maxlen: int = 10_000
     retained_batch: int = 256
+    retry_base_s: float = 0.1
+    retry_cap_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.consumer or not isinstance(self.consumer, str):
             raise ValueError(f"receiver.consumer must be a non-empty string, got {self.consumer!r}")
-        for name in ("block_ms", "cache_entries", "claim_min_idle_ms"):
+        for name in ("block_ms", "cache_entries", "cache_bytes", "claim_min_idle_ms", "claim_every_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"receiver.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("claim_count", "dead_maxlen", "retained_batch"):
+        for name in ("claim_count", "dead_maxlen", "retained_batch", "max_obs_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"receiver.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.retry_base_s <= self.retry_cap_s:
+            raise ValueError(f"need 0 < receiver.retry_base_s <= retry_cap_s, got {self.retry_base_s}, "
+                             f"{self.retry_cap_s}")
 
 
 class ReceivedChunk(NamedTuple):
@@ -76,10 +115,14 @@ class ReceivedChunk(NamedTuple):
 
 class ReceiverStats(NamedTuple):
     """Cumulative receiver counters (for metrics). ``chunks``, ``steps``, ``dead``: of
-    :meth:`~ExperienceReceiver.receive`; ``bytes`` counts its entries and every fetched blob;
-    ``claimed``: entries taken over from other consumers, ``consumers_removed``: idle consumers
-    deleted at start; ``retained``/``retained_skipped``: chunks yielded / malformed entries
-    skipped by :meth:`~ExperienceReceiver.read_retained`."""
+    :meth:`~ExperienceReceiver.receive` (``dead``: entries set aside, counted once written);
+    ``bytes`` counts its entries and every fetched blob; ``claimed``: entries taken over from
+    other consumers; ``reread``: entries taken back from this consumer's own pending list (given
+    to a predecessor, or read by a call whose reply was lost); ``pending_trimmed``: entries
+    trimmed while pending, lost before anyone stored them; ``dead_retries``: attempts to set
+    entries aside that Redis refused (out of memory); ``consumers_removed``: idle consumers
+    deleted; ``retained``/``retained_skipped``: chunks yielded / malformed entries skipped by
+    :meth:`~ExperienceReceiver.read_retained`."""
 
     chunks: int
     steps: int
@@ -91,19 +134,32 @@ class ReceiverStats(NamedTuple):
     consumers_removed: int
     retained: int
     retained_skipped: int
+    reread: int = 0
+    pending_trimmed: int = 0
+    dead_retries: int = 0
 
 
-_Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
+_Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields; {} when trimmed while pending)
 _Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, WireError):
+        return "format"
+    if isinstance(exc, CodecError):
+        return "codec"
+    return "error"  # anything else a hostile entry can provoke (RecursionError, MemoryError, ...)
 
 
 class ExperienceReceiver:
     """Reads experience chunks of some shards of one run.
 
-    Not thread-safe; use one receiver per reader thread (with distinct ``shards`` or consumer
-    names). On Redis Cluster give each receiver one shard: one XREADGROUP may not span slots.
-    Blocking calls wait at most ``block_ms`` (capped below half the socket timeout); connection
-    errors propagate once the client's own retries are spent.
+    :meth:`receive` (and :meth:`read_retained`) from one thread; :meth:`ack` and :meth:`set_aside`
+    may be called from another. Use one receiver per reader thread (with distinct ``shards`` or
+    consumer names). On Redis Cluster give each receiver one shard: one XREADGROUP may not span
+    slots. Blocking calls wait at most ``block_ms`` (capped below half the socket timeout).
+    Connection errors propagate (nothing is lost: see the module docstring); the next call
+    recovers. Out-of-memory replies never do: they are waited out.
     """
 
     def __init__(self, client: redis.Redis, config: ReceiverConfig, run: str, num_shards: int,
@@ -119,8 +175,8 @@ class ExperienceReceiver:
         run_keys = RunKeys(run)
         self._keys: dict[int, ShardKeys] = {s: run_keys.shard(s) for s in shards}
         self._shard_of = {k.exp.encode(): s for s, k in self._keys.items()}
-        self._claimed: deque[tuple[int, bytes, dict]] = deque()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_nbytes = 0
         self._layouts: dict[bytes, Layout] = {}  # parsed chunk templates, one per sender layout
         self._started = False
         self._scripts = Scripts(client)
@@ -128,36 +184,36 @@ class ExperienceReceiver:
         self.dead_by_reason: dict[str, int] = {}
         self.skipped_by_reason: dict[str, int] = {}
         self._counts = dict.fromkeys(ReceiverStats._fields, 0)
+        # What this receiver holds, so re-reading its pending list never hands an entry out twice.
+        # The lock orders pending-list reads against acks from the caller's thread.
+        self._lock = threading.RLock()
+        self._queue: deque[_Entry] = deque()  # taken into our pending list, not yet processed
+        self._held: set[tuple[int, bytes]] = set()  # queued, handed out and unacked, or being set aside
+        self._unacked: dict[int, set[bytes]] = {}  # acks whose reply was lost: sent again
+        self._dead_waiting: list[_Failure] = []  # to be set aside once Redis takes writes again
+        self._dead_due = 0.0
+        self._dead_backoff = Backoff(config.retry_base_s, config.retry_cap_s)
+        self._oom_backoff = Backoff(config.retry_base_s, config.retry_cap_s)
+        self._own_cursor: dict[int, bytes] = {}  # shards whose own pending list is being read again
+        self._claim_cursor: dict[int, bytes] = {}
+        self._next_claim = 0.0
 
     def stats(self) -> ReceiverStats:
         return ReceiverStats(**self._counts)
 
     def start(self) -> int:
         """Create missing consumer groups (from the stream start, MKSTREAM), load the agents'
-        insert script, and claim entries left pending by other consumers; they are returned first
-        by :meth:`receive`. Returns how many were claimed. Called by the first :meth:`receive` if
-        not called before."""
+        insert script, and take the first page of this consumer's own pending entries and of
+        entries other consumers left pending (the rest follows page by page); they are returned
+        first by :meth:`receive`. Returns how many entries were taken. Called by the first
+        :meth:`receive` if not called before. Works in a full Redis once the groups exist."""
         self._create_groups()
-        claimed = 0
-        for shard, keys in self._keys.items():
-            cursor = b"0-0"
-            while True:
-                reply = self.client.xautoclaim(keys.exp, CONSUMER_GROUP, self.config.consumer,
-                                               self.config.claim_min_idle_ms, cursor,
-                                               count=self.config.claim_count)
-                cursor, entries = reply[0], reply[1]
-                for entry_id, fields in entries:
-                    if entry_id is not None and fields is not None:
-                        self._claimed.append((shard, entry_id, fields))
-                        claimed += 1
-                if cursor in (b"0-0", "0-0"):
-                    break
-        if claimed:
-            log.info("claimed %d entries pending on other consumers", claimed)
-        self._counts["claimed"] += claimed
-        self._remove_idle_consumers()
+        self._own_cursor = dict.fromkeys(self._keys, b"0-0")
+        before = len(self._queue)
+        self._read_own_pending()
+        self._claim_page()
         self._started = True
-        return claimed
+        return len(self._queue) - before
 
     def _remove_idle_consumers(self) -> None:
         """Delete the group's consumers other than ours that have no pending entries (dead
@@ -181,9 +237,19 @@ class ExperienceReceiver:
         self.client.script_load(self._scripts.get("insert").script)
 
     def _create_groups(self) -> None:
-        """Create the consumer groups and load the agents' script (see :meth:`load_agent_scripts`)."""
+        """Create the missing consumer groups and load the agents' script (see
+        :meth:`load_agent_scripts`). An existing group is left alone (XGROUP CREATE is refused
+        in a full Redis, even when it would only answer BUSYGROUP)."""
         self.load_agent_scripts()
         for keys in self._keys.values():
+            try:
+                groups = self.client.xinfo_groups(keys.exp)
+            except redis.ResponseError as exc:
+                if "no such key" not in str(exc).lower():
+                    raise
+                groups = []
+            if any(g["name"] in (CONSUMER_GROUP, CONSUMER_GROUP.encode()) for g in groups):
+                continue
             try:
                 self.client.xgroup_create(keys.exp, CONSUMER_GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
@@ -191,30 +257,70 @@ class ExperienceReceiver:
                     raise
 
     def receive(self, max_chunks: int = 256, block_ms: int | None = None) -> list[ReceivedChunk]:
-        """Up to ``max_chunks`` chunks (rounded up to a multiple of the number of shards read),
-        claimed ones first. Waits up to ``block_ms`` (default ``config.block_ms``; 0: do not wait)
-        when nothing is available; returns ``[]`` on timeout. Malformed entries are set aside and
-        acked here; the returned ones must be passed to :meth:`ack` once stored."""
+        """Up to ``max_chunks`` chunks (rounded up to a multiple of the number of shards read):
+        entries this consumer was given before and does not hold (its own pending list, read
+        again on start and after connection errors) and claimed ones first, then new ones.
+
+        Waits up to ``block_ms`` (default ``config.block_ms``; 0: do not wait) when nothing is
+        available; returns ``[]`` on timeout, and after waiting out an out-of-memory refusal.
+        Malformed entries are set aside and acked here; the returned ones must be passed to
+        :meth:`ack` once stored (or to :meth:`set_aside`). Connection errors propagate; the next
+        call re-reads the pending list, so nothing a lost reply carried is lost.
+        """
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
-        if not self._started:
-            self.start()
-        entries = [self._claimed.popleft() for _ in range(min(max_chunks, len(self._claimed)))]
-        if not entries:
-            entries = self._read(max_chunks, self.config.block_ms if block_ms is None else block_ms)
-        return self._process(entries) if entries else []
+        wait_ms = self.config.block_ms if block_ms is None else block_ms
+        try:
+            if not self._started:
+                self.start()
+            self._settle()
+            if not self._queue:
+                self._refill(max_chunks, wait_ms)
+            with self._lock:
+                entries = [self._queue.popleft() for _ in range(min(max_chunks, len(self._queue)))]
+            if not entries:
+                return []
+            try:
+                out = self._process(entries)
+            except BaseException:
+                with self._lock:  # still held: processed on the next call
+                    self._queue.extendleft(reversed(entries))
+                raise
+            self._oom_backoff.reset()
+            return out
+        except CONNECTION_ERRORS:
+            self._lost_connection()
+            raise
+        except redis.exceptions.OutOfMemoryError as exc:
+            self._wait_out_oom(exc, wait_ms)
+            return []
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # The stream was dropped (server restart without persistence, `gc --drop`): recreate.
+            log.warning("consumer group missing (%s); recreating it", exc)
+            self._started = False
+            return []
 
     def ack(self, received: Iterable[ReceivedChunk]) -> int:
-        """XACK the given chunks (one round trip); returns how many were still pending."""
-        by_shard: dict[int, list[bytes]] = {}
+        """XACK the given chunks (one round trip; acks whose reply was lost before go along);
+        returns how many were still pending. On a connection error the acks are kept and sent
+        with the next call (XACK is idempotent), and the error propagates."""
+        by_shard: dict[int, set[bytes]] = {}
         for item in received:
-            by_shard.setdefault(item.shard, []).append(item.entry_id)
-        if not by_shard:
-            return 0
-        pipe = self.client.pipeline(transaction=False)
-        for shard, ids in by_shard.items():
-            pipe.xack(self._keys[shard].exp, CONSUMER_GROUP, *ids)
-        return sum(pipe.execute())
+            by_shard.setdefault(item.shard, set()).add(item.entry_id)
+        return self._ack_ids(by_shard)
+
+    def set_aside(self, item: ReceivedChunk, reason: str, detail: str) -> None:
+        """Dead-letter (and ack) a chunk that decoded but that the caller cannot use, e.g. shapes
+        that do not match its environment. Counted like malformed entries. While Redis is out of
+        memory the entry stays pending and is set aside later (by :meth:`receive`); never raises
+        for that. Two round trips."""
+        keys = self._keys[item.shard]
+        entries = self.client.xrange(keys.exp, item.entry_id, item.entry_id)
+        with self._lock:
+            self._dead_waiting.append((reason, detail, item.shard, item.entry_id, entries[0][1] if entries else {}))
+        self._flush_dead(force=True)
 
     def read_retained(self, max_entries: int | None = None, delivered_only: bool = False) -> Iterator[Chunk]:
         """Every entry retained in this receiver's shard streams, oldest first (shards merged by
@@ -249,12 +355,14 @@ class ExperienceReceiver:
         entries = itertools.islice(merged, max_entries)
         while batch := list(itertools.islice(entries, self.config.retained_batch)):
             yield from self._decode_retained(batch)
-            stored = [(shard, entry_id) for shard, entry_id, _ in batch if entry_id in pending.get(shard, ())]
-            if stored:  # the caller has them now: a later claim must not hand them out again
-                pipe = self.client.pipeline(transaction=False)
-                for shard, entry_id in stored:
-                    pipe.xack(self._keys[shard].exp, CONSUMER_GROUP, entry_id)
-                pipe.execute()
+            stored: dict[int, set[bytes]] = {}
+            for shard, entry_id, _ in batch:
+                if entry_id in pending.get(shard, ()):
+                    stored.setdefault(shard, set()).add(entry_id)
+            if stored:  # the caller has them now: no claim or pending-list read may hand them out again
+                self._ack_ids(stored)
+                with self._lock:
+                    self._queue = deque(e for e in self._queue if e[1] not in stored.get(e[0], ()))
 
     def _delivered_window(self, ends: dict[int, bytes]) -> tuple[dict[int, bytes], dict[int, set[bytes]]]:
         """Per shard: the last id the group was given (capped by ``ends``), and the pending ids."""
@@ -275,7 +383,179 @@ class ExperienceReceiver:
             pending[shard] = {e["message_id"] for e in entries}
         return window, pending
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ taking entries
+
+    def _lost_connection(self) -> None:
+        """After a connection error: read our own pending list again before anything new (a
+        lost XREADGROUP/XAUTOCLAIM reply has put entries there that we never saw)."""
+        if self._started:
+            self._own_cursor = dict.fromkeys(self._keys, b"0-0")
+
+    def _take(self, shard: int, entries: list) -> int:
+        """Queue the entries (id, fields) this receiver does not hold yet; returns how many.
+        Called with the lock held."""
+        taken = 0
+        for entry_id, fields in entries:
+            if entry_id is None or (shard, entry_id) in self._held:
+                continue
+            self._held.add((shard, entry_id))
+            self._queue.append((shard, entry_id, fields or {}))
+            taken += 1
+        return taken
+
+    def _refill(self, max_chunks: int, wait_ms: int) -> None:
+        """Queue entries: our own pending list while it is being re-read, then a page of claims
+        when one is due, else new entries (blocking up to ``wait_ms``)."""
+        while self._own_cursor and not self._queue:
+            self._read_own_pending()
+        if not self._queue and time.monotonic() >= self._next_claim:
+            self._claim_page()
+        if not self._queue:
+            self._read_new(max_chunks, wait_ms)
+
+    def _read_own_pending(self) -> None:
+        """One page of this consumer's pending list (XREADGROUP from an id: nothing new is
+        delivered) for every shard still being re-read."""
+        count = self.config.claim_count
+        with self._lock:
+            streams = {self._keys[s].exp: cursor for s, cursor in self._own_cursor.items()}
+            reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, streams, count=count)
+            pages = {self._shard_of[bytes(name)]: entries for name, entries in reply or []}
+            for shard in list(self._own_cursor):
+                entries = pages.get(shard, [])
+                self._counts["reread"] += self._take(shard, entries)
+                if len(entries) < count:
+                    del self._own_cursor[shard]
+                else:
+                    self._own_cursor[shard] = entries[-1][0]
+
+    def _claim_page(self) -> None:
+        """One XAUTOCLAIM page per shard of entries idle ``claim_min_idle_ms`` (other consumers',
+        or ours from a predecessor); once every shard's pass is through, idle consumers are
+        removed and the next pass is due ``claim_every_s`` later."""
+        cfg = self.config
+        for shard, keys in self._keys.items():
+            cursor = self._claim_cursor.get(shard, b"0-0")
+            with self._lock:
+                reply = self.client.xautoclaim(keys.exp, CONSUMER_GROUP, cfg.consumer, cfg.claim_min_idle_ms,
+                                               cursor, count=cfg.claim_count)
+                cursor, entries = reply[0], reply[1]
+                taken = self._take(shard, entries)
+            deleted = len(reply[2]) if len(reply) > 2 else 0  # Redis 7: trimmed while pending
+            self._counts["claimed"] += taken
+            if deleted:
+                self._count_trimmed(shard, deleted)
+            if taken:
+                log.info("shard %d: claimed %d entries left pending by other consumers", shard, taken)
+            if cursor in (b"0-0", "0-0"):
+                self._claim_cursor.pop(shard, None)
+            else:
+                self._claim_cursor[shard] = cursor
+        if not self._claim_cursor:
+            self._remove_idle_consumers()
+            self._next_claim = time.monotonic() + cfg.claim_every_s
+
+    def _read_new(self, max_chunks: int, wait_ms: int) -> None:
+        streams = {keys.exp: ">" for keys in self._keys.values()}
+        count = -(-max_chunks // len(streams))
+        block = block_ms(wait_ms, self.settings) if wait_ms > 0 else None  # BLOCK 0 would wait forever
+        reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, streams, count=count, block=block)
+        with self._lock:
+            for name, entries in reply or []:
+                self._take(self._shard_of[bytes(name)], entries)
+
+    def _count_trimmed(self, shard: int, count: int) -> None:
+        self._counts["pending_trimmed"] += count
+        log.warning("shard %d: %d entries were trimmed while pending, before anyone stored them "
+                    "(retention.max_entries too small for a slow or absent learner)", shard, count)
+
+    def _wait_out_oom(self, exc: BaseException, wait_ms: int) -> None:
+        delay = min(self._oom_backoff.next_delay(), wait_ms / 1000)
+        log.warning("Redis is out of memory (%s); receiver waits %.2fs", exc, delay)
+        time.sleep(delay)
+
+    # ------------------------------------------------------------ acking and setting aside
+
+    def _settle(self) -> None:
+        """Send acks whose reply was lost, and set aside what is due (see :meth:`_flush_dead`)."""
+        if self._unacked:
+            self._ack_ids({})
+        self._flush_dead()
+
+    def _ack_ids(self, by_shard: dict[int, set[bytes]]) -> int:
+        """XACK ``by_shard`` plus the acks still owed; returns how many were still pending."""
+        with self._lock:
+            owed = {s: set(ids) for s, ids in self._unacked.items()}
+            for shard, ids in by_shard.items():
+                owed.setdefault(shard, set()).update(ids)
+            if not owed:
+                return 0
+            pipe = self.client.pipeline(transaction=False)
+            for shard, ids in owed.items():
+                pipe.xack(self._keys[shard].exp, CONSUMER_GROUP, *ids)
+            try:
+                acked = sum(pipe.execute())
+            except CONNECTION_ERRORS:
+                self._unacked = owed
+                raise
+            self._unacked = {}
+            for shard, ids in owed.items():
+                self._held.difference_update((shard, i) for i in ids)
+            return acked
+
+    def _flush_dead(self, force: bool = False) -> None:
+        """Write the waiting dead letters (one XADD each to the shard's dead stream), then ack
+        those written. Refused for memory (or the connection failed): they stay waiting, and
+        pending in Redis, until the next attempt after a capped backoff (``force``: now)."""
+        with self._lock:
+            if not self._dead_waiting or (not force and time.monotonic() < self._dead_due):
+                return
+            waiting, self._dead_waiting = self._dead_waiting, []
+            pipe = self.client.pipeline(transaction=False)
+            for reason, detail, shard, entry_id, fields in waiting:
+                record = {b"id": entry_id, b"reason": reason, b"detail": detail[:1000]}
+                record.update({b"f." + bytes(k): v for k, v in fields.items()})
+                pipe.xadd(self._keys[shard].dead, record, maxlen=self.config.dead_maxlen, approximate=True)
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except CONNECTION_ERRORS as exc:
+                replies = [exc] * len(waiting)  # maybe written: a retry may write a second record
+            written: dict[int, set[bytes]] = {}
+            refused = None
+            for failure, reply in zip(waiting, replies):
+                if isinstance(reply, (redis.exceptions.OutOfMemoryError, *CONNECTION_ERRORS)):
+                    self._dead_waiting.append(failure)
+                    refused = reply
+                elif isinstance(reply, Exception):
+                    raise reply  # e.g. no permission: a setup error, not data to route around
+                else:
+                    written.setdefault(failure[2], set()).add(failure[3])
+                    self._count_dead(*failure[:4])
+            if refused is not None:
+                self._counts["dead_retries"] += 1
+                delay = self._dead_backoff.next_delay()
+                self._dead_due = time.monotonic() + delay
+                log.warning("%d entries wait to be set aside (%s); next try in %.1fs",
+                            len(self._dead_waiting), refused, delay)
+            else:
+                self._dead_backoff.reset()
+            if written:
+                try:
+                    self._ack_ids(written)
+                except CONNECTION_ERRORS:
+                    pass  # kept in _unacked: sent with the next ack
+
+    def _count_dead(self, reason: str, detail: str, shard: int, entry_id: bytes) -> None:
+        self._counts["dead"] += 1
+        self.dead_by_reason[reason] = self.dead_by_reason.get(reason, 0) + 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("shard %d entry %s set aside (%s: %s); further '%s' entries are logged at "
+                        "debug level", shard, entry_id, reason, detail, reason)
+        else:
+            log.debug("shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail)
+
+    # ------------------------------------------------------------ decoding
 
     def _scan(self, shard: int, end: bytes) -> Iterator[_Entry]:
         """Entries of one shard up to ``end`` (inclusive), oldest first, one XRANGE per batch."""
@@ -304,57 +584,31 @@ class ExperienceReceiver:
         self._counts["retained"] += len(good)
         return [chunk for _, chunk, _ in good]
 
-    def _read(self, max_chunks: int, wait_ms: int) -> list[tuple[int, bytes, dict]]:
-        streams = {keys.exp: ">" for keys in self._keys.values()}
-        count = -(-max_chunks // len(streams))
-        block = block_ms(wait_ms, self.settings) if wait_ms > 0 else None  # BLOCK 0 would wait forever
-        try:
-            reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, streams,
-                                           count=count, block=block)
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            # The stream was dropped (server restart without persistence, `gc --drop`): recreate.
-            log.warning("consumer group missing (%s); recreating it", exc)
-            self._create_groups()
-            return []
-        return [(self._shard_of[bytes(name)], entry_id, fields)
-                for name, entries in reply or [] for entry_id, fields in entries]
-
-    def set_aside(self, item: ReceivedChunk, reason: str, detail: str) -> None:
-        """Dead-letter (and ack) a chunk that decoded but that the caller cannot use, e.g. shapes
-        that do not match its environment. Counted like malformed entries; two round trips."""
-        keys = self._keys[item.shard]
-        entries = self.client.xrange(keys.exp, item.entry_id, item.entry_id)
-        pipe = self.client.pipeline(transaction=False)
-        self._dead(reason, detail, item.shard, item.entry_id, entries[0][1] if entries else None, pipe)
-        pipe.execute()
-
-    def _dead(self, reason: str, detail: str, shard: int, entry_id: bytes, fields: Any,
-              pipe: redis.client.Pipeline) -> None:
-        self._counts["dead"] += 1
-        self.dead_by_reason[reason] = self.dead_by_reason.get(reason, 0) + 1
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.warning("shard %d entry %s set aside (%s: %s); further '%s' entries are logged at "
-                        "debug level", shard, entry_id, reason, detail, reason)
-        else:
-            log.debug("shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail)
-        keys = self._keys[shard]
-        record = {b"id": entry_id, b"reason": reason, b"detail": detail[:1000]}
-        if isinstance(fields, dict):
-            record.update({b"f." + bytes(k): v for k, v in fields.items()})
-        pipe.xadd(keys.dead, record, maxlen=self.config.dead_maxlen, approximate=True)
-        pipe.xack(keys.exp, CONSUMER_GROUP, entry_id)
+    def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:
+        """Why a fetched blob cannot be used for ``spec`` (reason, detail), checked before it is
+        decompressed; None when it may be decoded."""
+        if self.config.verify_digests and digest(blob) != d:
+            return "digest_mismatch", f"observation {d} holds data of digest {digest(blob)}"
+        dtype, shape, codec, start = array_header(blob)
+        if (dtype, shape) != spec:
+            return "format", f"observation {d} is {dtype}{shape}, the template says {spec[0]}{spec[1]}"
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > self.config.max_obs_bytes:
+            return "too_large", f"observation {d} of {nbytes} bytes exceeds receiver.max_obs_bytes"
+        if codec == "lz4" and nbytes > MAX_INFLATION * (len(blob) - start) + 64:
+            return "codec", f"observation {d}: {len(blob) - start} lz4 bytes cannot inflate to {nbytes}"
+        return None
 
     def _fetch(self, parsed: list[tuple[int, bytes, dict, ParsedEntry]]) -> tuple[dict, dict]:
-        """Decoded arrays of every digest the entries need (cache, then one MGET per shard), and
-        digest -> (reason, detail) for those that could not be resolved."""
+        """Decoded arrays of every digest the entries use (cache, then one MGET per shard), and
+        digest -> (reason, detail) for those that could not be resolved. A blob is checked
+        against the template of the first entry using it before it is decompressed, and cached
+        only once it decoded."""
         arrays: dict[str, np.ndarray] = {}
-        wanted: dict[int, dict[str, None]] = {}
+        wanted: dict[int, dict[str, tuple]] = {}
         cache = self._cache
         for shard, _, _, entry in parsed:
-            for d in entry.digests:
+            for d, spec in expected_frames(entry).items():
                 if d in arrays:
                     continue
                 cached = cache.get(d)
@@ -363,7 +617,7 @@ class ExperienceReceiver:
                     arrays[d] = cached
                     self._counts["cache_hits"] += 1
                 else:
-                    wanted.setdefault(shard, {})[d] = None
+                    wanted.setdefault(shard, {}).setdefault(d, spec)
         bad: dict[str, tuple[str, str]] = {}
         if not wanted:
             return arrays, bad
@@ -371,39 +625,45 @@ class ExperienceReceiver:
         for shard, digests in wanted.items():
             pipe.mget(self._keys[shard].obs_keys(list(digests)))
         for digests, blobs in zip(wanted.values(), pipe.execute()):
-            for d, blob in zip(digests, blobs):
+            for (d, spec), blob in zip(digests.items(), blobs):
                 self._counts["cache_misses"] += 1
                 if blob is None:
                     bad[d] = ("missing_obs", f"observation {d} is gone (expired or collected)")
                     continue
                 self._counts["bytes"] += len(blob)
-                if self.config.verify_digests and digest(blob) != d:
-                    bad[d] = ("digest_mismatch", f"observation {d} holds data of digest {digest(blob)}")
-                    continue
                 try:
-                    array = decode_array(blob)
-                except CodecError as exc:
-                    bad[d] = ("codec", f"observation {d}: {exc}")
+                    problem = self._blob_problem(d, blob, spec)
+                    if problem is None:
+                        array = decode_array(blob)
+                except Exception as exc:  # a hostile blob must not stop the reader
+                    problem = (_failure_reason(exc), f"observation {d}: {type(exc).__name__}: {exc}")
+                if problem is not None:
+                    bad[d] = problem
                     continue
                 array.setflags(write=False)  # shared by every chunk referencing the digest
                 arrays[d] = array
-                if self.config.cache_entries:
-                    self._cache[d] = array
-        while len(self._cache) > self.config.cache_entries:
-            self._cache.popitem(last=False)
+                self._cache_put(d, array)
         return arrays, bad
 
+    def _cache_put(self, d: str, array: np.ndarray) -> None:
+        cfg = self.config
+        if not cfg.cache_entries or array.nbytes > cfg.cache_bytes:
+            return
+        self._cache[d] = array
+        self._cache_nbytes += array.nbytes
+        while len(self._cache) > cfg.cache_entries or self._cache_nbytes > cfg.cache_bytes:
+            self._cache_nbytes -= self._cache.popitem(last=False)[1].nbytes
+
     def _decode(self, entries: list[_Entry]) -> tuple[list[tuple[_Entry, Chunk, int]], list[_Failure]]:
-        """Parse, resolve and build: ((entry, chunk, entry bytes) of each good entry, failures)."""
+        """Parse, resolve and build: ((entry, chunk, entry bytes) of each good entry, failures).
+        Any exception raised by one entry's data makes that entry a failure, nothing more."""
         parsed: list[tuple[int, bytes, dict, ParsedEntry]] = []
         failures: list[_Failure] = []
         for shard, entry_id, fields in entries:
             try:
                 parsed.append((shard, entry_id, fields, parse_entry(fields, self._layouts)))
-            except WireError as exc:
-                failures.append(("format", str(exc), shard, entry_id, fields))
-            except CodecError as exc:
-                failures.append(("codec", str(exc), shard, entry_id, fields))
+            except Exception as exc:  # one entry's data, whatever it provokes: see the docstring
+                failures.append((_failure_reason(exc), f"{type(exc).__name__}: {exc}"[:1000], shard, entry_id, fields))
         arrays, bad = self._fetch(parsed)
         good: list[tuple[_Entry, Chunk, int]] = []
         for shard, entry_id, fields, entry in parsed:
@@ -413,25 +673,35 @@ class ExperienceReceiver:
                 continue
             try:
                 chunk = build_chunk(entry, arrays)
-            except WireError as exc:
-                failures.append(("format", str(exc), shard, entry_id, fields))
+            except Exception as exc:  # one entry's data, whatever it provokes: see the docstring
+                failures.append((_failure_reason(exc), f"{type(exc).__name__}: {exc}"[:1000], shard, entry_id, fields))
                 continue
             good.append(((shard, entry_id, fields), chunk, entry.nbytes))
         return good, failures
 
     def _process(self, entries: list[_Entry]) -> list[ReceivedChunk]:
-        good, failures = self._decode(entries)
+        """Decode held entries: good ones are returned (held until acked), malformed ones set
+        aside, ones trimmed while pending counted and acked."""
+        gone = {}
+        for shard, entry_id, fields in entries:
+            if not fields:
+                gone.setdefault(shard, set()).add(entry_id)
+        good, failures = self._decode([e for e in entries if e[2]])
         out: list[ReceivedChunk] = []
         for (shard, entry_id, _), chunk, nbytes in good:
             out.append(ReceivedChunk(chunk, shard, entry_id, nbytes))
             self._counts["chunks"] += 1
             self._counts["steps"] += chunk.num_steps
             self._counts["bytes"] += nbytes
+        for shard, ids in gone.items():
+            self._count_trimmed(shard, len(ids))
+        if gone:
+            try:
+                self._ack_ids(gone)
+            except CONNECTION_ERRORS:
+                pass  # kept in _unacked: sent with the next ack
         if failures:
-            pipe = self.client.pipeline(transaction=False)
-            for failure in failures:
-                self._dead(*failure, pipe)
-            for reply in pipe.execute(raise_on_error=False):
-                if isinstance(reply, Exception):  # e.g. OOM on the dead-letter XADD; the ack went through
-                    log.error("setting a malformed entry aside failed: %s", reply)
+            with self._lock:
+                self._dead_waiting.extend(failures)
+            self._flush_dead(force=True)
         return out

@@ -13,9 +13,8 @@ from typing import NamedTuple
 
 import redis
 
-from surreal_redis.hub.experience.backlog import read_backlog
-from surreal_redis.hub.experience.wire import id_score, parse_id
-from surreal_redis.keys import RunKeys, ShardKeys
+from surreal_redis.hub.experience.wire import id_score
+from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -27,9 +26,11 @@ class RetentionConfig:
 
     ``max_entries``: hard cap on entries per shard (approximate: whole stream nodes are trimmed);
     unread entries over the cap are dropped, counted and logged. ``max_age_s``: entries older than
-    this (server time) go, but only those the learner's group has already been given.
-    None disables either. ``trim_limit``: entries per trim call (<= 1000); ``gc_batch``: obs
-    keys per gc call (<= 256); ``max_calls``: script calls per shard and run (a safety bound).
+    this (server time) go, but only those the learner's group has acked. None disables either.
+    ``trim_limit``: entries per trim call (<= 1000); ``gc_batch``: obs keys per gc call (<= 256);
+    ``max_calls``: script calls per shard and run (a safety bound). ``orphan_scan_count``: obs keys
+    examined per shard and run (one SCAN call) for orphans, keys no entry can reach (written
+    around ``insert.lua``); 0 disables the sweep.
     """
 
     max_entries: int | None = 100_000
@@ -37,6 +38,7 @@ class RetentionConfig:
     trim_limit: int = 1000
     gc_batch: int = 256
     max_calls: int = 10_000
+    orphan_scan_count: int = 1000
 
     def __post_init__(self) -> None:
         if self.max_entries is not None and self.max_entries < 0:
@@ -49,22 +51,28 @@ class RetentionConfig:
             raise ValueError(f"retention.gc_batch must be in 1..256, got {self.gc_batch}")
         if self.max_calls < 1:
             raise ValueError(f"retention.max_calls must be >= 1, got {self.max_calls}")
+        if self.orphan_scan_count < 0:
+            raise ValueError(f"retention.orphan_scan_count must be >= 0, got {self.orphan_scan_count}")
 
 
 class JanitorStats(NamedTuple):
-    """What one :meth:`HubJanitor.run_once` did, summed over shards."""
+    """What one :meth:`HubJanitor.run_once` did, summed over shards. ``unread_dropped``: entries
+    trimmed before the learner's group was given them (counted atomically with the trim);
+    ``orphans_deleted``: obs keys no entry could reach (included in ``obs_deleted``)."""
 
     trimmed: int
     unread_dropped: int
     obs_deleted: int
     calls: int
+    orphans_deleted: int = 0
 
 
 class HubJanitor:
     """Runs trim and gc for every shard of a run (the learner calls :meth:`run_once` periodically).
 
     ``unread_dropped_total``: entries trimmed before the learner's group was given them, since
-    construction.
+    construction. Works in a full Redis (maxmemory reached): it only reads and frees memory.
+    Connection errors propagate (nothing is retried blindly: a lost trim reply would lose its count).
     """
 
     def __init__(self, client: redis.Redis, config: RetentionConfig, run: str, num_shards: int) -> None:
@@ -73,14 +81,17 @@ class HubJanitor:
         self.client, self.config = client, config
         self._shards = RunKeys(run).shards(num_shards)
         self._scripts = Scripts(client)
+        self._scan_cursors = dict.fromkeys(range(num_shards), 0)
+        self._scan_denied = False
         self.unread_dropped_total = 0
 
     def run_once(self) -> JanitorStats:
-        """Trim every shard by age, then by count, then gc until no candidate is left.
+        """Trim every shard by age, then by count, then gc until no candidate is left, then sweep
+        one page of obs keys for orphans.
 
         Blocks for the script calls (each bounded: ``trim_limit`` entries, ``gc_batch`` keys).
         """
-        totals = [0, 0, 0, 0]
+        totals = [0] * len(JanitorStats._fields)
         now_ms = None
         if self.config.max_age_s is not None:
             seconds, micros = self.client.time()
@@ -94,31 +105,31 @@ class HubJanitor:
 
     def _run_shard(self, keys: ShardKeys, now_ms: int | None) -> JanitorStats:
         cfg = self.config
-        backlog = read_backlog(self.client, keys)
-        length, unread, first = backlog.length, backlog.unread, backlog.first_id
         trimmed = dropped = calls = 0
-        passes = []
-        if now_ms is not None and backlog.last_delivered is not None and length:
-            # MINID keeps the last delivered entry and everything after it: age never drops unread.
-            cutoff = min((now_ms - int(cfg.max_age_s * 1000), 0), parse_id(backlog.last_delivered))
-            passes.append(("MINID", f"{cutoff[0]}-{cutoff[1]}"))
-        if cfg.max_entries is not None and length > cfg.max_entries:
-            passes.append(("MAXLEN", str(cfg.max_entries)))
+        first: bytes | None = None
+        passes: list[tuple[str, str | int]] = []
+        if now_ms is not None:
+            passes.append(("AGE", f"{max(0, now_ms - int(cfg.max_age_s * 1000))}-0"))
+        if cfg.max_entries is not None:
+            passes.append(("CAP", cfg.max_entries))
         for mode, threshold in passes:
             while calls < cfg.max_calls:
-                removed, first_id = self._scripts.call("trim", [keys.exp], [mode, threshold, cfg.trim_limit])
+                removed, unread, first_id = self._scripts.call(
+                    "trim", [keys.exp], [CONSUMER_GROUP, mode, threshold, cfg.trim_limit])
                 calls += 1
                 first = first_id or None
+                trimmed, dropped = trimmed + removed, dropped + unread
                 if not removed:
                     break
-                # Trimming removes oldest first and delivered entries are older than unread ones.
-                lost = max(0, removed - (length - unread))
-                trimmed, dropped, length, unread = trimmed + removed, dropped + lost, length - removed, unread - lost
         if dropped:
             log.warning("shard %d: %d entries trimmed before the learner read them (retention.max_entries"
                         "=%s reached; the learner is too slow or absent)", keys.shard, dropped, cfg.max_entries)
+        if not passes:
+            head = self.client.xrange(keys.exp, count=1)
+            first = head[0][0] if head else None
         deleted, gc_calls = self._collect(keys, first, cfg.max_calls - calls)
-        return JanitorStats(trimmed, dropped, deleted, calls + gc_calls)
+        orphans = self._sweep_orphans(keys)
+        return JanitorStats(trimmed, dropped, deleted + orphans, calls + gc_calls, orphans)
 
     def _collect(self, keys: ShardKeys, first_id: bytes | None, budget: int) -> tuple[int, int]:
         """gc until no obsref member scores below the first entry; returns (deleted, calls)."""
@@ -129,8 +140,31 @@ class HubJanitor:
             if not digests:
                 return deleted, calls
             obs_keys = [keys.obs(d.decode()) for d in digests]
-            deleted += self._scripts.call("gc", [keys.exp, keys.obsref, *obs_keys], [])
+            deleted += self._scripts.call("gc", [keys.exp, keys.obsref, *obs_keys], [])[0]
             calls += 1
         log.warning("shard %d: gc stopped after %d calls (retention.max_calls) with candidates left",
                     keys.shard, calls)
         return deleted, calls
+
+    def _sweep_orphans(self, keys: ShardKeys) -> int:
+        """One SCAN page of this shard's obs keys through gc.lua, which deletes the orphans among
+        them (and any the gc above would have). The cursor carries over to the next run."""
+        if not self.config.orphan_scan_count or self._scan_denied:
+            return 0
+        try:
+            cursor, names = self.client.scan(self._scan_cursors[keys.shard], match=keys.obs_prefix + "*",
+                                             count=self.config.orphan_scan_count)
+        except redis.exceptions.NoPermissionError as exc:
+            # The learner's ACL user may not SCAN (it would list other runs' key names).
+            self._scan_denied = True
+            log.warning("orphan sweep off: %s (only insert.lua's own uploads are guaranteed referenced)", exc)
+            return 0
+        self._scan_cursors[keys.shard] = cursor
+        orphans = 0
+        batch = self.config.gc_batch
+        for start in range(0, len(names), batch):
+            orphans += self._scripts.call("gc", [keys.exp, keys.obsref, *names[start:start + batch]], [])[1]
+        if orphans:
+            log.warning("shard %d: deleted %d observation keys no entry references (written around "
+                        "insert.lua)", keys.shard, orphans)
+        return orphans

@@ -23,6 +23,7 @@ from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, Waiter
 from surreal_redis.hub.experience.backlog import read_backlog
 from surreal_redis.hub.experience.batching import (
+    SEQ_WINDOW,
     Batch,
     Outcome,
     classify_reply,
@@ -51,7 +52,7 @@ class SenderConfig:
     float32 = 1.5 KB never repeat, and a key costs ~250 B of Redis memory). Observation blobs and
     chunk bodies of at least ``compress_min_bytes`` are lz4-compressed when that shrinks them.
     ``lru_size``: digests remembered as stored (at least the most recent ``lru_size / 2``).
-    ``seen_ttl_s``: how long the last seq of this sender is remembered. ``max_insert_bytes``:
+    ``seen_ttl_s``: how long this sender's dedup window (its stored seqs) is remembered. ``max_insert_bytes``:
     bytes (fields and blobs) per insert call, which bounds how long one call holds the server;
     a single bigger chunk goes alone. ``max_lag``: wait before sending while the learner has more
     unread entries than this on our shard (None or 0: never wait). ``max_wait_s``: give up
@@ -107,6 +108,7 @@ class SenderStats(NamedTuple):
     error_retries: int
     backpressure_wait_s: float
     steps_dropped: int
+    chunks_dropped: int
 
 
 class HubUnavailableError(RuntimeError):
@@ -141,6 +143,7 @@ class ExperienceSender:
         self._buffer = ChunkBuffer(agent_id, config.flush_steps, config.dedup_min_bytes,
                                    config.compress_min_bytes, config.max_obs_per_insert)
         self._counts = dict.fromkeys(SenderStats._fields, 0)
+        self._unsent: dict[int, EncodedChunk] = {}  # id(fields) -> chunk, while a flush is being sent
 
     # ------------------------------------------------------------ public API
 
@@ -206,17 +209,28 @@ class ExperienceSender:
         return self._seq
 
     def _emit(self, chunks: list[EncodedChunk]) -> None:
-        """Send; when that fails (HubUnavailableError) the chunks are counted as dropped."""
+        """Send; the chunks not stored when that fails (HubUnavailableError, a script error) are
+        counted as dropped (``chunks_dropped``, ``steps_dropped``)."""
+        self._unsent = {id(chunk.fields): chunk for chunk in chunks}
         try:
             self._send(chunks)
         except BaseException:
-            self._counts["steps_dropped"] += sum(chunk.steps for chunk in chunks)
+            self._counts["chunks_dropped"] += len(self._unsent)
+            self._counts["steps_dropped"] += sum(chunk.steps for chunk in self._unsent.values())
             raise
         finally:
+            self._unsent = {}
             self._buffer.release()
 
     def _send(self, chunks: list[EncodedChunk]) -> None:
-        """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s."""
+        """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.
+
+        Every batch keeps its seq until its fate is known: a refused batch (MISSING, OOM, NOSCRIPT)
+        is resent under the same seq, and so is every batch of a pipeline whose replies were lost;
+        insert.lua remembers each stored seq at or above the floor (the lowest unsettled seq), so
+        whatever was stored answers DUP and nothing else does. At most ``SEQ_WINDOW`` seqs past
+        the floor are in flight.
+        """
         cfg = self.config
         self._wait_for_learner()
         stored, blob = self._is_stored, self._buffer.blob
@@ -233,11 +247,16 @@ class ExperienceSender:
         deadline = None
         attempts = 0
         while pending:
-            retry, error = self._attempt(pending)
-            pending = [batch for batch, _ in retry]
+            floor = pending[0].seq  # pending stays in seq order
+            window = [batch for batch in pending if batch.seq < floor + SEQ_WINDOW]
+            retry, error = self._attempt(window, floor)
+            settled = {id(batch) for batch in window} - {id(batch) for batch, _ in retry}
+            pending = [batch for batch in pending if id(batch) not in settled]
             attempts += 1
-            if not pending:
-                break
+            if not retry:
+                attempts, deadline = 0, None
+                backoff.reset()
+                continue
             # Re-uploading missing obs or loading the script is retried at once, but only once.
             if attempts > 1 or error is not None or any(kind is Outcome.BACKOFF for _, kind in retry):
                 now = time.monotonic()
@@ -248,7 +267,7 @@ class ExperienceSender:
                         f"(sender.max_wait_s); last error: {error}")
                 time.sleep(backoff.next_delay())
 
-    def _attempt(self, batches: list[Batch]) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
+    def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
         """One pipeline of inserts. Returns the batches to retry and why."""
         keys, blob, cfg = self.keys, self._buffer.blob, self.config
         sha = self._scripts.get("insert").sha
@@ -256,7 +275,7 @@ class ExperienceSender:
         commands = []
         for batch in batches:
             obs_keys = keys.obs_keys(batch.keys_order())
-            args = [batch.seq, cfg.seen_ttl_s, len(batch.chunks), len(batch.upload)]
+            args = [batch.seq, floor, cfg.seen_ttl_s, len(batch.chunks), len(batch.upload)]
             args += [blob(d) for d in batch.upload]
             for fields in batch.chunks:
                 args += fields
@@ -279,6 +298,8 @@ class ExperienceSender:
                 self._counts["duplicates"] += detail == "DUP"
                 self._counts["obs_uploaded"] += len(batch.upload) * (detail == "OK")
                 self._remember(batch.digests)
+                for fields in batch.chunks:
+                    self._unsent.pop(id(fields), None)
                 continue
             if kind is Outcome.RELOAD:
                 try:
@@ -301,10 +322,7 @@ class ExperienceSender:
                 self._counts["oom_retries" if is_oom(detail) else "error_retries"] += 1
                 error = detail
                 log.info("shard %d: insert refused (%s); backing off", self.shard, detail)
-            # Nothing of this batch was written, but later batches of this pipeline may have been:
-            # a fresh seq keeps it from being mistaken for a duplicate of theirs.
-            batch.seq = self._next_seq()
-            retry.append((batch, kind))
+            retry.append((batch, kind))  # nothing of it was written: resent under the same seq
         return retry, error
 
     def _wait_for_learner(self) -> None:

@@ -3,7 +3,8 @@
 One stream entry holds one chunk (see :class:`surreal_redis.experience.Chunk`). The insert script
 writes the fields in this fixed order (so Redis stores field names once per stream node):
 
-- ``a``: agent id (decimal), ``e``: env index inside the agent's vectorized env (decimal);
+- ``a``: agent id, ``e``: env index inside the agent's vectorized env (each a non-negative
+  decimal integer below 2**31, without sign, spaces or leading zeros);
 - ``o``: the digests of every observation leaf the chunk references, comma-separated, each once
   (empty when all leaves are inline), at most 256;
 - ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays).
@@ -30,6 +31,7 @@ INITIAL_STATE = "initial_state"
 SEQ_SLOTS = 1024
 _DIGESTS = re.compile(rb"^[0-9a-f]{32}(?:,[0-9a-f]{32}){0,255}$")
 _ID = re.compile(r"^(\d+)-(\d+)$")
+_INDEX = re.compile(rb"0|[1-9][0-9]{0,9}")
 
 
 class WireError(ValueError):
@@ -66,15 +68,18 @@ class ParsedEntry(NamedTuple):
 def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] | None = None) -> ParsedEntry:
     """Check the fields of one entry and decode its payload; ``layouts`` caches parsed templates.
 
-    Raises WireError (wrong fields, bad digests) or CodecError (payload bytes).
+    Raises WireError (wrong fields, bad ids or digests) or CodecError (payload bytes).
     """
     if not isinstance(fields, Mapping) or tuple(fields) != FIELDS:
         names = list(fields) if isinstance(fields, Mapping) else fields
-        raise WireError(f"entry fields {names!r} are not {list(FIELDS)!r}")
-    try:
-        agent_id, env_index = int(fields[b"a"]), int(fields[b"e"])
-    except ValueError as exc:
-        raise WireError(f"bad entry header: {exc}") from None
+        raise WireError(f"entry fields {names!r:.200} are not {list(FIELDS)!r}")
+    ids = []
+    for name in (b"a", b"e"):
+        value = fields[name]
+        if not isinstance(value, bytes) or not _INDEX.fullmatch(value) or int(value) >= 2**31:
+            raise WireError(f"entry field {name.decode()} = {value!r:.40} is not a non-negative integer < 2**31")
+        ids.append(int(value))
+    agent_id, env_index = ids
     refs = fields[b"o"]
     if refs and not _DIGESTS.match(refs):
         raise WireError(f"bad observation digest list {refs[:100]!r}")
@@ -82,6 +87,21 @@ def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] |
     decoded = pl.decode(fields[b"d"], {} if layouts is None else layouts)
     nbytes = sum(len(v) for v in fields.values())
     return ParsedEntry(agent_id, env_index, digests, decoded, nbytes)
+
+
+def expected_frames(entry: ParsedEntry) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """digest -> (dtype, shape) the entry's template gives every observation it uses by digest
+    (indices past the digest list are left to :func:`build_chunk` to refuse). What a fetched blob
+    must declare before it is decompressed."""
+    p, digests, out = entry.payload, entry.digests, {}
+    for members in p.layout.ref_groups:
+        leaf = p.layout.leaves[members[0]]
+        for i in members:
+            for group in (pl.OBS, pl.FINAL):
+                for k in np.unique(p.arrays[group, i]).tolist():
+                    if k < len(digests):
+                        out.setdefault(digests[k], (leaf.dtype, leaf.shape))
+    return out
 
 
 def referenced_slots(entry: ParsedEntry) -> int:
