@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 from typing import Any, Literal, NamedTuple
 
 import gymnasium as gym
@@ -79,6 +80,9 @@ def _make_dmc(config: EnvConfig, gym_id: str) -> gym.Env:
     if missing:
         raise EnvError(f"{gym_id!r} is a dm_control task, which needs the 'dmc' extra "
                        f"(missing: {', '.join(missing)}): pip install 'surreal-redis[dmc]'")
+    # headless rendering: EGL unless the user chose a backend (glfw needs a display); dm_control
+    # reads this when it is first imported
+    os.environ.setdefault("MUJOCO_GL", "egl")
     import shimmy
 
     gym.register_envs(shimmy)
@@ -93,7 +97,15 @@ def _make_dmc(config: EnvConfig, gym_id: str) -> gym.Env:
         # rendered once per agent step (after the action repeat)
         env = gym.wrappers.AddRenderObservation(env, render_only=not pixels.keep_state, render_key="pixels",
                                                 obs_key="state")
+        # dm_control's renders are flipped views (negative strides), which torch cannot take
+        env = gym.wrappers.TransformObservation(env, _contiguous_pixels, env.observation_space)
     return env
+
+
+def _contiguous_pixels(obs: Tree) -> Tree:
+    if isinstance(obs, dict):
+        return {**obs, "pixels": np.ascontiguousarray(obs["pixels"])}
+    return np.ascontiguousarray(obs)
 
 
 def _make_robosuite(config: EnvConfig, gym_id: str) -> gym.Env:
