@@ -6,7 +6,8 @@ what only fails once containers run.
 - every learner/agent/eval/admin command is a ``surreal-redis`` command line the CLI accepts (after
   entrypoint.py's ``--id auto`` / ``--resume auto``), its ``--config`` exists in the mounted
   folder and loads with its ``-o`` overrides, all processes of a file run one experiment, and
-  each connects as its run's ACL user with that user's password;
+  each connects as its run's ACL user with that user's password (``admin``: the administrator);
+- the MLflow server's options are ones the installed MLflow accepts;
 - the ``acl`` service's passwords are usable (length, URL-safe characters) and its run name is valid;
 - every ``depends_on`` names a service, ``service_healthy`` ones have a healthcheck with
   ``start_interval``, every named volume is declared and every bind-mounted file exists.
@@ -20,18 +21,20 @@ to compose/.env.example with test passwords filled in.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import yaml
+
+from surreal_redis.acl import ROLES, username
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # entrypoint, acl_file beside this file
 from acl_file import ADMIN_VARIABLE, acl_file_text, password_variable  # noqa: E402
@@ -42,8 +45,8 @@ COMPOSE_FILES = ("docker-compose.yml", "agents.yml", "gpu.yml", "cluster.yml")
 IMAGE = "surreal-redis:"
 # the overlay's services extend the hub file's
 OVERLAYS = {"gpu.yml": "docker-compose.yml"}
-EXAMPLE_PASSWORDS = {ADMIN_VARIABLE: "example-admin-password-0", password_variable("agent"): "example-agent-password-0",
-                     password_variable("learner"): "example-learner-password-0"}
+EXAMPLE_PASSWORDS = {variable: f"example-{variable.lower().replace('_', '-')}-0"
+                     for variable in (ADMIN_VARIABLE, *(password_variable(role) for role in ROLES))}
 _VARIABLE = re.compile(r"\$(?:\$|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
                        r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
 
@@ -125,10 +128,10 @@ def _config_on_host(path: str, service: Mapping[str, Any], compose_dir: Path) ->
     return None
 
 
-def command_problems(name: str, service: Mapping[str, Any], compose_dir: Path) -> tuple[list[str], tuple | None]:
+def command_problems(name: str, service: Mapping[str, Any], env: Mapping[str, str],
+                     compose_dir: Path) -> tuple[list[str], tuple | None]:
     """Problems of one surreal-redis service's command line, and the experiment it runs
     (config file, overrides) for the cross-service check."""
-    from surreal_redis.acl import username
     from surreal_redis.cli import main as cli
     from surreal_redis.config import load_config
 
@@ -164,16 +167,37 @@ def command_problems(name: str, service: Mapping[str, Any], compose_dir: Path) -
                 experiment = (host_path, tuple(sorted(params["overrides"])), config.run)
             except ValueError as exc:
                 problems.append(f"{name}: --config {config_path} with {list(params['overrides'])}: {exc}")
+    role = {"learner": "learner", "agent": "agent", "eval": "eval" if "eval" in ROLES else "agent"}.get(args[at])
+    if experiment is not None:
+        problems += url_problems(name, service, env, experiment[2], role)
+    return problems, experiment
+
+
+def url_problems(name: str, service: Mapping[str, Any], env: Mapping[str, str], run: str, role: str | None) -> list[str]:
+    """The service's SURREAL_REDIS_URL must log in as the run's ``role`` user (None: the
+    administrator, the default user) with the password the ACL file gives that user."""
     url = _environment(service).get("SURREAL_REDIS_URL")
     if url is None:
-        problems.append(f"{name}: no SURREAL_REDIS_URL in its environment")
-    elif experiment is not None:
-        role = {"learner": "learner", "agent": "agent", "eval": "agent"}.get(args[at])
-        parts = urlsplit(url)
-        if role is not None and parts.username != username(experiment[2], role):
-            problems.append(f"{name}: connects as {parts.username!r}, not as the run's {role} user "
-                            f"{username(experiment[2], role)!r}")
-    return problems, experiment
+        return [f"{name}: no SURREAL_REDIS_URL in its environment"]
+    parts = urlsplit(url)
+    user, variable = (username(run, role), password_variable(role)) if role else (None, ADMIN_VARIABLE)
+    if (parts.username or None) != user:
+        return [f"{name}: connects as {parts.username or 'default'!r}, not as {user or 'default'!r}"]
+    if unquote(parts.password or "") != env.get(variable):
+        return [f"{name}: the password in SURREAL_REDIS_URL is not {variable}"]
+    return []
+
+
+def mlflow_server_problems(args: list[str]) -> list[str]:
+    """``mlflow server ARGS`` parsed by the installed MLflow's CLI (the image installs the newest)."""
+    import click
+    from mlflow.cli import server
+
+    try:
+        server.make_context("mlflow server", list(args))
+    except click.ClickException as exc:
+        return [f"mlflow server {' '.join(args)}: {exc.format_message()}"]
+    return []
 
 
 # ---------------------------------------------------------------- one file
@@ -218,23 +242,30 @@ def file_problems(path: Path, env: Mapping[str, str]) -> list[str]:
                 acl_file_text(str((service.get("command") or ["?"])[0]), _environment(service))
             except ValueError as exc:
                 problems.append(f"{where}: {exc}")
-        if str(service.get("image", IMAGE)).startswith(IMAGE) and "entrypoint" not in service \
-                and "command" in service:
-            found, experiment = command_problems(name, service, path.parent)
-            problems += [f"{path.name}: {p}" for p in found]
-            if experiment is not None:
-                experiments[name] = experiment
+        if entrypoint == ["mlflow", "server"]:
+            problems += [f"{where}: {p}" for p in mlflow_server_problems(service.get("command") or [])]
+        if str(service.get("image", IMAGE)).startswith(IMAGE) and "entrypoint" not in service:
+            if "command" in service:
+                found, experiment = command_problems(name, service, env, path.parent)
+                problems += [f"{path.name}: {p}" for p in found]
+                if experiment is not None:
+                    experiments[name] = experiment
+            elif "environment" in service:  # the admin tools service: commands come with `run`
+                problems += [f"{path.name}: {p}" for p in url_problems(name, service, env, "", None)]
     if len(set(experiments.values())) > 1:
         problems.append(f"{path.name}: the processes run different experiments: "
                         + "; ".join(f"{n}: {e[0].name} {list(e[1])}" for n, e in experiments.items()))
     return problems
 
 
+def schema_checker_installed() -> bool:
+    return importlib.util.find_spec("check_jsonschema") is not None
+
+
 def schema_problems(paths: list[Path], env: Mapping[str, str]) -> list[str]:
     """check-jsonschema's complaints about the files as written and as interpolated (empty when
-    it is not installed: say so to the user instead)."""
-    checker = shutil.which("check-jsonschema") or str(Path(sys.executable).parent / "check-jsonschema")
-    if not Path(checker).exists():
+    it is not installed: see :func:`schema_checker_installed`)."""
+    if not schema_checker_installed():
         return []
     with tempfile.TemporaryDirectory() as tmp:
         rendered = []
@@ -246,8 +277,8 @@ def schema_problems(paths: list[Path], env: Mapping[str, str]) -> list[str]:
             target = Path(tmp) / f"interpolated-{path.name}"
             target.write_text(yaml.safe_dump(doc, sort_keys=False))
             rendered.append(target)
-        result = subprocess.run([checker, "--builtin-schema", "vendor.compose-spec", *map(str, paths), *map(str, rendered)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                                 *map(str, paths), *map(str, rendered)], capture_output=True, text=True, timeout=120)
     if result.returncode == 0:
         return []
     return [f"compose-spec schema: {line}" for line in (result.stdout + result.stderr).splitlines() if line.strip()]
@@ -268,7 +299,7 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     # as compose: the shell's variables win over the env file's
     env = {**(read_env_file(options.env_file) if options.env_file else example_env()), **os.environ}
-    if shutil.which("check-jsonschema") is None and not (Path(sys.executable).parent / "check-jsonschema").exists():
+    if not schema_checker_installed():
         print("note: check-jsonschema is not installed (pip install -e '.[dev]'): schema not checked", file=sys.stderr)
     found = problems(env)
     for line in found:
