@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import click
 import yaml
 
 from surreal_redis.acl import ROLES, username
@@ -147,8 +148,6 @@ def command_problems(name: str, service: Mapping[str, Any], env: Mapping[str, st
     subcommand = cli.commands.get(args[at])
     if subcommand is None:
         return [f"{name}: {args[at]!r} is not a surreal-redis command (have {', '.join(sorted(cli.commands))})"], None
-    import click
-
     try:
         params = subcommand.make_context(args[at], args[at + 1:]).params
     except click.ClickException as exc:
@@ -167,9 +166,8 @@ def command_problems(name: str, service: Mapping[str, Any], env: Mapping[str, st
                 experiment = (host_path, tuple(sorted(params["overrides"])), config.run)
             except ValueError as exc:
                 problems.append(f"{name}: --config {config_path} with {list(params['overrides'])}: {exc}")
-    role = {"learner": "learner", "agent": "agent", "eval": "eval" if "eval" in ROLES else "agent"}.get(args[at])
-    if experiment is not None:
-        problems += url_problems(name, service, env, experiment[2], role)
+    if experiment is not None:  # each process as its run's user of the same name; others as the administrator
+        problems += url_problems(name, service, env, experiment[2], args[at] if args[at] in ROLES else None)
     return problems, experiment
 
 
@@ -190,7 +188,6 @@ def url_problems(name: str, service: Mapping[str, Any], env: Mapping[str, str], 
 
 def mlflow_server_problems(args: list[str]) -> list[str]:
     """``mlflow server ARGS`` parsed by the installed MLflow's CLI (the image installs the newest)."""
-    import click
     from mlflow.cli import server
 
     try:
