@@ -1,0 +1,113 @@
+"""Image observations of every shape get a CNN stem with 1/255 scaling and no z-filter; vectors
+get flattened (and z-filtered); anything else is refused naming the leaf."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from surreal_redis.algos.networks import NatureCNN, ObservationEncoder, SmallCNN, channels_first
+from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.algos.ppo_policy import ActorCritic, PPOConfig, PPOPolicy
+from surreal_redis.envs.spaces import ImageLayout, image_layout
+
+
+def box(*shape, dtype=np.uint8):
+    return gym.spaces.Box(0, 255, shape, dtype) if dtype == np.uint8 else gym.spaces.Box(-1, 1, shape, dtype)
+
+
+def frames(k, *shape):
+    return gym.spaces.Tuple([box(*shape)] * k)
+
+
+@pytest.mark.parametrize("space, layout", [
+    (box(84, 84), ImageLayout(1, 84, 84, "hw")),
+    (box(84, 84, 3), ImageLayout(3, 84, 84, "hwc")),
+    (box(96, 96, 12), ImageLayout(12, 96, 96, "hwc")),
+    (box(3, 64, 64), ImageLayout(3, 64, 64, "chw")),
+    (box(4, 84, 84), ImageLayout(4, 84, 84, "chw")),
+    (box(8, 8, 8), ImageLayout(8, 8, 8, "hwc")),
+    (frames(4, 84, 84), ImageLayout(4, 84, 84, "hw")),
+    (frames(3, 48, 48, 3), ImageLayout(9, 48, 48, "hwc")),
+    (box(128), None),
+    (box(84, 84, 3, dtype=np.float32), None),
+    (gym.spaces.Tuple([box(8, 8), box(8, 9)]), None),
+])
+def test_image_layouts(space, layout):
+    assert image_layout(space) == layout
+
+
+@pytest.mark.parametrize("space, stem", [
+    (box(84, 84), NatureCNN), (box(84, 84, 3), NatureCNN), (box(3, 64, 64), NatureCNN),
+    (frames(4, 84, 84), NatureCNN), (frames(2, 48, 48, 3), NatureCNN),
+    (box(16, 16), SmallCNN), (frames(2, 8, 8), SmallCNN), (box(3, 20, 30), SmallCNN),
+])
+def test_every_image_shape_gets_a_cnn(space, stem):
+    encoder = ObservationEncoder(space)
+    assert isinstance(encoder.stems["_"], stem) and encoder.out_dim == 512
+    batch = torch.as_tensor(np.stack([space.sample() for _ in range(3)]) if isinstance(space, gym.spaces.Box)
+                            else np.zeros(1))
+    if isinstance(space, gym.spaces.Tuple):
+        batch = tuple(torch.as_tensor(np.stack([s.sample() for _ in range(3)])) for s in space.spaces)
+    assert encoder(batch).shape == (3, 512)
+
+
+def test_axis_orders_agree_and_frames_stack_along_channels():
+    torch.manual_seed(0)
+    rgb = torch.randint(0, 256, (2, 40, 40, 3), dtype=torch.uint8)
+    last, first = ObservationEncoder(box(40, 40, 3)), ObservationEncoder(box(3, 40, 40))
+    first.load_state_dict(last.state_dict())
+    torch.testing.assert_close(last(rgb), first(rgb.permute(0, 3, 1, 2)))
+    # a tuple of K grayscale frames is the same input as one (K, H, W) image
+    gray = [torch.randint(0, 256, (2, 40, 40), dtype=torch.uint8) for _ in range(4)]
+    stacked, separate = ObservationEncoder(box(4, 40, 40)), ObservationEncoder(frames(4, 40, 40))
+    separate.load_state_dict(stacked.state_dict())
+    torch.testing.assert_close(separate(tuple(gray)), stacked(torch.stack(gray, 1)))
+    layout = image_layout(frames(2, 40, 40, 3))
+    assert channels_first([rgb, rgb], layout).shape == (2, 6, 40, 40)
+
+
+def test_pixels_are_scaled_by_1_over_255():
+    stem = ObservationEncoder(box(36, 36)).stems["_"]
+    white = torch.full((1, 1, 36, 36), 255, dtype=torch.uint8)
+    torch.testing.assert_close(stem(white), stem.head(stem.conv(torch.ones(1, 1, 36, 36))))
+
+
+def test_dict_mixes_a_cnn_for_images_with_vectors():
+    space = gym.spaces.Dict({"camera": box(84, 84, 3), "state": box(7, dtype=np.float32),
+                             "depth": box(84, 84)})
+    encoder = ObservationEncoder(space)
+    assert sorted(encoder.stems) == ["camera", "depth"] and encoder.out_dim == 512 + 512 + 7
+    obs = {k: torch.as_tensor(np.stack([s.sample(), s.sample()])) for k, s in space.spaces.items()}
+    assert encoder(obs).shape == (2, 1031)
+    normalizer = ObservationNormalizer(space)
+    assert list(normalizer.stats) == ["state"]  # images are never z-filtered
+    out = normalizer(obs)
+    assert out["camera"] is obs["camera"] and out["depth"] is obs["depth"]
+
+
+@pytest.mark.parametrize("space", [box(84, 84), box(84, 84, 3), box(3, 64, 64), frames(4, 84, 84)])
+def test_image_observations_are_never_z_filtered(space):
+    assert len(ObservationNormalizer(space).stats) == 0
+    net = ActorCritic(PPOConfig(normalize_obs=True), space, gym.spaces.Discrete(4))
+    assert "_" in net.encoder.stems and len(net.obs_normalizer.stats) == 0
+
+
+def test_grayscale_frame_without_stack_acts_through_the_cnn():
+    policy = PPOPolicy(PPOConfig(normalize_obs=True), box(84, 84), gym.spaces.Discrete(6), num_envs=2, seed=0)
+    assert isinstance(policy.net.encoder.stems["_"], NatureCNN)
+    out = policy.act(np.random.default_rng(0).integers(0, 256, (2, 84, 84), dtype=np.uint8))
+    assert out.actions.shape == (2,) and out.extras["logp"].shape == (2,)
+
+
+@pytest.mark.parametrize("space, leaf", [
+    (gym.spaces.Dict({"image": box(84, 84, 3), "mode": gym.spaces.Discrete(3)}), "observation leaf 'mode'"),
+    (gym.spaces.Dict({"frames": gym.spaces.Tuple([box(8, 8), box(8, 9)])}), "observation leaf 'frames'"),
+    (gym.spaces.MultiBinary(4), "the observation"),
+    (gym.spaces.Dict({"nested": gym.spaces.Dict({"x": box(2, dtype=np.float32)})}), "observation leaf 'nested'"),
+])
+def test_unsupported_leaves_are_refused_by_name(space, leaf):
+    with pytest.raises(ValueError, match=f"no network for {leaf}"):
+        ActorCritic(PPOConfig(), space, gym.spaces.Discrete(2))
