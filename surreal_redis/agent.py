@@ -69,8 +69,9 @@ class Agent:
         seed = agent_seed(config.experiment.seed, agent_id)
         self.envs = make_vector_env(config.env, num_envs=config.env.num_envs, seed=seed, mode="train")
         self.num_envs = self.envs.num_envs
-        self.policy: AgentPolicy = make_policy(config, self.envs.single_observation_space,
-                                               self.envs.single_action_space, self.num_envs, agent_id, seed)
+        self.policy: AgentPolicy = make_policy(config.algo_config, self.envs.single_observation_space,
+                                               self.envs.single_action_space, self.num_envs, agent_id,
+                                               config.agent.num_agents, seed)
         self.control = RunControl(client, config.run)
         self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards,
                                        stop=StopWatch(stop, self.control))

@@ -218,6 +218,11 @@ class ExperimentConfig:
         return self.experiment.name
 
     @property
+    def algo_config(self) -> PPOConfig | DDPGConfig:
+        """The section of the algorithm ``algo`` names (what algos/registry.py builds from)."""
+        return self.ppo if self.algo == "ppo" else self.ddpg
+
+    @property
     def experiment_dir(self) -> Path:
         return Path(self.experiment.root) / self.experiment.name
 

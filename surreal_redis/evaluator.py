@@ -59,8 +59,9 @@ class Evaluator:
         self.config, self.client, self.stop, self.mode = config, client, stop, EVAL_MODES[mode]
         self.name = f"eval-{eval_id}"
         self.env = make_env(config.env, seed=config.experiment.seed + 10_000 + eval_id, mode="eval")
-        self.policy = make_policy(config, self.env.observation_space, self.env.action_space, 1,
-                                  agent_id=0, seed=config.experiment.seed + 10_000 + eval_id)
+        self.policy = make_policy(config.algo_config, self.env.observation_space, self.env.action_space, 1,
+                                  agent_id=0, num_agents=config.agent.num_agents,
+                                  seed=config.experiment.seed + 10_000 + eval_id)
         self.params = ParameterClient(client, config.run, config.hub.params_client)
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self.control = RunControl(client, config.run)

@@ -1,15 +1,16 @@
-"""The learner process: hub -> replay -> gradient updates -> parameters back to the hub.
+"""The learner process: hub -> feed -> gradient updates -> parameters back to the hub.
 
 A prefetch thread reads and decodes experience from every shard (Redis I/O and decoding never
-stall the GPU step); the main thread puts it into replay, acks it, trains, publishes parameters
-(every ``learner.publish_every_updates`` updates, at most once per
-``hub.publisher.min_publish_interval`` s), runs retention/gc, checkpoints, watches the stop
-conditions and logs metrics to MLflow. PPO reads a FIFO replay (on-policy, stale chunks dropped
-and counted); DDPG turns chunks into n-step transitions in a uniform or prioritized replay.
+stall the GPU step). Each round of the main thread: read -> ``feed.ingest`` (then ack) ->
+``feed.train`` -> publish (every ``learner.publish_every_updates`` updates, at most once per
+``hub.publisher.min_publish_interval`` s) -> housekeeping (retention/gc, episodes, metrics, stop
+conditions). The feed holds the regime (:mod:`surreal_redis.replay.feeds`: PPO's FIFO, DDPG's
+n-step replay and rate limiter); this module does not know which algorithm it trains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -18,41 +19,35 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import gymnasium as gym
 import numpy as np
 import redis
 import torch
 
-from surreal_redis.algos.registry import make_algorithm
+from surreal_redis.algos.base import Algorithm
+from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed, required_extras
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff
+from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.envs import make_env
-from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
 from surreal_redis.hub.params import ParameterPublisher
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.hub.run.heartbeat import prune_stale
-from surreal_redis.learner_metrics import LearnerMetrics
-from surreal_redis.replay.fifo import FIFOReplay
-from surreal_redis.replay.nstep import NStepBuilder
-from surreal_redis.replay.prioritized import PrioritizedReplay
-from surreal_redis.replay.uniform import UniformReplay
+from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
+from surreal_redis.replay.feeds import Feed
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-OWED_UPDATES_BEFORE_READING = 64  # off-policy: read more experience once fewer updates than this are owed
-
 
 class Prefetcher(threading.Thread):
-    """Reads batches of decoded chunks into a bounded queue. Connection errors are retried with
+    """Reads batches of decoded chunks into a bounded queue. Redis outages are ridden out with
     capped backoff; any other error is kept in ``error`` and ends the thread (the learner exits
     non-zero)."""
 
@@ -62,17 +57,9 @@ class Prefetcher(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        backoff = Backoff(0.1, 5.0)
+        guard = OutageGuard("prefetch", self.stop)
         try:
-            while not self.stop.is_set():
-                try:
-                    items = self.receiver.receive(self.batch)
-                    backoff.reset()
-                except CONNECTION_ERRORS as exc:
-                    delay = backoff.next_delay()
-                    log.warning("prefetch: Redis unavailable (%s); retrying in %.1fs", exc, delay)
-                    self.stop.wait(delay)
-                    continue
+            while (items := guard.call(lambda: self.receiver.receive(self.batch))) is not None:
                 while items and not self.stop.is_set():
                     try:
                         self.out.put(items, timeout=0.2)
@@ -83,65 +70,79 @@ class Prefetcher(threading.Thread):
             self.error = exc
 
 
+class LearnerParts(NamedTuple):
+    """What a learner trains and how: the trainer, its feed, and the check each chunk must pass."""
+
+    algo: Algorithm
+    feed: Feed
+    chunk_check: ChunkCheck
+
+
 class Learner:
     """``surreal-redis learner``: :meth:`run` blocks until a stop condition, a stop request or
-    a signal, and returns the exit code."""
+    a signal, and returns the exit code. :meth:`from_config` builds the process's learner."""
 
-    def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag,
-                 resume: str | None = None, resume_from: Path | None = None) -> None:
-        self.config, self.client, self.stop = config, client, stop
-        cfg = config
-        torch.set_num_threads(cfg.learner.torch_threads)
-        torch.manual_seed(cfg.experiment.seed)
-        self.rng = np.random.default_rng(cfg.experiment.seed)
-        env = make_env(cfg.env, seed=cfg.experiment.seed, mode="train")
-        self.obs_space, self.action_space = env.observation_space, env.action_space
-        env.close()
-        self.algo = make_algorithm(cfg, self.obs_space, self.action_space)
+    def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, parts: LearnerParts,
+                 tracker: Tracker | None = None) -> None:
+        cfg = self.config = config
+        self.client, self.stop, self.tracker = client, stop, tracker
+        self.algo, self.feed, self.chunk_check = parts
         self.publisher = ParameterPublisher(client, cfg.run, cfg.hub.publisher)
         self.receiver = ExperienceReceiver(client, cfg.hub.receiver, cfg.run, cfg.redis.num_shards,
                                            settings=cfg.redis.settings())
         self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards)
         self.control = RunControl(client, cfg.run)
         self.checkpoints = CheckpointManager(cfg.experiment_dir / "checkpoints", cfg.checkpoint)
-        if cfg.algo == "ppo":
-            self.fifo: FIFOReplay | None = FIFOReplay(cfg.replay.fifo)
-            self.replay: UniformReplay | None = None
-        else:
-            self.fifo = None
-            self.replay = PrioritizedReplay(cfg.replay.off_policy) if cfg.ddpg.use_per else UniformReplay(cfg.replay.off_policy)
-            self.nstep = NStepBuilder(cfg.ddpg.n_step, cfg.ddpg.gamma)
-            self.limiter = cfg.replay.rate_limiter.make()
-        required = ("logp",) + (("raw_action",) if isinstance(self.action_space, gym.spaces.Box) else ())
-        self.chunk_check = ChunkCheck(self.obs_space, self.action_space, required if cfg.algo == "ppo" else ())
-        self.env_steps = 0
-        self.transitions = 0
-        self.param_version = 0  # the last version this learner published
-        self._publish_failed = False
-        self.started = time.monotonic()
-        self.elapsed_before = 0.0
+        self.metrics = LearnerMetrics(client, cfg, tracker)
         self.episodes = EpisodeReader(client, cfg.run, start_id="0-0")
+        self.env_steps = 0
+        self.param_version = 0  # the last version this learner published
         self.train_returns: deque[float] = deque(maxlen=cfg.stop.return_window)
         self.eval_by_version: dict[int, list[float]] = {}
+        self.evals_from_version = 0  # evals of older parameters are not this learner's (see restore)
         self.last_eval: float | None = None
-        self.tracker: Tracker | None = None
-        if cfg.tracking.enabled:
-            self.tracker = Tracker(cfg.experiment_dir, cfg.run, run_name=cfg.run,
-                                   tracking_uri=cfg.tracking.tracking_uri, resume=resume is not None)
-        self.metrics = LearnerMetrics(client, cfg, self.tracker)
+        self.started = time.monotonic()
+        self.elapsed_before = 0.0
+        self._publish_failed = False
+        self._next_housekeeping = 0.0
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, resume: str | None = None,
+                    resume_from: Path | None = None) -> Learner:
+        """The parts ``config`` names (the env is made once for its spaces), MLflow tracking if
+        enabled, and with ``resume`` ('latest', 'best' or an iteration) the state of that
+        checkpoint (of ``resume_from``'s experiment folder when given)."""
+        seed = config.experiment.seed
+        torch.set_num_threads(config.learner.torch_threads)
+        torch.manual_seed(seed)
+        env = make_env(config.env, seed=seed, mode="train")
+        obs_space, action_space = env.observation_space, env.action_space
+        env.close()
+        section, replay, learner = config.algo_config, config.replay, config.learner
+        settings = FeedSettings(replay.fifo, replay.off_policy, replay.rate_limiter, learner.steps_per_update,
+                                learner.learning_starts, learner.updates_per_step)
+        parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed), make_feed(section, settings, seed),
+                             ChunkCheck(obs_space, action_space, required_extras(section, action_space)))
+        tracker = None
+        if config.tracking.enabled:
+            tracker = Tracker(config.experiment_dir, config.run, run_name=config.run,
+                              tracking_uri=config.tracking.tracking_uri, resume=resume is not None)
+        built = cls(config, client, stop, parts, tracker)
         if resume is not None:
-            self._restore(resume, resume_from)
+            built.restore(resume, resume_from)
+        return built
 
     # ---------------------------------------------------------------- checkpoints
     def _state(self) -> dict[str, Any]:
         return {
             "algorithm": self.algo.state_dict(), "env_steps": self.env_steps, "param_version": self.param_version,
-            "elapsed_s": self.elapsed(), "algo": self.config.algo,
-            "rng": {"numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state(),
-                    "python": random.getstate()},
+            "elapsed_s": self.elapsed(), "algo": self.config.algo, "feed": self.feed.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
 
-    def _restore(self, which: str, folder: Path | None) -> None:
+    def restore(self, which: str, folder: Path | None = None) -> None:
+        """Load checkpoint ``which``, refill the feed from the hub's retained window, and skip the
+        episodes already recorded: their evals were credited by the run that wrote them."""
         manager = self.checkpoints if folder is None else CheckpointManager(Path(folder) / "checkpoints",
                                                                                self.config.checkpoint)
         path = manager.resolve(which)
@@ -149,24 +150,20 @@ class Learner:
         if state.get("algo") != self.config.algo:
             raise ValueError(f"checkpoint {path} is for algo {state.get('algo')!r}, config says {self.config.algo!r}")
         self.algo.load_state_dict(state["algorithm"])
+        if "feed" in state:  # older checkpoints: sampling starts from a fresh generator
+            self.feed.load_state_dict(state["feed"])
         self.env_steps = int(state["env_steps"])
         self.elapsed_before = float(state["elapsed_s"])
-        self.param_version = int(state["param_version"])
+        self.param_version = self.evals_from_version = int(state["param_version"])
         self.publisher.continue_after(self.param_version)
-        self.rng.bit_generator.state = state["rng"]["numpy"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         log.info("resumed from %s: iteration %d, %d env steps", path, self.algo.iteration, self.env_steps)
-        if self.replay is not None:
-            self._refill_replay()
-
-    def _refill_replay(self) -> None:
-        """Off-policy: put the hub's retained window back into replay (acked entries included)."""
-        count = 0
-        for chunk in self.receiver.read_retained(delivered_only=True):  # the rest comes through receive()
-            self._ingest_off_policy(chunk)
-            count += chunk.num_steps
-        log.info("refilled replay with %d steps from the hub's retained window", count)
+        while records := self.episodes.read_new():  # train returns still count for the stop window
+            self.train_returns.extend(r.episode_return for r in records if r.mode == "train")
+        stored = self.feed.refill(self.receiver.read_retained(delivered_only=True))  # the rest comes by receive()
+        if stored:
+            log.info("refilled replay with %d transitions from the hub's retained window", stored)
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.started
@@ -174,39 +171,23 @@ class Learner:
     # ---------------------------------------------------------------- main loop
     def run(self) -> int:
         cfg = self.config
-        if self.tracker is not None:
-            self.metrics.log_config()
-        self._publish(force=True)
-        self.control.start()
-        feed: queue.Queue[list[ReceivedChunk]] = queue.Queue(maxsize=max(1, cfg.learner.prefetch_chunks // cfg.learner.receive_batch))
+        self.start()
+        batches: queue.Queue[list[ReceivedChunk]] = queue.Queue(
+            maxsize=max(1, cfg.learner.prefetch_chunks // cfg.learner.receive_batch))
         stop_prefetch = threading.Event()
-        prefetcher = Prefetcher(self.receiver, feed, cfg.learner.receive_batch, stop_prefetch)
+        prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch)
         prefetcher.start()
-        next_housekeeping = 0.0
+        guard = OutageGuard("learner", self.stop)
         status = "FINISHED"
-        backoff = Backoff(0.1, 5.0)
         try:
             while not self.stop:
-                items = []
-                if self._wants_data():
-                    try:
-                        items = feed.get(timeout=0.2)
-                    except queue.Empty:
-                        pass
                 if prefetcher.error is not None:
                     raise RuntimeError(f"experience reader failed: {prefetcher.error!r}") from prefetcher.error
                 try:
-                    if items:
-                        self._ingest(items)
-                    self._train()
-                    if time.monotonic() >= next_housekeeping:
-                        next_housekeeping = time.monotonic() + 1.0
-                        self._housekeeping()
-                    backoff.reset()
-                except CONNECTION_ERRORS as exc:  # training goes on from replay; Redis work is retried
-                    delay = backoff.next_delay()
-                    log.warning("learner: Redis unavailable (%s); retrying in %.1fs", exc, delay)
-                    self.stop.wait(delay)
+                    self.iterate(batches)
+                    guard.succeeded()
+                except OUTAGE_ERRORS as exc:  # training goes on from the feed; Redis work is retried
+                    guard.failed(exc)
         except BaseException:
             status = "FAILED"
             log.exception("learner failed")
@@ -217,74 +198,42 @@ class Learner:
             self._finish(status)
         return 0
 
+    def start(self) -> None:
+        """Log the config, publish the initial parameters and mark the run running."""
+        if self.tracker is not None:
+            self.metrics.log_config()
+        self._publish(force=True)
+        self.control.start()
+
+    def iterate(self, batches: queue.Queue[list[ReceivedChunk]]) -> None:
+        """One round: the next received batch into the feed (unless it has updates to run first;
+        waits up to 0.2 s for one), the updates the feed allows, and housekeeping once a second."""
+        items: list[ReceivedChunk] = []
+        if self.feed.wants_data():
+            with contextlib.suppress(queue.Empty):
+                items = batches.get(timeout=0.2)
+        if items:
+            self._ingest(items)
+        for stats in self.feed.train(self.algo, self.stop):
+            self._after_update(stats)
+        if time.monotonic() >= self._next_housekeeping:
+            self._next_housekeeping = time.monotonic() + 1.0
+            self._housekeeping()
+
     def _ingest(self, items: list[ReceivedChunk]) -> None:
-        """Into replay first, then the Redis calls: an outage in between leaves entries pending
+        """Into the feed first, then the Redis calls: an outage in between leaves entries pending
         (never delivered twice), not data lost."""
         usable, unusable = [], []
         for item in items:
             problem = self.chunk_check.problem(item.chunk)
             (unusable if problem else usable).append((item, problem))
         for item, _ in usable:
-            chunk = item.chunk
-            self.env_steps += chunk.num_steps
-            self.metrics.observe_chunk(self.param_version, chunk, item.nbytes)
-            if self.fifo is not None:
-                self.fifo.insert(chunk)
-            else:
-                self._ingest_off_policy(chunk)
-        self.receiver.ack([item for item, _ in usable])  # only now is the data safely in replay
+            self.env_steps += item.chunk.num_steps
+            self.metrics.observe_chunk(self.param_version, item.chunk, item.nbytes)
+            self.feed.ingest(item.chunk)
+        self.receiver.ack([item for item, _ in usable])  # only now is the data safely stored
         for item, problem in unusable:  # decodes, but does not fit this env/algorithm: never crash
             self.receiver.set_aside(item, "unusable", f"agent {item.chunk.agent_id}: {problem}")
-
-    def _ingest_off_policy(self, chunk: Chunk) -> None:
-        assert self.replay is not None
-        batch = self.nstep.add(chunk)
-        if batch is not None and batch.size:
-            self.replay.insert(*batch)
-            self.limiter.record_insert(batch.size)
-            self.transitions += batch.size
-
-    # ---------------------------------------------------------------- training
-    def _update_budget(self) -> int:
-        """Off-policy: the updates owed for the transitions inserted (``learner.updates_per_step``)."""
-        return int((self.transitions - self.config.learner.learning_starts) * self.config.learner.updates_per_step)
-
-    def _wants_data(self) -> bool:
-        """Off-policy, the replay ratio holds only if reading pauses while updates are owed: the
-        backlog then builds up in Redis and agents wait on ``hub.sender.max_lag``."""
-        if self.replay is None or len(self.replay) < max(self.config.learner.learning_starts, self.config.ddpg.batch_size):
-            return True
-        if not self.limiter.can_sample(self.config.ddpg.batch_size):
-            return True
-        return self._update_budget() - self.algo.iteration < OWED_UPDATES_BEFORE_READING
-
-    def _train(self) -> None:
-        if self.fifo is not None:
-            steps = self.config.learner.steps_per_update
-            while len(self.fifo) >= steps and not self.stop:
-                chunks = self.fifo.take(steps)
-                if not chunks:
-                    break
-                self._after_update(self.algo.update(chunks))
-            return
-        self._train_off_policy()
-
-    def _train_off_policy(self) -> None:
-        assert self.replay is not None
-        cfg = self.config
-        batch_size = cfg.ddpg.batch_size
-        if len(self.replay) < max(cfg.learner.learning_starts, batch_size):
-            return
-        budget = self._update_budget()
-        deadline = time.monotonic() + 0.5  # go back to ingesting regularly
-        while (self.algo.iteration < budget and self.limiter.can_sample(batch_size)
-               and time.monotonic() < deadline and not self.stop):
-            batch = self.replay.sample(batch_size, self.rng)
-            stats, td_errors = self.algo.update(batch)
-            if isinstance(self.replay, PrioritizedReplay):
-                self.replay.update_priorities(batch.indices, td_errors)
-            self.limiter.record_sample(batch_size)
-            self._after_update(stats)
 
     def _after_update(self, stats: dict[str, float]) -> None:
         self.metrics.observe_update(stats)
@@ -302,20 +251,17 @@ class Learner:
         if version is not None:
             self.param_version = version
             self.metrics.observe_publish(time.monotonic() - start)
-            if self.fifo is not None:
-                self.fifo.set_learner_version(version)
+            self.feed.on_publish(version)
 
     # ---------------------------------------------------------------- housekeeping
     def _housekeeping(self) -> None:
         cfg = self.config
-        now = time.monotonic()
-        if now - self.metrics.last_gc >= cfg.learner.gc_every_s:
+        if time.monotonic() - self.metrics.last_gc >= cfg.learner.gc_every_s:
             self.receiver.load_agent_scripts()  # agents may not load scripts themselves (ACL)
             self.metrics.observe_janitor(self.janitor.run_once())
             prune_stale(self.client, cfg.run, cfg.agent.heartbeat_ttl_s)
         self._read_episodes()
-        replay_stats = self.fifo.stats() if self.fifo is not None else {"size": len(self.replay or [])}
-        self.metrics.maybe_flush(self, replay_stats, self.receiver.stats())
+        self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
         reason = self._stop_reason()
         if reason:
             self.control.request_stop(reason)
@@ -330,6 +276,8 @@ class Learner:
             if record.mode == "train":
                 self.train_returns.append(record.episode_return)
                 self.metrics.observe_episode(record)
+                continue
+            if record.version < self.evals_from_version:
                 continue
             scores = self.eval_by_version.setdefault(record.version, [])
             scores.append(record.episode_return)
@@ -352,6 +300,10 @@ class Learner:
 
     def mean_return(self) -> float | None:
         return float(np.mean(self.train_returns)) if self.train_returns else None
+
+    def progress(self) -> LearnerProgress:
+        return LearnerProgress(self.algo.iteration, self.env_steps, self.param_version, self.mean_return(),
+                               self.elapsed())
 
     def _stop_reason(self) -> str:
         stop = self.config.stop
@@ -378,9 +330,9 @@ class Learner:
                 self.checkpoints.save(self._state(), self.algo.iteration)
                 self._publish(force=True)
             self._read_episodes()
-            self.metrics.maybe_flush(self, {}, self.receiver.stats(), force=True)
+            self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats(), force=True)
             self.metrics.mark_stopped()
-        except (*CONNECTION_ERRORS, OSError) as exc:
+        except (*OUTAGE_ERRORS, OSError) as exc:
             log.warning("learner: final publish/metrics incomplete (%s)", exc)
         if self.tracker is not None:
             for path in self.checkpoints.directory.glob("*"):

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import redis
@@ -25,9 +25,22 @@ from surreal_redis.tracking import Tracker
 
 if TYPE_CHECKING:
     from surreal_redis.config import ExperimentConfig
-    from surreal_redis.learner import Learner
 
 log = logging.getLogger(__name__)
+
+
+class LearnerProgress(NamedTuple):
+    """Where the learner stands, for one metrics flush."""
+
+    iteration: int
+    """Gradient updates so far (the MLflow step axis)."""
+    env_steps: int
+    param_version: int
+    """The last parameter version the learner published."""
+    mean_return: float | None
+    """Mean of the recent training episode returns (None before the first episode)."""
+    elapsed_s: float
+    """Training seconds, earlier runs of a resumed experiment included."""
 
 
 class LearnerMetrics:
@@ -98,13 +111,12 @@ class LearnerMetrics:
         self._last_counts[name] = value
         return (value - previous) / dt if dt > 0 else 0.0
 
-    def _hub_numbers(self, learner: Learner) -> dict[str, float]:
+    def _hub_numbers(self, version: int) -> dict[str, float]:
         cfg = self.config
         shards = [RunKeys(cfg.run).shard(i) for i in range(cfg.redis.num_shards)]
         backlogs = [read_backlog(self.client, keys) for keys in shards]
         memory = self.client.info("memory")
         agents = [a for a in read_agents(self.client, cfg.run, cfg.agent.heartbeat_ttl_s) if not a.stale]
-        version = learner.param_version
         numbers = {
             "hub/stream_unread": float(sum(b.unread for b in backlogs)),
             "hub/stream_length": float(sum(b.length for b in backlogs)),
@@ -121,24 +133,26 @@ class LearnerMetrics:
             numbers["hub/agent_version_lag_mean"] = float(np.mean([version - a.param_version for a in agents]))
         return numbers
 
-    def maybe_flush(self, learner: Learner, replay_stats: dict[str, int], receiver: ReceiverStats,
+    def maybe_flush(self, progress: LearnerProgress, replay_stats: dict[str, int], receiver: ReceiverStats,
                     force: bool = False) -> None:
+        """Log and report once ``learner.metrics_every_s`` passed since the last flush (or ``force``).
+        Blocks for a few Redis round trips; hub numbers are skipped (logged) if Redis errs."""
         now = time.monotonic()
         dt = now - self._last_flush
         if not force and dt < self.config.learner.metrics_every_s:
             return
         self._last_flush = now
-        step = learner.algo.iteration
+        step = progress.iteration
         metrics: dict[str, float | None] = {
-            "charts/env_steps": float(learner.env_steps),
-            "charts/env_steps_per_s": self._rate("steps", learner.env_steps, dt),
+            "charts/env_steps": float(progress.env_steps),
+            "charts/env_steps_per_s": self._rate("steps", progress.env_steps, dt),
             "charts/updates_per_s": self._rate("updates", step, dt),
-            "charts/param_version": float(learner.param_version),
-            "charts/episode_return_mean": learner.mean_return(),
+            "charts/param_version": float(progress.param_version),
+            "charts/episode_return_mean": progress.mean_return,
             "hub/ingest_mb_per_s": self._rate("bytes", self.ingest_bytes, dt) / 2**20,
             "hub/dead_entries_total": float(receiver.dead),
             "hub/obs_cache_hit_ratio": receiver.cache_hits / max(1, receiver.cache_hits + receiver.cache_misses),
-            "system/elapsed_s": learner.elapsed(),
+            "system/elapsed_s": progress.elapsed_s,
         }
         if self.episode_returns:
             metrics["charts/episode_return"] = float(np.mean(self.episode_returns))
@@ -155,20 +169,20 @@ class LearnerMetrics:
         metrics.update({f"losses/{k}": float(np.mean(v)) for k, v in self.losses.items() if v})
         metrics.update({f"system/replay_{k}": float(v) for k, v in replay_stats.items()})
         try:
-            metrics.update(self._hub_numbers(learner))
+            metrics.update(self._hub_numbers(progress.param_version))
         except redis.RedisError as exc:
             log.warning("hub metrics unavailable: %s", exc)
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step)
-        status = {"iteration": step, "version": learner.param_version, "env_steps": learner.env_steps,
-                  "mean_return": learner.mean_return(), "eval_return": self.eval_score,
+        status = {"iteration": step, "version": progress.param_version, "env_steps": progress.env_steps,
+                  "mean_return": progress.mean_return, "eval_return": self.eval_score,
                   "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
-                  "pid": os.getpid(), "time": time.time(), "elapsed_s": learner.elapsed(), "state": "running"}
+                  "pid": os.getpid(), "time": time.time(), "elapsed_s": progress.elapsed_s, "state": "running"}
         self.control.write_learner_status(status, ttl_s=max(60, int(10 * self.config.learner.metrics_every_s)))
         self._status = status
-        mean = learner.mean_return()
+        mean = progress.mean_return
         log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s",
-                 step, learner.param_version, learner.env_steps, metrics["charts/env_steps_per_s"],
+                 step, progress.param_version, progress.env_steps, metrics["charts/env_steps_per_s"],
                  metrics["charts/updates_per_s"], "-" if mean is None else f"{mean:.1f}",
                  "-" if self.eval_score is None else f"{self.eval_score:.1f}")
         self.losses.clear()

@@ -59,11 +59,13 @@ def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str,
     if render:
         config = config.with_overrides([f"env.kwargs={dict(config.env.kwargs, **render)}"])
     env = make_env(config.env, seed=config.experiment.seed + 30_000, mode="eval")
-    algo = make_algorithm(config.with_overrides([f"{config.algo}.device=cpu"]), env.observation_space, env.action_space)
+    algo = make_algorithm(config.with_overrides([f"{config.algo}.device=cpu"]).algo_config, env.observation_space,
+                          env.action_space)
     algo.load_state_dict(state["algorithm"])
     iteration = int(algo.iteration)
     log.info("loaded checkpoint %s (update %d, %d env steps)", path, iteration, int(state.get("env_steps", 0)))
-    policy = make_policy(config, env.observation_space, env.action_space, 1, agent_id=0, seed=config.experiment.seed)
+    policy = make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
+                         num_agents=config.agent.num_agents, seed=config.experiment.seed)
     policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
     returns = []
     for episode in range(episodes):

@@ -1,28 +1,82 @@
-"""Builds the algorithm objects an experiment config names (``algo: ppo | ddpg``)."""
+"""Builds what an algorithm needs on each side from its own config section (``ExperimentConfig.algo_config``):
+the agent-side policy, the learner-side trainer, the extras its chunks must carry, and the learner's feed
+(the one place that knows PPO is on-policy and DDPG off-policy)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import gymnasium as gym
 
 from surreal_redis.algos.base import AgentPolicy, Algorithm
 from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.ddpg_policy import DDPGPolicy
+from surreal_redis.algos.ddpg_policy import DDPGConfig, DDPGPolicy
 from surreal_redis.algos.ppo import PPOAlgorithm
-from surreal_redis.algos.ppo_policy import PPOPolicy
-from surreal_redis.config import ExperimentConfig
+from surreal_redis.algos.ppo_policy import PPOConfig, PPOPolicy
+from surreal_redis.replay.feeds import Feed, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
+from surreal_redis.replay.fifo import FIFOReplayConfig
+from surreal_redis.replay.prioritized import PrioritizedReplayConfig
+from surreal_redis.replay.rate_limiter import RateLimiterConfig
+
+AlgoConfig = PPOConfig | DDPGConfig
 
 
-def make_policy(config: ExperimentConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
-                agent_id: int, seed: int) -> AgentPolicy:
+@dataclass(frozen=True)
+class FeedSettings:
+    """The learner's settings of both regimes (the ``replay`` section and parts of ``learner``);
+    each feed takes the ones it uses."""
+
+    fifo: FIFOReplayConfig
+    off_policy: PrioritizedReplayConfig
+    rate_limiter: RateLimiterConfig
+    steps_per_update: int
+    learning_starts: int
+    updates_per_step: float
+
+
+def _unknown(section: object) -> TypeError:
+    return TypeError(f"no algorithm has the config section {type(section).__name__} "
+                     f"(expected one of PPOConfig, DDPGConfig)")
+
+
+def make_policy(section: AlgoConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
+                agent_id: int, num_agents: int, seed: int) -> AgentPolicy:
     """The agent-side policy; agents differ in exploration by id (DDPG noise schedule) and seed."""
-    if config.algo == "ppo":
-        return PPOPolicy(config.ppo, obs_space, action_space, num_envs=num_envs, seed=seed)
-    return DDPGPolicy(config.ddpg, obs_space, action_space, num_envs=num_envs, agent_id=agent_id,
-                      num_agents=max(1, config.agent.num_agents), seed=seed)
+    if isinstance(section, PPOConfig):
+        return PPOPolicy(section, obs_space, action_space, num_envs=num_envs, seed=seed)
+    if isinstance(section, DDPGConfig):
+        return DDPGPolicy(section, obs_space, action_space, num_envs=num_envs, agent_id=agent_id,
+                          num_agents=max(1, num_agents), seed=seed)
+    raise _unknown(section)
 
 
-def make_algorithm(config: ExperimentConfig, obs_space: gym.Space, action_space: gym.Space) -> Algorithm:
+def make_algorithm(section: AlgoConfig, obs_space: gym.Space, action_space: gym.Space, seed: int = 0) -> Algorithm:
     """The learner-side trainer, on CUDA when available (``device: auto``)."""
-    if config.algo == "ppo":
-        return PPOAlgorithm(config.ppo, obs_space, action_space, seed=config.experiment.seed)
-    return DDPGAlgorithm(config.ddpg, obs_space, action_space)
+    if isinstance(section, PPOConfig):
+        return PPOAlgorithm(section, obs_space, action_space, seed=seed)
+    if isinstance(section, DDPGConfig):
+        return DDPGAlgorithm(section, obs_space, action_space)
+    raise _unknown(section)
+
+
+def required_extras(section: AlgoConfig, action_space: gym.Space) -> tuple[str, ...]:
+    """The per-step extras the learner's update reads from every chunk (the rest may be absent):
+    PPO's importance ratio needs the behaviour ``logp``, and for Box actions the unclipped
+    ``raw_action`` it was computed for."""
+    if isinstance(section, PPOConfig):
+        return ("logp",) + (("raw_action",) if isinstance(action_space, gym.spaces.Box) else ())
+    if isinstance(section, DDPGConfig):
+        return ()
+    raise _unknown(section)
+
+
+def make_feed(section: AlgoConfig, settings: FeedSettings, seed: int) -> Feed:
+    """The learner's feed for the algorithm's regime (``seed``: replay sampling)."""
+    if isinstance(section, PPOConfig):
+        return OnPolicyFeed(settings.fifo, settings.steps_per_update)
+    if isinstance(section, DDPGConfig):
+        return OffPolicyFeed(OffPolicyFeedConfig(
+            n_step=section.n_step, gamma=section.gamma, batch_size=section.batch_size, prioritized=section.use_per,
+            replay=settings.off_policy, rate_limiter=settings.rate_limiter, learning_starts=settings.learning_starts,
+            updates_per_step=settings.updates_per_step), seed)
+    raise _unknown(section)

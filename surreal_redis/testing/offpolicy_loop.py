@@ -1,17 +1,19 @@
 """An in-process off-policy loop: the data path of a distributed DDPG run in one process, no Redis.
 
     vector env -> DDPGPolicy.act -> one Chunk per env every ``chunk_steps`` steps (ChunkCollector,
-    as an agent sends them) -> NStepBuilder -> replay -> DDPGAlgorithm.update -> actor_params
-    -> DDPGPolicy.load_params
+    as an agent sends them) -> the learner's OffPolicyFeed (n-step builder, replay) ->
+    DDPGAlgorithm.update -> actor_params -> DDPGPolicy.load_params
 
-Updates run between chunks, ``updates_per_step`` per env step collected, and the policy gets the
-new parameters after each chunk's updates: transitions reach the replay a chunk late and the policy
-acts with parameters up to a chunk old, as in the distributed run. Used by the learning tests.
+Updates run between chunks, ``updates_per_step`` per transition inserted once the replay holds
+``learning_starts``, and the policy gets the new parameters after each chunk's updates: transitions
+reach the replay a chunk late and the policy acts with parameters up to a chunk old, as in the
+distributed run. Used by the learning tests.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -21,9 +23,8 @@ import numpy as np
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.ddpg import DDPGAlgorithm
 from surreal_redis.envs import step_vector_env
-from surreal_redis.replay.nstep import NStepBuilder
-from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
-from surreal_redis.replay.uniform import UniformReplay, UniformReplayConfig
+from surreal_redis.replay.feeds import OffPolicyFeed, OffPolicyFeedConfig
+from surreal_redis.replay.prioritized import PrioritizedReplayConfig
 from surreal_redis.testing.local_loop import ChunkCollector, LoopResult
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class OffPolicyLoopConfig:
     learning_starts: int = 1_000
     """Transitions in replay before the first update."""
     updates_per_step: float = 1.0
-    """Gradient updates per environment step (the replay ratio)."""
+    """Gradient updates per transition inserted (the replay ratio)."""
     replay_capacity: int = 100_000
     return_window: int = 10
     """``LoopResult.mean_return`` is the mean of the last this many training episodes."""
@@ -61,33 +62,25 @@ def run_offpolicy(algo: DDPGAlgorithm, policy: AgentPolicy, envs: gym.vector.Vec
     """Train ``algo`` from ``envs`` (a SAME_STEP vector env, see ``envs.make_vector_env``) stepped by
     ``policy``; the replay is prioritized when ``algo.config.use_per``. Blocks; returns a summary."""
     start = time.perf_counter()
-    rng = np.random.default_rng(config.seed)
-    replay = (PrioritizedReplay(PrioritizedReplayConfig(capacity=config.replay_capacity))
-              if algo.config.use_per else UniformReplay(UniformReplayConfig(capacity=config.replay_capacity)))
-    nstep = NStepBuilder(algo.config.n_step, algo.config.gamma)
+    ddpg = algo.config
+    feed = OffPolicyFeed(OffPolicyFeedConfig(
+        n_step=ddpg.n_step, gamma=ddpg.gamma, batch_size=ddpg.batch_size, prioritized=ddpg.use_per,
+        replay=PrioritizedReplayConfig(capacity=config.replay_capacity), learning_starts=config.learning_starts,
+        updates_per_step=config.updates_per_step, max_train_s=None), seed=config.seed)
+    never = threading.Event()
     policy.load_params(algo.actor_params(), 0)
     collector = ChunkCollector(envs, policy, seed=config.seed)
-    steps, updates, updates_due, next_log = 0, 0, 0.0, config.log_every
+    steps, updates, next_log = 0, 0, config.log_every
     stats: dict[str, float] = {}
     while steps < config.total_steps:
-        chunks = collector.collect(config.chunk_steps)
+        for chunk in collector.collect(config.chunk_steps):
+            feed.ingest(chunk)
         steps += config.chunk_steps * envs.num_envs
-        for chunk in chunks:
-            transitions = nstep.add(chunk)
-            if transitions is not None:
-                replay.insert(*transitions)
-        if len(replay) < config.learning_starts:
-            continue
-
-        updates_due += config.chunk_steps * envs.num_envs * config.updates_per_step
-        while updates_due >= 1.0:
-            batch = replay.sample(algo.config.batch_size, rng)
-            stats, td_errors = algo.update(batch)
-            if isinstance(replay, PrioritizedReplay):
-                replay.update_priorities(batch.indices, td_errors)
+        for update_stats in feed.train(algo, never):
+            stats = update_stats
             updates += 1
-            updates_due -= 1.0
-        policy.load_params(algo.actor_params(), updates)
+        if updates:
+            policy.load_params(algo.actor_params(), updates)
 
         if steps >= next_log:
             next_log += config.log_every

@@ -55,7 +55,7 @@ def test_agent_rides_out_a_redis_outage(tmp_path):
                                    "agent.heartbeat_every_s=0.2", f"experiment.root={tmp_path}"])
     client = connect(url, RedisSettings(socket_timeout=1, connect_timeout=1, retries=0))
     env = make_env(config.env, 0)
-    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]), env.observation_space, env.action_space)
+    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(client, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
     stop = StopFlag(install_handlers=False)
     agent = Agent(config, client, 0, stop)
@@ -99,17 +99,17 @@ def test_off_policy_learner_resumes_and_refills_replay(tmp_path):
                      "experiment.name=ddpg_resume"]
         config = load_config("ddpg_pendulum", overrides)
         client = connect(server.url)
-        first = Learner(config, client, StopFlag(install_handlers=False))
+        first = Learner.from_config(config, client, StopFlag(install_handlers=False))
         run_learner_with_agent(first, config, client)
         assert first.env_steps >= 800 and first.algo.iteration > 0
         checkpoints = first.checkpoints.iterations()
         assert checkpoints and checkpoints[-1] == first.algo.iteration
 
-        resumed = Learner(config, client, StopFlag(install_handlers=False), resume="latest")
+        resumed = Learner.from_config(config, client, StopFlag(install_handlers=False), resume="latest")
         assert resumed.algo.iteration == first.algo.iteration
         assert resumed.env_steps == first.env_steps
         # the hub's retained window is back in replay (n-step tails of unfinished episodes aside)
-        assert len(resumed.replay) >= 0.9 * first.transitions
+        assert len(resumed.feed.replay) >= 0.9 * first.feed.transitions
         for name, value in first.algo.actor_params().items():
             assert (resumed.algo.actor_params()[name] == value).all(), name
 
@@ -125,7 +125,7 @@ def test_learner_sets_aside_chunks_from_another_env_and_goes_on(tmp_path):
         config = load_config("smoke", [f"redis.url={server.url}", f"experiment.root={tmp_path}",
                                        "tracking.enabled=false", "ppo.device=cpu", "stop.max_env_steps=1500"])
         client = connect(server.url)
-        learner = Learner(config, client, StopFlag(install_handlers=False))
+        learner = Learner.from_config(config, client, StopFlag(install_handlers=False))
         foreign = ExperienceSender(client, config.hub.sender, config.run, 7, config.redis.num_shards)
         for _ in range(config.hub.sender.flush_steps + 1):
             foreign.add(np.zeros((1, 3), np.float32), np.zeros(1, np.int64), np.zeros(1, np.float32),
@@ -149,7 +149,7 @@ def test_learner_rides_out_a_redis_restart(tmp_path):
                                    "hub.sender.flush_steps=16", "hub.sender.max_wait_s=2"])
     settings = RedisSettings(socket_timeout=1, connect_timeout=1, retries=0)
     learner_stop, agent_stop = StopFlag(install_handlers=False), StopFlag(install_handlers=False)
-    learner = Learner(config, connect(server.url, settings), learner_stop)
+    learner = Learner.from_config(config, connect(server.url, settings), learner_stop)
     agent = Agent(config, connect(server.url, settings), 0, agent_stop)
     results: list = []
     threads = [threading.Thread(target=lambda: results.append(learner.run()), daemon=True),
@@ -183,7 +183,7 @@ def test_agent_waiting_on_backpressure_stops_at_once(tmp_path, real_redis, redis
     config = load_config("smoke", [f"redis.url={redis_server.url}", "hub.sender.flush_steps=8", "hub.sender.max_lag=1",
                                    f"experiment.root={tmp_path}"])
     env = make_env(config.env, 0)
-    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]), env.observation_space, env.action_space)
+    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(real_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
     stop = StopFlag(install_handlers=False)
     agent = Agent(config, real_redis, 0, stop)

@@ -19,7 +19,7 @@ from surreal_redis.runtime import StopFlag
 def run_agent(fake_redis, overrides, until) -> Agent:
     config = load_config("smoke", ["hub.sender.flush_steps=8", *overrides])
     env = make_env(config.env, 0)
-    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]), env.observation_space, env.action_space)
+    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(fake_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
     stop = StopFlag(install_handlers=False)
     agent = Agent(config, fake_redis, 0, stop)

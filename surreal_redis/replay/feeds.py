@@ -1,0 +1,226 @@
+"""The learner's two regimes behind one face: what happens to each chunk, when to read more, how to train.
+
+- :class:`OnPolicyFeed` (PPO): chunks queue in a :class:`~surreal_redis.replay.fifo.FIFOReplay`;
+  every ``steps_per_update`` env steps make one update; chunks too stale for the published
+  parameters are dropped and counted.
+- :class:`OffPolicyFeed` (DDPG): chunks become n-step transitions in a uniform or prioritized
+  replay; updates are owed at ``updates_per_step`` per transition inserted once the replay can be
+  sampled, and a rate limiter may hold sampling back. Reading pauses while updates are owed, so
+  the backlog builds up in Redis and agents wait on ``hub.sender.max_lag``.
+
+Both offer ``ingest(chunk)``, ``wants_data()``, ``train(algo, stop)`` (an iterator of per-update
+stats), ``on_publish(version)``, ``refill(chunks)``, ``stats()`` and a checkpointable state. The
+learner process and the in-process loops of :mod:`surreal_redis.testing` drive them the same way.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+
+from surreal_redis.experience import Chunk, TransitionBatch
+from surreal_redis.replay.fifo import FIFOReplay, FIFOReplayConfig
+from surreal_redis.replay.nstep import NStepBuilder
+from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
+from surreal_redis.replay.rate_limiter import RateLimiterConfig
+from surreal_redis.replay.uniform import UniformReplay
+
+
+class StopSignal(Protocol):
+    """``threading.Event`` and :class:`~surreal_redis.runtime.StopFlag` both fit."""
+
+    def is_set(self) -> bool: ...
+
+
+class OnPolicyTrainer(Protocol):
+    def update(self, chunks: list[Chunk]) -> dict[str, float]: ...
+
+
+class OffPolicyTrainer(Protocol):
+    def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
+        """Returns the stats and the batch's TD errors ``[B]`` (new priorities)."""
+        ...
+
+
+TrainerT = TypeVar("TrainerT", contravariant=True)
+
+
+class Feed(abc.ABC, Generic[TrainerT]):
+    """What the learner does with experience, whatever the regime. Not thread-safe: one caller."""
+
+    @abc.abstractmethod
+    def ingest(self, chunk: Chunk) -> None:
+        """Take one received chunk (the caller acks it afterwards: it is stored now)."""
+
+    @abc.abstractmethod
+    def wants_data(self) -> bool:
+        """Whether the learner should read more experience before training again."""
+
+    @abc.abstractmethod
+    def train(self, algo: TrainerT, stop: StopSignal) -> Iterator[dict[str, float]]:
+        """Run the updates the data in hand allows, yielding each update's stats; the caller
+        may publish between updates. Ends early once ``stop`` is set. CPU/GPU-bound, no I/O."""
+
+    def on_publish(self, version: int) -> None:  # noqa: B027  (only the on-policy feed cares)
+        """The learner published parameter version ``version``."""
+
+    def refill(self, chunks: Iterable[Chunk]) -> int:
+        """After a restart: store the hub's retained experience (already trained on once).
+        Returns the transitions stored; a feed that has no use for old data does not iterate
+        ``chunks`` at all (so a lazy reader never touches Redis)."""
+        return 0
+
+    @abc.abstractmethod
+    def stats(self) -> dict[str, int]:
+        """Counters and sizes for the ``system/replay_*`` metrics."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps to resume the feed's random choices (not its data)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027
+        """Inverse of :meth:`state_dict`."""
+
+
+class OnPolicyFeed(Feed[OnPolicyTrainer]):
+    """PPO's feed: one update per ``steps_per_update`` env steps, each chunk used once, in order."""
+
+    def __init__(self, fifo: FIFOReplayConfig, steps_per_update: int) -> None:
+        if steps_per_update < 1:
+            raise ValueError(f"steps_per_update must be >= 1, got {steps_per_update}")
+        self.fifo = FIFOReplay(fifo)
+        self.steps_per_update = steps_per_update
+
+    def ingest(self, chunk: Chunk) -> None:
+        self.fifo.insert(chunk)
+
+    def wants_data(self) -> bool:
+        return True
+
+    def train(self, algo: OnPolicyTrainer, stop: StopSignal) -> Iterator[dict[str, float]]:
+        while len(self.fifo) >= self.steps_per_update and not stop.is_set():
+            yield algo.update(self.fifo.take(self.steps_per_update))
+
+    def on_publish(self, version: int) -> None:
+        self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.fifo.stats(), size=len(self.fifo))
+
+
+@dataclass(frozen=True)
+class OffPolicyFeedConfig:
+    """Settings of :class:`OffPolicyFeed`.
+
+    Attributes:
+        n_step, gamma: the n-step returns (see :mod:`surreal_redis.replay.nstep`).
+        batch_size: transitions per update.
+        prioritized: a prioritized replay (TD errors become priorities), else a uniform one.
+        replay: the replay's capacity and layout (the prioritized fields apply only with ``prioritized``).
+        rate_limiter: when sampling is allowed (Reverb's rules).
+        learning_starts: transitions in replay before the first update.
+        updates_per_step: updates owed per transition inserted once the replay can be sampled.
+        max_train_s: seconds one :meth:`OffPolicyFeed.train` call may run before handing back to
+            reading; None runs every owed update.
+        pause_reading_at: reading pauses while at least this many updates are owed.
+    """
+
+    n_step: int = 1
+    gamma: float = 0.99
+    batch_size: int = 256
+    prioritized: bool = False
+    replay: PrioritizedReplayConfig = field(default_factory=PrioritizedReplayConfig)
+    rate_limiter: RateLimiterConfig = field(default_factory=RateLimiterConfig)
+    learning_starts: int = 1000
+    updates_per_step: float = 1.0
+    max_train_s: float | None = 0.5
+    pause_reading_at: int = 64
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.learning_starts < 0 or self.pause_reading_at < 1:
+            raise ValueError(f"need batch_size >= 1, learning_starts >= 0 and pause_reading_at >= 1, got "
+                             f"{self.batch_size}, {self.learning_starts}, {self.pause_reading_at}")
+        if not self.updates_per_step > 0:
+            raise ValueError(f"updates_per_step must be > 0, got {self.updates_per_step}")
+        if self.max_train_s is not None and self.max_train_s < 0:
+            raise ValueError(f"max_train_s must be >= 0 or None, got {self.max_train_s}")
+
+
+class OffPolicyFeed(Feed[OffPolicyTrainer]):
+    """DDPG's feed: chunks -> n-step transitions -> replay -> sampled batches, at a set replay ratio.
+
+    Updates are owed only for transitions that came through :meth:`ingest` after the last
+    :meth:`train` call that found the replay too small to sample; refilled transitions were
+    trained on before a restart and earn none. Sampling uses the feed's own generator (``seed``),
+    which :meth:`state_dict` keeps.
+    """
+
+    def __init__(self, config: OffPolicyFeedConfig, seed: int = 0) -> None:
+        self.config = config
+        self._prioritized = PrioritizedReplay(config.replay) if config.prioritized else None
+        self.replay: UniformReplay = UniformReplay(config.replay) if self._prioritized is None else self._prioritized
+        self.nstep = NStepBuilder(config.n_step, config.gamma)
+        self.limiter = config.rate_limiter.make()
+        self.rng = np.random.default_rng(seed)
+        self.transitions = 0  # inserted by ingest()
+        self.updates = 0  # run by train()
+        self._credited_from = 0  # transitions before the replay could be sampled earn no updates
+
+    def ingest(self, chunk: Chunk) -> None:
+        self.transitions += self._insert(chunk)
+
+    def refill(self, chunks: Iterable[Chunk]) -> int:
+        return sum(self._insert(chunk) for chunk in chunks)
+
+    def _insert(self, chunk: Chunk) -> int:
+        batch = self.nstep.add(chunk)  # the last n-1 steps of an unfinished episode wait for more
+        if batch is None or not batch.size:
+            return 0
+        self.replay.insert(*batch)
+        self.limiter.record_insert(batch.size)
+        return batch.size
+
+    def ready(self) -> bool:
+        """Whether the replay holds enough to sample (``learning_starts`` and one batch)."""
+        return len(self.replay) >= max(self.config.learning_starts, self.config.batch_size)
+
+    def owed_updates(self) -> int:
+        if not self.ready():
+            return 0
+        return int((self.transitions - self._credited_from) * self.config.updates_per_step) - self.updates
+
+    def wants_data(self) -> bool:
+        if not self.ready() or not self.limiter.can_sample(self.config.batch_size):
+            return True
+        return self.owed_updates() < self.config.pause_reading_at
+
+    def train(self, algo: OffPolicyTrainer, stop: StopSignal) -> Iterator[dict[str, float]]:
+        if not self.ready():
+            self._credited_from = self.transitions
+            return
+        batch_size = self.config.batch_size
+        deadline = None if self.config.max_train_s is None else time.monotonic() + self.config.max_train_s
+        while (self.owed_updates() > 0 and self.limiter.can_sample(batch_size) and not stop.is_set()
+               and (deadline is None or time.monotonic() < deadline)):
+            batch = self.replay.sample(batch_size, self.rng)
+            stats, td_errors = algo.update(batch)
+            if self._prioritized is not None:
+                self._prioritized.update_priorities(batch.indices, td_errors)
+            self.limiter.record_sample(batch_size)
+            self.updates += 1
+            yield stats
+
+    def stats(self) -> dict[str, int]:
+        return {"size": len(self.replay), "inserted_transitions": self.transitions, "updates": self.updates,
+                "owed_updates": self.owed_updates()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]

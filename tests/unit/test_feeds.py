@@ -1,0 +1,215 @@
+"""The learner's feeds: on-policy (FIFO, staleness) and off-policy (n-step replay, replay ratio,
+rate limiter, priorities) behind one ingest/wants_data/train/on_publish/refill/stats face."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+from surreal_redis.experience import Chunk, TransitionBatch
+from surreal_redis.replay.feeds import OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
+from surreal_redis.replay.fifo import FIFOReplayConfig
+from surreal_redis.replay.prioritized import PrioritizedReplayConfig
+from surreal_redis.replay.rate_limiter import RateLimiterConfig
+
+
+def chunk(env_index: int, start: int, steps: int, version: int = 0) -> Chunk:
+    """``steps`` steps of one env with no episode end; obs[t] = [env, start + t, 0] identifies the step."""
+    t = np.arange(start, start + steps + 1, dtype=np.float32)
+    obs = np.stack([np.full_like(t, env_index), t, np.zeros_like(t)], axis=1)
+    return Chunk(agent_id=0, env_index=env_index, obs=obs, actions=np.zeros((steps, 1), np.float32),
+                 rewards=np.ones(steps, np.float32), terminated=np.zeros(steps, bool),
+                 truncated=np.zeros(steps, bool), final_obs={}, policy_version=np.full(steps, version, np.int64),
+                 extras={})
+
+
+def stream(env_index: int, chunks: int, steps: int, first: int = 0) -> list[Chunk]:
+    return [chunk(env_index, (first + i) * steps, steps) for i in range(chunks)]
+
+
+def never_iterated():
+    raise AssertionError("the on-policy feed must not read the retained window")
+    yield  # a generator: reading it is what fails
+
+
+class ChunkTrainer:
+    """Records each on-policy update's chunks; sets ``stop_after`` updates' stop if given."""
+
+    def __init__(self, stop: threading.Event | None = None, stop_after: int = 0) -> None:
+        self.updates: list[list[Chunk]] = []
+        self.stop, self.stop_after = stop, stop_after
+
+    def update(self, chunks: list[Chunk]) -> dict[str, float]:
+        self.updates.append(chunks)
+        if self.stop is not None and len(self.updates) == self.stop_after:
+            self.stop.set()
+        return {"steps": float(sum(c.num_steps for c in chunks))}
+
+
+class BatchTrainer:
+    """Records each off-policy batch; TD errors from ``td(batch)`` (zeros by default)."""
+
+    def __init__(self, td=None) -> None:
+        self.batches: list[TransitionBatch] = []
+        self.td = td or (lambda batch: np.zeros(len(batch.rewards)))
+
+    def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
+        self.batches.append(batch)
+        return {"loss": 0.0}, self.td(batch)
+
+
+def off_policy(**overrides) -> OffPolicyFeed:
+    settings = dict(n_step=1, batch_size=4, learning_starts=10, updates_per_step=0.5, max_train_s=None,
+                    replay=PrioritizedReplayConfig(capacity=1000))
+    return OffPolicyFeed(OffPolicyFeedConfig(**{**settings, **overrides}), seed=0)
+
+
+# ---------------------------------------------------------------- on-policy
+
+def test_on_policy_feed_updates_once_per_steps_per_update_in_arrival_order():
+    feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=None), steps_per_update=8)
+    chunks = [chunk(env, 0, 4) for env in range(5)]
+    for c in chunks:
+        feed.ingest(c)
+    trainer = ChunkTrainer()
+    stats = list(feed.train(trainer, threading.Event()))
+    assert stats == [{"steps": 8.0}, {"steps": 8.0}]
+    assert [[c.env_index for c in update] for update in trainer.updates] == [[0, 1], [2, 3]]
+    assert feed.stats()["size"] == 4 and feed.stats()["taken_steps"] == 16
+    assert list(feed.train(trainer, threading.Event())) == []  # 4 steps wait for 4 more
+    assert feed.wants_data()
+
+
+def test_on_policy_feed_drops_chunks_too_stale_for_the_published_version():
+    feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=1), steps_per_update=4)
+    feed.ingest(chunk(0, 0, 4, version=0))
+    feed.on_publish(2)  # version 0 is now 2 behind
+    feed.ingest(chunk(1, 0, 4, version=0))  # arrives too stale
+    feed.ingest(chunk(2, 0, 4, version=1))
+    trainer = ChunkTrainer()
+    assert len(list(feed.train(trainer, threading.Event()))) == 1
+    assert [c.env_index for c in trainer.updates[0]] == [2]
+    assert feed.stats()["dropped_stale_chunks"] == 2
+
+
+def test_on_policy_feed_stops_between_updates():
+    feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=None), steps_per_update=4)
+    for env in range(3):
+        feed.ingest(chunk(env, 0, 4))
+    stop = threading.Event()
+    trainer = ChunkTrainer(stop, stop_after=1)
+    assert len(list(feed.train(trainer, stop))) == 1
+    assert feed.stats()["size"] == 8  # the rest waits for the next run
+
+
+def test_on_policy_feed_does_not_read_old_experience_on_refill():
+    feed = OnPolicyFeed(FIFOReplayConfig(), steps_per_update=4)
+    assert feed.refill(never_iterated()) == 0
+    assert feed.stats()["size"] == 0
+
+
+# ---------------------------------------------------------------- off-policy
+
+def test_off_policy_feed_owes_updates_at_the_ratio_once_the_replay_can_be_sampled():
+    feed, trainer, stop = off_policy(), BatchTrainer(), threading.Event()
+    feed.ingest(chunk(0, 0, 6))
+    assert list(feed.train(trainer, stop)) == []  # 6 < learning_starts: these 6 earn no updates
+    feed.ingest(chunk(0, 6, 6))  # 12 >= 10: the 6 new transitions earn 0.5 updates each
+    assert len(list(feed.train(trainer, stop))) == 3
+    feed.ingest(chunk(0, 12, 6))
+    feed.ingest(chunk(0, 18, 5))
+    assert len(list(feed.train(trainer, stop))) == 5  # int(17 * 0.5) - 3
+    assert feed.stats() == {"size": 23, "inserted_transitions": 23, "updates": 8, "owed_updates": 0}
+    assert all(batch.rewards.shape == (4,) for batch in trainer.batches)
+
+
+def test_off_policy_feed_pauses_reading_while_updates_are_owed():
+    feed, trainer, stop = off_policy(updates_per_step=1.0, pause_reading_at=4, max_train_s=0.0), BatchTrainer(), \
+        threading.Event()
+    feed.ingest(chunk(0, 0, 6))
+    assert list(feed.train(trainer, stop)) == [] and feed.wants_data()  # 6 < learning_starts
+    feed.ingest(chunk(0, 6, 4))
+    assert feed.owed_updates() == 4
+    assert list(feed.train(trainer, stop)) == []  # no time to train (max_train_s=0): still owed
+    assert not feed.wants_data()
+    feed.config = dataclasses.replace(feed.config, max_train_s=None)
+    assert len(list(feed.train(trainer, stop))) == 4
+    assert feed.wants_data()
+
+
+def test_off_policy_feed_samples_only_what_the_rate_limiter_allows():
+    # about 4 samples per inserted transition once 10 are in, give or take 8
+    limiter = RateLimiterConfig(min_size_to_sample=10, samples_per_insert=4.0, error_buffer=8.0)
+    feed, trainer = off_policy(rate_limiter=limiter, updates_per_step=100.0, pause_reading_at=1), BatchTrainer()
+    feed.ingest(chunk(0, 0, 6))
+    assert list(feed.train(trainer, threading.Event())) == []
+    feed.ingest(chunk(0, 6, 6))
+    # 12 inserts: sampling 4 more is allowed while 12 * 4 - samples - 4 >= 10 * 4 - 8
+    assert len(list(feed.train(trainer, threading.Event()))) == 4
+    assert feed.owed_updates() == 596
+    assert feed.wants_data()  # updates are owed, but only new data lets the limiter sample again
+    feed.ingest(chunk(0, 12, 1))
+    assert len(list(feed.train(trainer, threading.Event()))) == 1
+
+
+def test_refilled_transitions_earn_no_updates_and_new_ones_do():
+    """A restarted learner refills its replay from the hub: trained on before, so not owed again;
+    what arrives afterwards is trained on at the ratio, whatever the restored update count."""
+    feed, trainer, stop = off_policy(), BatchTrainer(), threading.Event()
+    assert feed.refill(stream(0, 3, 6)) == 18
+    assert feed.ready() and feed.owed_updates() == 0
+    assert list(feed.train(trainer, stop)) == []
+    feed.ingest(chunk(0, 18, 6))
+    assert len(list(feed.train(trainer, stop))) == 3
+    assert feed.stats()["inserted_transitions"] == 6
+
+
+def test_stop_ends_off_policy_training_between_updates():
+    feed, stop = off_policy(updates_per_step=1.0), threading.Event()
+    feed.ingest(chunk(0, 0, 6))
+    list(feed.train(BatchTrainer(), stop))
+    feed.ingest(chunk(0, 6, 6))
+    updates = feed.train(BatchTrainer(), stop)
+    next(updates)
+    stop.set()
+    assert list(updates) == []
+    assert feed.owed_updates() == 5
+
+
+def test_prioritized_feed_turns_td_errors_into_priorities():
+    marked: list[int] = []
+
+    def td(batch: TransitionBatch) -> np.ndarray:  # a huge error for the first slot sampled, none elsewhere
+        if not marked:
+            marked.append(int(batch.indices[0]))
+        return np.where(batch.indices == marked[0], 1000.0, 0.0)
+
+    feed, trainer = off_policy(prioritized=True, batch_size=16, learning_starts=90, updates_per_step=1.0), \
+        BatchTrainer(td)
+    feed.ingest(chunk(0, 0, 90))
+    list(feed.train(trainer, threading.Event()))
+    feed.ingest(chunk(0, 90, 12))
+    assert len(list(feed.train(trainer, threading.Event()))) == 12
+    # the marked slot holds most of the priority mass by now (uniform sampling: 1 in 102)
+    assert np.count_nonzero(trainer.batches[-1].indices == marked[0]) >= 3
+
+
+def test_state_dict_restores_the_sampling_sequence():
+    first, second = off_policy(), off_policy()
+    for feed in (first, second):
+        feed.refill(stream(0, 3, 6))
+    first.replay.sample(4, first.rng)  # advance first's generator
+    second.load_state_dict(first.state_dict())
+    assert (first.replay.sample(4, first.rng).indices == second.replay.sample(4, second.rng).indices).all()
+
+
+def test_bad_settings_name_the_value():
+    with pytest.raises(ValueError, match="batch_size"):
+        OffPolicyFeedConfig(batch_size=0)
+    with pytest.raises(ValueError, match="updates_per_step must be > 0, got -1"):
+        OffPolicyFeedConfig(updates_per_step=-1)
+    with pytest.raises(ValueError, match="steps_per_update must be >= 1, got 0"):
+        OnPolicyFeed(FIFOReplayConfig(), 0)

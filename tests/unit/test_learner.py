@@ -1,0 +1,221 @@
+"""The learner on fakeredis, built from its parts: one round trains, publishes and acks; the
+off-policy feed pauses reading while updates are owed; stop conditions; run() to the end; a
+resumed learner credits only evals of its own parameters; the registry builds each regime."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import time
+
+import pytest
+
+from surreal_redis.agent import with_final_rows
+from surreal_redis.algos.ddpg_policy import DDPGConfig
+from surreal_redis.algos.ppo_policy import PPOConfig
+from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed, make_policy, required_extras
+from surreal_redis.chunk_check import ChunkCheck
+from surreal_redis.config import ExperimentConfig, load_config
+from surreal_redis.envs import make_env, make_vector_env, step_vector_env
+from surreal_redis.hub.experience.receiver import CONSUMER_GROUP
+from surreal_redis.hub.experience.sender import ExperienceSender
+from surreal_redis.hub.run.control import RunControl
+from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
+from surreal_redis.keys import RunKeys
+from surreal_redis.learner import Learner, LearnerParts
+from surreal_redis.replay.feeds import Feed, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
+from surreal_redis.replay.fifo import FIFOReplayConfig
+from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
+from surreal_redis.replay.rate_limiter import RateLimiterConfig
+from surreal_redis.runtime import StopFlag
+
+
+def ppo_config(tmp_path, *overrides: str) -> ExperimentConfig:
+    """CartPole PPO: 2 envs, chunks of 16 steps, one update per 64 steps, a checkpoint per update."""
+    return load_config("smoke", [f"experiment.root={tmp_path}", "experiment.name=learner_unit",
+                                 "tracking.enabled=false", "ppo.device=cpu", "ppo.hidden_sizes=[16, 16]",
+                                 "hub.sender.flush_steps=16", "learner.steps_per_update=64",
+                                 "checkpoint.every_updates=1", "stop.max_env_steps=null", "stop.max_seconds=null",
+                                 *overrides])
+
+
+def ddpg_config(tmp_path, *overrides: str) -> ExperimentConfig:
+    return ppo_config(tmp_path, "algo=ddpg", "env.env_id=Pendulum-v1", "ddpg.device=cpu",
+                      "ddpg.actor_hidden=[8]", "ddpg.critic_hidden=[8]", "ddpg.batch_size=16",
+                      "ddpg.n_step=1", "learner.learning_starts=32", *overrides)
+
+
+def parts(config: ExperimentConfig, feed: Feed | None = None) -> LearnerParts:
+    env = make_env(config.env, seed=0)
+    obs_space, action_space = env.observation_space, env.action_space
+    env.close()
+    section = config.algo_config
+    if feed is None:
+        settings = FeedSettings(config.replay.fifo, config.replay.off_policy, config.replay.rate_limiter,
+                                config.learner.steps_per_update, config.learner.learning_starts,
+                                config.learner.updates_per_step)
+        feed = make_feed(section, settings, seed=0)
+    return LearnerParts(make_algorithm(section, obs_space, action_space, seed=0), feed,
+                        ChunkCheck(obs_space, action_space, required_extras(section, action_space)))
+
+
+def learner_for(config: ExperimentConfig, client, feed: Feed | None = None) -> Learner:
+    return Learner(config, client, StopFlag(install_handlers=False), parts(config, feed))
+
+
+def send_steps(client, config: ExperimentConfig, learner: Learner, steps: int, agent_id: int = 0) -> None:
+    """An agent's data path: the learner's current policy acts in 2 envs for ``steps`` vector
+    steps, and the real ExperienceSender puts the chunks into Redis."""
+    envs = make_vector_env(config.env, config.env.num_envs, seed=agent_id)
+    policy = make_policy(config.algo_config, envs.single_observation_space, envs.single_action_space,
+                         envs.num_envs, agent_id, num_agents=8, seed=agent_id)
+    policy.load_params(learner.algo.actor_params(), learner.param_version)
+    sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards)
+    obs, _ = envs.reset(seed=agent_id)
+    for _ in range(steps):
+        out = policy.act(obs)
+        step = step_vector_env(envs, out.actions)
+        sender.add(obs, out.actions, step.rewards, step.terminated, step.truncated,
+                   with_final_rows(step.obs, step.final_obs), out.extras, policy.version)
+        obs = step.obs
+    sender.flush(obs)
+    envs.close()
+
+
+def received(learner: Learner) -> queue.Queue:
+    """What the prefetch thread would hand the main loop: one batch of everything unread."""
+    batches: queue.Queue = queue.Queue()
+    batches.put(learner.receiver.receive(1000, block_ms=0))
+    return batches
+
+
+def pending(client, config: ExperimentConfig) -> int:
+    return client.xpending(RunKeys(config.run).shard(0).exp, CONSUMER_GROUP)["pending"]
+
+
+def episode(mode: str, episode_return: float, version: int) -> EpisodeRecord:
+    return EpisodeRecord("0" if mode == "train" else "eval-0", mode, episode_return, 10, version, time.time())
+
+
+def test_one_round_trains_publishes_and_acks(fake_redis, tmp_path):
+    config = ppo_config(tmp_path)
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    assert learner.param_version == 1
+    send_steps(fake_redis, config, learner, 32)  # 2 envs x 32 steps: 4 chunks, one update's worth
+    learner.iterate(received(learner))
+    assert learner.env_steps == 64 and learner.algo.iteration == 1
+    assert learner.param_version == 2
+    assert int(fake_redis.hget(RunKeys(config.run).params.meta, "version")) == 2
+    assert pending(fake_redis, config) == 0
+    assert learner.checkpoints.iterations() == [1]
+    assert learner.feed.stats()["taken_steps"] == 64
+
+
+def test_chunks_that_do_not_fit_are_set_aside_not_trained_on(fake_redis, tmp_path):
+    config = ppo_config(tmp_path)
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    pendulum = ddpg_config(tmp_path / "other")
+    other_env = dataclasses.replace(pendulum, experiment=config.experiment)  # same run, another env
+    send_steps(fake_redis, other_env, learner_for(pendulum, fake_redis), 16)
+    learner.iterate(received(learner))
+    assert learner.env_steps == 0 and learner.algo.iteration == 0
+    assert learner.receiver.stats().dead == 2 and pending(fake_redis, config) == 0
+
+
+def test_off_policy_learner_stops_reading_while_updates_are_owed(fake_redis, tmp_path):
+    config = ddpg_config(tmp_path)
+    # no time to train at first (max_train_s=0), so the owed updates pile up
+    feed = OffPolicyFeed(OffPolicyFeedConfig(batch_size=16, learning_starts=32, pause_reading_at=4, max_train_s=0.0,
+                                             replay=PrioritizedReplayConfig(capacity=10_000)))
+    learner = learner_for(config, fake_redis, feed)
+    learner.start()
+    send_steps(fake_redis, config, learner, 16)
+    learner.iterate(received(learner))  # 2 chunks, 32 transitions: 32 updates owed
+    assert learner.env_steps == 32 and feed.owed_updates() == 32 and learner.algo.iteration == 0
+    send_steps(fake_redis, config, learner, 16, agent_id=1)
+    batches = received(learner)
+    learner.iterate(batches)
+    assert batches.qsize() == 1 and learner.env_steps == 32  # not read: the backlog waits
+    assert pending(fake_redis, config) == 2  # handed to the reader, not stored: not acked
+    feed.config = dataclasses.replace(feed.config, max_train_s=None)
+    learner.iterate(batches)  # trains what is owed first
+    assert learner.algo.iteration == 32 and batches.qsize() == 1
+    learner.iterate(batches)
+    assert batches.qsize() == 0 and learner.env_steps == 64 and pending(fake_redis, config) == 0
+    assert learner.algo.iteration == 64
+
+
+@pytest.mark.parametrize("condition", ["max_env_steps", "train_return", "eval_return", "stop_request"])
+def test_stop_conditions(fake_redis, tmp_path, condition):
+    overrides = {"max_env_steps": ["stop.max_env_steps=64"],
+                 "train_return": ["stop.target_return=100", "stop.return_window=3"],
+                 "eval_return": ["stop.target_return=100", "stop.target_metric=eval", "eval.episodes=2"],
+                 "stop_request": []}[condition]
+    config = ppo_config(tmp_path, *overrides)
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    episodes = EpisodeLog(fake_redis, config.run)
+    if condition == "max_env_steps":
+        send_steps(fake_redis, config, learner, 32)
+    elif condition == "train_return":  # the mean of the last 3 counts (with the first, 85 would not stop)
+        episodes.record([episode("train", r, 1) for r in (0.0, 150.0, 90.0, 100.0)])
+    elif condition == "eval_return":
+        episodes.record([episode("eval", 100.0, 1), episode("eval", 120.0, 1)])
+    else:
+        RunControl(fake_redis, config.run).request_stop("operator says so")
+    learner.iterate(received(learner))
+    expected = {"max_env_steps": "stop.max_env_steps=64", "train_return": "mean return 113.3 over the last 3",
+                "eval_return": "eval return 110.0", "stop_request": "operator says so"}[condition]
+    assert learner.stop and expected in learner.stop.reason
+    assert RunControl(fake_redis, config.run).stopping()[0]
+
+
+def test_run_trains_until_a_stop_condition_and_leaves_a_checkpoint(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "stop.max_env_steps=128", "learner.receive_batch=4", "learner.prefetch_chunks=8",
+                        "replay.fifo.max_policy_lag=null")  # all chunks come from version 0
+    learner = learner_for(config, fake_redis)
+    send_steps(fake_redis, config, learner, 64)
+    assert learner.run() == 0
+    assert learner.env_steps == 128 and learner.algo.iteration == 2
+    assert learner.checkpoints.iterations() == [1, 2] and pending(fake_redis, config) == 0
+    assert RunControl(fake_redis, config.run).learner_status()["state"] == "stopped"
+
+
+def test_resumed_learner_credits_only_evals_of_its_own_parameters(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "eval.episodes=2", "checkpoint.keep_best=1")
+    first = learner_for(config, fake_redis)
+    first.start()  # v1
+    for round_ in range(3):  # each update: checkpoint (with the version in use), then publish
+        send_steps(fake_redis, config, first, 32, agent_id=round_)
+        first.iterate(received(first))
+    assert first.checkpoints.iterations()[-1] == 3 and first.param_version == 4
+    episodes = EpisodeLog(fake_redis, config.run)
+    episodes.record([episode("eval", 500.0, 2), episode("eval", 500.0, 2), episode("train", 30.0, 3)])
+
+    resumed = learner_for(config, fake_redis)
+    resumed.restore("latest")
+    assert resumed.param_version == 3 and resumed.algo.iteration == 3
+    assert list(resumed.train_returns) == [30.0]  # the stop window still counts earlier episodes
+    resumed.start()  # v5
+    episodes.record([episode("eval", 400.0, 2), episode("eval", 400.0, 2),  # older than the restored v3
+                     episode("eval", 50.0, 5), episode("eval", 70.0, 5)])
+    resumed.iterate(queue.Queue())
+    assert resumed.checkpoints.best() == [(60.0, 3)]
+    assert resumed.last_eval == 60.0
+
+
+def test_registry_builds_each_regime_from_its_own_section():
+    settings = FeedSettings(FIFOReplayConfig(), PrioritizedReplayConfig(capacity=100), RateLimiterConfig(),
+                            steps_per_update=64, learning_starts=10, updates_per_step=0.5)
+    assert isinstance(make_feed(PPOConfig(), settings, seed=0), OnPolicyFeed)
+    feed = make_feed(DDPGConfig(use_per=True, n_step=3, batch_size=8), settings, seed=0)
+    assert isinstance(feed, OffPolicyFeed) and isinstance(feed.replay, PrioritizedReplay)
+    assert (feed.config.n_step, feed.config.batch_size, feed.config.updates_per_step) == (3, 8, 0.5)
+    env = make_env(load_config("smoke").env, seed=0)
+    assert required_extras(PPOConfig(), env.action_space) == ("logp",)
+    assert required_extras(DDPGConfig(), env.action_space) == ()
+    with pytest.raises(TypeError, match="FIFOReplayConfig"):
+        make_algorithm(FIFOReplayConfig(), env.observation_space, env.action_space)  # type: ignore[arg-type]
+    env.close()
