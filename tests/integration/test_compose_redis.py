@@ -20,7 +20,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from surreal_redis.acl import ROLES, create_users, username
+from surreal_redis.acl import ROLES, acl_rules, username
 from surreal_redis.connection import find_redis_server
 from surreal_redis.keys import RunKeys
 
@@ -146,9 +146,11 @@ def test_hub_redis_persists_refuses_strangers_and_has_the_cli_users(tmp_path, en
     assert admin.config_get("maxmemory") == {"maxmemory": str(4 * 1024**3)}  # the command line's 4gb
     assert admin.config_get("save") == {"save": ""}
 
-    # the file's users are exactly the ones `surreal-redis acl` makes with the same passwords
+    # the file's users are exactly the ones ACL SETUSER makes from `surreal-redis acl`'s rules
     from_file = sorted(admin.acl_list())
-    create_users(admin, RUN, {role: env[acl_file.password_variable(role)] for role in ROLES})
+    for role in ROLES:
+        admin.execute_command("ACL", "SETUSER", username(RUN, role), "reset", "on",
+                              f">{env[acl_file.password_variable(role)]}", *acl_rules(RUN, role))
     assert sorted(admin.acl_list()) == from_file
     for role in ROLES:
         assert server.client(username(RUN, role), env[acl_file.password_variable(role)]).ping()
