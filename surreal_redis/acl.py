@@ -1,102 +1,141 @@
-"""Redis ACL users of one run (``surreal-redis acl``): an agent user and a learner user.
+"""Redis ACL users of one run (``surreal-redis acl``): agent, eval and learner.
+
+What Redis 7.0 enforces, and what it cannot (measured on 7.0.15; tests/integration/test_acl.py):
+
+- Commands run by a script are checked against the caller's own permissions. A script therefore
+  never grants an agent anything: whatever ``insert.lua`` does as the agent, the agent can do by
+  hand, with any arguments. ACLs restrict commands and key names, never arguments.
+- ``+evalsha|<sha>`` (a first-argument rule) limits a user to the scripts with those SHA1s: the
+  agent may run ``insert.lua`` and ``claim.lua`` and nothing else, whoever loaded what. It may not
+  load scripts (no EVAL, SCRIPT LOAD, FUNCTION): the learner loads them for it.
 
 Agent user (Redis 7 ACL selectors, so each command is allowed on its own keys only):
 
-- EVALSHA of a loaded script whose KEYS are the run's shard keys (the insert script). Agents
-  never get EVAL, SCRIPT LOAD or FUNCTION: the learner loads ``insert.lua`` (the receiver does
-  at start), and until it has, a sender answered NOSCRIPT backs off and retries.
-- What ``insert.lua`` runs under the caller's permissions: XADD on ``exp``, ZADD on ``obsref``,
-  GET/SET on ``seen:*``, SET/EXISTS on ``obs:*``; XINFO GROUPS, XLEN, XRANGE on ``exp``
-  (backpressure).
+- EVALSHA of ``insert.lua``, and what it runs: XADD on ``exp``, ZADD on ``obsref``, GET/SET on
+  ``seen:*``, SETNX (never SET: an observation, once stored, cannot be overwritten) and EXISTS
+  on ``obs:*``; XINFO GROUPS, XLEN, XRANGE on ``exp`` (backpressure).
+- EVALSHA of ``claim.lua`` (lockstep production) and what it runs: HMGET/HINCRBY on ``quota``.
 - Parameters read-only: HGET/HGETALL/HMGET on ``meta``, GETRANGE on ``blob:*``, SUBSCRIBE to the
   notify channel; HGET/HGETALL/HMGET on ``control`` and ``config``.
-- HSET/HDEL on ``agents`` (heartbeats), XADD on ``episodes``; PING.
+- HSET/HDEL on ``agents`` (heartbeats), XADD on ``episodes`` (training episodes); PING.
+- Nothing else: no eval results, no key listing (SCAN, KEYS, RANDOMKEY), no other run.
 
-Redis cannot tell a command sent by ``insert.lua`` from the same command sent directly, so an
-agent user can also XADD/ZADD/SET those shard keys itself (a malformed entry is dead-lettered by
-the learner, a blob under the wrong digest fails verification); it cannot delete or overwrite a
-stream with another type, read or write other runs' keys, write parameters, config or control,
-or run administrative commands.
+Eval user: XADD on ``evals`` (the only writer of eval results), the agent's parameter, control
+and config reads, PING and the notify channel.
 
-Learner user: every key and the notify channel of the run, every command except the
-``@dangerous`` ones (FLUSHALL, CONFIG, KEYS, INFO, ...) and those that drop scripts or functions
-of other runs (SCRIPT FLUSH, FUNCTION FLUSH/DELETE/RESTORE/LOAD).
+Learner user: every key and the notify channel of the run; every command except the
+``@dangerous`` ones (but INFO, which its ``hub/*`` metrics read), those that list or watch keys
+or channels of other runs (SCAN, RANDOMKEY, PUBSUB, CLIENT TRACKING, CLUSTER GETKEYSINSLOT) and
+those that drop or stop the scripts and functions of other runs.
+
+The README's "Trust boundary" section lists what an agent can still do with these rights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Mapping
 from typing import Literal
 
 import redis
 
 from surreal_redis.keys import PREFIX, RunKeys
+from surreal_redis.scripts import script_source
 
 log = logging.getLogger(__name__)
 
-Role = Literal["agent", "learner"]
-ROLES: tuple[Role, ...] = ("agent", "learner")
+Role = Literal["agent", "eval", "learner"]
+ROLES: tuple[Role, ...] = ("agent", "eval", "learner")
 
-# command groups of the agent user, each allowed on the key kinds next to it (one selector each)
-_AGENT_SELECTORS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
-    (("exp",), "~", ("xadd", "xinfo|groups", "xlen", "xrange")),
-    (("obsref",), "~", ("zadd",)),
-    (("seen",), "~", ("get", "set")),
-    (("obs",), "~", ("set", "exists")),
-    (("agents",), "~", ("hset", "hdel")),
-    (("episodes",), "~", ("xadd",)),
+# The scripts an agent may run (by SHA1 of their text).
+AGENT_SCRIPTS = ("insert", "claim")
+
+# Read-only access of agents and eval to parameters and run state (one selector each).
+_READER_SELECTORS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
     (("meta", "control", "config"), "%R~", ("hget", "hgetall", "hmget")),
     (("blob",), "%R~", ("getrange",)),
 )
-_LEARNER_DENIED = ("@dangerous", "script|flush", "function|flush", "function|delete", "function|restore",
-                   "function|load")
+# Command groups of the agent user, each allowed on the key kinds next to it.
+_AGENT_SELECTORS = (
+    (("exp",), "~", ("xadd", "xinfo|groups", "xlen", "xrange")),
+    (("obsref",), "~", ("zadd",)),
+    (("seen",), "~", ("get", "set")),
+    (("obs",), "~", ("setnx", "exists")),
+    (("agents",), "~", ("hset", "hdel")),
+    (("episodes",), "~", ("xadd",)),
+    (("quota",), "~", ("hmget", "hincrby")),
+) + _READER_SELECTORS
+_EVAL_SELECTORS = ((("evals",), "~", ("xadd",)),) + _READER_SELECTORS
+_LEARNER_DENIED = ("@dangerous", "scan", "randomkey", "pubsub", "client|tracking", "cluster|getkeysinslot",
+                   "cluster|countkeysinslot", "script|flush", "script|kill", "script|debug", "function", "fcall",
+                   "fcall_ro")
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"unknown ACL role {role!r} (use one of {', '.join(ROLES)})")
 
 
 def username(run: str, role: Role) -> str:
     """The ACL user name of ``role`` in ``run``: ``sr-<run>-<role>``."""
-    if role not in ROLES:
-        raise ValueError(f"unknown ACL role {role!r} (use 'agent' or 'learner')")
+    _check_role(role)
     RunKeys(run)  # validates the run name
     return f"{PREFIX}-{run}-{role}"
+
+
+def script_sha(name: str) -> str:
+    """SHA1 of ``lua/<name>.lua`` as EVALSHA names it (what the learner's SCRIPT LOAD returns)."""
+    return hashlib.sha1(script_source(name).encode()).hexdigest()
 
 
 def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
     """The ACL SETUSER rules granting ``role`` its permissions in ``run`` (no password, not
     enabled: see :func:`create_users`). ``num_shards`` names each shard's keys exactly; without
-    it the rules match any shard number. Raises ValueError for an unknown role or bad run name.
+    it the rules match any shard number. The agent's rules name its scripts by their SHA1, so
+    they must be made again when a script changes. Raises ValueError for an unknown role or a
+    bad run name.
     """
-    if role not in ROLES:
-        raise ValueError(f"unknown ACL role {role!r} (use 'agent' or 'learner')")
+    _check_role(role)
     if num_shards is not None and num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
     patterns = RunKeys(run).acl_patterns(num_shards)
     rules = ["resetkeys", "resetchannels", "-@all"] + [f"&{p}" for p in patterns["notify"]]
     if role == "learner":
         rules += [f"~{p}" for kind in ("run", "shards", "params") for p in patterns[kind]]
-        return rules + ["+@all"] + [f"-{command}" for command in _LEARNER_DENIED]
-    # Root permissions: the scripts (their KEYS must be the shard keys insert.lua declares), pings
-    # and parameter notifications; every other command goes through one selector below.
-    rules += [f"~{p}" for kind in ("exp", "obsref", "seen", "obs") for p in patterns[kind]]
-    rules += ["+evalsha", "+ping", "+subscribe", "+unsubscribe"]
-    for kinds, access, commands in _AGENT_SELECTORS:
+        return rules + ["+@all"] + [f"-{command}" for command in _LEARNER_DENIED] + ["+info"]
+    rules += ["+ping", "+subscribe", "+unsubscribe"]
+    if role == "eval":
+        selectors = _EVAL_SELECTORS
+    else:
+        # Root permissions: the agent's scripts, whose KEYS are these keys; every other command
+        # goes through one selector below.
+        rules += [f"~{p}" for kind in ("exp", "obsref", "seen", "obs", "meta", "quota") for p in patterns[kind]]
+        rules += [f"+evalsha|{script_sha(name)}" for name in AGENT_SCRIPTS]
+        selectors = _AGENT_SELECTORS
+    for kinds, access, commands in selectors:
         keys = " ".join(f"{access}{p}" for kind in kinds for p in patterns[kind])
         rules.append(f"({keys} {' '.join('+' + c for c in commands)})")
     return rules
 
 
-def create_users(client: redis.Redis, run: str, agent_password: str, learner_password: str,
+def create_users(client: redis.Redis, run: str, passwords: Mapping[str, str],
                  num_shards: int | None = None) -> dict[str, str]:
-    """Create (or reset) the agent and learner users of ``run``, enabled, with these passwords.
+    """Create (or reset) the users of ``run``, enabled, with ``passwords`` (role -> password, one
+    for each of :data:`ROLES`).
 
     ``client`` must be allowed ACL SETUSER (an administrator). Returns ``{role: user name}``.
-    Blocks for one round trip per user; Redis errors propagate (ACL needs Redis >= 7 for the
-    agent's selectors).
+    Blocks for one round trip per user; Redis errors propagate (the selectors need Redis >= 7).
+    Raises ValueError naming a role whose password is missing or empty, or an unknown role.
     """
-    passwords = {"agent": agent_password, "learner": learner_password}
+    unknown = sorted(set(passwords) - set(ROLES))
+    if unknown:
+        raise ValueError(f"passwords for unknown ACL roles {unknown} (roles: {', '.join(ROLES)})")
+    for role in ROLES:
+        if not passwords.get(role):
+            raise ValueError(f"the {role} password must not be empty")
     created = {}
     for role in ROLES:
-        if not passwords[role]:
-            raise ValueError(f"the {role} password must not be empty")
         name = username(run, role)
         client.execute_command("ACL", "SETUSER", name, "reset", "on", f">{passwords[role]}",
                                *acl_rules(run, role, num_shards))

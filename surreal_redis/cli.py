@@ -273,22 +273,25 @@ def gc(run_name: str, redis_url: str | None, config_path: str | None, overrides:
               help="Default: a random one [env: SURREAL_AGENT_PASSWORD].")
 @click.option("--learner-password", envvar="SURREAL_LEARNER_PASSWORD", default=None,
               help="Default: a random one [env: SURREAL_LEARNER_PASSWORD].")
-@click.option("--print-rules", is_flag=True, help="Only print the ACL rules of both users; touch no server.")
+@click.option("--eval-password", envvar="SURREAL_EVAL_PASSWORD", default=None,
+              help="Default: a random one [env: SURREAL_EVAL_PASSWORD].")
+@click.option("--print-rules", is_flag=True, help="Only print the ACL rules of the users; touch no server.")
 @_fail_cleanly
 def acl(run_name: str, redis_url: str | None, shards: int | None, agent_password: str | None,
-        learner_password: str | None, print_rules: bool) -> None:
-    """Create the run's Redis users: agents may only insert experience and read parameters."""
+        learner_password: str | None, eval_password: str | None, print_rules: bool) -> None:
+    """Create the run's Redis users: agents may only insert experience, report training episodes
+    and read parameters; eval may only report eval results and read parameters."""
     import secrets
 
-    from surreal_redis.acl import acl_rules, create_users, username
+    from surreal_redis.acl import ROLES, acl_rules, create_users, username
 
     if print_rules:
-        for role in ("agent", "learner"):
+        for role in ROLES:
             click.echo(f"ACL SETUSER {username(run_name, role)} reset on >PASSWORD " + " ".join(acl_rules(run_name, role, shards)))
         return
-    passwords = {"agent": agent_password or secrets.token_urlsafe(18),
-                 "learner": learner_password or secrets.token_urlsafe(18)}
-    users = create_users(connect(_require_url(redis_url)), run_name, passwords["agent"], passwords["learner"], shards)
+    given = {"agent": agent_password, "eval": eval_password, "learner": learner_password}
+    passwords = {role: given[role] or secrets.token_urlsafe(18) for role in ROLES}
+    users = create_users(connect(_require_url(redis_url)), run_name, passwords, shards)
     for role, name in users.items():
         click.echo(f"{role}: user {name} password {passwords[role]}  (URL form: redis://{name}:PASSWORD@HOST:PORT/0)")
 

@@ -185,8 +185,8 @@ class RunKeys:
 
         Kinds: ``exp``, ``obsref``, ``seen``, ``obs``, ``dead``, ``shards`` (every key of a shard),
         ``config``, ``agents``, ``episodes``, ``evals``, ``control``, ``learner``, ``run`` (every
-        run-wide key), ``meta``, ``blob``, ``params`` (every parameter key), and ``notify`` (the
-        pub/sub channel). With ``num_shards`` the shard patterns name each shard exactly; without,
+        run-wide key), ``meta``, ``blob``, ``quota``, ``params`` (every parameter key), and
+        ``notify`` (the pub/sub channel). With ``num_shards`` the shard patterns name each shard exactly; without,
         they match any shard number. Either way they match no key of another run.
         """
         tags = ([self.shard(i).tag for i in range(num_shards)] if num_shards is not None
@@ -201,7 +201,8 @@ class RunKeys:
             "dead": shard("dead"), "shards": shard("*"),
             "config": [self.config], "agents": [self.agents], "episodes": [self.episodes], "evals": [self.evals],
             "control": [self.control], "learner": [self.learner], "run": [f"{self.tag}:*"],
-            "meta": [params.meta], "blob": [f"{params.tag}:blob:*"], "params": [f"{params.tag}:*"],
+            "meta": [params.meta], "blob": [f"{params.tag}:blob:*"], "quota": [params.quota],
+            "params": [f"{params.tag}:*"],
             "notify": [params.notify],
         }
 

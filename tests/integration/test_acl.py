@@ -1,5 +1,6 @@
 """ACL users of a run on a real redis-server: the agent user runs the whole agent side of the hub
-and nothing else; the learner user runs the learner side but no server-wide commands."""
+and nothing else, the eval user only reports eval results, the learner user runs the learner side
+but no server-wide commands; no user of one run reaches another run's keys."""
 
 import logging
 import threading
@@ -8,8 +9,11 @@ import time
 import numpy as np
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from surreal_redis.acl import create_users, username
+from surreal_redis.acl import ROLES, create_users, script_sha, username
+from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
@@ -19,8 +23,9 @@ from surreal_redis.hub.params import (
     ParameterPublisher,
     PublisherConfig,
 )
+from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
+from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord, TrainReturns
 from surreal_redis.hub.run.heartbeat import Heartbeat, read_agents
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
@@ -29,10 +34,12 @@ pytestmark = pytest.mark.integration
 
 RUN = "aclrun"
 KEYS = RunKeys(RUN)
+PASSWORDS = {"agent": "agent-pw", "eval": "eval-pw", "learner": "learner-pw"}
 
 
-def login(server, role: str, password: str) -> redis.Redis:
-    return redis.Redis(unix_socket_path=str(server.socket_path), username=username(RUN, role), password=password)
+def login(server, role: str, password: str | None = None, run: str = RUN) -> redis.Redis:
+    return redis.Redis(unix_socket_path=str(server.socket_path), username=username(run, role),
+                       password=password or PASSWORDS[role])
 
 
 def frames(step: int) -> dict:
@@ -42,8 +49,8 @@ def frames(step: int) -> dict:
 
 
 def test_agent_user_runs_the_agent_side_only(redis_server, real_redis, caplog):
-    assert create_users(real_redis, RUN, "agent-pw", "learner-pw", num_shards=1) == {
-        "agent": "sr-aclrun-agent", "learner": "sr-aclrun-learner"}
+    assert create_users(real_redis, RUN, PASSWORDS, num_shards=1) == {
+        "agent": "sr-aclrun-agent", "eval": "sr-aclrun-eval", "learner": "sr-aclrun-learner"}
     agent, learner = login(redis_server, "agent", "agent-pw"), login(redis_server, "learner", "learner-pw")
     zeros = np.zeros(2, bool)
 
@@ -106,15 +113,14 @@ def test_agent_user_runs_the_agent_side_only(redis_server, real_redis, caplog):
     for command in refused:
         with pytest.raises(redis.exceptions.NoPermissionError):
             agent.execute_command(*command)
-    # scripts the learner loaded run with the agent's permissions: publish.lua's keys are not the
-    # agent's, and gc.lua needs commands the agent lacks
+    # the agent runs insert.lua only, not the other scripts the learner loaded
     publish = Scripts(learner).get("publish").sha
     with pytest.raises(redis.exceptions.NoPermissionError):
         agent.evalsha(publish, 4, KEYS.params.meta, KEYS.params.staging("ab" * 8), KEYS.params.blob(2),
                       KEYS.params.blob(1), 2, 1, 1, 1024, "sha256:x", "srt1", "{}", 1, 0, "", 1000, "n")
     obs_keys = [k.decode() for k in real_redis.keys(KEYS.shard(0).obs_prefix + "*")]
     assert obs_keys
-    with pytest.raises(redis.ResponseError):
+    with pytest.raises(redis.exceptions.NoPermissionError):
         agent.evalsha(Scripts(learner).get("gc").sha, 2 + len(obs_keys), exp, KEYS.shard(0).obsref, *obs_keys)
     assert learner.hget(KEYS.params.meta, "version") == b"1" and learner.xlen(exp) == 4
     assert learner.exists(*obs_keys) == len(obs_keys)
@@ -132,7 +138,7 @@ def test_agent_user_runs_the_agent_side_only(redis_server, real_redis, caplog):
 def test_learner_reloads_the_insert_script_after_a_script_flush(redis_server, real_redis):
     """Agents may not load scripts: after SCRIPT FLUSH their inserts wait until the learner's
     next housekeeping reloads insert.lua, then go through (nothing lost)."""
-    create_users(real_redis, RUN, "agent-pw", "learner-pw", num_shards=1)
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
     receiver = ExperienceReceiver(login(redis_server, "learner", "learner-pw"), ReceiverConfig(), RUN, 1)
     receiver.start()
     sender = ExperienceSender(login(redis_server, "agent", "agent-pw"), SenderConfig(flush_steps=2, max_wait_s=30),
@@ -153,3 +159,203 @@ def test_learner_reloads_the_insert_script_after_a_script_flush(redis_server, re
     assert done.wait(15)
     thread.join(5)
     assert real_redis.xlen(KEYS.shard(0).exp) == 2  # one chunk per env
+
+
+# ---------------------------------------------------------------- runs are isolated
+def keys_of(run: str) -> list[str]:
+    """One key of every kind of ``run`` (shards 0, 1, 10, 11), and its notify channel last."""
+    keys = RunKeys(run)
+    names = [keys.config, keys.agents, keys.episodes, keys.evals, keys.control, keys.learner, keys.params.meta,
+             keys.params.blob(0), keys.params.blob(123), keys.params.staging("ab" * 8)]
+    for shard in (keys.shard(i) for i in (0, 1, 10, 11)):
+        names += [shard.exp, shard.obsref, shard.dead, shard.obs("cd" * 16), shard.seen("0123abcd" * 4)]
+    return names + [keys.params.notify]
+
+
+def denied_everywhere(admin: redis.Redis, run: str, foreign: list[str]) -> list[str]:
+    """The (user, command) pairs that ACL DRYRUN allows some user of ``run`` on a ``foreign`` key
+    or channel (every command any user of a run may send with a key, and both channel commands)."""
+    insert = script_sha("insert")
+    pipe = admin.pipeline(transaction=False)
+    asked = []
+    for role in ROLES:
+        user = username(run, role)
+        for key in foreign:
+            for command in (("GET", key), ("SET", key, "x"), ("SETNX", key, "x"), ("EXISTS", key), ("DEL", key),
+                            ("XADD", key, "*", "f", "v"), ("XLEN", key), ("XRANGE", key, "-", "+"),
+                            ("ZADD", key, "1", "m"), ("HSET", key, "f", "v"), ("HGET", key, "f"), ("HDEL", key, "f"),
+                            ("GETRANGE", key, "0", "1"), ("EVALSHA", insert, "1", key), ("SUBSCRIBE", key),
+                            ("PUBLISH", key, "1")):
+                pipe.execute_command("ACL", "DRYRUN", user, *command)
+                asked.append(f"{user}: {' '.join(command)}")
+    return [what for what, reply in zip(asked, pipe.execute()) if reply == b"OK"]
+
+
+run_names = st.text(alphabet="ab0_-.", min_size=1, max_size=5)
+
+
+def valid(name: str) -> bool:
+    try:
+        RunKeys(name)
+    except ValueError:
+        return False
+    return True
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.tuples(run_names, run_names),
+                 st.builds(lambda a, tail: (a, a + tail), run_names, run_names),
+                 st.builds(lambda a, tail: (a + tail, a), run_names, run_names),
+                 st.builds(lambda a, tag: (a, f"{a}.{tag}"), run_names, st.sampled_from(["p", "s1", "s9x", "seed1"])))
+       .filter(lambda pair: pair[0] != pair[1] and valid(pair[0]) and valid(pair[1])))
+def test_no_user_or_drop_of_one_run_reaches_another_runs_keys(redis_server, real_redis, pair):
+    """The issue's examples (``ppo`` and ``ppo.seed1``, ``run`` and ``run.s9x``, ``run`` and
+    ``run.p``) come from the last strategy: dotted names must be refused, or they break this."""
+    mine, theirs = pair
+    real_redis.flushall()
+    create_users(real_redis, mine, PASSWORDS)  # no shard count: the widest patterns
+    create_users(real_redis, theirs, PASSWORDS, num_shards=12)
+    assert denied_everywhere(real_redis, mine, keys_of(theirs)) == []
+    for key in keys_of(mine)[:-1]:  # while every key of a run is its learner's
+        assert real_redis.execute_command("ACL", "DRYRUN", username(mine, "learner"), "GET", key) == b"OK", key
+    # gc --drop of one run leaves the other's keys
+    for key in keys_of(mine)[:-1] + keys_of(theirs)[:-1]:
+        real_redis.set(key, b"x")
+    assert RunControl(real_redis, mine).drop() == len(keys_of(mine)) - 1
+    assert real_redis.exists(*keys_of(theirs)[:-1]) == len(keys_of(theirs)) - 1
+
+
+# ---------------------------------------------------------------- what an agent cannot do
+def test_only_the_eval_user_writes_eval_results(redis_server, real_redis):
+    """So no agent puts a score into best-k checkpoints or reaches ``stop.target_metric: eval``."""
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    agent, evaluator, learner = (login(redis_server, role) for role in ("agent", "eval", "learner"))
+    reader = EpisodeReader(learner, RUN, start_id="0-0")
+    now = time.time()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        EpisodeLog(agent, RUN).record([EpisodeRecord("eval-0", "eval", 1e9, 10, 1, now)])
+    for command in (("XADD", KEYS.evals, "*", "mode", "eval"), ("DEL", KEYS.evals), ("XTRIM", KEYS.evals, "MAXLEN", 0),
+                    ("RENAME", KEYS.episodes, KEYS.evals)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.execute_command(*command)
+    # an eval record written by hand into the agents' own stream is not taken for one
+    agent.xadd(KEYS.episodes, {"agent": "eval-0", "mode": "eval", "return": "1e9", "length": 10, "version": 1,
+                               "time": now})
+    EpisodeLog(evaluator, RUN).record([EpisodeRecord("eval-0", "eval", 7.0, 10, 1, now)] * 2)
+    with pytest.raises(redis.exceptions.NoPermissionError):  # and eval writes eval results only
+        EpisodeLog(evaluator, RUN).record([EpisodeRecord("eval-0", "train", 1e9, 10, 1, now)])
+    records = reader.read_new()
+    assert [(r.mode, r.episode_return) for r in records] == [("eval", 7.0)] * 2 and reader.malformed == 1
+
+    # training records are the agents': one agent's cannot reach the train-return target alone
+    EpisodeLog(agent, RUN).record([EpisodeRecord("0", "train", 1e9, 10, 1, now)] * 10
+                                  + [EpisodeRecord(str(i), "train", 10.0 + i, 10, 1, now) for i in (1, 2)] * 5)
+    returns = TrainReturns(window=20)
+    returns.add(reader.read_new())
+    assert returns.mean() > 1e8 and returns.stop_score() == 12.0  # not 1e9: two of three agents are at <= 12
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        RunControl(agent, RUN).request_stop("forged")
+
+
+def test_agent_cannot_overwrite_an_observation_or_run_another_script(redis_server, real_redis):
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    agent = login(redis_server, "agent")
+    obs = KEYS.shard(0).obs("ab" * 16)
+    real_redis.set(obs, b"stored")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.set(obs, b"garbage")
+    assert not agent.setnx(obs, b"garbage") and real_redis.get(obs) == b"stored"
+    # a loaded script that sends only commands the agent may send is still not the insert script
+    other = real_redis.script_load("return redis.call('SETNX', KEYS[1], ARGV[1])")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.evalsha(other, 1, KEYS.shard(0).obs("cd" * 16), b"x")
+    assert real_redis.exists(KEYS.shard(0).obs("cd" * 16)) == 0
+
+
+def flatten(reply) -> list[bytes]:
+    """Every string in a Redis reply, as bytes."""
+    if isinstance(reply, (bytes, str, int, float)):
+        return [reply if isinstance(reply, bytes) else str(reply).encode()]
+    if isinstance(reply, dict):
+        reply = [part for item in reply.items() for part in item]
+    return [leaf for part in reply if part is not None for leaf in flatten(part)]
+
+
+def test_agents_cannot_name_another_senders_dedup_state(redis_server, real_redis):
+    """Each sender's ``seen:<uuid>`` key is named by a random uuid that nothing an agent may read
+    contains, and an agent may not list keys: it cannot write another sender's dedup state."""
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    ExperienceReceiver(login(redis_server, "learner"), ReceiverConfig(), RUN, 1).start()
+    zeros = np.zeros(2, bool)
+    senders = [ExperienceSender(login(redis_server, "agent"), SenderConfig(flush_steps=2), RUN, agent_id, 1)
+               for agent_id in (0, 1)]
+    for sender in senders:
+        for step in range(3):  # the third add completes the first 2-step chunk
+            sender.add(frames(step), np.arange(2), np.ones(2), zeros, zeros, policy_version=step)
+    uuids = [sender.uuid for sender in senders]
+    exp = KEYS.shard(0).exp
+    assert real_redis.exists(*[KEYS.shard(0).seen(u) for u in uuids]) == 2 and real_redis.xlen(exp) == 4
+    spy = login(redis_server, "agent")
+    readable = b"|".join(flatten([spy.xrange(exp), spy.xinfo_groups(exp)]
+                                 + [spy.hgetall(key) for key in (KEYS.params.meta, KEYS.control, KEYS.config)]))
+    assert not [u for u in uuids if u.encode() in readable or bytes.fromhex(u) in readable]
+    for command in (("SCAN", 0), ("KEYS", "*"), ("RANDOMKEY",), ("XINFO", "STREAM", exp), ("CLIENT", "LIST"),
+                    ("PUBSUB", "CHANNELS"), ("MONITOR",), ("CLIENT", "TRACKING", "on", "BCAST")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            spy.execute_command(*command)
+
+
+def test_agent_claims_production_but_cannot_grant_it(redis_server, real_redis):
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    agent, learner = login(redis_server, "agent"), login(redis_server, "learner")
+    learner.hset(KEYS.params.meta, "version", 3)
+    ProductionQuota(learner, RUN).load_script()  # the agent may run claim.lua, not load it
+    ProductionQuota(learner, RUN).grant(3, 100)
+    assert ProductionQuota(agent, RUN).claim(3, 64) == ("OK", 64, 3)
+    for command in (("HSET", KEYS.params.quota, "left", 10**9), ("DEL", KEYS.params.quota),
+                    ("HSET", KEYS.params.meta, "version", 4)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.execute_command(*command)
+    assert ProductionQuota(learner, RUN).left() == (3, 36)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="Redis 7.0 ACLs restrict commands and keys, never arguments: a user that may XADD or ZADD "
+                          "(insert.lua does, as the agent) may also XADD MAXLEN 0 or ZADD a lower score (README: "
+                          "Trust boundary). Remove this mark once agents no longer write the shard stream themselves.")
+def test_agent_cannot_trim_the_stream_or_lower_a_reference(redis_server, real_redis):
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    agent = login(redis_server, "agent")
+    shard = KEYS.shard(0)
+    real_redis.xadd(shard.exp, {"a": "0"})
+    real_redis.zadd(shard.obsref, {"ab" * 16: 5})
+    damage = []
+    for command in (("XADD", shard.exp, "MAXLEN", "0", "*", "a", "1"), ("ZADD", shard.obsref, "0", "ab" * 16)):
+        try:
+            agent.execute_command(*command)
+            damage.append(command[0])
+        except redis.exceptions.NoPermissionError:
+            pass
+    assert damage == [] and real_redis.xlen(shard.exp) == 1 and real_redis.zscore(shard.obsref, "ab" * 16) == 5
+
+
+# ---------------------------------------------------------------- the learner user
+def test_learner_reads_its_metrics_but_cannot_list_or_reach_other_runs(redis_server, real_redis):
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    learner = login(redis_server, "learner")
+    other = RunKeys("other")
+    real_redis.set(other.control, b"theirs")
+    ExperienceReceiver(learner, ReceiverConfig(), RUN, 1).start()
+    # what the hub/* metrics read
+    assert learner.info("memory")["used_memory"] > 0
+    assert read_backlog(learner, KEYS.shard(0)).length == 0 and dedup_ratio(learner, KEYS.shard(0), 0)[1] == 0
+    for command in (("SCAN", 0), ("RANDOMKEY",), ("KEYS", "*"), ("PUBSUB", "CHANNELS"), ("MONITOR",),
+                    ("CLIENT", "TRACKING", "on", "BCAST", "PREFIX", "sr:{other}"), ("CLIENT", "LIST"),
+                    ("SCRIPT", "KILL"), ("SCRIPT", "FLUSH"), ("FUNCTION", "FLUSH"), ("FLUSHALL",),
+                    ("CONFIG", "SET", "maxmemory", "1"), ("GET", other.control),
+                    ("EVAL", "return redis.call('GET', KEYS[1])", 1, other.control),
+                    ("COPY", other.control, KEYS.control), ("SORT", KEYS.agents, "BY", "sr:{other}:*"),
+                    ("PUBLISH", other.params.notify, "1")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            learner.execute_command(*command)
+    assert real_redis.get(other.control) == b"theirs"

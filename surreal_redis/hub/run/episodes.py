@@ -1,11 +1,20 @@
-"""Finished-episode statistics: agents and eval append to ``sr:{run}:episodes``; the learner
-reads them (for stop conditions, best-k checkpoints and MLflow) and ``status`` shows them."""
+"""Finished-episode statistics. Agents append training episodes to ``sr:{run}:episodes``; the eval
+process appends eval episodes to ``sr:{run}:evals``, a stream only its own ACL user may write. The
+learner reads both (charts, best-k checkpoints, stop conditions) and trusts a record's mode only
+by the stream it came from, so no agent can put a score into the eval results.
+
+Agents all write as one Redis user, so nothing tells one agent's records from another's: the
+train-return stop rule therefore uses :class:`TrainReturns`, which one agent's records alone
+cannot drive (see there)."""
 
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
+import numpy as np
 import redis
 
 from surreal_redis.keys import RunKeys
@@ -28,12 +37,16 @@ class EpisodeRecord(NamedTuple):
 
 
 class EpisodeLog:
-    """Appends episode records (``XADD MAXLEN ~ maxlen``), pipelined with the caller's batch."""
+    """Appends episode records (``XADD MAXLEN ~ maxlen``), pipelined with the caller's batch:
+    training records to ``episodes``, eval records to ``evals`` (which only the eval user may
+    write: an agent's eval record is refused with NOPERM)."""
 
     def __init__(self, client: redis.Redis, run: str, maxlen: int = 100_000) -> None:
         if maxlen < 1:
             raise ValueError(f"episodes maxlen must be >= 1, got {maxlen}")
-        self.client, self.key, self.maxlen = client, RunKeys(run).episodes, maxlen
+        keys = RunKeys(run)
+        self.client, self.maxlen = client, maxlen
+        self.keys: dict[str, str] = {"train": keys.episodes, "eval": keys.evals}
 
     def record(self, records: list[EpisodeRecord]) -> None:
         """One round trip for all ``records``; Redis errors propagate (the caller backs off)."""
@@ -41,41 +54,96 @@ class EpisodeLog:
             return
         pipe = self.client.pipeline(transaction=False)
         for r in records:
-            pipe.xadd(self.key, {"agent": r.agent, "mode": r.mode, "return": repr(float(r.episode_return)),
-                                 "length": int(r.length), "version": int(r.version), "time": repr(r.time)},
+            if r.mode not in self.keys:
+                raise ValueError(f"unknown episode mode {r.mode!r} (use 'train' or 'eval')")
+            pipe.xadd(self.keys[r.mode], {"agent": r.agent, "mode": r.mode, "return": repr(float(r.episode_return)),
+                                          "length": int(r.length), "version": int(r.version), "time": repr(r.time)},
                       maxlen=self.maxlen, approximate=True)
         pipe.execute()
 
 
 class EpisodeReader:
-    """Reads the episodes appended since the last call (non-blocking XREAD from a cursor)."""
+    """Reads the training and eval episodes appended since the last call (one non-blocking XREAD
+    of both streams from their cursors). A record whose mode is not its stream's (an agent
+    claiming an eval) is counted in :attr:`malformed` and skipped."""
 
     def __init__(self, client: redis.Redis, run: str, start_id: str = "$") -> None:
-        self.client, self.key = client, RunKeys(run).episodes
-        self.cursor = start_id
+        keys = RunKeys(run)
+        self.client = client
+        self.modes: dict[str, EpisodeMode] = {keys.episodes: "train", keys.evals: "eval"}
+        self.cursors = {key: start_id for key in self.modes}
         self.malformed = 0
 
     def read_new(self, count: int = 10_000) -> list[EpisodeRecord]:
-        if self.cursor == "$":  # resolve "now" once so nothing appended later is skipped
-            last = self.client.xrevrange(self.key, count=1)
-            self.cursor = last[0][0].decode() if last else "0-0"
-        reply = self.client.xread({self.key: self.cursor}, count=count)
+        """Up to ``count`` records of each stream, oldest first within each; one round trip
+        (two more, once, to resolve a ``"$"`` start)."""
+        for key, cursor in self.cursors.items():
+            if cursor == "$":  # resolve "now" once so nothing appended later is skipped
+                last = self.client.xrevrange(key, count=1)
+                self.cursors[key] = last[0][0].decode() if last else "0-0"
+        reply = self.client.xread(dict(self.cursors), count=count)
         records = []
-        for _, entries in reply:
+        for key, entries in reply:
+            key = key.decode() if isinstance(key, bytes) else key
             for entry_id, fields in entries:
-                self.cursor = entry_id.decode()
+                self.cursors[key] = entry_id.decode()
                 try:
-                    records.append(parse_episode(fields))
+                    records.append(parse_episode(fields, self.modes[key]))
                 except (KeyError, ValueError) as exc:
                     self.malformed += 1
-                    log.warning("skipping malformed episode record %s: %s", self.cursor, exc)
+                    if self.malformed == 1 or self.malformed % 1000 == 0:
+                        log.warning("skipping malformed episode record %s of %s (%d so far): %s", entry_id.decode(),
+                                    key, self.malformed, exc)
         return records
 
 
-def parse_episode(fields: dict[bytes, bytes]) -> EpisodeRecord:
-    mode = fields[b"mode"].decode()
-    if mode not in ("train", "eval"):
-        raise ValueError(f"unknown episode mode {mode!r}")
-    return EpisodeRecord(agent=fields[b"agent"].decode(), mode=mode,  # type: ignore[arg-type]
-                         episode_return=float(fields[b"return"]), length=int(fields[b"length"]),
-                         version=int(fields[b"version"]), time=float(fields[b"time"]))
+def parse_episode(fields: dict[bytes, bytes], mode: EpisodeMode) -> EpisodeRecord:
+    """The record of one stream entry, whose stream holds ``mode`` records. Raises ValueError
+    (or KeyError for a missing field)."""
+    claimed = fields[b"mode"].decode()
+    if claimed != mode:
+        raise ValueError(f"a {claimed!r} record in the {mode} stream")
+    episode_return = float(fields[b"return"])
+    if not np.isfinite(episode_return):
+        raise ValueError(f"episode return {episode_return}")
+    return EpisodeRecord(agent=fields[b"agent"].decode(), mode=mode, episode_return=episode_return,
+                         length=int(fields[b"length"]), version=int(fields[b"version"]), time=float(fields[b"time"]))
+
+
+class TrainReturns:
+    """The last ``window`` training episode returns, for charts and the train-return stop rule.
+
+    :meth:`stop_score` is the lower median, over the agents that reported in the window, of each
+    agent's mean return there. With n >= 2 agents reporting it reaches a target only when more
+    than half of them (2 of 2, 2 of 3, 3 of 4) reach it, so one agent's records alone cannot stop
+    the run however high the returns it writes. An agent writing records under other agents' ids
+    still can (they share one Redis user); ``stop.target_metric: eval`` stops only on eval
+    results, which agents cannot write.
+    """
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"return window must be >= 1 episodes, got {window}")
+        self.window = window
+        self._recent: deque[tuple[str, float]] = deque(maxlen=window)
+
+    def add(self, records: Iterable[EpisodeRecord]) -> None:
+        """Keep the training records among ``records`` (eval records are left out)."""
+        self._recent.extend((r.agent, r.episode_return) for r in records if r.mode == "train")
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def mean(self) -> float | None:
+        """Mean return of the window (None before the first episode)."""
+        return float(np.mean([value for _, value in self._recent])) if self._recent else None
+
+    def stop_score(self) -> float | None:
+        """Lower median over agents of their mean return; None until ``window`` episodes came."""
+        if len(self._recent) < self.window:
+            return None
+        by_agent: dict[str, list[float]] = {}
+        for agent, value in self._recent:
+            by_agent.setdefault(agent, []).append(value)
+        means = sorted(float(np.mean(values)) for values in by_agent.values())
+        return means[(len(means) - 1) // 2]

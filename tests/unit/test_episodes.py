@@ -1,0 +1,64 @@
+"""Episode records: training and eval streams, and the train-return stop score (the ACL side is in
+tests/integration/test_acl.py)."""
+
+import pytest
+
+from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord, TrainReturns
+from surreal_redis.keys import RunKeys
+
+RUN = "eps"
+
+
+def record(agent: str, mode: str, value: float) -> EpisodeRecord:
+    return EpisodeRecord(agent, mode, value, 10, 3, 1.0)
+
+
+def test_train_and_eval_records_go_to_their_own_streams(fake_redis):
+    fake_redis.xadd(RunKeys(RUN).episodes, {"agent": "0", "mode": "train", "return": "1", "length": 1, "version": 0,
+                                            "time": 0})
+    reader = EpisodeReader(fake_redis, RUN)  # from its first read on
+    assert reader.read_new() == []
+    log = EpisodeLog(fake_redis, RUN)
+    log.record([record("0", "train", 1.5), record("eval-0", "eval", 9.0), record("1", "train", 2.5)])
+    assert fake_redis.xlen(RunKeys(RUN).episodes) == 3 and fake_redis.xlen(RunKeys(RUN).evals) == 1
+    got = reader.read_new()
+    assert sorted(got, key=lambda r: r.episode_return) == [record("0", "train", 1.5), record("1", "train", 2.5),
+                                                           record("eval-0", "eval", 9.0)]
+    assert reader.read_new() == []
+    with pytest.raises(ValueError, match="unknown episode mode 'test'"):
+        log.record([record("0", "test", 1.0)])
+
+
+@pytest.mark.parametrize("fields", [
+    {"mode": "eval"},  # an eval result claimed in the agents' stream
+    {"return": "inf"}, {"return": "nan"}, {"return": "high"}, {"length": "x"},
+])
+def test_a_malformed_or_misplaced_record_is_counted_and_skipped(fake_redis, fields):
+    reader = EpisodeReader(fake_redis, RUN, start_id="0-0")
+    good = {"agent": "0", "mode": "train", "return": "1.0", "length": 5, "version": 1, "time": 2.0}
+    fake_redis.xadd(RunKeys(RUN).episodes, {**good, **fields})
+    fake_redis.xadd(RunKeys(RUN).episodes, good)
+    assert reader.read_new() == [EpisodeRecord("0", "train", 1.0, 5, 1, 2.0)] and reader.malformed == 1
+
+
+def test_a_train_record_in_the_eval_stream_is_not_taken(fake_redis):
+    reader = EpisodeReader(fake_redis, RUN, start_id="0-0")
+    fake_redis.xadd(RunKeys(RUN).evals, {"agent": "0", "mode": "train", "return": "1", "length": 1, "version": 0,
+                                         "time": 0})
+    assert reader.read_new() == [] and reader.malformed == 1
+
+
+def test_stop_score_is_the_lower_median_of_the_agents_means():
+    returns = TrainReturns(window=6)
+    returns.add([record("0", "train", 1e9)] * 3 + [record("eval-0", "eval", 1e9)])
+    assert returns.stop_score() is None and len(returns) == 3  # eval records do not count; window not full
+    returns.add([record("1", "train", 10.0), record("1", "train", 20.0), record("2", "train", 12.0)])
+    assert returns.stop_score() == 15.0  # means 1e9, 15, 12: one agent's records cannot lift it further
+    assert returns.mean() == pytest.approx((3e9 + 42) / 6)
+    returns.add([record("2", "train", 12.0)] * 5)  # the window keeps the last 6 only
+    assert returns.stop_score() == 12.0 and returns.mean() == 12.0
+    two = TrainReturns(window=2)
+    two.add([record("0", "train", 1e9), record("1", "train", 3.0)])
+    assert two.stop_score() == 3.0  # of two agents, both must reach a target
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        TrainReturns(0)
