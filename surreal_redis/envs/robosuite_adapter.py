@@ -27,7 +27,7 @@ DEFAULT_CAMERA = "agentview"
 def robosuite_missing() -> str | None:
     """Why robosuite cannot be used here (None when it can)."""
     if importlib.util.find_spec("robosuite") is None:
-        return "robosuite is not installed: pip install 'surreal-redis[robosuite]'"
+        return "robosuite is not installed, which the 'robosuite' extra brings: pip install 'surreal-redis[robosuite]'"
     return None
 
 
