@@ -17,7 +17,6 @@ import queue
 import random
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,7 +35,7 @@ from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedCh
 from surreal_redis.hub.experience.retention import HubJanitor
 from surreal_redis.hub.params import ParameterPublisher
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.hub.run.episodes import EpisodeReader
+from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
 from surreal_redis.hub.run.heartbeat import prune_stale
 from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.replay.feeds import Feed
@@ -97,7 +96,7 @@ class Learner:
         self.episodes = EpisodeReader(client, cfg.run, start_id="0-0")
         self.env_steps = 0
         self.param_version = 0  # the last version this learner published
-        self.train_returns: deque[float] = deque(maxlen=cfg.stop.return_window)
+        self.train_returns = TrainReturns(cfg.stop.return_window)
         self.eval_by_version: dict[int, list[float]] = {}
         self.evals_from_version = 0  # evals of older parameters are not this learner's (see restore)
         self.last_eval: float | None = None
@@ -160,7 +159,7 @@ class Learner:
         random.setstate(state["rng"]["python"])
         log.info("resumed from %s: iteration %d, %d env steps", path, self.algo.iteration, self.env_steps)
         while records := self.episodes.read_new():  # train returns still count for the stop window
-            self.train_returns.extend(r.episode_return for r in records if r.mode == "train")
+            self.train_returns.add(records)
         stored = self.feed.refill(self.receiver.read_retained(delivered_only=True))  # the rest comes by receive()
         if stored:
             log.info("refilled replay with %d transitions from the hub's retained window", stored)
@@ -274,7 +273,7 @@ class Learner:
     def _read_episodes(self) -> None:
         for record in self.episodes.read_new():
             if record.mode == "train":
-                self.train_returns.append(record.episode_return)
+                self.train_returns.add([record])
                 self.metrics.observe_episode(record)
                 continue
             if record.version < self.evals_from_version:
@@ -299,7 +298,7 @@ class Learner:
             log.info("eval of v%d scored %.2f: checkpoint %d kept among the best", version, score, iteration)
 
     def mean_return(self) -> float | None:
-        return float(np.mean(self.train_returns)) if self.train_returns else None
+        return self.train_returns.mean()
 
     def progress(self) -> LearnerProgress:
         return LearnerProgress(self.algo.iteration, self.env_steps, self.param_version, self.mean_return(),
@@ -317,10 +316,10 @@ class Learner:
             if self.last_eval is not None and self.last_eval >= stop.target_return:
                 return f"eval return {self.last_eval:.1f} reached stop.target_return={stop.target_return}"
             return ""
-        mean = self.mean_return()
-        if mean is not None and len(self.train_returns) >= stop.return_window and mean >= stop.target_return:
-            return (f"mean return {mean:.1f} over the last {stop.return_window} episodes reached "
-                    f"stop.target_return={stop.target_return}")
+        score = self.train_returns.stop_score()  # one agent's records alone cannot reach it
+        if score is not None and score >= stop.target_return:
+            return (f"train return {score:.1f} (lower median over agents of their mean over the last "
+                    f"{stop.return_window} episodes) reached stop.target_return={stop.target_return}")
         return ""
 
     def _finish(self, status: str) -> None:

@@ -93,8 +93,8 @@ def pending(client, config: ExperimentConfig) -> int:
     return client.xpending(RunKeys(config.run).shard(0).exp, CONSUMER_GROUP)["pending"]
 
 
-def episode(mode: str, episode_return: float, version: int) -> EpisodeRecord:
-    return EpisodeRecord("0" if mode == "train" else "eval-0", mode, episode_return, 10, version, time.time())
+def episode(mode: str, episode_return: float, version: int, agent: str = "0") -> EpisodeRecord:
+    return EpisodeRecord(agent if mode == "train" else "eval-0", mode, episode_return, 10, version, time.time())
 
 
 def test_one_round_trains_publishes_and_acks(fake_redis, tmp_path):
@@ -150,7 +150,7 @@ def test_off_policy_learner_stops_reading_while_updates_are_owed(fake_redis, tmp
 @pytest.mark.parametrize("condition", ["max_env_steps", "train_return", "eval_return", "stop_request"])
 def test_stop_conditions(fake_redis, tmp_path, condition):
     overrides = {"max_env_steps": ["stop.max_env_steps=64"],
-                 "train_return": ["stop.target_return=100", "stop.return_window=3"],
+                 "train_return": ["stop.target_return=100", "stop.return_window=4"],
                  "eval_return": ["stop.target_return=100", "stop.target_metric=eval", "eval.episodes=2"],
                  "stop_request": []}[condition]
     config = ppo_config(tmp_path, *overrides)
@@ -159,17 +159,28 @@ def test_stop_conditions(fake_redis, tmp_path, condition):
     episodes = EpisodeLog(fake_redis, config.run)
     if condition == "max_env_steps":
         send_steps(fake_redis, config, learner, 32)
-    elif condition == "train_return":  # the mean of the last 3 counts (with the first, 85 would not stop)
-        episodes.record([episode("train", r, 1) for r in (0.0, 150.0, 90.0, 100.0)])
+    elif condition == "train_return":  # agent means 150, 100, 100: 2 of 3 reach the target
+        episodes.record([episode("train", r, 1, agent) for r, agent in
+                         ((150.0, "0"), (90.0, "1"), (110.0, "1"), (100.0, "2"))])
     elif condition == "eval_return":
         episodes.record([episode("eval", 100.0, 1), episode("eval", 120.0, 1)])
     else:
         RunControl(fake_redis, config.run).request_stop("operator says so")
     learner.iterate(received(learner))
-    expected = {"max_env_steps": "stop.max_env_steps=64", "train_return": "mean return 113.3 over the last 3",
+    expected = {"max_env_steps": "stop.max_env_steps=64", "train_return": "train return 100.0 (lower median over agents",
                 "eval_return": "eval return 110.0", "stop_request": "operator says so"}[condition]
     assert learner.stop and expected in learner.stop.reason
     assert RunControl(fake_redis, config.run).stopping()[0]
+
+
+def test_one_agent_alone_cannot_stop_the_run_by_train_return(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "stop.target_return=100", "stop.return_window=4")
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    EpisodeLog(fake_redis, config.run).record([episode("train", r, 1, agent) for r, agent in
+                                               ((1000.0, "0"), (0.0, "1"), (0.0, "2"), (1000.0, "0"))])
+    learner.iterate(queue.Queue())
+    assert learner.mean_return() == 500.0 and not learner.stop
 
 
 def test_run_trains_until_a_stop_condition_and_leaves_a_checkpoint(fake_redis, tmp_path):
@@ -197,7 +208,7 @@ def test_resumed_learner_credits_only_evals_of_its_own_parameters(fake_redis, tm
     resumed = learner_for(config, fake_redis)
     resumed.restore("latest")
     assert resumed.param_version == 3 and resumed.algo.iteration == 3
-    assert list(resumed.train_returns) == [30.0]  # the stop window still counts earlier episodes
+    assert resumed.mean_return() == 30.0  # the stop window still counts earlier episodes
     resumed.start()  # v5
     episodes.record([episode("eval", 400.0, 2), episode("eval", 400.0, 2),  # older than the restored v3
                      episode("eval", 50.0, 5), episode("eval", 70.0, 5)])
