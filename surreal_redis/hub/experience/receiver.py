@@ -122,7 +122,8 @@ class ReceiverStats(NamedTuple):
     trimmed while pending, lost before anyone stored them; ``dead_retries``: attempts to set
     entries aside that Redis refused (out of memory); ``consumers_removed``: idle consumers
     deleted; ``retained``/``retained_skipped``: chunks yielded / malformed entries skipped by
-    :meth:`~ExperienceReceiver.read_retained`."""
+    :meth:`~ExperienceReceiver.read_retained`; ``cached_bytes`` (a gauge): decoded observations
+    in the cache now."""
 
     chunks: int
     steps: int
@@ -137,6 +138,7 @@ class ReceiverStats(NamedTuple):
     reread: int = 0
     pending_trimmed: int = 0
     dead_retries: int = 0
+    cached_bytes: int = 0
 
 
 _Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields; {} when trimmed while pending)
@@ -199,7 +201,7 @@ class ExperienceReceiver:
         self._next_claim = 0.0
 
     def stats(self) -> ReceiverStats:
-        return ReceiverStats(**self._counts)
+        return ReceiverStats(**{**self._counts, "cached_bytes": self._cache_nbytes})
 
     def start(self) -> int:
         """Create missing consumer groups (from the stream start, MKSTREAM), load the agents'
@@ -441,7 +443,9 @@ class ExperienceReceiver:
                                                cursor, count=cfg.claim_count)
                 cursor, entries = reply[0], reply[1]
                 taken = self._take(shard, entries)
-            deleted = len(reply[2]) if len(reply) > 2 else 0  # Redis 7: trimmed while pending
+                # Redis 7 lists the entries trimmed while pending (and drops them from the pending
+                # list); those we queued already are counted when processed.
+                deleted = sum((shard, i) not in self._held for i in (reply[2] if len(reply) > 2 else []))
             self._counts["claimed"] += taken
             if deleted:
                 self._count_trimmed(shard, deleted)
