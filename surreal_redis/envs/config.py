@@ -63,8 +63,8 @@ class PixelConfig:
         size: image height and width in pixels.
         camera: dm_control camera id (``"0"``, ``"1"``, ...) or robosuite camera name
             (``agentview``, ``frontview``, ...); empty: the family's default.
-        keep_state: also keep the state vector (key ``state``) beside the image; False for
-            dm_control gives pixels only (a Box), robosuite always keeps its proprio-state.
+        keep_state: dm_control: keep the state observations beside the image (a Dict of its own
+            keys and ``pixels``); False gives pixels only (a Box). robosuite always keeps ``state``.
     """
 
     enabled: bool = False

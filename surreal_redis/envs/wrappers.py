@@ -116,7 +116,9 @@ def check_spaces(env: gym.Env, env_id: str) -> None:
         return isinstance(space, gym.spaces.Box) or is_frame_tuple(space)
 
     obs = env.observation_space
-    leaves = obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs]
-    if not all(supported(s) for s in leaves):
-        raise EnvError(f"environment {env_id!r} has observation space {obs}; supported: Box, Tuple of "
-                       "identical uint8 frames (frame_stack), or a Dict of those")
+    leaves = obs.spaces if isinstance(obs, gym.spaces.Dict) else {"": obs}
+    bad = next((key for key, space in leaves.items() if not supported(space)), None)
+    if bad is not None:
+        where = f"observation leaf {bad!r} is {leaves[bad]}" if bad else f"observation space {obs}"
+        raise EnvError(f"environment {env_id!r}: {where}; supported: Box, Tuple of identical uint8 frames "
+                       "(frame_stack), or a Dict of those")

@@ -202,3 +202,52 @@ def test_config_from_dict_and_validation():
         AtariConfig(repeat_action_probability=2)
     with pytest.raises(ValueError, match="mode must be 'train' or 'eval', got 'test'"):
         EnvConfig().for_mode("test")
+
+
+class MixedEnv(gym.Env):
+    """Dict observation: a float64 vector, a channels-first RGB image and (optionally) a Discrete leaf."""
+
+    def __init__(self, with_discrete: bool = False):
+        spaces = {"state": gym.spaces.Box(-1, 1, (3,), np.float64), "camera": gym.spaces.Box(0, 255, (3, 8, 8), np.uint8)}
+        if with_discrete:
+            spaces["mode"] = gym.spaces.Discrete(3)
+        self.observation_space = gym.spaces.Dict(spaces)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 1.0, False, False, {}
+
+
+def test_float64_leaves_become_float32_and_images_stack_in_any_axis_order():
+    gym.register(IMAGE_ID, entry_point=MixedEnv)
+    try:
+        env = make_env(EnvConfig(env_id=IMAGE_ID, frame_stack=2), seed=0)
+        assert env.observation_space["state"].dtype == np.float32
+        assert is_frame_tuple(env.observation_space["camera"])
+        obs, _ = env.reset()
+        assert obs["state"].dtype == np.float32 and obs["camera"][0].shape == (3, 8, 8)
+        assert env.observation_space.contains(obs)
+    finally:
+        del gym.registry[IMAGE_ID]
+
+
+def test_unsupported_dict_leaf_is_named():
+    gym.register(IMAGE_ID, entry_point=MixedEnv, kwargs={"with_discrete": True})
+    try:
+        with pytest.raises(EnvError, match=r"observation leaf 'mode' is Discrete\(3\)"):
+            make_env(EnvConfig(env_id=IMAGE_ID), seed=0)
+    finally:
+        del gym.registry[IMAGE_ID]
+
+
+def test_action_repeat_sums_rewards_and_stops_at_the_end(test_envs):
+    env = make_env(EnvConfig(env_id=IMAGE_ID, action_repeat=3), seed=0)
+    env.reset()
+    obs, reward, terminated, _, _ = env.step(0)
+    assert reward == 3.0 and int(obs[0, 0]) == 3 and not terminated
+    obs, reward, terminated, _, info = env.step(0)  # CountingEnv ends after 5 steps
+    assert reward == 2.0 and terminated and info["episode"]["l"] == 2
