@@ -8,18 +8,25 @@ w_i = (N * P(i))^-beta / max_j w_j, with beta annealed linearly from ``beta0`` t
 ``beta_steps`` calls to :meth:`~PrioritizedReplay.sample`.
 
 Storage, deduplication and locking are those of :class:`~surreal_redis.replay.uniform.UniformReplay`.
+The priority trees run compiled (numba) kernels when numba is installed (the ``fast`` extra):
+about twice the sampling and priority-update rate of the numpy kernels at CartPole size.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from surreal_redis.codec import Tree
 from surreal_redis.experience import TransitionBatch
-from surreal_redis.replay.segment_tree import MinSegmentTree, SumSegmentTree
+from surreal_redis.replay.segment_tree import NUMBA_INSTALLED, MinSegmentTree, SumSegmentTree
 from surreal_redis.replay.uniform import UniformReplay, UniformReplayConfig
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("auto", "numba", "numpy")
 
 
 @dataclass(frozen=True)
@@ -31,12 +38,15 @@ class PrioritizedReplayConfig(UniformReplayConfig):
         beta0: importance-weight exponent at the first sample.
         beta_steps: number of ``sample`` calls over which beta rises linearly to 1.
         eps: added to |td error| so no transition gets probability 0.
+        kernels: segment-tree kernels: "numba" (compiled, needs numba), "numpy", or "auto"
+            (numba when installed).
     """
 
     alpha: float = 0.6
     beta0: float = 0.4
     beta_steps: int = 100_000
     eps: float = 1e-6
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -48,6 +58,10 @@ class PrioritizedReplayConfig(UniformReplayConfig):
             raise ValueError(f"beta_steps must be >= 1, got {self.beta_steps}")
         if not self.eps > 0.0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}")
+        if self.kernels == "numba" and not NUMBA_INSTALLED:
+            raise ValueError("kernels 'numba' needs numba (pip install 'surreal-redis[fast]')")
 
 
 class PrioritizedReplay(UniformReplay):
@@ -63,8 +77,12 @@ class PrioritizedReplay(UniformReplay):
     def __init__(self, config: PrioritizedReplayConfig) -> None:
         super().__init__(config)
         self.config: PrioritizedReplayConfig = config
-        self._sum = SumSegmentTree(config.capacity)
-        self._min = MinSegmentTree(config.capacity)
+        compiled = None if config.kernels == "auto" else config.kernels == "numba"
+        self._sum = SumSegmentTree(config.capacity, compiled)
+        self._min = MinSegmentTree(config.capacity, compiled)
+        if config.kernels == "auto" and not self._sum.compiled:
+            log.info("prioritized replay: numba is not installed, so the priority trees run numpy kernels "
+                     "(the 'fast' extra samples about twice as fast)")
         self._max_priority = 1.0  # largest p_i = (|td| + eps)^alpha so far
         self._num_samples = 0
 

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
+from surreal_redis.replay.segment_tree import NUMBA_INSTALLED
 
 CHI2_DF7_P001 = 24.32  # chi-square critical value, 7 degrees of freedom, p = 0.001
+KERNELS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(not NUMBA_INSTALLED, reason="no numba"))]
 
 
 def filled(n: int, **config) -> PrioritizedReplay:
@@ -23,9 +25,10 @@ def chi_square(counts: np.ndarray, probabilities: np.ndarray) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def test_sample_frequencies_match_priorities():
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_sample_frequencies_match_priorities(kernels):
     alpha = 0.7
-    replay = filled(8, alpha=alpha, eps=1e-6)
+    replay = filled(8, alpha=alpha, eps=1e-6, kernels=kernels)
     td = np.array([0.1, 0.5, 1.0, 2.0, 0.2, 3.0, 0.05, 1.5])
     replay.update_priorities(np.arange(8), -td)  # sign must not matter
     priorities = (td + 1e-6) ** alpha
@@ -41,8 +44,25 @@ def test_sample_frequencies_match_priorities():
     assert chi_square(counts, np.full(8, 1 / 8)) > 100 * CHI2_DF7_P001
 
 
-def test_importance_weights_and_beta_annealing():
-    replay = filled(4, alpha=1.0, beta0=0.4, beta_steps=10, eps=1e-9)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_sample_frequencies_match_priorities_in_a_deep_tree(kernels):
+    # 5000 slots in 8 priority groups (slot i in group i % 8): every level of the trees is walked
+    n, alpha = 5000, 1.0
+    replay = filled(n, alpha=alpha, eps=1e-9, kernels=kernels)
+    group_td = np.array([0.1, 0.5, 1.0, 2.0, 0.2, 3.0, 0.05, 1.5])
+    replay.update_priorities(np.arange(n), group_td[np.arange(n) % 8])
+    group_mass = np.bincount(np.arange(n) % 8, weights=group_td[np.arange(n) % 8])
+    rng = np.random.default_rng(99)
+    counts = np.zeros(8)
+    for _ in range(100):
+        counts += np.bincount(replay.sample(256, rng).indices % 8, minlength=8)
+    assert chi_square(counts, group_mass / group_mass.sum()) < CHI2_DF7_P001
+    assert chi_square(counts, np.full(8, 1 / 8)) > 100 * CHI2_DF7_P001
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_importance_weights_and_beta_annealing(kernels):
+    replay = filled(4, alpha=1.0, beta0=0.4, beta_steps=10, eps=1e-9, kernels=kernels)
     priorities = np.array([1.0, 2.0, 4.0, 8.0])
     replay.update_priorities(np.arange(4), priorities)
     rng = np.random.default_rng(0)
@@ -82,3 +102,5 @@ def test_bad_priority_updates_and_config_are_rejected():
         PrioritizedReplayConfig(beta0=1.5)
     with pytest.raises(ValueError, match="alpha must be >= 0, got -1"):
         PrioritizedReplayConfig(alpha=-1)
+    with pytest.raises(ValueError, match="kernels must be one of auto, numba, numpy, got 'cuda'"):
+        PrioritizedReplayConfig(kernels="cuda")
