@@ -22,6 +22,21 @@ Path = tuple[str | int, ...]  # dict keys and list/tuple positions from the root
 Structure = Any  # leaf ordinal (int) | {"d": {key: Structure}} | {"u": [Structure]} | {"l": [Structure]}
 
 
+_LEAF, _MAPPING, _SEQUENCE = 1, 2, 3
+# type -> what it is; the walkers look a node's type up here (one dict lookup instead of up to
+# three isinstance calls, the Mapping one costly). Filled in on first sight: a few types per run.
+_KINDS: dict[type, int] = {dict: _MAPPING, list: _SEQUENCE, tuple: _SEQUENCE}
+
+
+def _classify(node_type: type) -> int:
+    if issubclass(node_type, Mapping):
+        kind = _MAPPING
+    else:
+        kind = _SEQUENCE if issubclass(node_type, (list, tuple)) else _LEAF
+    _KINDS[node_type] = kind
+    return kind
+
+
 def _rebuild(node: list | tuple, children: list) -> list | tuple:
     """A list or tuple of the type of ``node`` holding ``children`` (NamedTuples keep their type)."""
     kind = type(node)
@@ -32,18 +47,15 @@ def _rebuild(node: list | tuple, children: list) -> list | tuple:
 
 
 def _collect(node: Tree, out: list[Any]) -> None:
-    # dict, list and tuple first: the common cases cost one isinstance each, the ABC check last
-    if isinstance(node, dict):
-        for value in node.values():
-            _collect(value, out)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _collect(value, out)
-    elif isinstance(node, Mapping):
+    kind = _KINDS.get(type(node)) or _classify(type(node))
+    if kind == _LEAF:
+        out.append(node)
+    elif kind == _MAPPING:
         for value in node.values():
             _collect(value, out)
     else:
-        out.append(node)
+        for value in node:
+            _collect(value, out)
 
 
 def tree_leaves(tree: Tree) -> list[Any]:
@@ -53,63 +65,66 @@ def tree_leaves(tree: Tree) -> list[Any]:
     return leaves
 
 
+def _collect_paths(node: Tree, path: Path, out: list[tuple[Path, Any]]) -> None:
+    kind = _KINDS.get(type(node)) or _classify(type(node))
+    if kind == _LEAF:
+        out.append((path, node))
+    elif kind == _MAPPING:
+        for key, value in node.items():
+            _collect_paths(value, path + (key,), out)
+    else:
+        for i, value in enumerate(node):
+            _collect_paths(value, path + (i,), out)
+
+
 def tree_leaves_with_paths(tree: Tree) -> list[tuple[Path, Any]]:
     """``(path, leaf)`` pairs in :func:`tree_leaves` order; a path is the tuple of dict keys and
     list/tuple positions leading to its leaf (``()`` when ``tree`` is itself a leaf)."""
     out: list[tuple[Path, Any]] = []
-
-    def walk(node: Tree, path: Path) -> None:
-        if isinstance(node, Mapping):
-            for key, value in node.items():
-                walk(value, (*path, key))
-        elif isinstance(node, (list, tuple)):
-            for i, value in enumerate(node):
-                walk(value, (*path, i))
-        else:
-            out.append((path, node))
-
-    walk(tree, ())
+    _collect_paths(tree, (), out)
     return out
 
 
-def _check_same(node: Mapping | Sequence, others: tuple[Tree, ...], path: Path) -> None:
+def _check_same(node: Mapping | Sequence, kind: int, others: tuple[Tree, ...], path: Path) -> None:
     for other in others:
-        if isinstance(node, Mapping):
-            same = isinstance(other, Mapping) and len(other) == len(node) and all(k in other for k in node)
-        else:
-            same = isinstance(other, (list, tuple)) and len(other) == len(node)
+        other_kind = _KINDS.get(type(other)) or _classify(type(other))
+        same = other_kind == kind and len(other) == len(node)
+        if same and kind == _MAPPING:
+            same = all(key in other for key in node)
         if not same:
-            shape = sorted(map(str, node)) if isinstance(node, Mapping) else f"{len(node)} items"
+            holds = f"keys {sorted(map(str, node))}" if kind == _MAPPING else f"{len(node)} items"
             raise ValueError(f"tree_map: trees differ at {path}: {type(other).__name__} {other!r:.80} "
-                             f"where the first tree has a {type(node).__name__} of {shape}")
+                             f"where the first tree has a {type(node).__name__} of {holds}")
 
 
 def _map1(fn: Callable[[Any], Any], node: Tree) -> Tree:
-    if isinstance(node, dict):
-        return {k: _map1(fn, v) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        return _rebuild(node, [_map1(fn, v) for v in node])
-    if isinstance(node, Mapping):
-        return {k: _map1(fn, v) for k, v in node.items()}
-    return fn(node)
+    kind = _KINDS.get(type(node)) or _classify(type(node))
+    if kind == _LEAF:
+        return fn(node)
+    if kind == _MAPPING:
+        return {key: _map1(fn, value) for key, value in node.items()}
+    return _rebuild(node, [_map1(fn, value) for value in node])
 
 
 def _map_n(fn: Callable[..., Any], node: Tree, others: tuple[Tree, ...], path: Path) -> Tree:
-    if isinstance(node, Mapping):
-        _check_same(node, others, path)
-        return {k: _map_n(fn, v, tuple(o[k] for o in others), (*path, k)) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        _check_same(node, others, path)
-        return _rebuild(node, [_map_n(fn, v, tuple(o[i] for o in others), (*path, i)) for i, v in enumerate(node)])
-    return fn(node, *others)
+    kind = _KINDS.get(type(node)) or _classify(type(node))
+    if kind == _LEAF:
+        return fn(node, *others)
+    _check_same(node, kind, others, path)
+    if kind == _MAPPING:
+        return {key: _map_n(fn, value, tuple(other[key] for other in others), path + (key,))
+                for key, value in node.items()}
+    return _rebuild(node, [_map_n(fn, value, tuple(other[i] for other in others), path + (i,))
+                           for i, value in enumerate(node)])
 
 
 def tree_map(fn: Callable[..., Any], tree: Tree, *rest: Tree) -> Tree:
     """``tree`` with each leaf ``x`` replaced by ``fn(x, *(the same leaf of each of rest))``.
 
     The trees of ``rest`` must have the structure of ``tree`` (the same dict keys, in any order;
-    the same list/tuple lengths); ValueError naming the path where one does not. The result has
-    the containers of ``tree``: dicts (for any mapping), lists, tuples, NamedTuples.
+    the same list/tuple lengths; a tuple may stand for a list); ValueError naming the path where
+    one does not. The result has the containers of ``tree``: dicts (for any mapping), lists,
+    tuples, NamedTuples.
     """
     return _map_n(fn, tree, rest, ()) if rest else _map1(fn, tree)
 
@@ -135,19 +150,28 @@ def tree_structure(tree: Tree) -> Structure:
 
     def walk(node: Tree) -> Structure:
         nonlocal count
-        if isinstance(node, Mapping):
-            bad = [k for k in node if not isinstance(k, str)]
+        kind = _KINDS.get(type(node)) or _classify(type(node))
+        if kind == _LEAF:
+            count += 1
+            return count - 1
+        if kind == _MAPPING:
+            bad = [key for key in node if not isinstance(key, str)]
             if bad:
                 raise ValueError(f"tree dict keys must be strings, got {bad[0]!r}")
-            return {"d": {k: walk(v) for k, v in node.items()}}
-        if isinstance(node, tuple):
-            return {"u": [walk(v) for v in node]}
-        if isinstance(node, list):
-            return {"l": [walk(v) for v in node]}
-        count += 1
-        return count - 1
+            return {"d": {key: walk(value) for key, value in node.items()}}
+        return {"u" if isinstance(node, tuple) else "l": [walk(value) for value in node]}
 
     return walk(tree)
+
+
+def _build(node: Structure, leaves: Sequence[Any]) -> Tree:
+    if type(node) is int:
+        return leaves[node]
+    (kind, value), = node.items()
+    if kind == "d":
+        return {key: _build(child, leaves) for key, child in value.items()}
+    children = [_build(child, leaves) for child in value]
+    return tuple(children) if kind == "u" else children
 
 
 def tree_unflatten(structure: Structure, leaves: Sequence[Any]) -> Tree:
@@ -155,15 +179,8 @@ def tree_unflatten(structure: Structure, leaves: Sequence[Any]) -> Tree:
     holding ``leaves`` (plain dicts, lists and tuples). ``structure`` must be well formed (as
     :func:`tree_structure` makes it; validate untrusted ones first); ValueError when it refers
     to a leaf beyond ``leaves``."""
-    def build(node: Structure) -> Tree:
-        if isinstance(node, int):
-            if node >= len(leaves):
-                raise ValueError(f"tree structure refers to leaf {node}, only {len(leaves)} given")
-            return leaves[node]
-        (kind, value), = node.items()
-        if kind == "d":
-            return {k: build(v) for k, v in value.items()}
-        children = [build(v) for v in value]
-        return tuple(children) if kind == "u" else children
-
-    return build(structure)
+    try:
+        return _build(structure, leaves)
+    except IndexError:
+        raise ValueError(f"tree structure {structure!r:.200} refers to more than the {len(leaves)} "
+                         "leaves given") from None

@@ -56,6 +56,7 @@ def test_leaves_of_a_leaf_and_of_empty_containers():
     assert tree_leaves(None) == [None]
     assert tree_leaves({}) == [] and tree_leaves([]) == [] and tree_leaves(((), {"a": []})) == []
     assert tree_leaves(np.float32(1.5)) == [np.float32(1.5)]
+    assert tree_leaves({"s": "abc", "b": b"xy"}) == ["abc", b"xy"]  # sequences, but not containers here
 
 
 def test_leaves_follow_the_order_of_the_parameter_wire():
@@ -123,7 +124,7 @@ def test_structure_rejects_keys_that_json_would_turn_into_strings():
 
 
 def test_unflatten_names_a_missing_leaf():
-    with pytest.raises(ValueError, match="leaf 2, only 2 given"):
+    with pytest.raises(ValueError, match="refers to more than the 2 leaves given"):
         tree_unflatten({"l": [0, 1, 2]}, ["x", "y"])
 
 
@@ -200,7 +201,8 @@ def test_uniform_replay_keeps_leaves_apart_whose_joined_paths_collide():
     np.testing.assert_array_equal(batch.next_obs["a/b"], [[3.0], [3.0]])
     np.testing.assert_array_equal(batch.next_obs["a"]["b"], [[4.0], [4.0]])
     with pytest.raises(ValueError, match="do not match the stored layout"):
-        replay.insert({"a/b": obs["a/b"]}, np.zeros((1, 1)), np.ones(1, np.float32), next_obs, np.ones(1, np.float32))
+        replay.insert({"a/b": obs["a/b"]}, np.zeros((1, 1)), np.ones(1, np.float32), next_obs,
+                      np.ones(1, np.float32))
 
 
 def _chunk(obs: dict, start: float) -> Chunk:
