@@ -358,8 +358,8 @@ class ParameterClient:
 
     @property
     def rejections(self) -> int:
-        """Downloads rejected so far (digest or size mismatch, missing blob, undecodable or
-        mismatched contents), counted once per attempt; Redis outages do not count. A rising
+        """Downloads rejected so far (digest or size mismatch, missing blob, malformed meta,
+        undecodable contents), counted once per attempt; Redis outages do not count. A rising
         count while the published version stays the same means the live blob is unusable."""
         return self._rejections
 
