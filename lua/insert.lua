@@ -55,6 +55,9 @@ for i = 4, #KEYS do
   if not digest then
     return redis.error_reply('insert: KEYS[' .. i .. '] is not an obs key')
   end
+  if known[digest] then
+    return redis.error_reply('insert: obs key ' .. digest .. ' listed twice')
+  end
   known[digest] = i
   if i > 3 + u and redis.call('EXISTS', KEYS[i]) == 0 then
     missing[#missing + 1] = digest
@@ -75,10 +78,9 @@ for c = 1, m do
   end
   refs[c] = list
 end
-for i = 4, 3 + u do
+for digest, i in pairs(known) do
   -- an upload no chunk references would never enter obsref, so gc would never see it
-  local digest = string.match(KEYS[i], ':obs:(%x+)$')
-  if not referenced[digest] then
+  if i <= 3 + u and not referenced[digest] then
     return redis.error_reply('insert: uploaded observation ' .. digest .. ' is referenced by no chunk')
   end
 end

@@ -85,6 +85,9 @@ def test_insert_script_is_all_or_nothing_and_idempotent(real_redis):
         insert(scripts, 8, [digest_n(i) for i in range(257)])
     with pytest.raises(ScriptError, match="referenced by no chunk"):
         insert(scripts, 9, [a], upload={digest_n(9): b"never referenced"})
+    with pytest.raises(ScriptError, match="listed twice"):  # as an upload, and again as a reference
+        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(c), KEYS.obs(c)],
+                     [9, 9, 60, 1, 1, b"C", b"0", b"0", b"", b"p"])
     for seq, floor in ((9, 10), (2000, 1), (0, 0), (2.5, 1)):
         with pytest.raises(ScriptError, match="bad seq/floor"):
             insert(scripts, seq, [a], floor=floor)

@@ -10,6 +10,7 @@ from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverCo
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.keys import RunKeys
+from surreal_redis.scripts import Scripts
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +63,28 @@ def test_no_dangling_reference_and_no_leftover_after_gc(real_redis, program):
         assert {m.decode() for m in real_redis.zrange(KEYS.obsref, 0, -1)} == stored(real_redis)
     receiver.receive(1000, block_ms=0)
     assert receiver.stats().dead == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 12)), min_size=1, max_size=40))
+def test_insert_dedup_window_matches_its_model(real_redis, program):
+    """insert.lua against a model of the window: a seq is stored once, whatever order the sender's
+    (re)sends come in, unless it is below a floor a stored insert has raised."""
+    real_redis.flushall()
+    scripts = Scripts(real_redis)
+    head = [KEYS.exp, KEYS.obsref, KEYS.seen("prop")]
+    floor, known_floor, stored, oks = 1, 0, set(), 0
+    for raise_floor, offset in program:
+        floor += raise_floor  # the sender's floor never goes down
+        seq = floor + offset
+        reply = scripts.call("insert", head, [seq, floor, 60, 1, 0, b"0", b"0", b"", b"payload"])
+        if seq < known_floor or seq in stored:
+            assert reply == [b"DUP", str(seq).encode()]
+            continue
+        assert reply[0] == b"OK"
+        oks += 1
+        known_floor = max(known_floor, floor)
+        stored = {s for s in stored if s >= known_floor} | {seq}
+        state = real_redis.get(KEYS.seen("prop")).decode().split(",")
+        assert int(state[0]) == known_floor and {int(s) for s in state[1:-1]} == stored
+    assert real_redis.xlen(KEYS.exp) == oks

@@ -10,6 +10,7 @@ from surreal_redis.hub.experience import payload as pl
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
+from surreal_redis.hub.experience.wire import WireError, parse_entry
 from surreal_redis.keys import RunKeys
 
 RUN = "unit"
@@ -508,3 +509,21 @@ def test_read_retained_delivered_only_without_a_group_reads_nothing(fake_redis):
     receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
     assert list(receiver.read_retained(delivered_only=True)) == []
     assert len(receiver.receive(10, 0)) == 2
+
+
+@pytest.mark.parametrize("value", [b"-1", b"+1", b" 1", b"1 ", b"1_000", b"01", b"1.0", b"", b"2147483648", "1"])
+def test_entry_ids_must_be_plain_non_negative_integers(value):
+    payload = chunk_payload([False])
+    for field in (b"a", b"e"):
+        fields = {b"a": b"0", b"e": b"0", b"o": b"", b"d": payload, field: value}
+        with pytest.raises(WireError, match=f"field {field.decode()} .* not a non-negative integer"):
+            parse_entry(fields)
+    entry = parse_entry({b"a": b"2147483647", b"e": b"0", b"o": b"", b"d": payload})
+    assert (entry.agent_id, entry.env_index) == (2**31 - 1, 0)
+
+
+@pytest.mark.parametrize("field, value", [("cache_bytes", -1), ("max_obs_bytes", 0), ("claim_every_s", -1.0),
+                                          ("retry_base_s", 0.0), ("retry_cap_s", 0.01)])
+def test_receiver_config_names_the_bad_value(field, value):
+    with pytest.raises(ValueError, match=field):
+        ReceiverConfig(**{field: value})

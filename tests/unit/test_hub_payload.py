@@ -106,6 +106,30 @@ def test_hostile_payloads_raise_codec_errors(data, match):
         pl.decode(data, {})
 
 
+def nested(depth: int) -> bytes:
+    """A template whose observation tree is ``depth`` tuples deep."""
+    tree = '{"u":[' * depth + "0" + "]}" * depth
+    return ('{"o":' + tree + ',"l":[["uint8",[1],0]],"a":["int64",[]],"x":[]}').encode()
+
+
+@pytest.mark.parametrize("template", [
+    b"[" * 60_000,  # json.loads recursed into RecursionError (not a CodecError: it stopped the reader)
+    b'{"o":' + b"[" * 60_000,
+    nested(40),
+])
+def test_deeply_nested_templates_are_refused_before_they_are_parsed(template):
+    with pytest.raises(CodecError, match="nested"):
+        pl.decode(struct.pack("<4sHIIB", pl.MAGIC, len(template), 1, 0, 0) + template, {})
+
+
+def test_nesting_ignores_brackets_inside_strings_and_allows_the_tree_depth_limit():
+    assert pl._nesting(b'{"a[[[[": "]]{{"}') == 1
+    assert pl._nesting(rb'["\\", ["\"[["]]') == 2  # an escaped backslash, then an escaped quote
+    ok = nested(31)
+    assert pl._nesting(ok) <= pl.MAX_TEMPLATE_NESTING
+    pl.Layout.parse(ok)  # the codec's tree depth limit still applies after the nesting check
+
+
 def test_truncated_or_inflated_bodies_are_refused():
     data = good_payload()
     with pytest.raises(CodecError, match="layout needs"):

@@ -96,11 +96,11 @@ def expected_frames(entry: ParsedEntry) -> dict[str, tuple[np.dtype, tuple[int, 
     p, digests, out = entry.payload, entry.digests, {}
     for members in p.layout.ref_groups:
         leaf = p.layout.leaves[members[0]]
-        for i in members:
-            for group in (pl.OBS, pl.FINAL):
-                for k in np.unique(p.arrays[group, i]).tolist():
-                    if k < len(digests):
-                        out.setdefault(digests[k], (leaf.dtype, leaf.shape))
+        spec = (leaf.dtype, leaf.shape)
+        used = np.unique(np.concatenate([p.arrays[group, i] for group in (pl.OBS, pl.FINAL) for i in members]))
+        for k in used.tolist():
+            if k < len(digests):
+                out.setdefault(digests[k], spec)
     return out
 
 
