@@ -6,8 +6,9 @@ random actions (the policy's cost is measured apart, it is not the hub's):
 - ``plain_sps``: env steps/s of a bare ``step_vector_env`` loop;
 - ``hub_sps``: the same loop with every step going to an ``ExperienceSender`` on a real
   redis-server (embedded, unix socket), as an agent does; ``hub_overhead`` = 1 - hub/plain
-  (target <= 10% on Atari and MuJoCo); plain and hub rounds alternate and medians are taken, so
-  other load on the machine hits both alike;
+  (target <= 10% on Atari and MuJoCo); plain and hub rounds alternate and medians are taken;
+  the ``*_cpu`` twins count this process's CPU time instead of wall time, which other load on
+  shared cores hardly moves (waits on Redis round trips are then not counted);
 - ``policy_sps``: hub loop with the family's PPO policy acting on CPU (CNN for pixels);
 - ``redis_bytes_per_transition``: Redis memory growth (streams + observation blobs) per env step,
   against ``naive_bytes_per_transition`` (obs + next obs + action + reward + flags stored raw per
@@ -55,9 +56,10 @@ FAMILIES: dict[str, tuple[str, EnvConfig, int, PPOConfig]] = {
 }
 
 
-def _loop(envs, steps: int, act: Callable, sender: ExperienceSender | None, obs) -> tuple[float, object]:
-    """``steps`` vector steps; returns (env steps per second, last observation)."""
-    start = time.perf_counter()
+def _loop(envs, steps: int, act: Callable, sender: ExperienceSender | None, obs) -> tuple[float, float, object]:
+    """``steps`` vector steps; returns env steps per second of wall time and of this process's CPU
+    time (other work on shared cores slows the first, hardly the second), and the last obs."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(steps):
         actions, extras, version = act(obs)
         step = step_vector_env(envs, actions)
@@ -65,7 +67,8 @@ def _loop(envs, steps: int, act: Callable, sender: ExperienceSender | None, obs)
             sender.add(obs, actions, step.rewards, step.terminated, step.truncated,
                        with_final_rows(step.obs, step.final_obs), extras, version)
         obs = step.obs
-    return steps * envs.num_envs / (time.perf_counter() - start), obs
+    done = steps * envs.num_envs
+    return done / (time.perf_counter() - start), done / max(time.process_time() - cpu_start, 1e-9), obs
 
 
 def _naive_bytes(obs, actions: np.ndarray) -> int:
@@ -87,15 +90,17 @@ def bench_family(name: str, config: EnvConfig, frames_per_step: int, policy_conf
         return space.sample(), {}, 0
 
     obs, _ = envs.reset(seed=0)
-    _loop(envs, max(1, steps // 10), random_act, sender, obs)  # warm up (JIT, caches, first blobs)
+    _, _, obs = _loop(envs, max(1, steps // 10), random_act, sender, obs)  # warm up (JIT, caches, first blobs)
     memory_before = client.info("memory")["used_memory"]
     sent_before = sender.stats().steps
-    plain, hub = [], []
+    plain, hub, plain_cpu, hub_cpu = [], [], [], []
     for _ in range(rounds):
-        sps, obs = _loop(envs, steps, random_act, None, obs)
+        sps, cpu_sps, obs = _loop(envs, steps, random_act, None, obs)
         plain.append(sps)
-        sps, obs = _loop(envs, steps, random_act, sender, obs)
+        plain_cpu.append(cpu_sps)
+        sps, cpu_sps, obs = _loop(envs, steps, random_act, sender, obs)
         hub.append(sps)
+        hub_cpu.append(cpu_sps)
     sender.flush(obs)
     transitions = sender.stats().steps - sent_before
     redis_bytes = (client.info("memory")["used_memory"] - memory_before) / max(1, transitions)
@@ -108,7 +113,7 @@ def bench_family(name: str, config: EnvConfig, frames_per_step: int, policy_conf
 
     # its chunks carry the policy's extras: a sender of their own (a second agent)
     policy_sender = ExperienceSender(client, SenderConfig(), f"bench-{name.replace('_', '-')}", 1, 1)
-    policy_sps, obs = _loop(envs, max(1, steps // 2), policy_act, policy_sender, obs)
+    policy_sps, _, obs = _loop(envs, max(1, steps // 2), policy_act, policy_sender, obs)
     policy_sender.flush(obs)
     naive = _naive_bytes(obs, np.asarray(space.sample()))
     plain_sps, hub_sps = statistics.median(plain), statistics.median(hub)
@@ -119,6 +124,9 @@ def bench_family(name: str, config: EnvConfig, frames_per_step: int, policy_conf
         "plain_sps": round(plain_sps, 1),
         "hub_sps": round(hub_sps, 1),
         "hub_overhead": round(1.0 - hub_sps / plain_sps, 4),
+        "plain_sps_cpu": round(statistics.median(plain_cpu), 1),
+        "hub_sps_cpu": round(statistics.median(hub_cpu), 1),
+        "hub_overhead_cpu": round(1.0 - statistics.median(hub_cpu) / statistics.median(plain_cpu), 4),
         "policy_sps": round(policy_sps, 1),
         "redis_bytes_per_transition": round(redis_bytes, 1),
         "naive_bytes_per_transition": naive,
