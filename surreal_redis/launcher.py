@@ -32,6 +32,7 @@ from pathlib import Path
 
 import redis
 
+from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS, EmbeddedRedis, OutageGuard, connect, die_with_parent
 from surreal_redis.hub.params import ParameterClient
@@ -199,7 +200,7 @@ class Launcher:
         """The learner, resumed from this run's latest checkpoint once there is one (a restart),
         else as the launch was asked to start it."""
         command = self._command("learner")
-        if any((self.dir / "checkpoints").glob("ckpt-*.pt")):
+        if CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).iterations():
             return command + ["--resume", "latest"]
         if self.resume is not None:
             command += ["--resume", self.resume]

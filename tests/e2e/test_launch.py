@@ -87,7 +87,7 @@ def test_launch_status_restart_stop_then_resume(tmp_path, server):
             proc.wait()
     assert proc.returncode == 0, out[-4000:]
     assert "agent-0 exited with code -9" in out and "restarting agent-0" in out
-    assert "run 'smoke' finished" in out
+    assert "run 'smoke' finished (surreal-redis stop)" in out
 
     experiment = tmp_path / "smoke"
     checkpoints = sorted((experiment / "checkpoints").glob("ckpt-*.pt"))
@@ -130,10 +130,14 @@ def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
     assert "charts/eval_return" in metrics
     assert json.loads((experiment / "checkpoints" / "best.json").read_text())
 
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke"]  # children write into the run's folder only
+
     rolled = cli("rollout", str(experiment), "--episodes", "2", cwd=tmp_path)
     assert rolled.returncode == 0, rolled.stderr[-2000:]
     result = json.loads(rolled.stdout.strip().splitlines()[-1])
     assert len(result["returns"]) == 2 and all(r >= 1 for r in result["returns"])
+    latest = max((experiment / "checkpoints").glob("ckpt-*.pt"))
+    assert result["checkpoint"] == str(latest.resolve()) and f"checkpoint {latest.resolve()}" in rolled.stderr
     best = cli("rollout", str(sorted((experiment / "checkpoints").glob("ckpt-*.pt"))[0]), "--episodes", "1",
                "--mode", "stochastic", cwd=tmp_path)
     assert best.returncode == 0, best.stderr[-2000:]
@@ -146,6 +150,10 @@ def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
     (["agent", "--id", "0", "--config", SMOKE, "--redis-url", "redis://127.0.0.1:1/0"], "127.0.0.1:1"),
     (["launch", SMOKE, "-o", "env.env_id=NoSuchEnv-v9"], "NoSuchEnv-v9"),
     (["agent", "--id", "0", "--config", SMOKE], "SURREAL_REDIS_URL"),
+    (["launch", SMOKE, "--agents", "0"], "'--agents': 0"),
+    (["launch", SMOKE, "-o", "agent.num_agents=0"], "agent.num_agents=0"),
+    (["launch", SMOKE, "-o", "stop.max_seconds=0"], "max_seconds must be > 0"),
+    (["launch", SMOKE, "-o", "learner.max_restarts=-1"], "max_restarts must be >= 0, got -1"),
 ])
 def test_cli_errors_name_the_problem(tmp_path, args, message):
     env = {k: v for k, v in os.environ.items() if k != "SURREAL_REDIS_URL"}
@@ -210,6 +218,7 @@ def test_ctrl_c_stops_every_process_cleanly(tmp_path, server):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, out[-4000:]
+    assert "run 'smoke' interrupted (signal SIGINT; MLflow marks it KILLED)" in out
     learner_log = (tmp_path / "smoke" / "logs" / "learner.log").read_text()
     assert "learner stopped" in learner_log and "second SIGTERM" not in learner_log
     iterations = [int(p.stem.split("-")[1]) for p in (tmp_path / "smoke" / "checkpoints").glob("ckpt-*.pt")]
@@ -222,10 +231,11 @@ def test_ctrl_c_stops_every_process_cleanly(tmp_path, server):
 
 
 def test_a_learner_crash_stops_the_run_with_a_clear_message(tmp_path, server):
+    """With no learner restart left (learner.max_restarts=0; restarts: test_supervision.py)."""
     client = connect(server.url)
     proc = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "1", "--redis-url", server.url,
                              "-o", f"experiment.root={tmp_path}", "-o", "stop.max_env_steps=10000000",
-                             "-o", "stop.max_seconds=600"],
+                             "-o", "stop.max_seconds=600", "-o", "learner.max_restarts=0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         status = wait_for(lambda: json.loads(client.get("sr:{smoke}:learner") or b"{}"), 120, "the learner", proc)
@@ -238,7 +248,7 @@ def test_a_learner_crash_stops_the_run_with_a_clear_message(tmp_path, server):
             proc.wait()
     assert proc.returncode == 1
     assert "learner crashed with exit code -9; stopping the run" in out
-    assert "run 'smoke' FAILED" in out
+    assert "run 'smoke' FAILED (the learner crashed" in out
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
