@@ -14,10 +14,9 @@ hold. Entries other consumers left pending for ``claim_min_idle_ms`` are claimed
 (``pending_trimmed``) and acked. An ack whose reply was lost is sent again with the next one.
 
 No entry can stop the reader: any exception while decoding one entry sets it aside (dead-letter
-stream of its shard, with the reason) and the batch goes on. Observation blobs are checked against
-the entry's template (dtype, shape, size, compression ratio) before they are decompressed, and
-cached only once they decoded. When Redis is out of memory, setting aside waits (capped backoff;
-the entries stay pending) instead of failing. :meth:`ExperienceReceiver.read_retained` reads the
+stream of its shard, with the reason) and the batch goes on (decoding and the checks on observation
+blobs: :mod:`surreal_redis.hub.experience.decoding`). When Redis is out of memory, setting aside
+waits (capped backoff; the entries stay pending) instead of failing. :meth:`ExperienceReceiver.read_retained` reads the
 whole retained window outside the group (an off-policy learner refilling its replay after a restart).
 """
 
@@ -26,38 +25,24 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import redis
 
-from surreal_redis.codec import CodecError, array_header, decode_array, digest
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisSettings, block_ms
 from surreal_redis.experience import Chunk
-from surreal_redis.hub.experience.payload import Layout
-from surreal_redis.hub.experience.wire import (
-    ParsedEntry,
-    WireError,
-    build_chunk,
-    expected_frames,
-    parse_entry,
-    parse_id,
-)
+from surreal_redis.hub.experience.dead_letters import DeadLetters
+from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
+from surreal_redis.hub.experience.wire import parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
-
-# An lz4 block never inflates more than ~255x: a blob that declares more is refused unread (the
-# decompressor would allocate the declared size first).
-MAX_INFLATION = 256
-
 
 @dataclass(frozen=True)
 class ReceiverConfig:
@@ -141,18 +126,6 @@ class ReceiverStats(NamedTuple):
     cached_bytes: int = 0
 
 
-_Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields; {} when trimmed while pending)
-_Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
-
-
-def _failure_reason(exc: BaseException) -> str:
-    if isinstance(exc, WireError):
-        return "format"
-    if isinstance(exc, CodecError):
-        return "codec"
-    return "error"  # anything else a hostile entry can provoke (RecursionError, MemoryError, ...)
-
-
 class ExperienceReceiver:
     """Reads experience chunks of some shards of one run.
 
@@ -177,31 +150,36 @@ class ExperienceReceiver:
         run_keys = RunKeys(run)
         self._keys: dict[int, ShardKeys] = {s: run_keys.shard(s) for s in shards}
         self._shard_of = {k.exp.encode(): s for s, k in self._keys.items()}
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._cache_nbytes = 0
-        self._layouts: dict[bytes, Layout] = {}  # parsed chunk templates, one per sender layout
+        self._decoder = EntryDecoder(client, self._keys, config)
         self._started = False
         self._scripts = Scripts(client)
         self._logged: set[str] = set()
-        self.dead_by_reason: dict[str, int] = {}
         self.skipped_by_reason: dict[str, int] = {}
         self._counts = dict.fromkeys(ReceiverStats._fields, 0)
         # What this receiver holds, so re-reading its pending list never hands an entry out twice.
         # The lock orders pending-list reads against acks from the caller's thread.
         self._lock = threading.RLock()
-        self._queue: deque[_Entry] = deque()  # taken into our pending list, not yet processed
+        self._queue: deque[Entry] = deque()  # taken into our pending list, not yet processed
         self._held: set[tuple[int, bytes]] = set()  # queued, handed out and unacked, or being set aside
         self._unacked: dict[int, set[bytes]] = {}  # acks whose reply was lost: sent again
-        self._dead_waiting: list[_Failure] = []  # to be set aside once Redis takes writes again
-        self._dead_due = 0.0
-        self._dead_backoff = Backoff(config.retry_base_s, config.retry_cap_s)
+        self._dead = DeadLetters(client, self._keys, config.dead_maxlen,
+                                 Backoff(config.retry_base_s, config.retry_cap_s), self._ack_ids, self._lock)
         self._oom_backoff = Backoff(config.retry_base_s, config.retry_cap_s)
         self._own_cursor: dict[int, bytes] = {}  # shards whose own pending list is being read again
         self._claim_cursor: dict[int, bytes] = {}
         self._next_claim = 0.0
 
+    @property
+    def dead_by_reason(self) -> dict[str, int]:
+        """Entries set aside by :meth:`receive` and :meth:`set_aside`, by reason."""
+        return self._dead.by_reason
+
     def stats(self) -> ReceiverStats:
-        return ReceiverStats(**{**self._counts, "cached_bytes": self._cache_nbytes})
+        decoder = self._decoder
+        return ReceiverStats(**{**self._counts, "bytes": self._counts["bytes"] + decoder.blob_bytes,
+                                "cache_hits": decoder.cache_hits, "cache_misses": decoder.cache_misses,
+                                "cached_bytes": decoder.cached_bytes, "dead": self._dead.written,
+                                "dead_retries": self._dead.retries})
 
     def start(self) -> int:
         """Create missing consumer groups (from the stream start, MKSTREAM), load the agents'
@@ -320,9 +298,8 @@ class ExperienceReceiver:
         for that. Two round trips."""
         keys = self._keys[item.shard]
         entries = self.client.xrange(keys.exp, item.entry_id, item.entry_id)
-        with self._lock:
-            self._dead_waiting.append((reason, detail, item.shard, item.entry_id, entries[0][1] if entries else {}))
-        self._flush_dead(force=True)
+        self._dead.add([(reason, detail, item.shard, item.entry_id, entries[0][1] if entries else {})])
+        self._dead.flush(force=True)
 
     def read_retained(self, max_entries: int | None = None, delivered_only: bool = False) -> Iterator[Chunk]:
         """Every entry retained in this receiver's shard streams, oldest first (shards merged by
@@ -481,10 +458,10 @@ class ExperienceReceiver:
     # ------------------------------------------------------------ acking and setting aside
 
     def _settle(self) -> None:
-        """Send acks whose reply was lost, and set aside what is due (see :meth:`_flush_dead`)."""
+        """Send acks whose reply was lost, and set aside what is due."""
         if self._unacked:
             self._ack_ids({})
-        self._flush_dead()
+        self._dead.flush()
 
     def _ack_ids(self, by_shard: dict[int, set[bytes]]) -> int:
         """XACK ``by_shard`` plus the acks still owed; returns how many were still pending."""
@@ -507,61 +484,9 @@ class ExperienceReceiver:
                 self._held.difference_update((shard, i) for i in ids)
             return acked
 
-    def _flush_dead(self, force: bool = False) -> None:
-        """Write the waiting dead letters (one XADD each to the shard's dead stream), then ack
-        those written. Refused for memory (or the connection failed): they stay waiting, and
-        pending in Redis, until the next attempt after a capped backoff (``force``: now)."""
-        with self._lock:
-            if not self._dead_waiting or (not force and time.monotonic() < self._dead_due):
-                return
-            waiting, self._dead_waiting = self._dead_waiting, []
-            pipe = self.client.pipeline(transaction=False)
-            for reason, detail, shard, entry_id, fields in waiting:
-                record = {b"id": entry_id, b"reason": reason, b"detail": detail[:1000]}
-                record.update({b"f." + bytes(k): v for k, v in fields.items()})
-                pipe.xadd(self._keys[shard].dead, record, maxlen=self.config.dead_maxlen, approximate=True)
-            try:
-                replies = pipe.execute(raise_on_error=False)
-            except CONNECTION_ERRORS as exc:
-                replies = [exc] * len(waiting)  # maybe written: a retry may write a second record
-            written: dict[int, set[bytes]] = {}
-            refused = None
-            for failure, reply in zip(waiting, replies):
-                if isinstance(reply, (redis.exceptions.OutOfMemoryError, *CONNECTION_ERRORS)):
-                    self._dead_waiting.append(failure)
-                    refused = reply
-                elif isinstance(reply, Exception):
-                    raise reply  # e.g. no permission: a setup error, not data to route around
-                else:
-                    written.setdefault(failure[2], set()).add(failure[3])
-                    self._count_dead(*failure[:4])
-            if refused is not None:
-                self._counts["dead_retries"] += 1
-                delay = self._dead_backoff.next_delay()
-                self._dead_due = time.monotonic() + delay
-                log.warning("%d entries wait to be set aside (%s); next try in %.1fs",
-                            len(self._dead_waiting), refused, delay)
-            else:
-                self._dead_backoff.reset()
-            if written:
-                try:
-                    self._ack_ids(written)
-                except CONNECTION_ERRORS:
-                    pass  # kept in _unacked: sent with the next ack
-
-    def _count_dead(self, reason: str, detail: str, shard: int, entry_id: bytes) -> None:
-        self._counts["dead"] += 1
-        self.dead_by_reason[reason] = self.dead_by_reason.get(reason, 0) + 1
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.warning("shard %d entry %s set aside (%s: %s); further '%s' entries are logged at "
-                        "debug level", shard, entry_id, reason, detail, reason)
-        else:
-            log.debug("shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail)
-
     # ------------------------------------------------------------ decoding
 
-    def _scan(self, shard: int, end: bytes) -> Iterator[_Entry]:
+    def _scan(self, shard: int, end: bytes) -> Iterator[Entry]:
         """Entries of one shard up to ``end`` (inclusive), oldest first, one XRANGE per batch."""
         key, start = self._keys[shard].exp, b"-"
         while True:
@@ -572,8 +497,8 @@ class ExperienceReceiver:
                 return
             start = b"(" + entries[-1][0]
 
-    def _decode_retained(self, entries: list[_Entry]) -> list[Chunk]:
-        good, failures = self._decode(entries)
+    def _decode_retained(self, entries: list[Entry]) -> list[Chunk]:
+        good, failures = self._decoder.decode(entries)
         for reason, detail, shard, entry_id, _ in failures:
             self._counts["retained_skipped"] += 1
             self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
@@ -588,109 +513,14 @@ class ExperienceReceiver:
         self._counts["retained"] += len(good)
         return [chunk for _, chunk, _ in good]
 
-    def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:
-        """Why a fetched blob cannot be used for ``spec`` (reason, detail), checked before it is
-        decompressed; None when it may be decoded."""
-        if self.config.verify_digests and digest(blob) != d:
-            return "digest_mismatch", f"observation {d} holds data of digest {digest(blob)}"
-        dtype, shape, codec, start = array_header(blob)
-        if (dtype, shape) != spec:
-            return "format", f"observation {d} is {dtype}{shape}, the template says {spec[0]}{spec[1]}"
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > self.config.max_obs_bytes:
-            return "too_large", f"observation {d} of {nbytes} bytes exceeds receiver.max_obs_bytes"
-        if codec == "lz4" and nbytes > MAX_INFLATION * (len(blob) - start) + 64:
-            return "codec", f"observation {d}: {len(blob) - start} lz4 bytes cannot inflate to {nbytes}"
-        return None
-
-    def _fetch(self, parsed: list[tuple[int, bytes, dict, ParsedEntry]]) -> tuple[dict, dict]:
-        """Decoded arrays of every digest the entries use (cache, then one MGET per shard), and
-        digest -> (reason, detail) for those that could not be resolved. A blob is checked
-        against the template of the first entry using it before it is decompressed, and cached
-        only once it decoded."""
-        arrays: dict[str, np.ndarray] = {}
-        wanted: dict[int, dict[str, tuple]] = {}
-        cache = self._cache
-        for shard, _, _, entry in parsed:
-            for d, spec in expected_frames(entry).items():
-                if d in arrays:
-                    continue
-                cached = cache.get(d)
-                if cached is not None:
-                    cache.move_to_end(d)
-                    arrays[d] = cached
-                    self._counts["cache_hits"] += 1
-                else:
-                    wanted.setdefault(shard, {}).setdefault(d, spec)
-        bad: dict[str, tuple[str, str]] = {}
-        if not wanted:
-            return arrays, bad
-        pipe = self.client.pipeline(transaction=False)
-        for shard, digests in wanted.items():
-            pipe.mget(self._keys[shard].obs_keys(list(digests)))
-        for digests, blobs in zip(wanted.values(), pipe.execute()):
-            for (d, spec), blob in zip(digests.items(), blobs):
-                self._counts["cache_misses"] += 1
-                if blob is None:
-                    bad[d] = ("missing_obs", f"observation {d} is gone (expired or collected)")
-                    continue
-                self._counts["bytes"] += len(blob)
-                try:
-                    problem = self._blob_problem(d, blob, spec)
-                    if problem is None:
-                        array = decode_array(blob)
-                except Exception as exc:  # a hostile blob must not stop the reader
-                    problem = (_failure_reason(exc), f"observation {d}: {type(exc).__name__}: {exc}")
-                if problem is not None:
-                    bad[d] = problem
-                    continue
-                array.setflags(write=False)  # shared by every chunk referencing the digest
-                arrays[d] = array
-                self._cache_put(d, array)
-        return arrays, bad
-
-    def _cache_put(self, d: str, array: np.ndarray) -> None:
-        cfg = self.config
-        if not cfg.cache_entries or array.nbytes > cfg.cache_bytes:
-            return
-        self._cache[d] = array
-        self._cache_nbytes += array.nbytes
-        while len(self._cache) > cfg.cache_entries or self._cache_nbytes > cfg.cache_bytes:
-            self._cache_nbytes -= self._cache.popitem(last=False)[1].nbytes
-
-    def _decode(self, entries: list[_Entry]) -> tuple[list[tuple[_Entry, Chunk, int]], list[_Failure]]:
-        """Parse, resolve and build: ((entry, chunk, entry bytes) of each good entry, failures).
-        Any exception raised by one entry's data makes that entry a failure, nothing more."""
-        parsed: list[tuple[int, bytes, dict, ParsedEntry]] = []
-        failures: list[_Failure] = []
-        for shard, entry_id, fields in entries:
-            try:
-                parsed.append((shard, entry_id, fields, parse_entry(fields, self._layouts)))
-            except Exception as exc:  # one entry's data, whatever it provokes: see the docstring
-                failures.append((_failure_reason(exc), f"{type(exc).__name__}: {exc}"[:1000], shard, entry_id, fields))
-        arrays, bad = self._fetch(parsed)
-        good: list[tuple[_Entry, Chunk, int]] = []
-        for shard, entry_id, fields, entry in parsed:
-            failed = next((bad[d] for d in entry.digests if d in bad), None)
-            if failed is not None:
-                failures.append((*failed, shard, entry_id, fields))
-                continue
-            try:
-                chunk = build_chunk(entry, arrays)
-            except Exception as exc:  # one entry's data, whatever it provokes: see the docstring
-                failures.append((_failure_reason(exc), f"{type(exc).__name__}: {exc}"[:1000], shard, entry_id, fields))
-                continue
-            good.append(((shard, entry_id, fields), chunk, entry.nbytes))
-        return good, failures
-
-    def _process(self, entries: list[_Entry]) -> list[ReceivedChunk]:
+    def _process(self, entries: list[Entry]) -> list[ReceivedChunk]:
         """Decode held entries: good ones are returned (held until acked), malformed ones set
         aside, ones trimmed while pending counted and acked."""
         gone = {}
         for shard, entry_id, fields in entries:
             if not fields:
                 gone.setdefault(shard, set()).add(entry_id)
-        good, failures = self._decode([e for e in entries if e[2]])
+        good, failures = self._decoder.decode([e for e in entries if e[2]])
         out: list[ReceivedChunk] = []
         for (shard, entry_id, _), chunk, nbytes in good:
             out.append(ReceivedChunk(chunk, shard, entry_id, nbytes))
@@ -705,7 +535,6 @@ class ExperienceReceiver:
             except CONNECTION_ERRORS:
                 pass  # kept in _unacked: sent with the next ack
         if failures:
-            with self._lock:
-                self._dead_waiting.extend(failures)
-            self._flush_dead(force=True)
+            self._dead.add(failures)
+            self._dead.flush(force=True)
         return out

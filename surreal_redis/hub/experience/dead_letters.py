@@ -1,0 +1,97 @@
+"""Setting entries aside for the receiver: each malformed or unusable entry is copied, with its
+reason, to its shard's dead-letter stream (``sr:{run.sN}:dead``) and then acked.
+
+A full Redis (maxmemory, noeviction) refuses the copy: the entry then waits, still pending in its
+consumer group, and is tried again after a capped backoff, so neither the reader stops nor the
+entry is lost. Counted once written (``written``, ``by_reason``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import redis
+
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff
+from surreal_redis.hub.experience.decoding import Failure
+from surreal_redis.keys import ShardKeys
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetters:
+    """Entries waiting to be set aside, and the counts of those that were.
+
+    ``ack(by_shard)`` acks written entries (the receiver's, which also forgets them); ``lock`` is
+    the receiver's, held while entries move. ``retries``: attempts Redis refused.
+    """
+
+    def __init__(self, client: redis.Redis, keys: Mapping[int, ShardKeys], maxlen: int, backoff: Backoff,
+                 ack: Callable[[dict[int, set[bytes]]], int], lock: threading.RLock) -> None:
+        self.client, self.keys, self.maxlen = client, keys, maxlen
+        self._backoff, self._ack, self._lock = backoff, ack, lock
+        self._waiting: list[Failure] = []
+        self._due = 0.0
+        self._logged: set[str] = set()
+        self.by_reason: dict[str, int] = {}
+        self.written = self.retries = 0
+
+    def add(self, failures: list[Failure]) -> None:
+        """Queue entries to set aside (tried by the next :meth:`flush`)."""
+        with self._lock:
+            self._waiting.extend(failures)
+
+    def flush(self, force: bool = False) -> None:
+        """Write the waiting entries (one XADD each), then ack those written. Refused for memory
+        (or the connection failed): they stay waiting, and pending in Redis, until the next try
+        after a capped backoff (``force``: try now). Other errors (e.g. no permission) raise."""
+        with self._lock:
+            if not self._waiting or (not force and time.monotonic() < self._due):
+                return
+            waiting, self._waiting = self._waiting, []
+            pipe = self.client.pipeline(transaction=False)
+            for reason, detail, shard, entry_id, fields in waiting:
+                record = {b"id": entry_id, b"reason": reason, b"detail": detail[:1000]}
+                record.update({b"f." + bytes(k): v for k, v in fields.items()})
+                pipe.xadd(self.keys[shard].dead, record, maxlen=self.maxlen, approximate=True)
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except CONNECTION_ERRORS as exc:
+                replies = [exc] * len(waiting)  # maybe written: a retry may write a second record
+            written: dict[int, set[bytes]] = {}
+            refused = None
+            for failure, reply in zip(waiting, replies):
+                if isinstance(reply, (redis.exceptions.OutOfMemoryError, *CONNECTION_ERRORS)):
+                    self._waiting.append(failure)
+                    refused = reply
+                elif isinstance(reply, Exception):
+                    raise reply  # a setup error, not data to route around
+                else:
+                    written.setdefault(failure[2], set()).add(failure[3])
+                    self._count(*failure[:4])
+            if refused is not None:
+                self.retries += 1
+                delay = self._backoff.next_delay()
+                self._due = time.monotonic() + delay
+                log.warning("%d entries wait to be set aside (%s); next try in %.1fs", len(self._waiting),
+                            refused, delay)
+            else:
+                self._backoff.reset()
+            if written:
+                try:
+                    self._ack(written)
+                except CONNECTION_ERRORS:
+                    pass  # the receiver keeps the acks it owes and sends them with the next one
+
+    def _count(self, reason: str, detail: str, shard: int, entry_id: bytes) -> None:
+        self.written += 1
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("shard %d entry %s set aside (%s: %s); further '%s' entries are logged at "
+                        "debug level", shard, entry_id, reason, detail, reason)
+        else:
+            log.debug("shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail)
