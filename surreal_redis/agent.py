@@ -2,12 +2,20 @@
 experience to the hub.
 
 Per vector step: act -> step -> ``sender.add`` (which flushes a chunk every ``flush_steps``);
-every ``agent.fetch_every_steps`` steps one tiny version poll (parameters are downloaded only
-when the version changed); a heartbeat and a look at the run's control state every
-``agent.heartbeat_every_s``. Finished episodes go to the episodes stream. A Redis outage is
+a heartbeat and a look at the run's control state every ``agent.heartbeat_every_s``. Finished
+episodes go to the episodes stream. Parameters, two ways (``learner.on_policy_sync``):
+
+- lockstep (on-policy default): before each flush (``flush_steps`` x its envs env steps) the agent
+  claims it from the learner's quota (:mod:`surreal_redis.hub.quota`): OK -> produce it and send
+  it at once; STALE -> load the new parameters and claim again; WAIT -> wait on the notify channel
+  for the next version or grant. No other version polls.
+- free: every ``agent.fetch_every_steps`` steps (or ``fetch_every_episodes``) one tiny version poll
+  (parameters are downloaded only when the version changed).
+
+Idle time (waiting on claims and on backpressure) goes into the heartbeat. A Redis outage is
 ridden out with capped backoff (experience of the outage is dropped and counted, never
 duplicated); the first SIGTERM/SIGINT or a ``stop`` flushes and exits 0, the second exits at once.
-A stop is noticed within a second even while the sender waits on backpressure (``max_lag``).
+A stop is noticed within a second even while the agent waits on a claim or on backpressure.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from surreal_redis.connection import Backoff, OutageGuard
 from surreal_redis.envs import make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError
 from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
 from surreal_redis.hub.run.control import RunControl, StopWatch
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
@@ -36,6 +45,9 @@ from surreal_redis.trees import tree_map
 log = logging.getLogger(__name__)
 
 OUTAGE_ERRORS = (*REDIS_OUTAGE_ERRORS, HubUnavailableError)
+# A claim is retried with backoff after these: Redis away or full, or claim.lua not loaded yet.
+CLAIM_RETRY_ERRORS = (*REDIS_OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, ClaimScriptMissing)
+CLAIM_RECHECK_S = 0.2  # a waiting agent claims again this often even without a notify message
 
 
 def agent_seed(base_seed: int, agent_id: int) -> int:
@@ -73,15 +85,31 @@ class Agent:
                                                self.envs.single_action_space, self.num_envs, agent_id,
                                                config.agent.num_agents, seed)
         self.control = RunControl(client, config.run)
+        self.stop_watch = StopWatch(stop, self.control)
         self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards,
-                                       stop=StopWatch(stop, self.control))
+                                       stop=self.stop_watch)
+        self.lockstep = config.lockstep
+        self.quota = ProductionQuota(client, config.run)
+        self.news = QuotaNews(client, config.run)
+        self._claim_guard = OutageGuard(f"agent {agent_id} (claim)", self.stop_watch, errors=CLAIM_RETRY_ERRORS)
         self.params = ParameterClient(client, config.run, config.hub.params_client)
         self.heartbeat = Heartbeat(client, config.run, agent_id, config.agent.heartbeat_ttl_s)
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self.seed = seed
         self.steps = 0
         self.num_episodes = 0
+        self.claim_wait_s = 0.0  # seconds spent claiming (lockstep), waits included
+        self._loop_started: float | None = None
+        self._next_beat = 0.0
         self._last_obs: Tree | None = None
+
+    def idle_seconds(self) -> float:
+        """Seconds of the env loop spent not stepping: waiting on claims and on backpressure."""
+        return self.claim_wait_s + self.sender.stats().backpressure_wait_s
+
+    def running_seconds(self) -> float:
+        """Seconds since the env loop started (0 before)."""
+        return 0.0 if self._loop_started is None else time.monotonic() - self._loop_started
 
     # ------------------------------------------------------------ parameters
     def _pull_params(self) -> bool:
@@ -123,42 +151,89 @@ class Agent:
 
     def _loop(self) -> None:
         cfg = self.config.agent
+        flush_steps = self.config.hub.sender.flush_steps
         obs, _ = self.envs.reset(seed=self.seed)
         for i in range(self.num_envs):
             self.policy.on_episode_start(i)
         self._last_obs = obs
+        self._loop_started = time.monotonic()
         next_poll = self.steps + cfg.fetch_every_steps * self.num_envs
         next_episode_poll = self.num_episodes + (cfg.fetch_every_episodes or 0)
-        next_beat = 0.0
+        flush_step = 0  # vector steps into the current flush
         while not self.stop:
+            if self.lockstep and flush_step == 0 and not self._claim_flush():
+                break
             self.policy.before_act(obs, ActMode.TRAINING)
             output = self.policy.act(obs, ActMode.TRAINING)
             self.policy.after_act(obs, output, ActMode.TRAINING)
             step = step_vector_env(self.envs, output.actions)
-            try:
-                # Blocks while Redis is out of memory or unreachable (up to sender.max_wait_s);
-                # after that the chunks are dropped and counted, and the env loop goes on.
-                self.sender.add(obs, output.actions, step.rewards, step.terminated, step.truncated,
-                                with_final_rows(step.obs, step.final_obs), output.extras, self.policy.version)
-            except HubUnavailableError as exc:
-                log.warning("agent %d: %s", self.agent_id, exc)
+            # Blocks while Redis is out of memory or unreachable (up to sender.max_wait_s);
+            # after that the chunks are dropped and counted, and the env loop goes on.
+            self._send(self.sender.add, obs, output.actions, step.rewards, step.terminated, step.truncated,
+                       with_final_rows(step.obs, step.final_obs), output.extras, self.policy.version)
             self.steps += self.num_envs
             obs = self._last_obs = step.obs
+            flush_step += 1
+            if self.lockstep and flush_step == flush_steps:
+                # Send the claimed chunks now (the sender alone would wait for the next step, which
+                # needs the next claim, which needs the learner to have these chunks).
+                flush_step = 0
+                self._send(self.sender.flush, obs)
             if step.episodes:
                 self._record_episodes(step.episodes)
             episodes_due = cfg.fetch_every_episodes is not None and self.num_episodes >= next_episode_poll
-            if self.steps >= next_poll or episodes_due:
+            if not self.lockstep and (self.steps >= next_poll or episodes_due):
                 next_poll = self.steps + cfg.fetch_every_steps * self.num_envs
                 next_episode_poll = self.num_episodes + (cfg.fetch_every_episodes or 0)
                 self._pull_params()  # never raises: an outage leaves the current parameters
-            now = time.monotonic()
-            if now >= next_beat:
-                next_beat = now + cfg.heartbeat_every_s
+            self._beat_if_due()
+
+    def _send(self, send, *args) -> None:
+        try:
+            send(*args)
+        except HubUnavailableError as exc:
+            log.warning("agent %d: %s", self.agent_id, exc)
+
+    def _beat_if_due(self) -> None:
+        """Heartbeat and a look at the run's control state every ``agent.heartbeat_every_s``."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.config.agent.heartbeat_every_s
+        try:
+            self.heartbeat.beat(self.steps, self.num_episodes, self.policy.version, force=True,
+                                idle_s=self.idle_seconds(), running_s=self.running_seconds())
+            self._check_control()
+        except OUTAGE_ERRORS as exc:
+            log.warning("agent %d: heartbeat failed (%s)", self.agent_id, exc)
+
+    def _claim_flush(self) -> bool:
+        """Lockstep: block until the learner's quota lets this agent produce its next flush with
+        the parameters it holds (loading newer ones when told it is stale). Waits on the notify
+        channel (re-claiming every ``CLAIM_RECHECK_S`` anyway), beats its heartbeat, rides out
+        outages with backoff, and returns False once stopping (within half a second of a stop
+        request)."""
+        steps = self.config.hub.sender.flush_steps * self.num_envs
+        started = time.monotonic()
+        try:
+            while not self.stop_watch.is_set():
                 try:
-                    self.heartbeat.beat(self.steps, self.num_episodes, self.policy.version, force=True)
-                    self._check_control()
-                except OUTAGE_ERRORS as exc:
-                    log.warning("agent %d: heartbeat failed (%s)", self.agent_id, exc)
+                    self.news.drain()  # a message from now on means something changed since this claim
+                    claim = self.quota.claim(self.policy.version, steps)
+                    if claim.status == "OK":
+                        self._claim_guard.succeeded()
+                        return True
+                    if claim.status == "STALE" and self._pull_params():
+                        continue
+                    self.news.wait(CLAIM_RECHECK_S)
+                    self._claim_guard.succeeded()
+                except CLAIM_RETRY_ERRORS as exc:
+                    self.news.close()
+                    self._claim_guard.failed(exc)
+                self._beat_if_due()
+            return False
+        finally:
+            self.claim_wait_s += time.monotonic() - started
 
     def _record_episodes(self, episodes: dict) -> None:
         records = []
@@ -182,7 +257,9 @@ class Agent:
         except OUTAGE_ERRORS as exc:
             log.warning("agent %d: could not flush on shutdown (%s); %d steps unsent", self.agent_id, exc,
                         self.sender.stats().steps_dropped)
+        self.news.close()
         self.envs.close()
         stats = self.sender.stats()
-        log.info("agent %d: stopped after %d steps, %d episodes; sender %s", self.agent_id, self.steps,
-                 self.num_episodes, stats._asdict())
+        log.info("agent %d: stopped after %d steps, %d episodes, %.0f%% of %.0fs idle; sender %s", self.agent_id,
+                 self.steps, self.num_episodes, 100 * self.idle_seconds() / max(self.running_seconds(), 1e-9),
+                 self.running_seconds(), stats._asdict())

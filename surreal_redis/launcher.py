@@ -38,6 +38,7 @@ from surreal_redis.connection import OUTAGE_ERRORS, EmbeddedRedis, OutageGuard, 
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
+from surreal_redis.learner_metrics import use_summary
 from surreal_redis.runtime import StopFlag
 
 log = logging.getLogger(__name__)
@@ -384,7 +385,7 @@ class Launcher:
         return (f"{restarting}env steps {status['env_steps']} ({status['steps_per_s']:.0f}/s) | updates "
                 f"{status['iteration']} ({status['updates_per_s']:.1f}/s) | params v{status['version']} | return "
                 f"{_fmt(status['mean_return'])} | eval {_fmt(status['eval_return'])} | agents "
-                f"{len(agents)}/{self.config.agent.num_agents} | {status['elapsed_s']:.0f}s")
+                f"{len(agents)}/{self.config.agent.num_agents} | {use_summary(status)} | {status['elapsed_s']:.0f}s")
 
     # ---------------------------------------------------------------- stopping
     def _shutdown(self, client: redis.Redis) -> None:
@@ -427,6 +428,7 @@ class Launcher:
         if status:
             lines.append(f"  {status['env_steps']} env steps, {status['iteration']} updates, "
                          f"mean return {_fmt(status['mean_return'])}, last eval {_fmt(status['eval_return'])}")
+            lines.append(f"  {use_summary(status, whole_run=True)}")
         lines.append(f"  checkpoints: {self.dir / 'checkpoints'}")
         lines.append(f"  logs: {self.dir / 'logs'}")
         if self.config.tracking.enabled:

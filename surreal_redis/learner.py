@@ -6,6 +6,14 @@ stall the GPU step). Each round of the main thread: read -> ``feed.ingest`` (the
 ``hub.publisher.min_publish_interval`` s) -> housekeeping (retention/gc, episodes, metrics, stop
 conditions). The feed holds the regime (:mod:`surreal_redis.replay.feeds`: PPO's FIFO, DDPG's
 n-step replay and rate limiter); this module does not know which algorithm it trains.
+
+Lockstep production (on-policy runs with ``learner.on_policy_sync: lockstep``): after each update
+(and its publish) the learner grants agents the env steps its next update still needs
+(:meth:`~surreal_redis.replay.feeds.Feed.steps_needed`) for the live parameter version
+(:mod:`surreal_redis.hub.quota`). Top-up rule: when the feed still needs steps, the grant is used
+up (or gone) and no chunk arrived for ``learner.lockstep_topup_s`` seconds (an agent claimed and
+died, its chunks were lost or dropped), the learner grants the missing steps again, publishing
+first if the live version is not its own (Redis restarted empty).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
 from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
 from surreal_redis.hub.run.heartbeat import prune_stale
@@ -90,6 +99,7 @@ class Learner:
         self.receiver = ExperienceReceiver(client, cfg.hub.receiver, cfg.run, cfg.redis.num_shards,
                                            settings=cfg.redis.settings())
         self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards)
+        self.quota = ProductionQuota(client, cfg.run) if cfg.lockstep and self.feed.steps_needed() is not None else None
         self.control = RunControl(client, cfg.run)
         self.checkpoints = CheckpointManager(cfg.experiment_dir / "checkpoints", cfg.checkpoint)
         self.metrics = LearnerMetrics(client, cfg, tracker)
@@ -104,6 +114,8 @@ class Learner:
         self.elapsed_before = 0.0
         self._publish_failed = False
         self._next_housekeeping = 0.0
+        self._last_chunk_at = self._granted_at = time.monotonic()
+        self.topups = 0  # lockstep grants topped up by the rule above
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, resume: str | None = None,
@@ -194,14 +206,19 @@ class Learner:
         finally:
             stop_prefetch.set()
             prefetcher.join(timeout=5)
-            self._finish(status)
+            self._finish(status, unread_steps=sum(item.chunk.num_steps for batch in list(batches.queue)
+                                                  for item in batch))
         return 0
 
     def start(self) -> None:
-        """Log the config, publish the initial parameters and mark the run running."""
+        """Log the config, publish the initial parameters (lockstep: and grant the first
+        update's steps) and mark the run running."""
         if self.tracker is not None:
             self.metrics.log_config()
+        if self.quota is not None:
+            self.quota.load_script()  # agents may not load scripts themselves (ACL)
         self._publish(force=True)
+        self._grant()
         self.control.start()
 
     def iterate(self, batches: queue.Queue[list[ReceivedChunk]]) -> None:
@@ -213,8 +230,14 @@ class Learner:
                 items = batches.get(timeout=0.2)
         if items:
             self._ingest(items)
-        for stats in self.feed.train(self.algo, self.stop):
-            self._after_update(stats)
+        updates = self.feed.train(self.algo, self.stop)
+        while True:
+            started = time.monotonic()
+            stats = next(updates, None)  # the gradient steps run inside next()
+            if stats is None:
+                break
+            self.metrics.observe_update(stats, time.monotonic() - started)
+            self._after_update()
         if time.monotonic() >= self._next_housekeeping:
             self._next_housekeeping = time.monotonic() + 1.0
             self._housekeeping()
@@ -226,21 +249,52 @@ class Learner:
         for item in items:
             problem = self.chunk_check.problem(item.chunk)
             (unusable if problem else usable).append((item, problem))
+        self._last_chunk_at = time.monotonic()
         for item, _ in usable:
             self.env_steps += item.chunk.num_steps
             self.metrics.observe_chunk(self.param_version, item.chunk, item.nbytes)
             self.feed.ingest(item.chunk)
         self.receiver.ack([item for item, _ in usable])  # only now is the data safely stored
         for item, problem in unusable:  # decodes, but does not fit this env/algorithm: never crash
+            self.metrics.observe_unusable(item.chunk.num_steps)
             self.receiver.set_aside(item, "unusable", f"agent {item.chunk.agent_id}: {problem}")
 
-    def _after_update(self, stats: dict[str, float]) -> None:
-        self.metrics.observe_update(stats)
+    def _after_update(self) -> None:
         iteration = self.algo.iteration
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
         if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
             self._publish()
+        self._grant()  # for the new version, or again for the old one when no publish was due
+
+    def _grant(self) -> None:
+        """Lockstep: let agents acting with the live version produce what the next update needs."""
+        if self.quota is None:
+            return
+        self.quota.grant(self.param_version, self.feed.steps_needed() or 0)
+        self._granted_at = time.monotonic()
+
+    def _top_up(self) -> None:
+        """Lockstep: the top-up rule of the module docstring. At most one HMGET and one HGET
+        when it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
+        needed = self.feed.steps_needed()
+        if self.quota is None or not needed:
+            return
+        now = time.monotonic()
+        if now - max(self._last_chunk_at, self._granted_at) < self.config.learner.lockstep_topup_s:
+            return
+        grant = self.quota.left()
+        if grant is not None and grant[0] == self.param_version and grant[1] > 0:
+            self._granted_at = now  # steps are left to claim: no agent is asking (none alive?)
+            return
+        if self.quota.live_version() != self.param_version:
+            log.warning("lockstep: the live parameter version is not v%d (Redis restarted?); publishing again",
+                        self.param_version)
+            self._publish(force=True)
+        self.topups += 1
+        log.info("lockstep: no experience for %.0fs while the update needs %d more steps; granting them again "
+                 "for v%d (top-up %d)", now - self._last_chunk_at, needed, self.param_version, self.topups)
+        self._grant()
 
     def _publish(self, force: bool = False) -> None:
         start = time.monotonic()
@@ -257,8 +311,14 @@ class Learner:
         cfg = self.config
         if time.monotonic() - self.metrics.last_gc >= cfg.learner.gc_every_s:
             self.receiver.load_agent_scripts()  # agents may not load scripts themselves (ACL)
+            if self.quota is not None:
+                self.quota.load_script()
             self.metrics.observe_janitor(self.janitor.run_once())
             prune_stale(self.client, cfg.run, cfg.agent.heartbeat_ttl_s)
+        if self._publish_failed:  # lockstep agents wait for it: do not leave it to the next update
+            self._publish()
+            self._grant()
+        self._top_up()
         self._read_episodes()
         self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
         reason = self._stop_reason()
@@ -302,7 +362,7 @@ class Learner:
 
     def progress(self) -> LearnerProgress:
         return LearnerProgress(self.algo.iteration, self.env_steps, self.param_version, self.mean_return(),
-                               self.elapsed())
+                               self.elapsed(), self.feed.use(), self.topups)
 
     def _stop_reason(self) -> str:
         stop = self.config.stop
@@ -322,13 +382,18 @@ class Learner:
                     f"{stop.return_window} episodes) reached stop.target_return={stop.target_return}")
         return ""
 
-    def _finish(self, status: str) -> None:
-        """Final checkpoint, parameters and metrics (best effort when Redis is gone)."""
+    def _finish(self, status: str, unread_steps: int = 0) -> None:
+        """Final checkpoint, parameters and metrics (best effort when Redis is gone).
+        ``unread_steps``: env steps read from the hub but not taken into the feed; with those the
+        feed holds, they are reported as left unused at the stop."""
         try:
             if self.algo.iteration > 0:
                 self.checkpoints.save(self._state(), self.algo.iteration)
                 self._publish(force=True)
             self._read_episodes()
+            use = self.feed.use()
+            if use is not None:
+                self.metrics.observe_stop(use.held + unread_steps)
             self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats(), force=True)
             self.metrics.mark_stopped()
         except (*OUTAGE_ERRORS, OSError) as exc:

@@ -1,12 +1,27 @@
 """The learner's numbers: MLflow metrics (``charts/``, ``losses/``, ``hub/``, ``system/`` on the
-learner-step axis) and the learner status hash that ``launch`` and ``status`` display."""
+learner-step axis) and the learner status hash that ``launch`` and ``status`` display.
+
+How the run uses its experience (on-policy feeds), over the whole run:
+
+- ``hub/experience_used_fraction``: env steps that reached a gradient update / env steps whose fate
+  is settled: used + dropped by the feed (too stale, capacity) + set aside as unusable + trimmed
+  unread by the janitor (entries x ``hub.sender.flush_steps``, an upper bound: the janitor counts
+  entries). Steps held for the next update are not settled yet; at the stop they are reported
+  apart (``experience_unused_at_stop``: the last, partial batch).
+- ``hub/policy_lag_p50`` / ``_p90`` / ``_max``: learner version minus the version that produced
+  each step, when it arrived (``hub/policy_staleness_*`` are the same over the last flush window).
+- ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (flush window;
+  the status also keeps the whole-run figure).
+- ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env
+  loops ran, summed over agents (window; whole-run figure in the status), from their heartbeats.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -21,6 +36,7 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeRecord
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import RunKeys
+from surreal_redis.replay.feeds import ExperienceUse
 from surreal_redis.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -41,6 +57,48 @@ class LearnerProgress(NamedTuple):
     """Mean of the recent training episode returns (None before the first episode)."""
     elapsed_s: float
     """Training seconds, earlier runs of a resumed experiment included."""
+    use: ExperienceUse | None = None
+    """What the feed did with the steps it took in (None: an off-policy feed)."""
+    topups: int = 0
+    """Lockstep grants the learner topped up (see :mod:`surreal_redis.learner`)."""
+
+
+def lag_percentile(histogram: Counter[int], q: float) -> int:
+    """The lower ``q``-th percentile (0-100) of the values counted in ``histogram`` (non-empty)."""
+    if not histogram:
+        raise ValueError("lag_percentile needs at least one counted value")
+    rank = q / 100 * (sum(histogram.values()) - 1)
+    seen = 0
+    for value in sorted(histogram):
+        seen += histogram[value]
+        if seen > rank:
+            return value
+    return max(histogram)
+
+
+class AgentClocks:
+    """Agents' idle and running seconds from their heartbeats, per process (agent id and pid: a
+    restarted agent starts from 0 again). Keeps the last report of agents that left."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, int], tuple[float, float]] = {}
+
+    def update(self, reports: list[tuple[str, int, float, float]]) -> float | None:
+        """Take ``(agent id, pid, idle_s, running_s)`` reports; returns the idle fraction since
+        the previous call over the agents reported both times (None without running time)."""
+        idle = running = 0.0
+        for agent_id, pid, idle_s, running_s in reports:
+            previous = self.last.get((agent_id, pid))
+            if previous is not None and running_s > previous[1]:
+                idle += max(0.0, idle_s - previous[0])
+                running += running_s - previous[1]
+            self.last[(agent_id, pid)] = (idle_s, running_s)
+        return idle / running if running > 0 else None
+
+    def total(self) -> float | None:
+        """Idle fraction over everything reported (None before any running time)."""
+        running = sum(r for _, r in self.last.values())
+        return sum(i for i, _ in self.last.values()) / running if running > 0 else None
 
 
 class LearnerMetrics:
@@ -59,6 +117,12 @@ class LearnerMetrics:
         self.trimmed = self.unread_dropped = self.obs_deleted = 0
         self.last_gc = 0.0
         self.ingest_bytes = 0
+        self.lags: Counter[int] = Counter()  # policy lag of every step received, whole run
+        self.unusable_steps = 0
+        self.unused_at_stop: int | None = None
+        self.busy_s = self.busy_total_s = 0.0
+        self.started = time.monotonic()
+        self.agent_clocks = AgentClocks()
         self._last_flush = time.monotonic()
         self._last_counts: dict[str, float] = {}
         self._status: dict[str, Any] = {}
@@ -74,12 +138,25 @@ class LearnerMetrics:
         self.tracker.log_artifact(path)
 
     def observe_chunk(self, learner_version: int, chunk: Chunk, nbytes: int) -> None:
-        self.staleness.extend((learner_version - chunk.policy_version).tolist())
+        lags = learner_version - chunk.policy_version
+        self.staleness.extend(lags.tolist())
+        self.lags.update(dict(zip(*(a.tolist() for a in np.unique(lags, return_counts=True)))))
         self.ingest_bytes += nbytes
 
-    def observe_update(self, stats: dict[str, float]) -> None:
+    def observe_update(self, stats: dict[str, float], seconds: float) -> None:
+        """One gradient update's stats and the seconds it took."""
         for key, value in stats.items():
             self.losses[key].append(float(value))
+        self.busy_s += seconds
+        self.busy_total_s += seconds
+
+    def observe_unusable(self, steps: int) -> None:
+        """``steps`` env steps were set aside: they do not fit this env or algorithm."""
+        self.unusable_steps += steps
+
+    def observe_stop(self, unused_steps: int) -> None:
+        """The learner stops holding ``unused_steps`` env steps no update will use."""
+        self.unused_at_stop = unused_steps
 
     def observe_publish(self, seconds: float) -> None:
         self.publish_s.append(seconds)
@@ -116,12 +193,10 @@ class LearnerMetrics:
         shards = [RunKeys(cfg.run).shard(i) for i in range(cfg.redis.num_shards)]
         backlogs = [read_backlog(self.client, keys) for keys in shards]
         memory = self.client.info("memory")
-        agents = [a for a in read_agents(self.client, cfg.run, cfg.agent.heartbeat_ttl_s) if not a.stale]
         numbers = {
             "hub/stream_unread": float(sum(b.unread for b in backlogs)),
             "hub/stream_length": float(sum(b.length for b in backlogs)),
             "hub/redis_used_memory_mb": memory["used_memory"] / 2**20,
-            "hub/agents_alive": float(len(agents)),
             "hub/trimmed_total": float(self.trimmed),
             "hub/unread_trimmed_total": float(self.unread_dropped),
             "hub/obs_deleted_total": float(self.obs_deleted),
@@ -129,8 +204,26 @@ class LearnerMetrics:
         ratios = [r for keys, b in zip(shards, backlogs) if (r := dedup_ratio(self.client, keys, b.length)[0])]
         if ratios:
             numbers["hub/dedup_ratio"] = float(np.mean(ratios))
+        return numbers
+
+    def _agent_numbers(self, version: int) -> dict[str, float]:
+        agents = [a for a in read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s) if not a.stale]
+        numbers = {"hub/agents_alive": float(len(agents))}
         if agents:
             numbers["hub/agent_version_lag_mean"] = float(np.mean([version - a.param_version for a in agents]))
+        idle = self.agent_clocks.update([(a.agent_id, a.pid, a.idle_s, a.running_s) for a in agents])
+        if idle is not None:
+            numbers["hub/agent_idle_fraction"] = idle
+        return numbers
+
+    def _experience_numbers(self, use: ExperienceUse | None) -> dict[str, float]:
+        if use is None:
+            return {}
+        wasted = use.dropped + self.unusable_steps + self.unread_dropped * self.config.hub.sender.flush_steps
+        numbers = {"hub/experience_used_steps_total": float(use.used), "hub/experience_wasted_steps_total": float(wasted),
+                   "hub/experience_held_steps": float(use.held)}
+        if use.used + wasted:
+            numbers["hub/experience_used_fraction"] = use.used / (use.used + wasted)
         return numbers
 
     def maybe_flush(self, progress: LearnerProgress, replay_stats: dict[str, int], receiver: ReceiverStats,
@@ -164,29 +257,69 @@ class LearnerMetrics:
             metrics.update({"hub/policy_staleness_p50": float(np.percentile(values, 50)),
                             "hub/policy_staleness_p90": float(np.percentile(values, 90)),
                             "hub/policy_staleness_max": float(values.max())})
+        if self.lags:
+            metrics.update({"hub/policy_lag_p50": float(lag_percentile(self.lags, 50)),
+                            "hub/policy_lag_p90": float(lag_percentile(self.lags, 90)),
+                            "hub/policy_lag_max": float(max(self.lags))})
+        metrics["system/learner_busy_fraction"] = self.busy_s / dt if dt > 0 else 0.0
+        metrics.update(self._experience_numbers(progress.use))
+        if progress.use is not None:
+            metrics["hub/lockstep_topups_total"] = float(progress.topups)
         if self.publish_s:
             metrics["hub/publish_delay_ms"] = 1000 * float(np.mean(self.publish_s))
         metrics.update({f"losses/{k}": float(np.mean(v)) for k, v in self.losses.items() if v})
         metrics.update({f"system/replay_{k}": float(v) for k, v in replay_stats.items()})
-        try:
-            metrics.update(self._hub_numbers(progress.param_version))
-        except redis.RedisError as exc:
-            log.warning("hub metrics unavailable: %s", exc)
+        for numbers in (self._agent_numbers, self._hub_numbers):
+            try:
+                metrics.update(numbers(progress.param_version))
+            except redis.RedisError as exc:
+                log.warning("hub metrics unavailable: %s", exc)
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step)
         status = {"iteration": step, "version": progress.param_version, "env_steps": progress.env_steps,
                   "mean_return": progress.mean_return, "eval_return": self.eval_score,
                   "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
-                  "pid": os.getpid(), "time": time.time(), "elapsed_s": progress.elapsed_s, "state": "running"}
+                  "pid": os.getpid(), "time": time.time(), "elapsed_s": progress.elapsed_s, "state": "running",
+                  "sync": self.config.learner.on_policy_sync if progress.use is not None else "off-policy",
+                  "experience_used_fraction": metrics.get("hub/experience_used_fraction"),
+                  "experience_wasted_steps": metrics.get("hub/experience_wasted_steps_total"),
+                  "experience_unused_at_stop": self.unused_at_stop,
+                  "policy_lag_p50": metrics.get("hub/policy_lag_p50"), "policy_lag_p90": metrics.get("hub/policy_lag_p90"),
+                  "policy_lag_max": metrics.get("hub/policy_lag_max"),
+                  "learner_busy": metrics["system/learner_busy_fraction"],
+                  "learner_busy_total": self.busy_total_s / max(now - self.started, 1e-9),
+                  "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total()}
         self.control.write_learner_status(status, ttl_s=max(60, int(10 * self.config.learner.metrics_every_s)))
         self._status = status
         mean = progress.mean_return
-        log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s",
+        log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s | %s",
                  step, progress.param_version, progress.env_steps, metrics["charts/env_steps_per_s"],
                  metrics["charts/updates_per_s"], "-" if mean is None else f"{mean:.1f}",
-                 "-" if self.eval_score is None else f"{self.eval_score:.1f}")
+                 "-" if self.eval_score is None else f"{self.eval_score:.1f}", use_summary(status))
+        self.busy_s = 0.0
         self.losses.clear()
         self.staleness.clear()
         self.publish_s.clear()
         self.episode_returns.clear()
         self.episode_lengths.clear()
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
+    """One line on how a learner status (:meth:`LearnerMetrics.maybe_flush`) says the run uses its
+    experience and time: the used fraction, policy lag p90, learner busy, agents idle. Fields an
+    older learner did not report show as ``-``. ``whole_run``: busy and idle over the whole run
+    (else over the last flush window), and the steps left unused at the stop."""
+    used = status.get("experience_used_fraction")
+    line = "experience used " + ("-" if used is None else f"{100 * used:.1f}%")
+    if whole_run and status.get("experience_unused_at_stop") is not None:
+        line += f" (+{status['experience_unused_at_stop']} steps unused at the stop)"
+    lag = status.get("policy_lag_p90")
+    busy = status.get("learner_busy_total" if whole_run else "learner_busy")
+    idle = status.get("agent_idle_total" if whole_run else "agent_idle")
+    sync = f" [{status['sync']}]" if status.get("sync") else ""
+    return (f"{line}, policy lag p90 {'-' if lag is None else f'{lag:.0f}'}, learner busy {_percent(busy)}, "
+            f"agents idle {_percent(idle)}{sync}")

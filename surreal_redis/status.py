@@ -10,6 +10,7 @@ from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
+from surreal_redis.learner_metrics import use_summary
 
 
 def _fmt(value: float | None) -> str:
@@ -49,15 +50,18 @@ def render_status(client: redis.Redis, run: str) -> str:
                      f"{learner['env_steps']} env steps ({learner['steps_per_s']:.0f}/s), "
                      f"{learner['updates_per_s']:.1f} updates/s, return {_fmt(learner['mean_return'])}, "
                      f"eval {_fmt(learner['eval_return'])}, {learner.get('state', 'running')}, reported {age:.0f}s ago")
+        lines.append(f"  {use_summary(learner, whole_run=learner.get('state', 'running') != 'running')}")
     else:
         lines.append("learner: no report")
     agents = read_agents(client, run, ttl_s=30.0)
     lines.append(f"agents: {sum(not a.stale for a in agents)} alive, {sum(a.stale for a in agents)} stale")
     if agents:
-        lines.append(f"  {'id':>6} {'host':<16} {'pid':>7} {'age s':>6} {'steps':>10} {'episodes':>9} {'params':>7}")
+        lines.append(f"  {'id':>6} {'host':<16} {'pid':>7} {'age s':>6} {'steps':>10} {'episodes':>9} {'params':>7} "
+                     f"{'idle':>5}")
         for a in sorted(agents, key=lambda a: (len(a.agent_id), a.agent_id)):
+            idle = "-" if a.idle_fraction is None else f"{100 * a.idle_fraction:.0f}%"
             lines.append(f"  {a.agent_id:>6} {a.host[:16]:<16} {a.pid:>7} {a.age_s:>6.1f} {a.steps:>10} "
-                         f"{a.episodes:>9} {'v' + str(a.param_version):>7}{'  STALE' if a.stale else ''}")
+                         f"{a.episodes:>9} {'v' + str(a.param_version):>7} {idle:>5}{'  STALE' if a.stale else ''}")
     shards = _num_shards(client, run)
     lines.append(f"experience: {shards} shard(s)")
     for index in range(shards):

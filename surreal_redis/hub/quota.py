@@ -11,16 +11,26 @@ learner. Claims are whole flushes, so a version's production overshoots its gran
 one claim per agent; the overshoot is used by the next update, one version old.
 
 The quota hash sits in the parameter slot (``{run.p}``) beside ``meta``, so the check and the
-decrement are one script on one slot (Redis Cluster too)."""
+decrement are one script on one slot (Redis Cluster too).
+
+Waiting agents listen on the parameter ``notify`` channel: ``publish.lua`` announces each new
+version there (payload: the version), and :meth:`ProductionQuota.grant` announces each grant
+(payload ``grant:<version>:<steps>``), which may come after the publish it belongs to. Either
+means "claim again"; agents also claim again every fraction of a second in case a message was
+lost (a reconnect)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Literal, NamedTuple
 
 import redis
 
 from surreal_redis.keys import ParamKeys
-from surreal_redis.scripts import Scripts
+from surreal_redis.scripts import ScriptError, Scripts
+
+log = logging.getLogger(__name__)
 
 
 class Claim(NamedTuple):
@@ -30,6 +40,11 @@ class Claim(NamedTuple):
     status: Literal["OK", "STALE", "WAIT"]
     granted: int
     live_version: int
+
+
+class ClaimScriptMissing(RuntimeError):
+    """``claim.lua`` is not on the server (a restart or SCRIPT FLUSH) and the caller's ACL user may
+    not load it: wait for the learner to load it again (it does every ``learner.gc_every_s``)."""
 
 
 class ProductionQuota:
@@ -43,21 +58,96 @@ class ProductionQuota:
 
     def grant(self, version: int, steps: int) -> None:
         """Let agents acting with ``version`` produce ``steps`` env steps (replaces any earlier
-        grant: call it after publishing ``version``, or again to top up a stalled one)."""
+        grant: call it after publishing ``version``, or again to top up a stalled one), and tell
+        waiting agents on the notify channel. One round trip (HSET, then PUBLISH)."""
         if version < 0 or steps < 0:
             raise ValueError(f"grant needs version >= 0 and steps >= 0, got version={version} steps={steps}")
-        self.client.hset(self.keys.quota, mapping={"version": version, "left": steps})
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.keys.quota, mapping={"version": version, "left": steps})
+        pipe.publish(self.keys.notify, f"grant:{version}:{steps}")
+        pipe.execute()
 
     def left(self) -> tuple[int, int] | None:
         """(version, steps left) of the current grant (left < 0: overshoot), or None."""
         version, left = self.client.hmget(self.keys.quota, ["version", "left"])
         return None if version is None else (int(version), int(left or 0))
 
+    def live_version(self) -> int:
+        """The live parameter version (``meta``'s; 0 when none is published). One HGET."""
+        return int(self.client.hget(self.keys.meta, "version") or 0)
+
     def claim(self, version: int, steps: int) -> Claim:
-        """Claim ``steps`` env steps for parameter ``version`` (see :class:`Claim`)."""
-        status, granted, live = self._scripts.call("claim", [self.keys.meta, self.keys.quota], [version, steps])
+        """Claim ``steps`` env steps for parameter ``version`` (see :class:`Claim`). One round
+        trip. Not idempotent: when a reply is lost, claiming again claims twice (the grant is
+        overshot by one more claim, which the next update uses).
+
+        Raises :class:`ClaimScriptMissing` when the server lacks ``claim.lua`` and this client may
+        not load it (the learner loads it for agents), OOM and connection errors unchanged."""
+        try:
+            status, granted, live = self._scripts.call("claim", [self.keys.meta, self.keys.quota], [version, steps])
+        except ScriptError as exc:
+            if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
+                raise ClaimScriptMissing(f"claim.lua is not loaded and this user may not load it ({exc})") from exc
+            raise
         return Claim(status.decode() if isinstance(status, bytes) else status, int(granted), int(live))
 
     def load_script(self) -> None:
         """Load ``claim.lua`` for agents whose ACL user may run scripts but not load them."""
         self.client.script_load(self._scripts.get("claim").script)
+
+
+class QuotaNews:
+    """An agent's ear on the notify channel while it waits for a claim: :meth:`drain` forgets the
+    messages so far, :meth:`wait` blocks until a new one (a publish or a grant) or the timeout.
+
+    Subscribes on first use, on its own connection. A connection error propagates (the caller
+    backs off) and drops the subscription; the next call subscribes again. Not thread-safe."""
+
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self.client = client
+        self.channel = ParamKeys(run).notify
+        self._pubsub: redis.client.PubSub | None = None
+
+    def _subscription(self) -> redis.client.PubSub:
+        if self._pubsub is None:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self.channel)
+            except BaseException:
+                pubsub.close()
+                raise
+            self._pubsub = pubsub
+        return self._pubsub
+
+    def drain(self) -> int:
+        """Drop the messages received so far (without blocking); returns how many."""
+        pubsub, count = self._subscription(), 0
+        try:
+            while pubsub.get_message(timeout=0.0) is not None:
+                count += 1
+        except BaseException:
+            self.close()
+            raise
+        return count
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a message arrives (True) or ``timeout`` seconds pass (False)."""
+        pubsub = self._subscription()
+        deadline = time.monotonic() + timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                # subscribe confirmations are skipped, and get_message answers None for them
+                if pubsub.get_message(timeout=left) is not None:
+                    return True
+        except BaseException:
+            self.close()
+            raise
+        return False
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            pubsub, self._pubsub = self._pubsub, None
+            try:
+                pubsub.close()
+            except redis.RedisError as exc:  # closing a broken connection: nothing left to do
+                log.debug("closing the notify subscription failed: %s", exc)

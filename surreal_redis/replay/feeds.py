@@ -11,6 +11,8 @@
 Both offer ``ingest(chunk)``, ``wants_data()``, ``train(algo, stop)`` (an iterator of per-update
 stats), ``on_publish(version)``, ``refill(chunks)``, ``stats()`` and a checkpointable state. The
 learner process and the in-process loops of :mod:`surreal_redis.testing` drive them the same way.
+The on-policy feed also says how many env steps its next update still needs (``steps_needed``:
+what a lockstep learner grants agents) and what became of the steps it took in (``use``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import abc
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -50,6 +52,15 @@ class OffPolicyTrainer(Protocol):
 TrainerT = TypeVar("TrainerT", contravariant=True)
 
 
+class ExperienceUse(NamedTuple):
+    """Env steps an on-policy feed took in, by fate so far: ``used`` by an update, ``dropped``
+    (too stale, or pushed out by the capacity bound) or ``held`` for the next update."""
+
+    used: int
+    dropped: int
+    held: int
+
+
 class Feed(abc.ABC, Generic[TrainerT]):
     """What the learner does with experience, whatever the regime. Not thread-safe: one caller."""
 
@@ -68,6 +79,16 @@ class Feed(abc.ABC, Generic[TrainerT]):
 
     def on_publish(self, version: int) -> None:  # noqa: B027  (only the on-policy feed cares)
         """The learner published parameter version ``version``."""
+
+    def steps_needed(self) -> int | None:
+        """Env steps the next update still needs beyond those held (>= 0); None for a feed that
+        takes whatever comes (off-policy: agents produce freely, nothing is granted)."""
+        return None
+
+    def use(self) -> ExperienceUse | None:
+        """What became of the env steps taken in; None when every step goes into a replay that
+        samples it many times (off-policy), where the question does not arise."""
+        return None
 
     def refill(self, chunks: Iterable[Chunk]) -> int:
         """After a restart: store the hub's retained experience (already trained on once).
@@ -108,6 +129,14 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
 
     def on_publish(self, version: int) -> None:
         self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped
+
+    def steps_needed(self) -> int:
+        return max(0, self.steps_per_update - len(self.fifo))
+
+    def use(self) -> ExperienceUse:
+        stats = self.fifo.stats()
+        return ExperienceUse(used=stats["taken_steps"], dropped=stats["dropped_stale_steps"] + stats["dropped_full_steps"],
+                             held=len(self.fifo))
 
     def stats(self) -> dict[str, int]:
         return dict(self.fifo.stats(), size=len(self.fifo))

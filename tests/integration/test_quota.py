@@ -1,10 +1,11 @@
-"""Lockstep production quota (``lua/claim.lua``) on a real redis-server."""
+"""Lockstep production quota (``lua/claim.lua``) and the notify channel waiting agents listen on,
+on a real redis-server."""
 
 import threading
 
 import pytest
 
-from surreal_redis.hub.quota import ProductionQuota
+from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
 from surreal_redis.keys import ParamKeys
 from surreal_redis.scripts import ScriptError
 
@@ -70,3 +71,47 @@ def test_load_script_restores_claim_lua_after_a_script_flush(redis_server, real_
     quota.grant(1, 5)
     sha = quota._scripts.get("claim").sha
     assert real_redis.script_exists(sha) == [True]
+
+
+def test_waiting_agents_hear_publishes_and_grants_on_the_notify_channel(real_redis):
+    import numpy as np
+
+    from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
+
+    news = QuotaNews(real_redis, "qn")
+    assert news.drain() == 0 and news.wait(0.05) is False  # subscribed; nothing said yet
+    version = ParameterPublisher(real_redis, "qn", PublisherConfig()).publish({"w": np.zeros(3, np.float32)}, 0)
+    assert news.wait(5.0) is True  # publish.lua announces the version
+    ProductionQuota(real_redis, "qn").grant(version, 64)
+    ProductionQuota(real_redis, "qn").grant(version, 32)
+    assert news.drain() == 2 and news.wait(0.05) is False  # drained: only later messages wake it
+    news.close()
+    news.close()  # twice is harmless
+
+
+def test_an_agent_user_waits_for_the_learner_to_load_claim_lua(redis_server, real_redis):
+    """After a SCRIPT FLUSH (or a restart) an agent, which may not load scripts, gets a clear
+    ClaimScriptMissing until the learner loads claim.lua again; it may listen on the channel."""
+    import redis
+
+    from surreal_redis.acl import create_users, username
+
+    passwords = {"agent": "a", "eval": "e", "learner": "l"}
+    create_users(real_redis, "qa", passwords, num_shards=1)
+
+    def login(role: str) -> redis.Redis:
+        return redis.Redis(unix_socket_path=str(redis_server.socket_path), username=username("qa", role),
+                           password=passwords[role])
+
+    agent, learner = login("agent"), login("learner")
+    live(learner, "qa", 1)
+    real_redis.script_flush()
+    with pytest.raises(ClaimScriptMissing, match="may not load"):
+        ProductionQuota(agent, "qa").claim(1, 8)
+    news = QuotaNews(agent, "qa")
+    news.drain()
+    ProductionQuota(learner, "qa").load_script()
+    ProductionQuota(learner, "qa").grant(1, 8)
+    assert news.wait(5.0) is True
+    assert ProductionQuota(agent, "qa").claim(1, 8) == ("OK", 8, 1)
+    news.close()

@@ -1,4 +1,5 @@
-"""The agent loop on fakeredis: parameter polling schedule, final-observation rows, episodes."""
+"""The agent loop on fakeredis: parameter polling schedule (free production), claims (lockstep
+production), final-observation rows, episodes, idle time."""
 
 import threading
 import time
@@ -10,14 +11,17 @@ from surreal_redis.agent import Agent, with_final_rows
 from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
+from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.runtime import StopFlag
 
 
 def run_agent(fake_redis, overrides, until) -> Agent:
-    config = load_config("smoke", ["hub.sender.flush_steps=8", *overrides])
+    config = load_config("smoke", ["hub.sender.flush_steps=8", "learner.on_policy_sync=free", *overrides])
     env = make_env(config.env, 0)
     algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(fake_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
@@ -89,3 +93,111 @@ def test_an_agent_waiting_for_its_first_parameters_stops_on_a_stop_request(fake_
     RunControl(fake_redis, config.run).request_stop("surreal-redis stop")
     assert agent.run() == 0  # no parameters were ever published: it would wait forever otherwise
     assert agent.stop.reason == "run stopping (surreal-redis stop)"
+
+
+# ---------------------------------------------------------------- lockstep
+
+FLUSH = 8 * 2  # env steps per claim: flush_steps x the smoke config's 2 envs
+
+
+class LockstepRun:
+    """A lockstep agent (the default for PPO) in a thread, and the learner's side of the hub:
+    a publisher of a real PPO's parameters and the quota."""
+
+    def __init__(self, client, *overrides: str) -> None:
+        self.client = client
+        self.config = load_config("smoke", ["hub.sender.flush_steps=8", "agent.heartbeat_every_s=0.2", *overrides])
+        env = make_env(self.config.env, 0)
+        self.algo = make_algorithm(self.config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space,
+                                   env.action_space)
+        self.publisher = ParameterPublisher(client, self.config.run, self.config.hub.publisher)
+        self.quota = ProductionQuota(client, self.config.run)
+        self.receiver = ExperienceReceiver(client, ReceiverConfig(), self.config.run, 1)
+        self.stop = StopFlag(install_handlers=False)
+        self.agent = Agent(self.config, client, 0, self.stop)
+        self.thread = threading.Thread(target=self.agent.run)
+
+    def publish(self) -> int:
+        return self.publisher.publish(self.algo.actor_params(), 0, force=True)
+
+    def wait_for(self, predicate, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            assert self.thread.is_alive(), "the agent exited"
+            time.sleep(0.01)
+
+    def chunks(self) -> list:
+        return [item.chunk for item in self.receiver.receive(1000, block_ms=0)]
+
+    def finish(self) -> None:
+        self.stop.set("test over")
+        self.quota.grant(0, 0)  # a message wakes a waiting agent at once (whatever CLAIM_RECHECK_S is)
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+def test_a_lockstep_agent_produces_what_was_granted_sends_it_at_once_then_waits_idle(fake_redis):
+    run = LockstepRun(fake_redis)
+    assert run.config.lockstep
+    run.publish()
+    run.quota.grant(1, 2 * FLUSH + 1)  # two claims and a step: a third claim goes through
+    run.thread.start()
+    try:
+        run.wait_for(lambda: run.agent.steps == 3 * FLUSH, "three claims produced")
+        time.sleep(0.5)
+        assert run.agent.steps == 3 * FLUSH  # and no more: it waits
+        assert run.quota.left() == (1, 1 - FLUSH)
+        first = run.chunks()  # every claimed step is in the hub, none waits in the agent's buffer
+        assert len(first) == 6 and all(c.num_steps == 8 and set(c.policy_version) == {1} for c in first)
+        assert sum(c.num_steps for c in first) == 3 * FLUSH
+
+        assert run.publish() == 2  # claims of v1 are stale now; the agent must load v2 first
+        run.quota.grant(2, FLUSH)
+        run.wait_for(lambda: run.agent.steps == 4 * FLUSH, "the v2 claim produced")
+        second = run.chunks()
+        assert len(second) == 2 and all(set(c.policy_version) == {2} for c in second)
+        assert run.agent.policy.version == 2
+        # each chunk goes on from where the previous one of its env ended
+        for env in range(2):
+            ours = [c for c in first + second if c.env_index == env]
+            for before, after in zip(ours, ours[1:]):
+                assert np.array_equal(before.obs[-1], after.obs[0])
+        run.wait_for(lambda: run.agent.idle_seconds() > 0.5, "idle time to add up")
+        run.wait_for(lambda: read_agents(fake_redis, run.config.run, ttl_s=30)[0].idle_s > 0.4, "a heartbeat with idle time")
+        beat = read_agents(fake_redis, run.config.run, ttl_s=30)[0]
+        assert 0 < beat.idle_s <= beat.running_s and beat.idle_fraction > 0.2
+    finally:
+        run.finish()
+
+
+def test_a_lockstep_agent_waiting_for_a_grant_stops_on_a_stop_request(fake_redis):
+    run = LockstepRun(fake_redis)
+    run.publish()  # nothing granted: the agent waits from its first claim on
+    run.thread.start()
+    run.wait_for(lambda: run.agent.claim_wait_s > 0 or run.agent.running_seconds() > 0.3, "the agent to wait")
+    asked = time.monotonic()
+    RunControl(fake_redis, run.config.run).request_stop("reached the target return")
+    run.thread.join(10)
+    assert not run.thread.is_alive() and time.monotonic() - asked < 2.0
+    assert run.agent.steps == 0 and run.stop.reason == "run stopping (reached the target return)"
+
+
+def test_a_waiting_lockstep_agent_wakes_on_the_grant_message_not_its_recheck(fake_redis, monkeypatch):
+    """The notify channel wakes a waiting agent at once; the periodic re-claim is only a safety net."""
+    monkeypatch.setattr("surreal_redis.agent.CLAIM_RECHECK_S", 30.0)
+    run = LockstepRun(fake_redis)
+    run.publish()
+    run.thread.start()
+    try:
+        run.wait_for(lambda: run.agent.running_seconds() > 0.3, "the agent to wait")
+        run.quota.grant(1, FLUSH)
+        run.wait_for(lambda: run.agent.steps == FLUSH, "the granted claim", timeout=15)
+    finally:
+        run.finish()
+
+
+def test_free_agents_claim_nothing(fake_redis):
+    agent = run_agent(fake_redis, [], until=lambda a: a.steps >= 64)
+    assert not agent.lockstep and agent.claim_wait_s == 0
+    assert ProductionQuota(fake_redis, "smoke").left() is None

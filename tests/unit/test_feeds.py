@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from surreal_redis.experience import Chunk, TransitionBatch
-from surreal_redis.replay.feeds import OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
+from surreal_redis.replay.feeds import ExperienceUse, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplayConfig
 from surreal_redis.replay.rate_limiter import RateLimiterConfig
@@ -109,6 +109,28 @@ def test_on_policy_feed_does_not_read_old_experience_on_refill():
     feed = OnPolicyFeed(FIFOReplayConfig(), steps_per_update=4)
     assert feed.refill(never_iterated()) == 0
     assert feed.stats()["size"] == 0
+
+
+def test_on_policy_feed_says_what_its_next_update_still_needs_and_what_became_of_each_step():
+    feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=1, capacity_steps=12), steps_per_update=8)
+    assert feed.steps_needed() == 8 and feed.use() == ExperienceUse(used=0, dropped=0, held=0)
+    feed.ingest(chunk(0, 0, 4, version=0))
+    feed.ingest(chunk(1, 0, 4, version=1))
+    feed.ingest(chunk(2, 0, 4, version=1))
+    assert feed.steps_needed() == 0  # 12 held: enough for an update
+    assert len(list(feed.train(ChunkTrainer(), threading.Event()))) == 1
+    assert feed.use() == ExperienceUse(used=8, dropped=0, held=4) and feed.steps_needed() == 4
+    feed.on_publish(3)  # the held version-1 chunk is 2 behind now: dropped, and needed again
+    assert feed.use() == ExperienceUse(used=8, dropped=4, held=0) and feed.steps_needed() == 8
+    for env in range(4):  # 16 steps into a 12-step capacity: the oldest 4 are pushed out
+        feed.ingest(chunk(env, 4, 4, version=3))
+    assert feed.use() == ExperienceUse(used=8, dropped=8, held=12) and feed.steps_needed() == 0
+
+
+def test_off_policy_feed_grants_nothing_and_has_no_use_to_report():
+    feed = off_policy()
+    feed.ingest(chunk(0, 0, 6))
+    assert feed.steps_needed() is None and feed.use() is None
 
 
 # ---------------------------------------------------------------- off-policy

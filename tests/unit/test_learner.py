@@ -1,12 +1,14 @@
 """The learner on fakeredis, built from its parts: one round trains, publishes and acks; the
 off-policy feed pauses reading while updates are owed; stop conditions; run() to the end; a
-resumed learner credits only evals of its own parameters; the registry builds each regime."""
+resumed learner credits only evals of its own parameters; the registry builds each regime;
+lockstep grants and top-ups; the experience-use, lag, busy and idle figures."""
 
 from __future__ import annotations
 
 import dataclasses
 import queue
 import time
+from collections import Counter
 
 import pytest
 
@@ -19,10 +21,13 @@ from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.envs import make_env, make_vector_env, step_vector_env
 from surreal_redis.hub.experience.receiver import CONSUMER_GROUP
 from surreal_redis.hub.experience.sender import ExperienceSender
+from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
+from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
 from surreal_redis.learner import Learner, LearnerParts
+from surreal_redis.learner_metrics import AgentClocks, lag_percentile, use_summary
 from surreal_redis.replay.feeds import Feed, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
@@ -230,3 +235,119 @@ def test_registry_builds_each_regime_from_its_own_section():
     with pytest.raises(TypeError, match="FIFOReplayConfig"):
         make_algorithm(FIFOReplayConfig(), env.observation_space, env.action_space)  # type: ignore[arg-type]
     env.close()
+
+
+# ---------------------------------------------------------------- lockstep production
+
+def test_lockstep_learner_grants_what_the_next_update_still_needs(fake_redis, tmp_path):
+    config = ppo_config(tmp_path)
+    assert config.lockstep  # the default for PPO
+    learner = learner_for(config, fake_redis)
+    quota = ProductionQuota(fake_redis, config.run)
+    learner.start()
+    assert quota.left() == (1, 64)  # v1, one update's worth
+    send_steps(fake_redis, config, learner, 48)  # 96 steps: one update takes 64, 32 stay for the next
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 1 and learner.param_version == 2
+    assert quota.left() == (2, 32)
+    assert quota.claim(1, 16).status == "STALE" and quota.claim(2, 32) == ("OK", 32, 2)
+
+
+def test_lockstep_learner_grants_again_for_the_same_version_when_no_publish_was_due(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "learner.publish_every_updates=2")
+    learner = learner_for(config, fake_redis)
+    quota = ProductionQuota(fake_redis, config.run)
+    learner.start()
+    send_steps(fake_redis, config, learner, 32)
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 1 and learner.param_version == 1  # not published: agents keep v1
+    assert quota.left() == (1, 64)
+
+
+def silence(learner: Learner, seconds: float) -> None:
+    """As if the last chunk arrived, and the last grant was made, ``seconds`` ago."""
+    learner._last_chunk_at = learner._granted_at = time.monotonic() - seconds
+
+
+def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
+    learner = learner_for(config, fake_redis)
+    quota = ProductionQuota(fake_redis, config.run)
+    learner.start()
+    assert quota.claim(1, 64).status == "OK"  # an agent claims everything, then dies
+    silence(learner, 4)
+    learner.iterate(queue.Queue())
+    assert quota.left() == (1, 0) and learner.topups == 0  # too early to tell
+    silence(learner, 5)
+    learner._next_housekeeping = 0.0
+    learner.iterate(queue.Queue())
+    assert quota.left() == (1, 64) and learner.topups == 1
+
+
+def test_lockstep_learner_does_not_top_up_while_steps_are_left_to_claim(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
+    learner = learner_for(config, fake_redis)
+    quota = ProductionQuota(fake_redis, config.run)
+    learner.start()
+    assert quota.claim(1, 32).status == "OK"
+    silence(learner, 6)
+    learner.iterate(queue.Queue())
+    assert quota.left() == (1, 32) and learner.topups == 0
+
+
+def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
+    learner = learner_for(config, fake_redis)
+    quota = ProductionQuota(fake_redis, config.run)
+    learner.start()
+    fake_redis.flushall()  # Redis restarted empty: no meta, no quota, no insert/claim scripts
+    silence(learner, 6)
+    learner.iterate(queue.Queue())
+    assert learner.param_version == 2 and quota.live_version() == 2
+    assert quota.left() == (2, 64) and learner.topups == 1
+    assert quota.claim(2, 16).status == "OK"
+
+
+def test_free_and_off_policy_learners_grant_nothing(fake_redis, tmp_path):
+    for config in (ppo_config(tmp_path, "learner.on_policy_sync=free"), ddpg_config(tmp_path)):
+        assert not config.lockstep
+        learner = learner_for(config, fake_redis)
+        learner.start()
+        assert learner.quota is None and ProductionQuota(fake_redis, config.run).left() is None
+
+
+def test_learner_reports_experience_use_lag_busy_and_idle(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "learner.metrics_every_s=3600")
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    Heartbeat(fake_redis, config.run, 0, ttl_s=30).beat(0, 0, 1, idle_s=1.0, running_s=4.0)
+    learner.metrics.maybe_flush(learner.progress(), learner.feed.stats(), learner.receiver.stats(), force=True)
+    send_steps(fake_redis, config, learner, 48)  # 96 steps of v1
+    learner.iterate(received(learner))  # one update (64 steps), v2; 32 held
+    learner.feed.on_publish(3)  # the held v1 steps are 2 behind now: dropped as stale
+    Heartbeat(fake_redis, config.run, 0, ttl_s=30).beat(96, 0, 1, idle_s=4.0, running_s=8.0)
+    learner.metrics.maybe_flush(learner.progress(), learner.feed.stats(), learner.receiver.stats(), force=True)
+    status = RunControl(fake_redis, config.run).learner_status()
+    assert status["experience_used_fraction"] == 64 / 96 and status["experience_wasted_steps"] == 32
+    assert status["policy_lag_p90"] == 0 and status["sync"] == "lockstep"
+    assert 0 < status["learner_busy_total"] <= 1
+    assert status["agent_idle"] == 3.0 / 4.0 and status["agent_idle_total"] == 4.0 / 8.0
+    learner._finish("FINISHED", unread_steps=16)
+    status = RunControl(fake_redis, config.run).learner_status()
+    assert status["experience_unused_at_stop"] == 16 and status["state"] == "stopped"
+    summary = use_summary(status, whole_run=True)
+    assert summary.startswith("experience used 66.7% (+16 steps unused at the stop), policy lag p90 0, learner busy ")
+    assert summary.endswith("agents idle 50% [lockstep]")
+
+
+def test_lag_percentiles_and_agent_clocks():
+    lags = Counter({0: 80, 1: 15, 3: 5})
+    assert [lag_percentile(lags, q) for q in (0, 50, 80, 81, 90, 96, 100)] == [0, 0, 0, 1, 1, 3, 3]
+    with pytest.raises(ValueError, match="at least one"):
+        lag_percentile(Counter(), 50)
+    clocks = AgentClocks()
+    assert clocks.update([("0", 10, 1.0, 2.0)]) is None and clocks.total() == 0.5
+    assert clocks.update([("0", 10, 2.0, 4.0), ("1", 11, 0.0, 1.0)]) == 0.5
+    # agent 0 restarted (new pid, clocks from 0), agent 1 left: its last report still counts in the total
+    assert clocks.update([("0", 12, 0.0, 1.0)]) is None
+    assert clocks.total() == (2.0 + 0.0 + 0.0) / (4.0 + 1.0 + 1.0)

@@ -27,7 +27,9 @@ _FIELDS = ("pid", "host", "steps", "episodes", "param_version", "ts")
 @dataclass(frozen=True)
 class AgentStatus:
     """One agent's last heartbeat. ``ts`` is its unix time in seconds, ``age_s`` the seconds since
-    then when it was read, ``stale`` whether that age exceeded the TTL."""
+    then when it was read, ``stale`` whether that age exceeded the TTL. ``idle_s`` of ``running_s``
+    seconds of its env loop (this process) were spent waiting (on claims, on backpressure); both 0
+    in heartbeats of agents that do not report them."""
 
     agent_id: str
     pid: int
@@ -38,6 +40,13 @@ class AgentStatus:
     ts: float
     age_s: float
     stale: bool
+    idle_s: float = 0.0
+    running_s: float = 0.0
+
+    @property
+    def idle_fraction(self) -> float | None:
+        """``idle_s / running_s`` (None before the loop ran)."""
+        return self.idle_s / self.running_s if self.running_s > 0 else None
 
 
 def _agent_field(agent_id: int | str) -> str:
@@ -69,15 +78,20 @@ class Heartbeat:
         self._pid = os.getpid()
         self._last_write: float | None = None
 
-    def beat(self, steps: int, episodes: int, param_version: int, force: bool = False) -> bool:
+    def beat(self, steps: int, episodes: int, param_version: int, force: bool = False, idle_s: float = 0.0,
+             running_s: float = 0.0) -> bool:
         """Record the agent's counters (total env steps, finished episodes, loaded parameter
-        version). Returns whether it wrote; blocks for one HSET when it does, and lets Redis
-        errors propagate (the agent's loop decides how to back off)."""
+        version, seconds idle of seconds its env loop has run). Returns whether it wrote; blocks
+        for one HSET when it does, and lets Redis errors propagate (the agent's loop decides how to
+        back off)."""
+        if not (idle_s >= 0 and running_s >= 0):
+            raise ValueError(f"idle_s and running_s must be >= 0 seconds, got {idle_s!r} and {running_s!r}")
         now = time.monotonic()
         if not force and self._last_write is not None and now - self._last_write < self._interval:
             return False
         entry = {"pid": self._pid, "host": self._host, "steps": int(steps), "episodes": int(episodes),
-                 "param_version": int(param_version), "ts": time.time()}
+                 "param_version": int(param_version), "ts": time.time(), "idle_s": round(float(idle_s), 3),
+                 "running_s": round(float(running_s), 3)}
         self._client.hset(self._key, self._field, json.dumps(entry, separators=(",", ":")))
         self._last_write = now
         return True
@@ -95,7 +109,8 @@ def _parse(agent_id: str, raw: bytes, now: float, ttl_s: float) -> AgentStatus:
     ts = float(entry["ts"])
     return AgentStatus(agent_id=agent_id, pid=int(entry["pid"]), host=str(entry["host"]),
                        steps=int(entry["steps"]), episodes=int(entry["episodes"]),
-                       param_version=int(entry["param_version"]), ts=ts, age_s=now - ts, stale=now - ts > ttl_s)
+                       param_version=int(entry["param_version"]), ts=ts, age_s=now - ts, stale=now - ts > ttl_s,
+                       idle_s=float(entry.get("idle_s", 0.0)), running_s=float(entry.get("running_s", 0.0)))
 
 
 def read_agents(client: redis.Redis, run: str, ttl_s: float, include_stale: bool = True) -> list[AgentStatus]:
