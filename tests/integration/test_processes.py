@@ -52,7 +52,8 @@ def test_agent_rides_out_a_redis_outage(tmp_path):
     server = EmbeddedRedis(port=port).start()
     url = server.url
     config = load_config("smoke", [f"redis.url={url}", "hub.sender.flush_steps=8", "hub.sender.max_wait_s=2",
-                                   "agent.heartbeat_every_s=0.2", f"experiment.root={tmp_path}"])
+                                   "agent.heartbeat_every_s=0.2", f"experiment.root={tmp_path}",
+                                   "learner.on_policy_sync=free"])  # no learner grants steps here
     client = connect(url, RedisSettings(socket_timeout=1, connect_timeout=1, retries=0))
     env = make_env(config.env, 0)
     algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
@@ -181,7 +182,7 @@ def test_agent_waiting_on_backpressure_stops_at_once(tmp_path, real_redis, redis
     """No learner reads, so the agent waits on hub.sender.max_lag (with no timeout); a stop request
     (what a DDPG learner writes when it reaches its target) or a signal still ends it at once."""
     config = load_config("smoke", [f"redis.url={redis_server.url}", "hub.sender.flush_steps=8", "hub.sender.max_lag=1",
-                                   f"experiment.root={tmp_path}"])
+                                   f"experiment.root={tmp_path}", "learner.on_policy_sync=free"])
     env = make_env(config.env, 0)
     algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(real_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
