@@ -240,7 +240,8 @@ class PPOAlgorithm(Algorithm):
                         all_values[:steps], ref_head, episode_start[:steps], state)
 
     # ------------------------------------------------------------------ loss
-    def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+    def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None,
+                        clip_coef: float) -> tuple[torch.Tensor, dict]:
         cfg = self.config
         z, _ = self.net.core(self.net.features(_flatten_time(mb.obs)), mb.initial_state, mb.episode_start)
         dist = self.net.distribution(self.net.policy_head(z))
@@ -252,20 +253,20 @@ class PPOAlgorithm(Algorithm):
             ratio = logratio.exp()
             # the k3 estimator of KL[pi_old, pi], http://joschu.net/blog/kl-approx.html
             approx_kl = ((ratio - 1) - logratio).mean()
-            clip_fraction = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+            clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
 
         advantages = mb.advantages.reshape(-1)
         if cfg.norm_adv and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         info = {}
         if cfg.mode == "clip":
-            pg_loss = clipped_surrogate_loss(logratio, advantages, cfg.clip_coef)
+            pg_loss = clipped_surrogate_loss(logratio, advantages, clip_coef)
         else:
             ref_dist = self.net.distribution(_flatten_time(mb.ref_head), ref_log_std)
             kl = kl_divergence(ref_dist, dist)
             pg_loss = kl_penalty_loss(logratio, advantages, kl, self.kl_coef)
             info["kl"] = kl.mean().item()
-        v_clip = cfg.clip_coef if cfg.mode == "clip" and cfg.clip_vloss else None
+        v_clip = clip_coef if cfg.mode == "clip" and cfg.clip_vloss else None
         v_loss = value_loss(new_values, mb.returns.reshape(-1), mb.values.reshape(-1), v_clip)
         loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
         info.update(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=entropy.item(),
@@ -279,14 +280,17 @@ class PPOAlgorithm(Algorithm):
         Returns the means over the last epoch's minibatches of ``policy_loss``, ``value_loss``,
         ``entropy``, ``approx_kl``, ``clip_fraction`` (and ``kl``, ``kl_coef`` in adapt mode, the
         coefficient used here; the next update uses the adapted one), plus
-        ``explained_variance``, ``learning_rate``, ``epochs`` run and ``num_steps``.
+        ``explained_variance``, ``learning_rate``, ``clip_coef`` (both as annealed for this update),
+        ``epochs`` run and ``num_steps``.
         """
         if not chunks:
             raise ValueError("update needs at least one chunk")
         cfg = self.config
-        learning_rate = cfg.learning_rate
+        # CleanRL's linear schedules: the fraction of the budget (total_updates) still ahead
+        remaining = max(0.0, 1.0 - self.iteration / cfg.total_updates) if cfg.total_updates else 1.0
+        learning_rate = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
+        clip_coef = cfg.clip_coef * (remaining if cfg.anneal_clip else 1.0)
         if cfg.anneal_lr:
-            learning_rate *= max(0.0, 1.0 - self.iteration / cfg.total_updates)
             self.optimizer.param_groups[0]["lr"] = learning_rate
 
         by_length: dict[int, list[Chunk]] = {}
@@ -305,7 +309,7 @@ class PPOAlgorithm(Algorithm):
                 batch = rollout.logp.shape[1]
                 order = torch.randperm(batch, generator=self._generator).to(self.device)
                 for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
-                    loss, info = self._minibatch_loss(rollout.select(idx), ref_log_std)
+                    loss, info = self._minibatch_loss(rollout.select(idx), ref_log_std, clip_coef)
                     self.optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm)
@@ -324,7 +328,7 @@ class PPOAlgorithm(Algorithm):
             stats["kl_coef"] = self.kl_coef
             self.kl_coef = adapt_kl_coef(self.kl_coef, stats["kl"], cfg.kl_target, cfg.kl_tolerance,
                                          cfg.kl_coef_factor, (cfg.kl_coef_min, cfg.kl_coef_max))
-        stats.update(learning_rate=learning_rate, epochs=float(epochs),
+        stats.update(learning_rate=learning_rate, clip_coef=clip_coef, epochs=float(epochs),
                      num_steps=float(sum(c.num_steps for c in chunks)))
         self.update_normalizer(chunks)
         self.iteration += 1

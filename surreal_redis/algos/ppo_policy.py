@@ -38,8 +38,10 @@ class PPOConfig:
     """Adam step size (Adam eps = 1e-5, as in CleanRL)."""
     anneal_lr: bool = False
     """Decay the learning rate linearly to 0 over ``total_updates`` updates."""
+    anneal_clip: bool = False
+    """Decay ``clip_coef`` linearly to 0 over ``total_updates`` updates, as SB3's ``clip_range: lin_0.2``."""
     total_updates: int = 0
-    """Number of updates the run will do; required (> 0) when ``anneal_lr``."""
+    """Number of updates the run will do (the annealing budget); required (> 0) when annealing."""
     gamma: float = 0.99
     gae_lambda: float = 0.95
     update_epochs: int = 4
@@ -90,8 +92,8 @@ class PPOConfig:
             raise ValueError(f"mode must be 'clip' or 'adapt', got {self.mode!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
-        if self.anneal_lr and self.total_updates < 1:
-            raise ValueError(f"anneal_lr needs total_updates >= 1, got {self.total_updates}")
+        if (self.anneal_lr or self.anneal_clip) and self.total_updates < 1:
+            raise ValueError(f"anneal_lr and anneal_clip need total_updates >= 1, got {self.total_updates}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError(f"update_epochs and num_minibatches must be >= 1, got "
                              f"{self.update_epochs} and {self.num_minibatches}")

@@ -306,6 +306,16 @@ def test_target_kl_stops_early_and_lr_anneals():
     assert algo.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
 
 
+def test_clip_range_anneals_over_the_budget():
+    algo, _, collector = setup("discrete", anneal_clip=True, total_updates=2, learning_rate=1e-2, update_epochs=8)
+    chunks = collector.collect(16)
+    first, second = algo.update(chunks), algo.update(chunks)
+    assert (first["clip_coef"], second["clip_coef"]) == pytest.approx((0.2, 0.1))
+    assert first["learning_rate"] == second["learning_rate"] == 1e-2  # anneal_lr is separate
+    third = algo.update(chunks)  # the budget is spent: clip range 0, every changed ratio is clipped
+    assert third["clip_coef"] == 0.0 and third["clip_fraction"] == pytest.approx(1.0)
+
+
 def test_missing_extras_are_rejected():
     algo, _, collector = setup("continuous_adapt")
     chunk = collector.collect(4)[0]
@@ -329,6 +339,7 @@ def test_chunks_of_different_lengths_update_together():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(mode="trust"), "mode"),
     (dict(anneal_lr=True), "total_updates"),
+    (dict(anneal_clip=True), "total_updates"),
     (dict(activation="gelu"), "activation"),
     (dict(kl_coef_init=1000.0), "kl_coef"),
     (dict(num_minibatches=0), "num_minibatches"),
