@@ -242,7 +242,8 @@ class Launcher:
         learner, others = self.children[0], self.children[1:]
         learner.start()
         if not self._wait_for_parameters(client, learner):
-            return 1
+            self.ending = self.ending or self.stop.reason
+            return 0 if self.stop else 1  # interrupted while starting: not a failure
         for child in others:
             child.start()
         guard = OutageGuard("launcher", self.stop)

@@ -229,3 +229,17 @@ def test_a_killed_owner_leaves_no_embedded_redis_folder(tmp_path):
     owner.wait()
     wait_until(lambda: not folder.exists(), 10, f"{folder} to be removed")
     assert not os.path.exists(folder)
+
+
+def test_a_launch_interrupted_while_starting_is_not_a_failure(tmp_path, redis_server):
+    from surreal_redis.launcher import Launcher
+
+    config = load_config("smoke", [f"experiment.root={tmp_path}", f"redis.url={redis_server.url}"])
+    stop = StopFlag(install_handlers=False)
+    stop.set("signal SIGINT")  # Ctrl-C before the learner published anything
+    lines: list[str] = []
+    launcher = Launcher(config, stop, progress=lines.append)
+    assert launcher.run() == 0
+    assert lines[-1].startswith("run 'smoke' interrupted (signal SIGINT")
+    learner = launcher.children[0].process
+    assert learner is not None and learner.poll() is not None  # stopped, not left behind
