@@ -205,7 +205,7 @@ def test_agent_waiting_on_backpressure_stops_at_once(tmp_path, real_redis, redis
     finally:
         stop.set("test over")
         thread.join(timeout=30)
-    assert agent.sender.stats().backpressure_wait_s >= 1.0
+    assert agent.sender.stats().backpressure_wait_s > 0  # the stop ended a backpressure wait
     if how == "stop request":
         assert stop.reason == "run stopping (reached the target return)"
 
