@@ -63,8 +63,11 @@ def test_launch_status_restart_stop_then_resume(tmp_path, server):
     proc = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", server.url, *overrides],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        agents = wait_for(lambda: [a for a in read_agents(client, "smoke", 10) if not a.stale and a.steps > 0]
-                          if len(read_agents(client, "smoke", 10)) == 2 else None, 120, "two agents stepping", proc)
+        def both_stepping():  # each agent has sent a heartbeat after its first steps
+            stepping = [a for a in read_agents(client, "smoke", 10) if not a.stale and a.steps > 0]
+            return stepping if len(stepping) == 2 else None
+
+        agents = wait_for(both_stepping, 120, "two agents stepping", proc)
         status = cli("status", "--run", "smoke", "--redis-url", server.url, cwd=tmp_path)
         assert status.returncode == 0, status.stderr
         assert "agents: 2 alive" in status.stdout and "learner: pid" in status.stdout
