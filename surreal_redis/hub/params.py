@@ -21,15 +21,25 @@ already live with success (its first reply was lost). A digest guards each blob 
 corruption; a client that rejects a blob keeps its parameters, counts the rejection and waits,
 with capped backoff, before downloading that version again, and the learner can
 :meth:`~ParameterPublisher.republish` above it.
+
+Fan-out: a :class:`ParameterClient` may be given read replicas of the learner's Redis. It polls
+and downloads there, and reads the primary instead whenever a replica cannot be trusted to be
+current: its version is not above the one held (a lagging replica must neither take an agent back
+nor hide a newer version the caller knows of), its blob is missing or corrupt, it is unreachable
+(then replicas rest for a capped backoff), or ``primary_poll_every_s`` passed since the primary was
+last asked (a replica whose replication link broke keeps serving its old version). The publish
+script swaps ``meta`` and renames the blob in one atomic step, which replicas apply atomically
+too, so a replica that shows version v normally also holds ``blob:<v>``; the digest catches the rest.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -146,12 +156,21 @@ class ParameterClientConfig:
       (digest mismatch, wrong size, missing blob, undecodable), wait between this and twice this
       before downloading that same version again, doubling after each further failure up to the
       cap (seconds, jittered). A newer version is fetched at once.
+    - ``primary_poll_every_s``: with read replicas, ask the primary for the version at least this
+      often (seconds), so a replica whose replication stopped delays new parameters by at most
+      this much. Ignored without replicas (every poll goes to the primary then).
+    - ``replica_backoff_s`` / ``replica_backoff_cap_s``: after a replica failed (unreachable or
+      erroring), read from the primary for between this and twice this before trying a replica
+      again, doubling per further failure up to the cap (seconds, jittered).
     """
 
     max_in_flight: int = 4
     piece_bytes: int | None = None
     reject_backoff_s: float = 1.0
     reject_backoff_cap_s: float = 60.0
+    primary_poll_every_s: float = 5.0
+    replica_backoff_s: float = 1.0
+    replica_backoff_cap_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -161,6 +180,11 @@ class ParameterClientConfig:
         if not 0 < self.reject_backoff_s <= self.reject_backoff_cap_s:
             raise ValueError(f"need 0 < reject_backoff_s <= reject_backoff_cap_s, got "
                              f"{self.reject_backoff_s}, {self.reject_backoff_cap_s}")
+        if self.primary_poll_every_s <= 0:
+            raise ValueError(f"primary_poll_every_s must be > 0, got {self.primary_poll_every_s}")
+        if not 0 < self.replica_backoff_s <= self.replica_backoff_cap_s:
+            raise ValueError(f"need 0 < replica_backoff_s <= replica_backoff_cap_s, got "
+                             f"{self.replica_backoff_s}, {self.replica_backoff_cap_s}")
 
 
 def param_spec(params: ParamDict) -> dict[str, list]:
@@ -338,9 +362,15 @@ class ParameterClient:
     logs a warning and returns ``(None, info)``, and the caller keeps its current parameters.
     A version that failed verification is counted in :attr:`rejections` and downloaded again only
     after a capped backoff (``reject_backoff_s`` doubling to ``reject_backoff_cap_s``).
+
+    ``replicas``: clients of read replicas of ``client``'s server (which the learner publishes
+    to). Polls and downloads then go to one of them (picked at random; the next one after a
+    failure) and fall back to ``client`` as the module docstring describes; a version read from a
+    replica is loaded only if it is above the one held. The caller owns (and closes) all clients.
     """
 
-    def __init__(self, client: redis.Redis, run: str, config: ParameterClientConfig) -> None:
+    def __init__(self, client: redis.Redis, run: str, config: ParameterClientConfig,
+                 replicas: Sequence[redis.Redis] = ()) -> None:
         self._client = client
         self._keys: ParamKeys = RunKeys(run).params
         self._config = config
@@ -350,6 +380,18 @@ class ParameterClient:
         self._rejected_version = 0  # the version whose download failed last, 0 if none
         self._retry_at = 0.0  # time.monotonic() after which that version may be downloaded again
         self._reject_backoff = Backoff(config.reject_backoff_s, config.reject_backoff_cap_s)
+        self._replicas = list(replicas)
+        self._replica = random.randrange(len(self._replicas)) if self._replicas else 0
+        self._replica_backoff = Backoff(config.replica_backoff_s, config.replica_backoff_cap_s)
+        self._replica_retry_at = 0.0  # time.monotonic() before which replicas are not asked
+        self._primary_due = time.monotonic() + config.primary_poll_every_s
+        self.replica_downloads = 0
+        """Versions loaded from a replica."""
+        self.primary_downloads = 0
+        """Versions loaded from the primary (every one without replicas)."""
+        self.replica_fallbacks = 0
+        """Downloads a replica could not serve (blob missing or bad, older meta, error) that went
+        to the primary instead."""
 
     @property
     def info(self) -> ParamInfo:
@@ -363,31 +405,33 @@ class ParameterClient:
         count while the published version stays the same means the live blob is unusable."""
         return self._rejections
 
-    def fetch(self, force: bool = False) -> tuple[ParamDict | None, ParamInfo]:
+    def fetch(self, force: bool = False, at_least: int = 0) -> tuple[ParamDict | None, ParamInfo]:
         """Poll the published version; download, verify and decode it if it differs from the one
-        loaded last (or always with ``force``, which also skips a rejection's backoff).
+        loaded last (or always with ``force``, which also skips a rejection's backoff and reads
+        from the primary). ``at_least``: a version the caller knows is live (a claim told it): a
+        replica that shows less is lagging, so the primary is asked instead.
 
         Returns ``(params, info)`` for a new version (the arrays are read-only views of the
         downloaded blob: copy before writing), ``(None, info)`` when nothing changed,
         nothing is published yet, the version was rejected less than its backoff ago, or the
         download failed (warning logged); ``info`` always describes the parameters this client
-        holds. Blocks for one round trip when nothing changed; for a download, one more for
-        meta and the first ``max_in_flight`` pieces (read as one range), then one per
-        ``max_in_flight`` further pieces.
+        holds. Blocks for one round trip when nothing changed (two when a replica lags); for a
+        download, one more for meta and the first ``max_in_flight`` pieces (read as one range),
+        then one per ``max_in_flight`` further pieces, all again on the primary if the replica
+        could not serve them.
         """
         version = 0  # unknown until the poll parsed
         try:
-            raw = self._client.hget(self._keys.meta, "version")
-            if raw is None:
+            source, version = self._poll(force, at_least)
+            if version == 0:
                 self._recovered()
                 return None, self._info
-            version = _parse_version(raw)
             if not force and version == self._info.version:
                 self._recovered()
                 return None, self._info
             if not force and version == self._rejected_version and time.monotonic() < self._retry_at:
                 return None, self._info
-            params, info = self._download(version)
+            params, info = self._download_from(source, version)
         except redis.RedisError as exc:
             self._failed(exc)
             return None, self._info
@@ -399,23 +443,73 @@ class ParameterClient:
         return params, info
 
     def fetch_info(self) -> ParamInfo:
-        """The newest published version's info (version 0 if none). One HGETALL; Redis errors
-        propagate, malformed metadata raises :class:`ParamFetchError`."""
+        """The newest published version's info (version 0 if none), read on the primary. One
+        HGETALL; Redis errors propagate, malformed metadata raises :class:`ParamFetchError`."""
         return _parse_meta(self._client.hgetall(self._keys.meta))[0]
 
-    def _download(self, version: int) -> tuple[ParamDict, ParamInfo]:
+    def _poll(self, force: bool, at_least: int) -> tuple[redis.Redis, int]:
+        """(the server to download from, the version published there; 0: none). A replica's
+        answer counts only when it is at least the version held, at least ``at_least`` and not 0;
+        else (or when the primary is due, or ``force``) the primary is asked."""
+        now = time.monotonic()
+        if self._replicas and not force and now < self._primary_due and now >= self._replica_retry_at:
+            replica = self._replicas[self._replica]
+            try:
+                raw = replica.hget(self._keys.meta, "version")
+                version = 0 if raw is None else _parse_version(raw)
+            except (redis.RedisError, ParamFetchError) as exc:
+                self._replica_failed(exc)
+            else:
+                self._replica_backoff.reset()
+                if version >= max(self._info.version, at_least, 1):
+                    return replica, version
+        self._primary_due = now + self._config.primary_poll_every_s
+        raw = self._client.hget(self._keys.meta, "version")
+        return self._client, 0 if raw is None else _parse_version(raw)
+
+    def _download_from(self, source: redis.Redis, version: int) -> tuple[ParamDict, ParamInfo]:
+        """Download ``version`` (or a newer one published since) from ``source``; from a replica,
+        only a version at least ``version``, else the primary's."""
+        if source is not self._client:
+            try:
+                result = self._download(source, version, floor=version)
+            except redis.RedisError as exc:
+                self._replica_failed(exc)
+            except (ParamFetchError, CodecError, ValueError) as exc:
+                log.info("parameter v%d unusable on a replica (%s); reading the primary", version, exc)
+            else:
+                self.replica_downloads += 1
+                return result
+            self.replica_fallbacks += 1
+        result = self._download(self._client, version)
+        self.primary_downloads += 1
+        return result
+
+    def _replica_failed(self, exc: Exception) -> None:
+        """Rest the replicas for a backoff delay and try the next one after it."""
+        delay = self._replica_backoff.next_delay()
+        self._replica_retry_at = time.monotonic() + delay
+        failing = self._replica
+        self._replica = (self._replica + 1) % len(self._replicas)
+        log.warning("parameter replica %d failed (%s); reading the primary for %.1fs", failing, exc, delay)
+
+    def _download(self, source: redis.Redis, version: int, floor: int = 0) -> tuple[ParamDict, ParamInfo]:
+        """Read, verify and decode the version ``source``'s meta names (polled: ``version``);
+        raises :class:`ParamFetchError` if that is below ``floor``."""
         # The meta read carries the first max_in_flight pieces of the polled version as one range
         # (GETRANGE stops at the end), so a blob of up to that many pieces costs one round trip
         # and arrives in one piece: no copy to join pieces (the same reply bytes in flight).
         step = self._config.max_in_flight
         head_bytes = step * (self._config.piece_bytes or DEFAULT_PIECE_BYTES)
-        pipe = self._client.pipeline(transaction=False)
+        pipe = source.pipeline(transaction=False)
         pipe.hgetall(self._keys.meta)
         pipe.getrange(self._keys.blob(version), 0, head_bytes - 1)
         meta, head = pipe.execute()
         info, piece, codec = _parse_meta(meta)
         if info.version == 0:
             raise ParamFetchError("parameter metadata vanished between poll and download")
+        if info.version < floor:
+            raise ParamFetchError(f"meta went back from v{version} to v{info.version} after the poll")
         if codec not in (CODEC, CODEC + "+lz4"):
             raise ParamFetchError(f"v{info.version}: unknown parameter codec {codec!r}")
         if not info.digest.startswith(f"{DIGEST_ALGO}:"):
@@ -439,7 +533,7 @@ class ParameterClient:
         starts = range(sum(map(len, parts)), info.nbytes, piece)
         for first in range(0, len(starts), step):
             batch = starts[first:first + step]
-            pipe = self._client.pipeline(transaction=False)
+            pipe = source.pipeline(transaction=False)
             for start in batch:
                 pipe.getrange(key, start, min(start + piece, info.nbytes) - 1)
             for start, part in zip(batch, pipe.execute()):

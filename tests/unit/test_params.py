@@ -460,3 +460,163 @@ def test_versions_never_go_back_when_redis_loses_the_meta(fake_redis):
     fake_redis.flushall()  # a Redis restarted without persistence: the cached prev is gone
     assert publisher.publish({"w": np.zeros(2, np.float32)}, 1, force=True) == 4
     assert publisher.publish({"w": np.zeros(2, np.float32)}, 2, force=True) == 5
+
+
+# ---------------------------------------------------------------- read replicas
+
+class FakeClock:
+    """Stands in for the ``time`` module in hub/params.py: ``monotonic`` moves only when told."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    time = staticmethod(__import__("time").time)
+    sleep = staticmethod(__import__("time").sleep)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    import surreal_redis.hub.params as params_module
+
+    fake = FakeClock()
+    monkeypatch.setattr(params_module, "time", fake)
+    return fake
+
+
+@pytest.fixture
+def replica():
+    fakeredis = pytest.importorskip("fakeredis")
+    client = fakeredis.FakeRedis(decode_responses=False)  # its own server, unlike fake_redis
+    yield client
+    client.close()
+
+
+def replicate(primary, replica, *, skip=()):
+    """Copy the primary's keys (but those in ``skip``) to the replica, as replication would."""
+    for key in primary.keys("*"):
+        if key.decode() in skip:
+            continue
+        if primary.type(key) == b"hash":
+            replica.delete(key)
+            replica.hset(key, mapping=primary.hgetall(key))
+        else:
+            replica.set(key, primary.get(key))
+
+
+def test_replica_serves_polls_and_downloads(fake_redis, replica, clock):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(read_piece_bytes=1024))
+    primary = CountingClient(fake_redis)
+    client = ParameterClient(primary, RUN, ParameterClientConfig(), replicas=[replica])
+    pub.publish(make_params(1), 1)
+    replicate(fake_redis, replica)
+    got, info = client.fetch()
+    assert info.version == 1
+    assert_params_equal(got, make_params(1))
+    assert client.fetch() == (None, info)  # nothing new on the replica
+    assert primary.commands == []  # the primary served nothing
+    assert (client.replica_downloads, client.primary_downloads, client.replica_fallbacks) == (1, 0, 0)
+
+
+def test_lagging_replica_never_takes_the_agent_back(fake_redis, replica, clock):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(primary_poll_every_s=5), replicas=[replica])
+    pub.publish(make_params(1), 1)
+    replicate(fake_redis, replica)
+    assert client.fetch()[1].version == 1
+    pub.publish(make_params(2), 2)  # the replica lags at v1
+    assert client.fetch() == (None, client.info)  # the replica shows nothing new yet
+    clock.now += 5  # ... but the primary is asked every primary_poll_every_s
+    got, info = client.fetch()
+    assert info.version == 2 and client.primary_downloads == 1
+    assert_params_equal(got, make_params(2))
+    # The replica still shows v1, below what the agent holds: polls go to the primary, which has
+    # nothing new, and the agent keeps v2.
+    for _ in range(3):
+        assert client.fetch() == (None, info)
+    assert client.info.version == 2 and client.rejections == 0
+
+
+def test_a_version_known_to_be_live_skips_the_lagging_replica(fake_redis, replica, clock):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(), replicas=[replica])
+    pub.publish(make_params(1), 1)
+    replicate(fake_redis, replica)
+    client.fetch()
+    pub.publish(make_params(2), 2)
+    assert client.fetch(at_least=2)[1].version == 2  # a claim said v2 is live
+    assert (client.replica_downloads, client.primary_downloads) == (1, 1)
+
+
+@pytest.mark.parametrize("damage", ["blob missing", "blob corrupt", "meta went back"])
+def test_replica_that_cannot_serve_a_version_falls_back_to_the_primary(fake_redis, replica, clock, damage):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(), replicas=[replica])
+    pub.publish(make_params(1), 1)
+    replicate(fake_redis, replica)
+    client.fetch()
+    pub.publish(make_params(2), 2)
+    replicate(fake_redis, replica, skip={KEYS.blob(2)})  # meta v2 arrived, its blob did not
+    if damage == "blob corrupt":
+        blob = bytearray(fake_redis.get(KEYS.blob(2)))
+        blob[len(blob) // 2] ^= 0xFF
+        replica.set(KEYS.blob(2), bytes(blob))
+    if damage == "meta went back":
+        # The replica re-synced to an older state between the poll and the meta read.
+        original = replica.pipeline
+
+        def stale_pipeline(*args, **kwargs):
+            replica.hset(KEYS.meta, "version", 1)
+            return original(*args, **kwargs)
+        replica.pipeline = stale_pipeline
+    got, info = client.fetch()
+    assert info.version == 2
+    assert_params_equal(got, make_params(2))
+    assert (client.replica_fallbacks, client.primary_downloads, client.rejections) == (1, 1, 0)
+
+
+def test_unreachable_replica_rests_and_the_next_one_is_tried(fake_redis, replica, clock, caplog):
+    dead = redis.Redis(unix_socket_path="/nonexistent/redis.sock", retry=Retry(NoBackoff(), 0))
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(replica_backoff_s=2, replica_backoff_cap_s=2),
+                             replicas=[dead, replica])
+    client._replica = 0  # start with the dead one
+    pub.publish(make_params(1), 1)
+    replicate(fake_redis, replica)
+    assert client.fetch()[1].version == 1  # the dead replica failed: read from the primary
+    assert client.primary_downloads == 1 and "parameter replica 0 failed" in caplog.text
+    pub.publish(make_params(2), 2)
+    replicate(fake_redis, replica)
+    clock.now += 0.5  # replicas rest at least 1 s (half the 2 s backoff)
+    assert client.fetch()[1].version == 2 and client.primary_downloads == 2
+    clock.now += 2
+    pub.publish(make_params(3), 3)
+    replicate(fake_redis, replica)
+    assert client.fetch()[1].version == 3 and client.replica_downloads == 1  # the live replica
+
+
+def test_force_reads_the_primary(fake_redis, replica, clock):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(), replicas=[replica])
+    pub.publish(make_params(1), 1)
+    replicate(fake_redis, replica)
+    replica.set(KEYS.blob(1), b"junk")
+    assert client.fetch(force=True)[1].version == 1
+    assert (client.primary_downloads, client.replica_downloads) == (1, 0)
+
+
+def test_nothing_on_the_replica_asks_the_primary(fake_redis, replica, clock):
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig(), replicas=[replica])
+    assert client.fetch() == (None, ParamInfo.nothing())
+    pub.publish(make_params(1), 1)  # not replicated yet (a replica that just started syncing)
+    assert client.fetch()[1].version == 1 and client.primary_downloads == 1
+
+
+@pytest.mark.parametrize("bad", [{"primary_poll_every_s": 0}, {"replica_backoff_s": 0},
+                                 {"replica_backoff_s": 5, "replica_backoff_cap_s": 1}])
+def test_bad_replica_settings_are_named(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ParameterClientConfig(**bad)
