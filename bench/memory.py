@@ -72,6 +72,11 @@ def role_of(pid: int) -> str:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "gone"
+    return role_from_cmdline(cmdline)
+
+
+def role_from_cmdline(cmdline: str) -> str:
+    """``launch``, ``learner``, ``agent<id>``, ``eval``, ``redis-server`` or ``other``."""
     if "redis-server" in cmdline:
         return "redis-server"
     match = ROLE.search(cmdline)

@@ -1,0 +1,103 @@
+"""Smoke tests of bench/memory.py, bench/throughput.py and bench/halfcheetah.py: argument checks,
+the /proc readers they measure with, and a tiny plain loop (seconds; no launches)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from surreal_redis.launcher import _fmt
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench(request):
+    sys.path.insert(0, str(BENCH))
+    request.addfinalizer(lambda: sys.path.remove(str(BENCH)))
+    return {name: importlib.import_module(name) for name in ("memory", "throughput", "halfcheetah")}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--envs", "cartpole,doom"], "unknown envs ['doom']"),
+    (["--agents", "1,x"], "--agents must be comma-separated integers, got '1,x'"),
+    (["--agents", "0,2"], "--agents needs counts >= 1, got '0,2'"),
+    (["--seconds", "0"], "--seconds and --plain-s must be > 0, got 0.0"),
+])
+def test_throughput_refuses_bad_arguments_by_name(bench, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        bench["throughput"].main(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("halfcheetah", ["--budget-s", "-5"], "--budget-s must be > 0, got -5.0"),
+    ("halfcheetah", ["--agents", "0"], "--agents must be >= 1, got 0"),
+    ("halfcheetah", ["--eval-episodes", "0"], "--eval-episodes must be >= 1, got 0"),
+    ("memory", ["--agents", "0"], "need --agents >= 1"),
+    ("memory", ["--every-s", "0"], "--every-s > 0; got 4, 90.0, 0.0"),
+])
+def test_other_benches_refuse_bad_arguments_by_name(bench, capsys, module, argv, message):
+    with pytest.raises(SystemExit):
+        bench[module].main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_halfcheetah_defaults_are_the_issue_budget(bench):
+    options = bench["halfcheetah"].parse_args([])
+    assert options.budget_s == 600.0 and options.agents is None and not options.skip_sb3
+
+
+def test_halfcheetah_reads_the_launch_summary(bench):
+    summary = bench["halfcheetah"].SUMMARY
+    line = f"  204800 env steps, 100 updates, mean return {_fmt(-12.5)}, last eval {_fmt(None)}"
+    match = summary.search("run 'x' finished\n" + line + "\n  checkpoints: /tmp")
+    assert match and int(match["steps"]) == 204800 and int(match["updates"]) == 100
+    assert bench["halfcheetah"]._number(match["mean"]) == pytest.approx(float(_fmt(-12.5)))
+    assert bench["halfcheetah"]._number(match["eval"]) is None
+
+
+@pytest.mark.parametrize("cmdline, role", [
+    (".venv/bin/python -m surreal_redis.cli --log-level INFO agent --id 3 --config c.yaml --redis-url unix:///r", "agent3"),
+    (".venv/bin/python -m surreal_redis.cli --log-level INFO learner --config c.yaml", "learner"),
+    (".venv/bin/python -m surreal_redis.cli --log-level INFO eval --config c.yaml", "eval"),
+    (".venv/bin/python .venv/bin/surreal-redis launch configs/ppo_pong.yaml -o stop.max_seconds=90", "launch"),
+    ("redis-server *:0", "redis-server"),
+    ("/bin/sh -c true", "other"),
+])
+def test_memory_names_each_process_role(bench, cmdline, role):
+    assert bench["memory"].role_from_cmdline(cmdline) == role
+
+
+def test_memory_and_cpu_readers_see_a_child_process_and_keep_an_exited_agents_time(bench):
+    memory, throughput = bench["memory"], bench["throughput"]
+    # a busy child whose command line looks like an agent's
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\ntime.sleep(60)",
+                              "surreal_redis.cli", "--log-level", "INFO", "agent", "--id", "0"])
+    try:
+        deadline = time.monotonic() + 20
+        while (throughput.cpu_seconds(child.pid) or 0) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.pid in memory.process_tree(os.getpid())
+        rss, pss = memory.memory_of(child.pid)
+        assert 0 < pss <= rss
+        clock = throughput.AgentClock()
+        seen = clock.read(os.getpid())
+        assert seen >= 0.3
+    finally:
+        child.kill()
+        child.wait()
+    assert memory.memory_of(child.pid) is None and throughput.cpu_seconds(child.pid) is None
+    assert clock.read(os.getpid()) == seen  # an agent that exited still counts what it ran
+
+
+def test_plain_loop_steps_the_configs_env_with_its_policy(bench):
+    result = bench["throughput"].plain_loop(str(BENCH.parent / "configs" / "ppo_cartpole.yaml"), 0.2)
+    assert result["plain_sps"] > 0 and result["plain_sps_per_core"] > 0 and result["num_envs"] >= 1
