@@ -34,7 +34,7 @@ from surreal_redis.connection import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
 from surreal_redis.connection import Backoff, OutageGuard
 from surreal_redis.envs import make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError
-from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.params import ParameterClient, connect_replicas
 from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
 from surreal_redis.hub.run.control import RunControl, StopWatch
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
@@ -92,7 +92,8 @@ class Agent:
         self.quota = ProductionQuota(client, config.run)
         self.news = QuotaNews(client, config.run)
         self._claim_guard = OutageGuard(f"agent {agent_id} (claim)", self.stop_watch, errors=CLAIM_RETRY_ERRORS)
-        self.params = ParameterClient(client, config.run, config.hub.params_client)
+        self.params = ParameterClient(client, config.run, config.hub.params_client,
+                                      connect_replicas(config.redis.param_read_urls, config.redis.settings()))
         self.heartbeat = Heartbeat(client, config.run, agent_id, config.agent.heartbeat_ttl_s)
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self.seed = seed

@@ -55,11 +55,18 @@ class RedisConfig(RedisSettings):
     """maxmemory of the embedded server (noeviction: a full Redis makes agents back off)."""
     num_shards: int = 1
     """Experience streams; agent k writes to shard k mod num_shards."""
+    param_read_urls: tuple[str, ...] = ()
+    """Read replicas of ``url`` (servers started with ``replicaof``; redis://, rediss:// or unix://)
+    that agents and evaluators poll and download parameters from, falling back to ``url`` when a
+    replica lags or fails (``hub.params_client``); the learner always writes to ``url``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
+        for url in self.param_read_urls:
+            if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+                raise ValueError(f"param_read_urls: {url!r} is not a redis://, rediss:// or unix:// URL")
 
     def settings(self) -> RedisSettings:
         names = {f.name for f in dataclasses.fields(RedisSettings)}

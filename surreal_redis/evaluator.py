@@ -15,7 +15,7 @@ from surreal_redis.algos.registry import make_policy
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.envs import make_env
-from surreal_redis.hub.params import ParameterClient
+from surreal_redis.hub.params import ParameterClient, connect_replicas
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.runtime import StopFlag
@@ -62,7 +62,8 @@ class Evaluator:
         self.policy = make_policy(config.algo_config, self.env.observation_space, self.env.action_space, 1,
                                   agent_id=0, num_agents=config.agent.num_agents,
                                   seed=config.experiment.seed + 10_000 + eval_id)
-        self.params = ParameterClient(client, config.run, config.hub.params_client)
+        self.params = ParameterClient(client, config.run, config.hub.params_client,
+                                      connect_replicas(config.redis.param_read_urls, config.redis.settings()))
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self.control = RunControl(client, config.run)
         self.seed = config.experiment.seed + 20_000 + 1000 * eval_id

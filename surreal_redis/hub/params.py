@@ -49,7 +49,7 @@ import redis
 import xxhash
 
 from surreal_redis.codec import CodecError, ParamDict, decode_tree, encode_tree
-from surreal_redis.connection import OUTAGE_ERRORS, Backoff
+from surreal_redis.connection import OUTAGE_ERRORS, Backoff, RedisSettings, connect
 from surreal_redis.keys import ParamKeys, RunKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -353,6 +353,13 @@ class ParameterPublisher:
                 delay = backoff.next_delay()
                 log.warning("parameter publish: Redis unavailable (%s); retrying in %.2fs", exc, delay)
                 time.sleep(delay)
+
+
+def connect_replicas(urls: Sequence[str], settings: RedisSettings) -> list[redis.Redis]:
+    """Clients of parameter read replicas (``redis.param_read_urls``) for :class:`ParameterClient`,
+    one per URL, built like :func:`~surreal_redis.connection.connect` (which connects on first use:
+    an unreachable replica costs nothing here). Raises ``ValueError`` naming a bad URL."""
+    return [connect(url, settings) for url in urls]
 
 
 class ParameterClient:

@@ -620,3 +620,18 @@ def test_nothing_on_the_replica_asks_the_primary(fake_redis, replica, clock):
 def test_bad_replica_settings_are_named(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         ParameterClientConfig(**bad)
+
+
+def test_param_read_urls_config():
+    from surreal_redis.config import RedisConfig
+    from surreal_redis.configtools import ConfigError, from_dict
+    from surreal_redis.hub.params import connect_replicas
+
+    config = from_dict(RedisConfig, {"param_read_urls": ["redis://replica-1:6379/0", "unix:///tmp/r.sock"]})
+    assert config.param_read_urls == ("redis://replica-1:6379/0", "unix:///tmp/r.sock")
+    clients = connect_replicas(config.param_read_urls, config.settings())  # connects on first use
+    assert [c.connection_pool.connection_kwargs.get("host") for c in clients] == ["replica-1", None]
+    for client in clients:
+        client.close()
+    with pytest.raises((ValueError, ConfigError), match="'http://replica:6379'"):
+        from_dict(RedisConfig, {"param_read_urls": ["http://replica:6379"]})
