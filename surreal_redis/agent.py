@@ -5,10 +5,10 @@ Per vector step: act -> step -> ``sender.add`` (which flushes a chunk every ``fl
 a heartbeat and a look at the run's control state every ``agent.heartbeat_every_s``. Finished
 episodes go to the episodes stream. Parameters, two ways (``learner.on_policy_sync``):
 
-- lockstep (on-policy default): before each flush (``flush_steps`` x its envs env steps) the agent
-  claims it from the learner's quota (:mod:`surreal_redis.hub.quota`): OK -> produce it and send
-  it at once; STALE -> load the new parameters and claim again; WAIT -> wait on the notify channel
-  for the next version or grant. No other version polls.
+- on grants (``lockstep``, the on-policy default, and ``overlap``): before each flush (``flush_steps``
+  x its envs env steps) the agent claims it from the learner's quota (:mod:`surreal_redis.hub.quota`):
+  OK -> produce it and send it at once; STALE -> load the new parameters and claim again; WAIT ->
+  wait on the notify channel for the next version or grant. No other version polls.
 - free: every ``agent.fetch_every_steps`` steps (or ``fetch_every_episodes``) one tiny version poll
   (parameters are downloaded only when the version changed).
 

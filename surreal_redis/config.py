@@ -145,19 +145,23 @@ class LearnerConfig:
     """CPU threads for torch (small networks are fastest on one)."""
     max_restarts: int = 3
     """``launch`` restarts a crashed learner from its latest checkpoint up to this many times, with backoff."""
-    on_policy_sync: Literal["lockstep", "free"] = "lockstep"
-    """On-policy runs (PPO) only. ``lockstep``: after each update the learner grants the env steps its
-    next update needs, and agents claim each flush before producing it (:mod:`surreal_redis.hub.quota`),
-    so nearly every step reaches a gradient step and policy lag stays at most 1; agents wait while the
-    learner trains. ``free``: agents step without pause and the learner drops what is too stale
-    (``replay.fifo.max_policy_lag``); more steps per second, most of them wasted on a busy CPU."""
+    on_policy_sync: Literal["lockstep", "overlap", "free"] = "lockstep"
+    """On-policy runs (PPO) only. ``lockstep``: the learner grants the env steps its next update needs,
+    and agents claim each flush before producing it (:mod:`surreal_redis.hub.quota`): each batch is
+    made with the parameters it is trained against (policy lag 0, nothing wasted); agents wait while
+    the learner trains. ``overlap``: the same grants, one batch ahead: agents make the next batch
+    while the learner trains on this one (policy lag 1, nothing wasted, up to twice the updates per
+    second when making a batch takes as long as training on it). ``free``: agents step without pause
+    and the learner drops what is too stale (``replay.fifo.max_policy_lag``): more steps per second,
+    most of them wasted on a busy CPU."""
     lockstep_topup_s: float = 5.0
-    """Lockstep: when the learner still needs steps, the grant is used up and no chunk arrived for this
-    many seconds (an agent claimed and died, or its chunks were lost), it grants the missing steps again."""
+    """``lockstep``/``overlap``: when the learner still needs steps, the grant is used up and no chunk
+    arrived for this many seconds (an agent claimed and died, or its chunks were lost), it grants the
+    missing steps again."""
 
     def __post_init__(self) -> None:
-        if self.on_policy_sync not in ("lockstep", "free"):
-            raise ValueError(f"on_policy_sync must be 'lockstep' or 'free', got {self.on_policy_sync!r}")
+        if self.on_policy_sync not in ("lockstep", "overlap", "free"):
+            raise ValueError(f"on_policy_sync must be 'lockstep', 'overlap' or 'free', got {self.on_policy_sync!r}")
         if not self.lockstep_topup_s > 0:
             raise ValueError(f"lockstep_topup_s must be > 0 seconds, got {self.lockstep_topup_s!r}")
         for name in ("steps_per_update", "learning_starts", "publish_every_updates", "prefetch_chunks",
@@ -244,9 +248,9 @@ class ExperimentConfig:
 
     @property
     def lockstep(self) -> bool:
-        """Whether agents and learner produce in lockstep: an on-policy algorithm (PPO) with
-        ``learner.on_policy_sync: lockstep``. Off-policy runs never claim."""
-        return self.learner.on_policy_sync == "lockstep" and isinstance(self.algo_config, PPOConfig)
+        """Whether agents produce only what the learner grants: an on-policy algorithm (PPO) with
+        ``learner.on_policy_sync`` ``lockstep`` or ``overlap``. Off-policy runs never claim."""
+        return self.learner.on_policy_sync != "free" and isinstance(self.algo_config, PPOConfig)
 
     @property
     def experiment_dir(self) -> Path:

@@ -7,13 +7,18 @@ stall the GPU step). Each round of the main thread: read -> ``feed.ingest`` (the
 conditions). The feed holds the regime (:mod:`surreal_redis.replay.feeds`: PPO's FIFO, DDPG's
 n-step replay and rate limiter); this module does not know which algorithm it trains.
 
-Lockstep production (on-policy runs with ``learner.on_policy_sync: lockstep``): after each update
-(and its publish) the learner grants agents the env steps its next update still needs
-(:meth:`~surreal_redis.replay.feeds.Feed.steps_needed`) for the live parameter version
-(:mod:`surreal_redis.hub.quota`). Top-up rule: when the feed still needs steps, the grant is used
-up (or gone) and no chunk arrived for ``learner.lockstep_topup_s`` seconds (an agent claimed and
-died, its chunks were lost or dropped), the learner grants the missing steps again, publishing
-first if the live version is not its own (Redis restarted empty).
+Production on grants (on-policy runs, ``learner.on_policy_sync`` ``lockstep`` or ``overlap``; see
+:mod:`surreal_redis.hub.quota`), always for the live parameter version:
+
+- ``lockstep``: after each update (and its publish) the learner grants the env steps its next
+  update still needs (:meth:`~surreal_redis.replay.feeds.Feed.steps_needed`).
+- ``overlap``: before each update's gradient steps it grants what the update after it needs, so
+  agents make that batch meanwhile; after the publish, what agents had not claimed yet of that
+  grant carries over to the new version.
+- Top-up rule (both): when the feed still needs steps for its next update, the grant is used up (or
+  gone) and no chunk arrived for ``learner.lockstep_topup_s`` seconds (an agent claimed and died,
+  its chunks were lost or dropped), the learner grants the missing steps again, publishing first
+  if the live version is not its own (Redis restarted empty).
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ class Learner:
                                            settings=cfg.redis.settings())
         self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards)
         self.quota = ProductionQuota(client, cfg.run) if cfg.lockstep and self.feed.steps_needed() is not None else None
+        self.overlap = cfg.learner.on_policy_sync == "overlap"
         self.control = RunControl(client, cfg.run)
         self.checkpoints = CheckpointManager(cfg.experiment_dir / "checkpoints", cfg.checkpoint)
         self.metrics = LearnerMetrics(client, cfg, tracker)
@@ -218,7 +224,7 @@ class Learner:
         if self.quota is not None:
             self.quota.load_script()  # agents may not load scripts themselves (ACL)
         self._publish(force=True)
-        self._grant()
+        self._grant()  # overlap too: its first grant ahead comes with the first update
         self.control.start()
 
     def iterate(self, batches: queue.Queue[list[ReceivedChunk]]) -> None:
@@ -232,6 +238,8 @@ class Learner:
             self._ingest(items)
         updates = self.feed.train(self.algo, self.stop)
         while True:
+            if self.overlap and self.quota is not None and self.feed.steps_needed() == 0:
+                self._grant(ahead=1)  # an update runs now: agents make the next batch meanwhile
             started = time.monotonic()
             stats = next(updates, None)  # the gradient steps run inside next()
             if stats is None:
@@ -263,15 +271,24 @@ class Learner:
         iteration = self.algo.iteration
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
+        version = self.param_version
         if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
             self._publish()
-        self._grant()  # for the new version, or again for the old one when no publish was due
+        if not self.overlap:
+            self._grant()  # for the new version, or again for the old one when no publish was due
+        elif self.quota is not None and self.param_version != version:
+            # The unclaimed rest of the grant made before this update. A claim between the read and
+            # the write is granted twice: one flush more, used by the next update.
+            grant = self.quota.left()
+            self.quota.grant(self.param_version, max(0, grant[1]) if grant and grant[0] == version else 0)
+            self._granted_at = time.monotonic()
 
-    def _grant(self) -> None:
-        """Lockstep: let agents acting with the live version produce what the next update needs."""
+    def _grant(self, ahead: int = 0) -> None:
+        """Let agents acting with the live version produce what the next ``1 + ahead`` updates
+        still need (on grants only)."""
         if self.quota is None:
             return
-        self.quota.grant(self.param_version, self.feed.steps_needed() or 0)
+        self.quota.grant(self.param_version, self.feed.steps_needed(ahead) or 0)
         self._granted_at = time.monotonic()
 
     def _top_up(self) -> None:

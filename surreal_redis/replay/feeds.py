@@ -80,9 +80,9 @@ class Feed(abc.ABC, Generic[TrainerT]):
     def on_publish(self, version: int) -> None:  # noqa: B027  (only the on-policy feed cares)
         """The learner published parameter version ``version``."""
 
-    def steps_needed(self) -> int | None:
-        """Env steps the next update still needs beyond those held (>= 0); None for a feed that
-        takes whatever comes (off-policy: agents produce freely, nothing is granted)."""
+    def steps_needed(self, ahead: int = 0) -> int | None:
+        """Env steps the next ``1 + ahead`` updates still need beyond those held (>= 0); None for a
+        feed that takes whatever comes (off-policy: agents produce freely, nothing is granted)."""
         return None
 
     def use(self) -> ExperienceUse | None:
@@ -130,8 +130,10 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
     def on_publish(self, version: int) -> None:
         self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped
 
-    def steps_needed(self) -> int:
-        return max(0, self.steps_per_update - len(self.fifo))
+    def steps_needed(self, ahead: int = 0) -> int:
+        if ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {ahead}")
+        return max(0, (1 + ahead) * self.steps_per_update - len(self.fifo))
 
     def use(self) -> ExperienceUse:
         stats = self.fifo.stats()

@@ -1,6 +1,6 @@
-"""End to end: a lockstep launch (the default for PPO) of the smoke config through the real CLI:
-nearly every env step the agents make reaches a gradient update, none is dropped as stale, and the
-launcher's summary, MLflow and the learner's log say so. About 15 s on 2 cores."""
+"""End to end: launches of the smoke config through the real CLI with production on grants, in
+lockstep (the default for PPO) and overlapped: nearly every env step the agents make reaches a
+gradient update, and the launcher's summary and MLflow say so. About 15 s each on 2 cores."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
 SUMMARY = re.compile(r"experience used (?P<used>[\d.]+)% \(\+(?P<unused>\d+) steps unused at the stop\), policy lag "
-                     r"p90 (?P<lag>\d+), learner busy (?P<busy>\d+)%, agents idle (?P<idle>\d+)% \[lockstep\]")
+                     r"p90 (?P<lag>\d+), learner busy (?P<busy>\d+)%, agents idle (?P<idle>\d+)% \[(?P<sync>\w+)\]")
 
 
 def final_metrics(experiment: Path) -> dict[str, float]:
@@ -25,20 +25,30 @@ def final_metrics(experiment: Path) -> dict[str, float]:
     return client.get_run(run_id).data.metrics  # the last value of each
 
 
-def test_a_lockstep_launch_uses_nearly_every_step_and_drops_none_as_stale(tmp_path):
+def launch_smoke(tmp_path: Path, sync: str) -> tuple[re.Match, dict[str, float]]:
     done = subprocess.run([sys.executable, "-m", "surreal_redis.cli", "launch", SMOKE, "-o", f"experiment.root={tmp_path}",
-                           "-o", "eval.enabled=false"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                           "-o", "eval.enabled=false", "-o", f"learner.on_policy_sync={sync}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "run 'smoke' finished (reached" in done.stderr, done.stderr[-4000:]
     summary = SUMMARY.search(done.stderr)
-    assert summary, done.stderr[-4000:]
-    assert float(summary["used"]) >= 95.0 and int(summary["lag"]) <= 1
-    assert 0 < int(summary["busy"]) <= 100 and 0 < int(summary["idle"]) <= 100
+    assert summary and summary["sync"] == sync, done.stderr[-4000:]
+    return summary, final_metrics(tmp_path / "smoke")
 
-    metrics = final_metrics(tmp_path / "smoke")
+
+def test_a_lockstep_launch_uses_nearly_every_step_and_drops_none_as_stale(tmp_path):
+    summary, metrics = launch_smoke(tmp_path, "lockstep")
+    assert float(summary["used"]) >= 95.0 and int(summary["lag"]) == 0
+    assert 0 < int(summary["busy"]) <= 100 and 0 < int(summary["idle"]) <= 100
     assert metrics["hub/experience_used_fraction"] >= 0.95
     assert metrics["system/replay_dropped_stale_steps"] == 0 and metrics["hub/experience_wasted_steps_total"] == 0
     assert metrics["hub/policy_lag_max"] <= 1 and metrics["hub/lockstep_topups_total"] == 0
     # every step the learner took in was used, but for what it held at the stop
     assert metrics["hub/experience_used_steps_total"] + metrics["hub/experience_held_steps"] == metrics["charts/env_steps"]
-    assert 0 < metrics["system/learner_busy_fraction"] <= 1 and 0 <= metrics["hub/agent_idle_fraction"] <= 1
+    assert 0 <= metrics["system/learner_busy_fraction"] <= 1 and 0 <= metrics["hub/agent_idle_fraction"] <= 1
+
+
+def test_an_overlapped_launch_uses_nearly_every_step_one_version_behind(tmp_path):
+    summary, metrics = launch_smoke(tmp_path, "overlap")
+    assert float(summary["used"]) >= 95.0 and int(summary["lag"]) == 1  # made while the learner trained
+    assert metrics["hub/experience_used_fraction"] >= 0.95 and metrics["hub/lockstep_topups_total"] == 0

@@ -117,7 +117,7 @@ def test_on_policy_feed_says_what_its_next_update_still_needs_and_what_became_of
     feed.ingest(chunk(0, 0, 4, version=0))
     feed.ingest(chunk(1, 0, 4, version=1))
     feed.ingest(chunk(2, 0, 4, version=1))
-    assert feed.steps_needed() == 0  # 12 held: enough for an update
+    assert feed.steps_needed() == 0 and feed.steps_needed(ahead=1) == 4  # 12 held: an update and a half
     assert len(list(feed.train(ChunkTrainer(), threading.Event()))) == 1
     assert feed.use() == ExperienceUse(used=8, dropped=0, held=4) and feed.steps_needed() == 4
     feed.on_publish(3)  # the held version-1 chunk is 2 behind now: dropped, and needed again

@@ -308,6 +308,31 @@ def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_re
     assert quota.claim(2, 16).status == "OK"
 
 
+@pytest.mark.parametrize("sync", ["lockstep", "overlap"])
+def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_rest_over(fake_redis, tmp_path, sync):
+    config = ppo_config(tmp_path, f"learner.on_policy_sync={sync}")
+    learner = learner_for(config, fake_redis)
+    quota = ProductionQuota(fake_redis, config.run)
+    learner.start()
+    assert quota.left() == (1, 64)  # both: the first batch
+    assert quota.claim(1, 64).status == "OK"  # the agents claim it all and make it
+    send_steps(fake_redis, config, learner, 32)
+    claims = []
+    train = learner.algo.update
+
+    def update_while_an_agent_claims(chunks):
+        claims.append(quota.claim(1, 48))  # an agent asks for more while the learner trains
+        return train(chunks)
+
+    learner.algo.update = update_while_an_agent_claims
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 1 and learner.param_version == 2
+    if sync == "overlap":  # granted 64 ahead for v1 before training; 16 unclaimed carried over to v2
+        assert claims == [("OK", 48, 1)] and quota.left() == (2, 16)
+    else:  # nothing to claim while training; the next batch is granted for v2 afterwards
+        assert claims == [("WAIT", 0, 1)] and quota.left() == (2, 64)
+
+
 def test_free_and_off_policy_learners_grant_nothing(fake_redis, tmp_path):
     for config in (ppo_config(tmp_path, "learner.on_policy_sync=free"), ddpg_config(tmp_path)):
         assert not config.lockstep
