@@ -28,17 +28,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
 ENV_URL = "SURREAL_REDIS_URL"
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
-# A server that is still loading its dataset after a restart is an outage too.
-OUTAGE_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.BusyLoadingError)
+# A server that is still loading its dataset after a restart is an outage too, and so is a cluster
+# that has lost a primary and not yet promoted its replica (CLUSTERDOWN, no node for a slot).
+OUTAGE_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.BusyLoadingError, redis.exceptions.ClusterDownError,
+                 redis.exceptions.SlotNotCoveredError, redis.exceptions.TryAgainError)
+
+RedisClient = redis.Redis | RedisCluster
+"""What :func:`connect` returns: a standalone client, or a cluster client for ``redis+cluster://``."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,9 @@ class RedisSettings:
     """How to reach Redis. Times are in seconds."""
 
     url: str | None = None
-    """redis://, rediss:// or unix:// URL; None: ``$SURREAL_REDIS_URL``, or an embedded server."""
+    """redis://, rediss://, unix://, or redis+cluster:// / rediss+cluster:// URL (Redis Cluster:
+    ``redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]``); None: ``$SURREAL_REDIS_URL``, or
+    an embedded server."""
     socket_timeout: float = 10.0
     """Seconds a command may wait for its reply; blocking reads use at most half of it."""
     connect_timeout: float = 5.0
@@ -72,27 +82,107 @@ def resolve_url(url: str | None) -> str | None:
     return url or os.environ.get(ENV_URL) or None
 
 
-def connect(url: str, settings: RedisSettings | None = None) -> redis.Redis:
-    """A client for ``redis://``, ``rediss://`` or ``unix://`` URLs.
+def connect(url: str, settings: RedisSettings | None = None) -> RedisClient:
+    """A client for ``redis://``, ``rediss://`` or ``unix://`` URLs, or a
+    :class:`redis.cluster.RedisCluster` for ``redis+cluster://`` / ``rediss+cluster://`` ones.
 
     RESP2, bytes replies, explicit socket/connect timeouts, and no automatic retries: a connection
     or timeout error reaches the caller, whose command may or may not have run (see the module
-    docstring; :func:`retry_idempotent` retries calls that are safe to repeat).
+    docstring; :func:`retry_idempotent` retries calls that are safe to repeat). A cluster client
+    refreshes its slot map after a connection error or a MOVED reply, so the caller's next call
+    goes to the promoted replica after a failover.
     Raises ``ValueError`` naming the URL when its scheme is not supported.
     """
     settings = settings or RedisSettings()
+    common = dict(protocol=2, decode_responses=False, socket_timeout=settings.socket_timeout,
+                  socket_connect_timeout=settings.connect_timeout,
+                  retry=Retry(NoBackoff(), 0),  # redis-py's default would repeat every command 3 times
+                  health_check_interval=settings.health_check_interval)
+    if url.startswith(CLUSTER_SCHEMES):
+        address = parse_cluster_url(url)
+        return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address.nodes],
+                            username=address.username, password=address.password, ssl=address.ssl,
+                            **common)
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"unsupported Redis URL {url!r}: use redis://, rediss:// or unix://")
-    return redis.Redis.from_url(
-        url,
-        protocol=2,
-        decode_responses=False,
-        socket_timeout=settings.socket_timeout,
-        socket_connect_timeout=settings.connect_timeout,
-        retry=Retry(NoBackoff(), 0),  # redis-py's default would repeat every command 3 times
-        retry_on_error=[],
-        health_check_interval=settings.health_check_interval,
-    )
+        raise ValueError(f"unsupported Redis URL {url!r}: use redis://, rediss://, unix://, "
+                         "redis+cluster:// or rediss+cluster://")
+    return redis.Redis.from_url(url, retry_on_error=[], **common)
+
+
+@dataclass(frozen=True)
+class ClusterAddress:
+    """A parsed ``redis+cluster://`` URL: startup nodes (host, port), credentials, TLS."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    ssl: bool
+
+
+def parse_cluster_url(url: str) -> ClusterAddress:
+    """``redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...][/]`` (``rediss+cluster://``: TLS)
+    -> :class:`ClusterAddress`. A cluster has no databases and no unix sockets, so a path other
+    than ``/`` or ``/0`` or a ``db=`` parameter is refused; so is a missing port. Raises
+    ``ValueError`` naming the URL and the bad part."""
+    if not url.startswith(CLUSTER_SCHEMES):
+        raise ValueError(f"not a cluster URL {url!r}: use redis+cluster://HOST:PORT[,HOST:PORT...]")
+    scheme, rest = url.split("://", 1)
+    netloc, _, tail = rest.partition("/")
+    path, _, query = tail.partition("?")
+    if "?" in netloc:
+        netloc, _, query = netloc.partition("?")
+    if path not in ("", "0") or "db" in parse_qs(query):
+        raise ValueError(f"cluster URL {url!r} names a database: Redis Cluster has only database 0")
+    credentials, _, hosts = netloc.rpartition("@")
+    username = password = None
+    if credentials:
+        user, has_password, secret = credentials.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if has_password else None
+    nodes = []
+    for item in hosts.split(","):
+        parts = urlsplit(f"//{item}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None:
+            raise ValueError(f"cluster URL {url!r}: node {item!r} must be HOST:PORT")
+        nodes.append((parts.hostname, port))
+    return ClusterAddress(tuple(nodes), username, password, scheme == "rediss+cluster")
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a :class:`RedisCluster` or its pipeline)."""
+    return isinstance(client, (RedisCluster, redis.cluster.ClusterPipeline))
+
+
+def primary_clients(client: RedisClient) -> list[redis.Redis]:
+    """One client per primary: ``[client]`` for a standalone server; for a cluster, the cluster's
+    own per-node clients of its current primaries (commands that act on one server's keyspace or
+    state, e.g. SCAN, SCRIPT LOAD, INFO, run on each)."""
+    if not isinstance(client, RedisCluster):
+        return [client]
+    return [client.get_redis_connection(node) for node in client.get_primaries()]
+
+
+def node_client(client: RedisClient, key: str | bytes) -> redis.Redis:
+    """The client of the server that owns ``key``: ``client`` itself when standalone, else the
+    cluster's client of the primary serving the key's slot (as of the last slot-map refresh)."""
+    if not isinstance(client, RedisCluster):
+        return client
+    return client.get_redis_connection(client.get_node_from_key(key))
+
+
+def refresh_topology(client: RedisClient, reason: BaseException) -> None:
+    """After a connection error or a MOVED reply on a raw connection: reload a cluster client's
+    slot map (no-op when standalone). A failure to reload is logged; the next call tries again."""
+    if not isinstance(client, RedisCluster):
+        return
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+        log.warning("cluster slot map not refreshed after %s: %s", reason, exc)
 
 
 def block_ms(requested_ms: int, settings: RedisSettings) -> int:

@@ -5,6 +5,17 @@ experience shard N and ``sr:{run.p}:...`` for parameters. The part in braces is 
 tag, so each shard's keys (and the parameter keys) share one slot and every Lua script touches a
 single slot.
 
+Shard placement: a hash tag lands on a pseudo-random slot (three shards once landed on one primary
+of three). So shard N's tag is ``{run.sN}`` or ``{run.sN.K}`` with the smallest salt K that puts its
+slot in the N-th window of :data:`SHARD_SLOT_WINDOWS`: the first n windows of that table lie in n
+different n-ths of the slot space for every n up to 12 (a Steinhaus sequence), and
+``redis-cli --cluster create``/``rebalance`` give P primaries P equal runs of slots, so any
+num_shards <= 12 that is a multiple of the number of primaries spreads exactly evenly (otherwise within
+one shard per primary), whatever num_shards is: a shard's tag never depends on it. Shards 12 and up
+keep ``{run.sN}`` (hash placement). When a cluster is resharded, tags stay and the keys move with their
+slots (clients follow MOVED): the data is safe, only the balance may change (``status`` shows which node
+serves each shard).
+
 Run names never contain ``.`` (the tag separator) nor a glob character, so the tag of one run can
 never be read as the tag of another (``{ppo.p}`` is run ``ppo``'s, never a run named ``ppo.p``),
 and every pattern built here matches the keys of its own run only (the ACL users and ``gc --drop``
@@ -15,11 +26,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+
+from redis.crc import key_slot
 
 PREFIX = "sr"
 CONSUMER_GROUP = "learner"
 _RUN_NAME = re.compile(r"[A-Za-z0-9_\-]{1,100}")
 _DIGEST = re.compile(r"[0-9a-f]{8,64}")
+CLUSTER_SLOTS = 16384
+# (first, last) slot of shard N's target window: the middle half of cell N of a 12-point Steinhaus
+# sequence (the first n cells lie in distinct intervals [k/n, (k+1)/n) of the slot space, n <= 12;
+# found by a depth-first search; tests/unit/test_keys.py checks it), so each window stays >= 24 slots
+# away from any primary's edge. (17 points exist, but the search for them took minutes.)
+SHARD_SLOT_WINDOWS: tuple[tuple[int, int], ...] = (
+    (7633, 8006), (12008, 12195), (3754, 3982), (14116, 14263), (1877, 1991), (9411, 9508), (6004, 6097),
+    (15360, 16042), (341, 1023), (10550, 10798), (4740, 4856), (13182, 13330),
+)
 
 
 def validate_run_name(run: str) -> str:
@@ -32,6 +55,22 @@ def validate_run_name(run: str) -> str:
     return run
 
 
+@lru_cache(maxsize=4096)
+def shard_tag(run: str, shard: int) -> str:
+    """``sr:{run.sN}`` or ``sr:{run.sN.K}``: see the module docstring (placement). Pure function
+    of (run, shard); a few hundred CRC16s at most, once per process and shard."""
+    plain = f"{PREFIX}:{{{run}.s{shard}}}"
+    if shard >= len(SHARD_SLOT_WINDOWS):
+        return plain
+    first, last = SHARD_SLOT_WINDOWS[shard]
+    salt = 0
+    tag = plain
+    while not first <= key_slot(tag.encode()) <= last:
+        salt += 1
+        tag = f"{PREFIX}:{{{run}.s{shard}.{salt}}}"
+    return tag
+
+
 @dataclass(frozen=True)
 class ShardKeys:
     """Key names of one experience shard (all in the hash slot ``{run.sN}``)."""
@@ -41,7 +80,12 @@ class ShardKeys:
 
     @property
     def tag(self) -> str:
-        return f"{PREFIX}:{{{self.run}.s{self.shard}}}"
+        return shard_tag(self.run, self.shard)
+
+    @property
+    def slot(self) -> int:
+        """The Redis Cluster hash slot of every key of this shard."""
+        return key_slot(self.tag.encode())
 
     @property
     def exp(self) -> str:

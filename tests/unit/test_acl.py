@@ -13,8 +13,9 @@ def test_rules_name_the_run_keys_only():
     agent = acl_rules(RUN, "agent", num_shards=2)
     assert f"+evalsha|{script_sha('insert')}" in agent
     assert not any(r in agent for r in ("+evalsha", "+eval", "+script|load", "+@all", "+set", "+xtrim", "+del"))
-    assert "~sr:{aclrun.s1}:obs:*" in agent and "&sr:{aclrun.p}:notify" in agent
-    assert "(~sr:{aclrun.s0}:obs:* ~sr:{aclrun.s1}:obs:* +setnx +exists)" in agent
+    s0, s1 = RunKeys(RUN).shard(0).tag, RunKeys(RUN).shard(1).tag
+    assert f"~{s1}:obs:*" in agent and "&sr:{aclrun.p}:notify" in agent
+    assert f"(~{s0}:obs:* ~{s1}:obs:* +setnx +exists)" in agent
     assert all("aclrun" in rule for rule in agent if "~" in rule)
     assert not any(":evals" in rule for rule in agent)
     evaluator = acl_rules(RUN, "eval")

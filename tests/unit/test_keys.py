@@ -3,15 +3,43 @@ from fnmatch import fnmatchcase
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from redis.crc import key_slot
 
-from surreal_redis.keys import RunKeys, validate_run_name
+from surreal_redis.keys import CLUSTER_SLOTS, SHARD_SLOT_WINDOWS, RunKeys, validate_run_name
 
 
 def test_shard_keys_share_one_hash_tag():
     shard = RunKeys("exp1").shard(3)
     names = [shard.exp, shard.obsref, shard.dead, shard.obs("ab" * 16), shard.seen("uuid-1")]
-    assert all(name.startswith("sr:{exp1.s3}:") for name in names)
+    assert all(name.startswith(shard.tag + ":") for name in names)
+    assert shard.tag.startswith("sr:{exp1.s3") and shard.tag.endswith("}")
+    assert len({key_slot(name.encode()) for name in names}) == 1
     assert shard.digest_of(shard.obs("ab" * 16)) == "ab" * 16
+
+
+def test_shard_slot_windows_are_a_steinhaus_sequence():
+    """For every n <= 17 the first n windows lie in n different n-ths of the slot space: n shards
+    spread one per primary over n equal slot ranges, and k*P shards k per primary over P."""
+    for n in range(1, len(SHARD_SLOT_WINDOWS) + 1):
+        parts = [(first * n // CLUSTER_SLOTS, last * n // CLUSTER_SLOTS) for first, last in SHARD_SLOT_WINDOWS[:n]]
+        assert all(a == b for a, b in parts), n
+        assert len({a for a, _ in parts}) == n, n
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.from_regex(r"[A-Za-z0-9_\-]{1,30}", fullmatch=True), st.sampled_from([1, 2, 3, 4, 5, 6, 12]))
+def test_shards_spread_evenly_over_equal_slot_ranges(run, primaries):
+    """``redis-cli --cluster create`` with P primaries: P runs of ~16384/P slots. Any multiple of P
+    shards (up to 12) spreads exactly evenly, whatever the run name."""
+    bounds = [round(i * CLUSTER_SLOTS / primaries) for i in range(primaries + 1)]
+    for num_shards in range(primaries, len(SHARD_SLOT_WINDOWS) + 1, primaries):
+        owners = [next(i for i in range(primaries) if bounds[i] <= shard.slot < bounds[i + 1])
+                  for shard in RunKeys(run).shards(num_shards)]
+        assert sorted(owners.count(i) for i in range(primaries)) == [num_shards // primaries] * primaries
+
+
+def test_shard_tags_beyond_the_table_are_plain():
+    assert RunKeys("r").shard(len(SHARD_SLOT_WINDOWS)).tag == f"sr:{{r.s{len(SHARD_SLOT_WINDOWS)}}}"
 
 
 def test_param_and_run_keys():
