@@ -226,8 +226,8 @@ def test_retried_insert_after_lost_reply_is_stored_once(real_redis, monkeypatch)
     original = sender_module.send_commands
     lost = []
 
-    def send_then_lose_reply(client, commands):
-        replies = original(client, commands)
+    def send_then_lose_reply(client, commands, key=None):
+        replies = original(client, commands, key)
         if not lost:
             lost.append(True)
             raise redis.TimeoutError("reply lost after the server ran the inserts")

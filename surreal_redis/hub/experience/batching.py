@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from surreal_redis.connection import RedisClient, is_cluster, node_client, refresh_topology
 from surreal_redis.scripts import ScriptError
 
 SEQ_WINDOW = 1024  # insert.lua takes seqs below floor + SEQ_WINDOW only (it remembers that many)
@@ -86,11 +87,18 @@ def pack_command(*args: bytes | str | int) -> bytes:
     return b"".join(parts)
 
 
-def send_commands(client: redis.Redis, commands: list[bytes]) -> list[Any]:
+def send_commands(client: RedisClient, commands: list[bytes], key: str | None = None) -> list[Any]:
     """Send packed commands in one write on one pooled connection and read their replies in
     order; an error reply becomes its exception in the list. Connection errors disconnect and
-    propagate (the outcome of the commands is then unknown). Blocks for one round trip."""
-    pool = client.connection_pool
+    propagate (the outcome of the commands is then unknown). Blocks for one round trip.
+
+    On Redis Cluster every command must touch ``key``'s slot: they go to the primary serving it
+    (a MOVED reply or a connection error refreshes the client's slot map for the next call)."""
+    cluster = is_cluster(client)
+    if cluster and key is None:
+        raise ValueError("send_commands on a cluster needs the key whose slot the commands touch")
+    node = node_client(client, key) if cluster else client
+    pool = node.connection_pool
     conn = pool.get_connection()
     try:
         conn.send_packed_command(commands)
@@ -100,12 +108,16 @@ def send_commands(client: redis.Redis, commands: list[bytes]) -> list[Any]:
                 replies.append(conn.read_response())
             except redis.ResponseError as exc:
                 replies.append(exc)
-        return replies
-    except BaseException:
+    except BaseException as exc:
         conn.disconnect()
+        if cluster:
+            refresh_topology(client, exc)
         raise
     finally:
         pool.release(conn)
+    if cluster and any(isinstance(r, redis.exceptions.AskError) for r in replies):
+        refresh_topology(client, next(r for r in replies if isinstance(r, redis.exceptions.AskError)))
+    return replies
 
 
 class Outcome(enum.Enum):
@@ -117,11 +129,14 @@ class Outcome(enum.Enum):
     BACKOFF = "Redis is out of memory, busy or unreachable: wait, then retry"
 
 
-_TRANSIENT = ("OOM", "BUSY", "LOADING", "MISCONF", "READONLY", "TRYAGAIN", "MASTERDOWN")
+_TRANSIENT = ("OOM", "BUSY", "LOADING", "MISCONF", "READONLY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN",
+              "MOVED", "ASK")
 # redis-py strips the error code from these, so they are told apart by class.
 _TRANSIENT_TYPES = (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError,
                     redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError,
-                    redis.exceptions.MasterDownError, redis.ConnectionError, redis.TimeoutError)
+                    redis.exceptions.MasterDownError, redis.ConnectionError, redis.TimeoutError,
+                    # cluster: the slot moved (resharding, failover) or has no primary right now
+                    redis.exceptions.AskError, redis.exceptions.ClusterDownError)
 
 
 def is_oom(error: BaseException | None) -> bool:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import redis
 
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisSettings, block_ms
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisSettings, block_ms, is_cluster
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.dead_letters import DeadLetters
 from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
@@ -43,6 +43,10 @@ from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
+
+CLUSTER_BLOCK_SLICE_MS = 50
+"""On Redis Cluster: the longest one blocking XREADGROUP waits on a single shard (the latency an
+entry on another shard can see when everything was quiet)."""
 
 @dataclass(frozen=True)
 class ReceiverConfig:
@@ -131,8 +135,10 @@ class ExperienceReceiver:
 
     :meth:`receive` (and :meth:`read_retained`) from one thread; :meth:`ack` and :meth:`set_aside`
     may be called from another. Use one receiver per reader thread (with distinct ``shards`` or
-    consumer names). On Redis Cluster give each receiver one shard: one XREADGROUP may not span
-    slots. Blocking calls wait at most ``block_ms`` (capped below half the socket timeout).
+    consumer names). On Redis Cluster, where one XREADGROUP may not span slots, each read names
+    one shard: a round of non-blocking reads over the shards, then one blocking read of at most
+    ``CLUSTER_BLOCK_SLICE_MS`` on the shards in rotation, so a quiet shard never starves the others.
+    Blocking calls wait at most ``block_ms`` (capped below half the socket timeout).
     Connection errors propagate (nothing is lost: see the module docstring); the next call
     recovers. Out-of-memory replies never do: they are waited out.
     """
@@ -168,6 +174,8 @@ class ExperienceReceiver:
         self._own_cursor: dict[int, bytes] = {}  # shards whose own pending list is being read again
         self._claim_cursor: dict[int, bytes] = {}
         self._next_claim = 0.0
+        self._cluster = is_cluster(client)
+        self._rotation = itertools.cycle(list(self._keys))  # the shard of the next blocking read (cluster)
 
     @property
     def dead_by_reason(self) -> dict[str, int]:
@@ -398,7 +406,7 @@ class ExperienceReceiver:
         count = self.config.claim_count
         with self._lock:
             streams = {self._keys[s].exp: cursor for s, cursor in self._own_cursor.items()}
-            reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, streams, count=count)
+            reply = self._xreadgroup(streams, count)
             pages = {self._shard_of[bytes(name)]: entries for name, entries in reply or []}
             for shard in list(self._own_cursor):
                 entries = pages.get(shard, [])
@@ -440,10 +448,45 @@ class ExperienceReceiver:
         streams = {keys.exp: ">" for keys in self._keys.values()}
         count = -(-max_chunks // len(streams))
         block = block_ms(wait_ms, self.settings) if wait_ms > 0 else None  # BLOCK 0 would wait forever
+        if self._cluster and len(streams) > 1:
+            self._read_new_per_shard(streams, count, block)
+            return
         reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, streams, count=count, block=block)
         with self._lock:
             for name, entries in reply or []:
                 self._take(self._shard_of[bytes(name)], entries)
+
+    def _read_new_per_shard(self, streams: dict[str, str], count: int, block: int | None) -> None:
+        """Cluster: non-blocking reads of every shard; while they find nothing and ``block`` ms
+        are not over, one blocking read of at most ``CLUSTER_BLOCK_SLICE_MS`` on the next shard
+        in rotation, then another round."""
+        deadline = time.monotonic() + (block or 0) / 1000
+        while True:
+            reply = self._xreadgroup(streams, count)
+            if reply:
+                break
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return
+            shard = next(self._rotation)
+            reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, {self._keys[shard].exp: ">"},
+                                           count=count, block=max(1, min(left_ms, CLUSTER_BLOCK_SLICE_MS)))
+            if reply:
+                break
+        with self._lock:
+            for name, entries in reply:
+                self._take(self._shard_of[bytes(name)], entries)
+
+    def _xreadgroup(self, streams: dict[str, str | bytes], count: int) -> list:
+        """XREADGROUP without blocking; on a cluster one call per stream (one slot per call).
+        Returns [(stream, entries), ...] for the streams that had entries."""
+        consumer = self.config.consumer
+        if not self._cluster or len(streams) == 1:
+            return self.client.xreadgroup(CONSUMER_GROUP, consumer, streams, count=count) or []
+        reply = []
+        for name, cursor in streams.items():
+            reply += self.client.xreadgroup(CONSUMER_GROUP, consumer, {name: cursor}, count=count) or []
+        return reply
 
     def _count_trimmed(self, shard: int, count: int) -> None:
         self._counts["pending_trimmed"] += count

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import redis
 
+from surreal_redis.connection import node_client
 from surreal_redis.hub.experience.wire import id_score
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
@@ -152,8 +153,9 @@ class HubJanitor:
         if not self.config.orphan_scan_count or self._scan_denied:
             return 0
         try:
-            cursor, names = self.client.scan(self._scan_cursors[keys.shard], match=keys.obs_prefix + "*",
-                                             count=self.config.orphan_scan_count)
+            # the shard's keys share one slot: SCAN the server that owns it (a cluster's SCAN spans nodes)
+            cursor, names = node_client(self.client, keys.exp).scan(
+                self._scan_cursors[keys.shard], match=keys.obs_prefix + "*", count=self.config.orphan_scan_count)
         except redis.exceptions.NoPermissionError as exc:
             # The learner's ACL user may not SCAN (it would list other runs' key names).
             self._scan_denied = True

@@ -132,7 +132,7 @@ class ExperienceSender:
         self.client, self.config, self.agent_id = client, config, agent_id
         self.stop = stop  # ends the backpressure wait (the run is stopping)
         self.shard = agent_id % num_shards
-        self.keys = RunKeys(run).shard(self.shard)
+        self.keys = RunKeys(run).shard(self.shard)  # on a cluster, its inserts go to the slot's primary
         self.uuid = uuid.uuid4().hex
         self._scripts = Scripts(client)
         self._seq = 0
@@ -281,7 +281,7 @@ class ExperienceSender:
                 args += fields
             commands.append(pack_command("EVALSHA", sha, 3 + len(obs_keys), *head, *obs_keys, *args))
         try:
-            replies = send_commands(self.client, commands)
+            replies = send_commands(self.client, commands, keys.exp)
         except CONNECTION_ERRORS as exc:
             # Unknown outcome: resend the same seqs; whatever was stored answers DUP.
             self._counts["error_retries"] += 1
