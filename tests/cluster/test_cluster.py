@@ -1,0 +1,103 @@
+"""Redis Cluster: URLs, shard placement, the hub round trip and Lua scripts on a real local
+cluster (3 primaries + 3 replicas, one per session), a ``launch`` smoke run and a failover."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from surreal_redis.connection import connect, is_cluster, parse_cluster_url, primary_clients
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.run.control import RunControl
+from surreal_redis.keys import RunKeys
+
+pytestmark = pytest.mark.integration
+CLI = [sys.executable, "-m", "surreal_redis.cli", "--log-level", "INFO"]
+SMOKE = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
+
+
+def test_cluster_url_parsing():
+    address = parse_cluster_url("rediss+cluster://learner:p%40ss@h1:7000,h2:7001/0")
+    assert address.nodes == (("h1", 7000), ("h2", 7001)) and address.ssl
+    assert (address.username, address.password) == ("learner", "p@ss")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_cluster_url("redis+cluster://h1")
+    with pytest.raises(ValueError, match="database"):
+        parse_cluster_url("redis+cluster://h1:7000/2")
+    with pytest.raises(ValueError, match="unsupported Redis URL"):
+        connect("cluster://h1:7000")
+
+
+def _steps(sender: ExperienceSender, count: int) -> None:
+    for t in range(count):
+        sender.add(np.full((2, 8), t, np.float32), np.zeros(2, np.int64), np.ones(2, np.float32),
+                   np.zeros(2, bool), np.zeros(2, bool))
+
+
+def _receive(receiver: ExperienceReceiver, want: int, timeout: float = 20.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        batch = receiver.receive(256, block_ms=200)
+        receiver.ack(batch)
+        got += batch
+    return got
+
+
+def test_shards_spread_over_primaries_and_round_trip(redis_cluster):
+    client = connect(redis_cluster.url)
+    assert is_cluster(client) and len(primary_clients(client)) == 3
+    run = "rt"
+    owners = {client.get_node_from_key(RunKeys(run).shard(i).exp).name for i in range(3)}
+    assert len(owners) == 3, "three shards on three primaries"
+    receiver = ExperienceReceiver(client, ReceiverConfig(), run, 3)
+    receiver.start()
+    for agent in range(6):  # two agents per shard, blobs deduplicated (insert.lua), 2 chunks each
+        _steps(ExperienceSender(client, SenderConfig(flush_steps=4, dedup_min_bytes=16), run, agent, 3), 5)
+    got = _receive(receiver, 12)
+    assert len(got) == 12 and {item.shard for item in got} == {0, 1, 2}
+    assert {item.chunk.agent_id for item in got} == set(range(6))
+    # one quiet shard never starves the others: data on the last shard arrives within one call
+    _steps(ExperienceSender(client, SenderConfig(flush_steps=4, dedup_min_bytes=16), run, 2, 3), 5)
+    assert {item.shard for item in _receive(receiver, 2)} == {2}
+    # gc.lua per shard, and drop on every primary
+    stats = HubJanitor(client, RetentionConfig(max_entries=1), run, 3).run_once()
+    assert stats is not None
+    assert RunControl(client, run).drop() > 0
+    assert not any(node.keys(f"sr:{{{run}*") for node in primary_clients(client))
+
+
+def test_scripts_reload_after_script_flush_on_every_primary(redis_cluster):
+    """The learner loads insert.lua on every primary; after a flush (as on a promoted replica,
+    whose script cache is empty) the sender's NOSCRIPT path reloads it and nothing is lost."""
+    client = connect(redis_cluster.url)
+    run = "noscript"
+    receiver = ExperienceReceiver(client, ReceiverConfig(), run, 3)
+    receiver.start()
+    for node in primary_clients(client):
+        node.script_flush()
+    for agent in range(3):
+        _steps(ExperienceSender(client, SenderConfig(flush_steps=4, dedup_min_bytes=16), run, agent, 3), 5)
+    assert len(_receive(receiver, 6)) == 6
+    receiver.load_agent_scripts()
+    sha = receiver._scripts.get("insert").sha
+    assert all(node.script_exists(sha) == [True] for node in primary_clients(client))
+
+
+@pytest.mark.slow
+def test_launch_smoke_on_cluster(redis_cluster, tmp_path):
+    overrides = ["-o", f"experiment.root={tmp_path}", "-o", "redis.num_shards=3", "-o", "experiment.name=csmoke",
+                 "-o", "stop.max_env_steps=3000"]
+    done = subprocess.run([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", redis_cluster.url, *overrides],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    status = subprocess.run([*CLI, "status", "--run", "csmoke", "--redis-url", redis_cluster.url],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr[-3000:]
