@@ -6,6 +6,7 @@ import time
 
 import redis
 
+from surreal_redis.connection import RedisClient, is_cluster, primary_clients
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
@@ -17,14 +18,14 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _num_shards(client: redis.Redis, run: str) -> int:
+def _num_shards(client: RedisClient, run: str) -> int:
     count = 0
     while client.exists(RunKeys(run).shard(count).exp):
         count += 1
     return count
 
 
-def shard_lines(client: redis.Redis, keys: ShardKeys) -> str:
+def shard_lines(client: RedisClient, keys: ShardKeys) -> str:
     backlog = read_backlog(client, keys)
     dead = client.xlen(keys.dead)
     try:
@@ -33,11 +34,12 @@ def shard_lines(client: redis.Redis, keys: ShardKeys) -> str:
         pending = 0
     ratio, blobs = dedup_ratio(client, keys, backlog.length)
     dedup = "-" if ratio is None else f"{ratio:.1f}x"
-    return (f"  shard {keys.shard}: {backlog.length} entries, {backlog.unread} unread, {pending} pending, "
+    where = f" on {client.get_node_from_key(keys.exp).name}" if is_cluster(client) else ""
+    return (f"  shard {keys.shard}{where}: {backlog.length} entries, {backlog.unread} unread, {pending} pending, "
             f"{dead} dead-lettered, {blobs} obs blobs, dedup {dedup}")
 
 
-def render_status(client: redis.Redis, run: str) -> str:
+def render_status(client: RedisClient, run: str) -> str:
     keys = RunKeys(run)
     lines = [f"run {run!r}"]
     stopping, reason = RunControl(client, run).stopping()
@@ -66,8 +68,11 @@ def render_status(client: redis.Redis, run: str) -> str:
     lines.append(f"experience: {shards} shard(s)")
     for index in range(shards):
         lines.append(shard_lines(client, keys.shard(index)))
-    memory = client.info("memory")
-    limit = memory.get("maxmemory", 0)
-    lines.append(f"redis memory: {memory['used_memory_human']} used"
-                 + (f" of {limit / 2**20:.0f} MB maxmemory ({memory.get('maxmemory_policy')})" if limit else ""))
+    for node in primary_clients(client):  # a cluster: one line per primary
+        memory = node.info("memory")
+        limit = memory.get("maxmemory", 0)
+        name = f" ({node.get_connection_kwargs().get('host')}:{node.get_connection_kwargs().get('port')})" \
+            if is_cluster(client) else ""
+        lines.append(f"redis memory{name}: {memory['used_memory_human']} used"
+                     + (f" of {limit / 2**20:.0f} MB maxmemory ({memory.get('maxmemory_policy')})" if limit else ""))
     return "\n".join(lines)
