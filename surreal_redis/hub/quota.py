@@ -64,7 +64,7 @@ class ProductionQuota:
             raise ValueError(f"grant needs version >= 0 and steps >= 0, got version={version} steps={steps}")
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(self.keys.quota, mapping={"version": version, "left": steps})
-        pipe.publish(self.keys.notify, f"grant:{version}:{steps}")
+        pipe.execute_command("PUBLISH", self.keys.notify, f"grant:{version}:{steps}")  # cluster pipelines refuse .publish
         pipe.execute()
 
     def left(self) -> tuple[int, int] | None:
