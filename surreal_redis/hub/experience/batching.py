@@ -99,7 +99,12 @@ def send_commands(client: RedisClient, commands: list[bytes], key: str | None = 
         raise ValueError("send_commands on a cluster needs the key whose slot the commands touch")
     node = node_client(client, key) if cluster else client
     pool = node.connection_pool
-    conn = pool.get_connection()
+    try:
+        conn = pool.get_connection()  # connects (and may fail) here
+    except BaseException as exc:
+        if cluster:
+            refresh_topology(client, exc)
+        raise
     try:
         conn.send_packed_command(commands)
         replies: list[Any] = []
