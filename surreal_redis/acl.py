@@ -18,10 +18,17 @@ Agent user (Redis 7 ACL selectors, so each command is allowed on its own keys on
 - Parameters read-only: HGET/HGETALL/HMGET on ``meta``, GETRANGE on ``blob:*``, SUBSCRIBE to the
   notify channel; HGET/HGETALL/HMGET on ``control`` and ``config``.
 - HSET/HDEL on ``agents`` (heartbeats), XADD on ``episodes`` (training episodes); PING.
+- What a Redis Cluster client sends to find its way (:data:`CLUSTER_CLIENT_COMMANDS`): CLUSTER
+  SLOTS / CLUSTER SHARDS (the slot map), COMMAND (redis-py's key-position table) and ASKING (a
+  slot in migration). None of them reads or writes a key.
 - Nothing else: no eval results, no key listing (SCAN, KEYS, RANDOMKEY), no other run.
 
 Eval user: XADD on ``evals`` (the only writer of eval results), the agent's parameter, control
-and config reads, PING and the notify channel.
+and config reads, PING, the cluster client's commands and the notify channel.
+
+On a Redis Cluster every node keeps its own users (ACLs are not replicated):
+:func:`create_users` sets them on every primary and replica of the slot map; a node added later
+needs ``surreal-redis acl`` again.
 
 Learner user: every key and the notify channel of the run; every command except the
 ``@dangerous`` ones (but INFO, which its ``hub/*`` metrics read), those that list or watch keys
@@ -40,6 +47,7 @@ from typing import Literal
 
 import redis
 
+from surreal_redis.connection import CONNECTION_ERRORS, RedisClient, all_node_clients, is_cluster
 from surreal_redis.keys import PREFIX, RunKeys
 from surreal_redis.scripts import script_source
 
@@ -67,6 +75,10 @@ _AGENT_SELECTORS = (
     (("quota",), "~", ("hmget", "hincrby")),
 ) + _READER_SELECTORS
 _EVAL_SELECTORS = ((("evals",), "~", ("xadd",)),) + _READER_SELECTORS
+# What a RedisCluster client sends besides the commands it is asked to (found on a real cluster:
+# redis-py reads CLUSTER SLOTS and COMMAND when it connects; CLUSTER SHARDS is the newer slot map
+# other clients read; ASKING precedes a command redirected during slot migration).
+CLUSTER_CLIENT_COMMANDS = ("cluster|slots", "cluster|shards", "command", "asking")
 _LEARNER_DENIED = ("@dangerous", "scan", "randomkey", "pubsub", "client|tracking", "cluster|getkeysinslot",
                    "cluster|countkeysinslot", "script|flush", "script|kill", "script|debug", "function", "fcall",
                    "fcall_ro")
@@ -104,7 +116,7 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
     if role == "learner":
         rules += [f"~{p}" for kind in ("run", "shards", "params") for p in patterns[kind]]
         return rules + ["+@all"] + [f"-{command}" for command in _LEARNER_DENIED] + ["+info"]
-    rules += ["+ping", "+subscribe", "+unsubscribe"]
+    rules += ["+ping", "+subscribe", "+unsubscribe"] + [f"+{c}" for c in CLUSTER_CLIENT_COMMANDS]
     if role == "eval":
         selectors = _EVAL_SELECTORS
     else:
@@ -119,13 +131,23 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
     return rules
 
 
-def create_users(client: redis.Redis, run: str, passwords: Mapping[str, str],
+def _set_users(node: redis.Redis, run: str, names: Mapping[str, str], passwords: Mapping[str, str],
+               num_shards: int | None) -> None:
+    for role, name in names.items():
+        node.execute_command("ACL", "SETUSER", name, "reset", "on", f">{passwords[role]}",
+                             *acl_rules(run, role, num_shards))
+
+
+def create_users(client: RedisClient, run: str, passwords: Mapping[str, str],
                  num_shards: int | None = None) -> dict[str, str]:
     """Create (or reset) the users of ``run``, enabled, with ``passwords`` (role -> password, one
     for each of :data:`ROLES`).
 
-    ``client`` must be allowed ACL SETUSER (an administrator). Returns ``{role: user name}``.
-    Blocks for one round trip per user; Redis errors propagate (the selectors need Redis >= 7).
+    ``client`` must be allowed ACL SETUSER (an administrator); a cluster client sets the users on
+    every node of its slot map, primaries and replicas. Returns ``{role: user name}``.
+    Blocks for one round trip per user and node; Redis errors propagate (the selectors need
+    Redis >= 7). On a cluster, a node that cannot be reached or refuses is skipped and, once the
+    others have their users, a RedisError names every such node.
     Raises ValueError naming a role whose password is missing or empty, or an unknown role.
     """
     unknown = sorted(set(passwords) - set(ROLES))
@@ -134,11 +156,20 @@ def create_users(client: redis.Redis, run: str, passwords: Mapping[str, str],
     for role in ROLES:
         if not passwords.get(role):
             raise ValueError(f"the {role} password must not be empty")
-    created = {}
-    for role in ROLES:
-        name = username(run, role)
-        client.execute_command("ACL", "SETUSER", name, "reset", "on", f">{passwords[role]}",
-                               *acl_rules(run, role, num_shards))
-        created[role] = name
-    log.info("ACL users %s created for run %r", ", ".join(created.values()), run)
+    created = {role: username(run, role) for role in ROLES}
+    if not is_cluster(client):
+        _set_users(client, run, created, passwords, num_shards)
+        log.info("ACL users %s created for run %r", ", ".join(created.values()), run)
+        return created
+    nodes, failed = all_node_clients(client), []
+    for node in nodes:
+        where = "{host}:{port}".format(**node.get_connection_kwargs())
+        try:
+            _set_users(node, run, created, passwords, num_shards)
+        except (*CONNECTION_ERRORS, redis.ResponseError) as exc:
+            failed.append(f"{where} ({exc})")
+    if failed:  # after setting the others: a node that is down gets them when it is back
+        raise redis.RedisError(f"ACL users of run {run!r} not set on {len(failed)} of {len(nodes)} cluster nodes: "
+                               f"{'; '.join(failed)}; run `surreal-redis acl` again once they are up")
+    log.info("ACL users %s created for run %r on all %d cluster nodes", ", ".join(created.values()), run, len(nodes))
     return created

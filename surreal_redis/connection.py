@@ -166,6 +166,28 @@ def primary_clients(client: RedisClient) -> list[redis.Redis]:
     return [client.get_redis_connection(node) for node in client.get_primaries()]
 
 
+def all_node_clients(client: RedisClient) -> list[redis.Redis]:
+    """One client per server: ``[client]`` for a standalone server; for a cluster, every node its
+    primaries know of (``CLUSTER NODES``), primaries and replicas, failed ones included (state that
+    is per node and never replicated, e.g. ACL users, is set on each). The slot map alone would
+    miss a replica that has just joined or is down. Blocks for one round trip per primary."""
+    if not isinstance(client, RedisCluster):
+        return [client]
+    nodes: dict[str, ClusterNode] = {}
+    for primary in client.get_primaries():
+        listing = client.get_redis_connection(primary).execute_command("CLUSTER", "NODES")
+        for line in (listing.decode() if isinstance(listing, bytes) else listing).splitlines():
+            fields = line.split()
+            if len(fields) < 3 or "noaddr" in fields[2].split(","):
+                continue
+            address = fields[1].split("@")[0]
+            host, _, port = address.rpartition(":")
+            node = ClusterNode(host or primary.host, int(port))
+            nodes.setdefault(node.name, client.get_node(node_name=node.name) or node)
+    client.nodes_manager.create_redis_connections([n for n in nodes.values() if n.redis_connection is None])
+    return [node.redis_connection for node in nodes.values()]
+
+
 def node_client(client: RedisClient, key: str | bytes) -> redis.Redis:
     """The client of the server that owns ``key``: ``client`` itself when standalone, else the
     cluster's client of the primary serving the key's slot (as of the last slot-map refresh)."""
