@@ -122,6 +122,10 @@ class AgentClock:
         return sum(self.last.values())
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def launch_case(config_path: str, agents: int, seconds: float, workdir: Path, overrides: list[str]) -> dict:
     """Run one launch and measure it from its learner's first update to its last report."""
     from surreal_redis.config import load_config
@@ -171,12 +175,12 @@ def launch_case(config_path: str, agents: int, seconds: float, workdir: Path, ov
         "window_s": round(span, 1),
         "env_sps": round(env_steps / span, 1),
         "used_sps": round(used / span, 1),
-        "used_fraction": status.get("experience_used_fraction"),
+        "used_fraction": _rounded(status.get("experience_used_fraction")),
         "actor_sps_per_core": round(env_steps / max(agent_cpu, 1e-9), 1),
         "agent_cpu_cores": round(agent_cpu / span, 2),
         "learner_samples_per_s": round(used * epochs / span, 1),
-        "learner_busy": status.get("learner_busy_total"),
-        "agent_idle": status.get("agent_idle_total"),
+        "learner_busy": _rounded(status.get("learner_busy_total")),
+        "agent_idle": _rounded(status.get("agent_idle_total")),
         "policy_lag_p90": status.get("policy_lag_p90"),
     }
 
