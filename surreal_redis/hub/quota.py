@@ -27,6 +27,7 @@ from typing import Literal, NamedTuple
 
 import redis
 
+from surreal_redis.connection import refresh_topology
 from surreal_redis.keys import ParamKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -113,8 +114,10 @@ class QuotaNews:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(self.channel)
-            except BaseException:
+            except BaseException as exc:
                 pubsub.close()
+                if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                    refresh_topology(self.client, exc)  # a cluster's pubsub never refreshes its slot map
                 raise
             self._pubsub = pubsub
         return self._pubsub

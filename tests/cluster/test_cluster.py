@@ -91,18 +91,6 @@ def test_scripts_reload_after_script_flush_on_every_primary(redis_cluster):
     assert all(node.script_exists(sha) == [True] for node in primary_clients(client))
 
 
-@pytest.mark.slow
-def test_launch_smoke_on_cluster(redis_cluster, tmp_path):
-    overrides = ["-o", f"experiment.root={tmp_path}", "-o", "redis.num_shards=3", "-o", "experiment.name=csmoke",
-                 "-o", "stop.max_env_steps=3000"]
-    done = subprocess.run([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", redis_cluster.url, *overrides],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    status = subprocess.run([*CLI, "status", "--run", "csmoke", "--redis-url", redis_cluster.url],
-                            capture_output=True, text=True, timeout=60)
-    assert status.returncode == 0, status.stderr[-3000:]
-
-
 def test_failover_mid_run_loses_nothing_acked(fresh_redis_cluster):
     """kill -9 the primary of shard 0 between flushes: the sender backs off until the replica is
     promoted (its script cache is empty: NOSCRIPT -> reload), the receiver's next calls find the new
@@ -134,3 +122,40 @@ def test_failover_mid_run_loses_nothing_acked(fresh_redis_cluster):
     ids = [(item.shard, item.entry_id) for item in after]
     assert len(ids) == len(set(ids)) == 12 and {item.shard for item in after} == {0, 1, 2}
     assert sum(s.stats().chunks for s in senders) == 18
+
+
+@pytest.mark.slow
+def test_launch_survives_kill_9_of_a_primary(fresh_redis_cluster, tmp_path):
+    """kill -9 the primary holding the parameters (and one shard) while a ``launch`` runs: agents,
+    learner and evaluator ride out the failover (its replica, promoted, has an empty script cache;
+    lockstep agents wait on the notify channel, whose subscription must find the new primary) and
+    the run finishes with exit 0; ``status`` reads it afterwards."""
+    cluster = fresh_redis_cluster
+    client = connect(cluster.url)
+    run = "cfail"
+    overrides = ["-o", f"experiment.root={tmp_path}", "-o", "redis.num_shards=3", "-o", f"experiment.name={run}",
+                 "-o", "stop.max_env_steps=3000", "-o", "stop.max_seconds=150"]
+    launch = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", cluster.url, *overrides],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        meta = RunKeys(run).params.meta
+        deadline = time.monotonic() + 120
+        while int(client.hget(meta, "version") or 0) < 2:  # a couple of updates in
+            assert launch.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
+            time.sleep(0.2)
+        killed = cluster.kill_primary_of(meta)
+        output, _ = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 0, output[-4000:]
+    logs = "".join(path.read_text() for path in (tmp_path / run / "logs").glob("agent-*.log"))
+    assert "Redis unavailable" in logs and "reachable again" in logs, "the agents did not notice the kill"
+    learner_log = (tmp_path / run / "logs" / "learner.log").read_text()
+    assert "stop.max_env_steps=3000)" in learner_log, "the run stalled after the failover (stopped on time)"
+    client = connect(cluster.url)
+    assert cluster.primary_port_of(meta) != killed
+    assert int(client.hget(meta, "version")) > 2
+    status = subprocess.run([*CLI, "status", "--run", run, "--redis-url", cluster.url],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr[-3000:]

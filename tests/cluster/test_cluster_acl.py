@@ -5,6 +5,8 @@ still refused what it is refused on a single server."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 import numpy as np
@@ -12,9 +14,9 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from surreal_redis.acl import ROLES, username
+from surreal_redis.acl import ROLES, create_users, script_sha, username
 from surreal_redis.cli import main
-from surreal_redis.connection import all_node_clients, connect
+from surreal_redis.connection import OUTAGE_ERRORS, all_node_clients, connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import (
@@ -40,6 +42,12 @@ def login(cluster, role: str):
     return connect(cluster.url.replace("://", f"://{username(RUN, role)}:{PASSWORDS[role]}@"))
 
 
+def _steps(sender: ExperienceSender, count: int) -> None:
+    for t in range(count):
+        sender.add(np.full((2, 8), t, np.float32), np.zeros(2, np.int64), np.ones(2, np.float32),
+                   np.zeros(2, bool), np.zeros(2, bool))
+
+
 def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clients(redis_cluster):
     done = CliRunner().invoke(main, ["acl", "--run", RUN, "--shards", "3", "--redis-url", redis_cluster.url,
                                      "--agent-password", PASSWORDS["agent"], "--eval-password", PASSWORDS["eval"],
@@ -56,10 +64,7 @@ def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clie
     receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 3)
     receiver.start()  # loads insert.lua on every primary: the agent may not
     for agent_id in range(3):  # one sender per shard
-        sender = ExperienceSender(agent, SenderConfig(flush_steps=2, dedup_min_bytes=16), RUN, agent_id, 3)
-        for t in range(3):
-            sender.add(np.full((2, 8), t, np.float32), np.zeros(2, np.int64), np.ones(2, np.float32),
-                       np.zeros(2, bool), np.zeros(2, bool))
+        _steps(ExperienceSender(agent, SenderConfig(flush_steps=2, dedup_min_bytes=16), RUN, agent_id, 3), 3)
     got, deadline = [], time.monotonic() + 20
     while len(got) < 6 and time.monotonic() < deadline:
         batch = receiver.receive(64, block_ms=100)
@@ -102,3 +107,51 @@ def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clie
     with pytest.raises(redis.exceptions.NoPermissionError):
         learner.execute_command("FLUSHALL")  # sent to every primary
     assert admin.xlen(exp) == 2 and admin.hget(KEYS.params.meta, "version") == b"1"
+
+
+def test_after_failover_the_learner_reloads_the_agents_scripts_on_the_promoted_replica(fresh_redis_cluster, caplog):
+    """A promoted replica has an empty script cache and agents may not load scripts: their inserts
+    and claims wait until the learner's periodic ``load_agent_scripts`` / ``quota.load_script``
+    reach the new primary, then go through (nothing lost)."""
+    cluster = fresh_redis_cluster
+    admin = connect(cluster.url)
+    create_users(admin, RUN, PASSWORDS, num_shards=3)
+    learner, agent = login(cluster, "learner"), login(cluster, "agent")
+    receiver, quota = ExperienceReceiver(learner, ReceiverConfig(), RUN, 3), ProductionQuota(learner, RUN)
+    receiver.start()
+    quota.load_script()
+    meta = KEYS.params.meta
+    shard = next(i for i in range(3) if cluster.primary_port_of(KEYS.shard(i).exp) == cluster.primary_port_of(meta))
+    sender = ExperienceSender(agent, SenderConfig(flush_steps=2, dedup_min_bytes=16, max_wait_s=60), RUN, shard, 3)
+    _steps(sender, 3)
+    killed = cluster.kill_primary_of(meta)
+    sent = threading.Event()
+    thread = threading.Thread(target=lambda: (_steps(sender, 2), sent.set()), daemon=True)
+    thread.start()  # backs off through the failover, then NOSCRIPT until the learner reloads
+    deadline = time.monotonic() + 30
+    with caplog.at_level(logging.DEBUG, logger="surreal_redis.hub.experience.sender"):
+        while not sent.is_set():  # the learner's housekeeping, once the agent is stuck on NOSCRIPT
+            assert time.monotonic() < deadline, "the agent's insert never went through"
+            try:
+                if "cannot load insert.lua" in caplog.text:
+                    receiver.load_agent_scripts()
+                    quota.load_script()
+            except OUTAGE_ERRORS:
+                pass
+            sent.wait(0.5)
+    assert cluster.primary_port_of(meta) != killed
+    thread.join(5)
+    new_primary = cluster.node(cluster.primary_port_of(meta))
+    assert new_primary.script_exists(script_sha("insert"), script_sha("claim")) == [True, True]
+    quota.grant(0, 8)
+    assert ProductionQuota(agent, RUN).claim(0, 4).status == "OK"
+    got, deadline = [], time.monotonic() + 20
+    while len(got) < 4 and time.monotonic() < deadline:
+        try:
+            batch = receiver.receive(64, block_ms=100)
+        except OUTAGE_ERRORS:
+            time.sleep(0.2)
+            continue
+        receiver.ack(batch)
+        got += batch
+    assert len(got) == 4 and sender.stats().steps_dropped == 0  # 2 flushes x 2 envs
