@@ -99,14 +99,17 @@ class Agent:
         self.seed = seed
         self.steps = 0
         self.num_episodes = 0
-        self.claim_wait_s = 0.0  # seconds spent claiming (lockstep), waits included
+        self.claim_wait_s = 0.0  # seconds spent claiming (on grants), waits included
+        self._claiming_since: float | None = None
         self._loop_started: float | None = None
         self._next_beat = 0.0
         self._last_obs: Tree | None = None
 
     def idle_seconds(self) -> float:
-        """Seconds of the env loop spent not stepping: waiting on claims and on backpressure."""
-        return self.claim_wait_s + self.sender.stats().backpressure_wait_s
+        """Seconds of the env loop spent not stepping: waiting on claims (the one under way
+        included) and on backpressure."""
+        ongoing = 0.0 if self._claiming_since is None else time.monotonic() - self._claiming_since
+        return self.claim_wait_s + ongoing + self.sender.stats().backpressure_wait_s
 
     def running_seconds(self) -> float:
         """Seconds since the env loop started (0 before)."""
@@ -215,7 +218,7 @@ class Agent:
         outages with backoff, and returns False once stopping (within half a second of a stop
         request)."""
         steps = self.config.hub.sender.flush_steps * self.num_envs
-        started = time.monotonic()
+        started = self._claiming_since = time.monotonic()
         try:
             while not self.stop_watch.is_set():
                 try:
@@ -235,6 +238,7 @@ class Agent:
             return False
         finally:
             self.claim_wait_s += time.monotonic() - started
+            self._claiming_since = None
 
     def _record_episodes(self, episodes: dict) -> None:
         records = []

@@ -30,6 +30,8 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -96,9 +98,12 @@ class Learner:
     a signal, and returns the exit code. :meth:`from_config` builds the process's learner."""
 
     def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, parts: LearnerParts,
-                 tracker: Tracker | None = None) -> None:
+                 tracker: Tracker | None = None, open_tracker: Callable[[], Tracker] | None = None) -> None:
+        """``open_tracker``: opens the MLflow tracker in :meth:`start`, after the first publish (MLflow
+        takes seconds to start; agents need not wait for it). ``tracker``: one already open."""
         cfg = self.config = config
         self.client, self.stop, self.tracker = client, stop, tracker
+        self._open_tracker = open_tracker
         self.algo, self.feed, self.chunk_check = parts
         self.publisher = ParameterPublisher(client, cfg.run, cfg.hub.publisher)
         self.receiver = ExperienceReceiver(client, cfg.hub.receiver, cfg.run, cfg.redis.num_shards,
@@ -140,11 +145,11 @@ class Learner:
                                 learner.learning_starts, learner.updates_per_step)
         parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed), make_feed(section, settings, seed),
                              ChunkCheck(obs_space, action_space, required_extras(section, action_space)))
-        tracker = None
+        open_tracker = None
         if config.tracking.enabled:
-            tracker = Tracker(config.experiment_dir, config.run, run_name=config.run,
-                              tracking_uri=config.tracking.tracking_uri, resume=resume is not None)
-        built = cls(config, client, stop, parts, tracker)
+            open_tracker = partial(Tracker, config.experiment_dir, config.run, run_name=config.run,
+                                   tracking_uri=config.tracking.tracking_uri, resume=resume is not None)
+        built = cls(config, client, stop, parts, open_tracker=open_tracker)
         if resume is not None:
             built.restore(resume, resume_from)
         return built
@@ -217,15 +222,17 @@ class Learner:
         return 0
 
     def start(self) -> None:
-        """Log the config, publish the initial parameters (lockstep: and grant the first
-        update's steps) and mark the run running."""
-        if self.tracker is not None:
-            self.metrics.log_config()
+        """Publish the initial parameters (on grants: and grant the first update's steps), mark
+        the run running, then open MLflow tracking and log the config."""
         if self.quota is not None:
             self.quota.load_script()  # agents may not load scripts themselves (ACL)
         self._publish(force=True)
         self._grant()  # overlap too: its first grant ahead comes with the first update
         self.control.start()
+        if self.tracker is None and self._open_tracker is not None:
+            self.tracker = self.metrics.tracker = self._open_tracker()
+        if self.tracker is not None:
+            self.metrics.log_config()
 
     def iterate(self, batches: queue.Queue[list[ReceivedChunk]]) -> None:
         """One round: the next received batch into the feed (unless it has updates to run first;

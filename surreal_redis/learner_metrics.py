@@ -90,7 +90,7 @@ class AgentClocks:
         for agent_id, pid, idle_s, running_s in reports:
             previous = self.last.get((agent_id, pid))
             if previous is not None and running_s > previous[1]:
-                idle += max(0.0, idle_s - previous[0])
+                idle += min(max(0.0, idle_s - previous[0]), running_s - previous[1])
                 running += running_s - previous[1]
             self.last[(agent_id, pid)] = (idle_s, running_s)
         return idle / running if running > 0 else None

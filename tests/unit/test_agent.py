@@ -175,7 +175,8 @@ def test_a_lockstep_agent_waiting_for_a_grant_stops_on_a_stop_request(fake_redis
     run = LockstepRun(fake_redis)
     run.publish()  # nothing granted: the agent waits from its first claim on
     run.thread.start()
-    run.wait_for(lambda: run.agent.claim_wait_s > 0 or run.agent.running_seconds() > 0.3, "the agent to wait")
+    run.wait_for(lambda: run.agent.idle_seconds() > 0.3, "the agent to wait")
+    assert run.agent.claim_wait_s == 0  # the wait under way counts as idle before it ends
     asked = time.monotonic()
     RunControl(fake_redis, run.config.run).request_stop("reached the target return")
     run.thread.join(10)

@@ -376,3 +376,5 @@ def test_lag_percentiles_and_agent_clocks():
     # agent 0 restarted (new pid, clocks from 0), agent 1 left: its last report still counts in the total
     assert clocks.update([("0", 12, 0.0, 1.0)]) is None
     assert clocks.total() == (2.0 + 0.0 + 0.0) / (4.0 + 1.0 + 1.0)
+    # an idle stretch reported late (it began before the previous report) never makes it more than all
+    assert clocks.update([("0", 12, 3.0, 2.0)]) == 1.0
