@@ -97,7 +97,9 @@ class ReplaySection:
 class AgentConfig:
     """``fetch_every_steps``: vector steps between parameter version polls (each poll is one tiny
     round trip; the parameters are downloaded only when the version changed);
-    ``fetch_every_episodes``: also poll after this many finished episodes (None: steps only)."""
+    ``fetch_every_episodes``: also poll after this many finished episodes (None: steps only). Both
+    apply to free production only: agents producing on grants (``learner.on_policy_sync``) load new
+    parameters when a claim says theirs are stale."""
 
     num_agents: int = 2
     fetch_every_steps: int = 64
