@@ -49,7 +49,7 @@ import redis
 import xxhash
 
 from surreal_redis.codec import CodecError, ParamDict, decode_tree, encode_tree
-from surreal_redis.connection import OUTAGE_ERRORS, Backoff, RedisSettings, connect
+from surreal_redis.connection import OUTAGE_ERRORS, Backoff, RedisSettings, connect, node_client
 from surreal_redis.keys import ParamKeys, RunKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -116,6 +116,9 @@ class PublisherConfig:
       nothing); the publish script removes it.
     - ``retries``: how often each Redis step of a publish is re-sent after a connection error
       (every step is idempotent), with backoff from ``retry_base_s`` doubling up to 1 s.
+    - ``wait_replica_ms``: after each publish, block up to this many ms until one replica of the
+      parameters' server has it (``WAIT 1``), so a failover right after a publish does not take
+      the version back; 0: off (replication stays asynchronous; README "Redis Cluster").
     """
 
     min_publish_interval: float = 0.0
@@ -126,8 +129,11 @@ class PublisherConfig:
     pending_ttl_s: float = 600.0
     retries: int = 3
     retry_base_s: float = 0.05
+    wait_replica_ms: int = 0
 
     def __post_init__(self) -> None:
+        if self.wait_replica_ms < 0:
+            raise ValueError(f"wait_replica_ms must be >= 0, got {self.wait_replica_ms}")
         if self.min_publish_interval < 0:
             raise ValueError(f"min_publish_interval must be >= 0, got {self.min_publish_interval}")
         if self.compress_min_bytes is not None and self.compress_min_bytes < 0:
@@ -319,6 +325,8 @@ class ParameterPublisher:
                     int(self._config.grace_s * 1000), self._keys.notify]
             try:
                 self._retrying(partial(self._scripts.call, "publish", keys=keys, args=args))
+                if self._config.wait_replica_ms:
+                    self._wait_for_replica(new)
                 return new
             except ScriptError as exc:
                 # The script wrote nothing. A lost staging key means Redis restarted mid-publish:
@@ -333,6 +341,15 @@ class ParameterPublisher:
                 self._version = None
                 if self.version >= self._floor:
                     raise
+
+    def _wait_for_replica(self, version: int) -> None:
+        """WAIT 1 on the server holding ``meta``; a replica that does not answer in time is logged
+        (the version stays published)."""
+        node = node_client(self._client, self._keys.meta)
+        acked = node.execute_command("WAIT", 1, self._config.wait_replica_ms)
+        if int(acked) < 1:
+            log.warning("v%d: no replica acknowledged the publish within %d ms", version,
+                        self._config.wait_replica_ms)
 
     def _discard_staging(self) -> None:
         try:

@@ -3,8 +3,11 @@ cluster (3 primaries + 3 replicas, one per session), a ``launch`` smoke run and 
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from surreal_redis.connection import OUTAGE_ERRORS, connect, is_cluster, parse_c
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.keys import RunKeys
 
@@ -159,3 +163,48 @@ def test_launch_survives_kill_9_of_a_primary(fresh_redis_cluster, tmp_path):
     status = subprocess.run([*CLI, "status", "--run", run, "--redis-url", cluster.url],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr[-3000:]
+
+
+def test_publish_waits_for_a_replica_when_asked(redis_cluster, real_redis, caplog):
+    """``wait_replica_ms``: once publish returns, the replica of the parameters' primary has the
+    version (a failover now cannot take it back); with no replica it logs and goes on."""
+    client = connect(redis_cluster.url)
+    run = "waitrun"
+    meta = RunKeys(run).params.meta
+    primary = redis_cluster.primary_port_of(meta)
+    replica_port = next(p for p in redis_cluster.ports
+                        if redis_cluster.node(p).info("replication").get("master_port") == primary)
+    replica = redis_cluster.node(replica_port)
+    replica.execute_command("READONLY")
+    publisher = ParameterPublisher(client, run, PublisherConfig(wait_replica_ms=20_000))
+    assert publisher.publish({"w": np.zeros(3, np.float32)}, 0) == 1
+    published = []
+    redis_cluster.processes[replica_port].send_signal(signal.SIGSTOP)  # the replica lags
+    try:
+        thread = threading.Thread(target=lambda: published.append(publisher.publish({"w": np.ones(3, np.float32)}, 1)))
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive() and client.hget(meta, "version") == b"2"  # published, waiting for the replica
+    finally:
+        redis_cluster.processes[replica_port].send_signal(signal.SIGCONT)
+    thread.join(20)
+    assert published == [2] and replica.hget(meta, "version") == b"2"
+    assert "no replica acknowledged" not in caplog.text
+    lonely = ParameterPublisher(real_redis, run, PublisherConfig(wait_replica_ms=20))
+    assert lonely.publish({"w": np.zeros(3, np.float32)}, 0) == 1
+    assert "no replica acknowledged the publish within 20 ms" in caplog.text
+    with pytest.raises(ValueError, match="wait_replica_ms"):
+        PublisherConfig(wait_replica_ms=-1)
+
+
+def test_cluster_bench_runs_on_tiny_sizes():
+    script = Path(__file__).resolve().parents[2] / "bench" / "cluster.py"
+    done = subprocess.run([sys.executable, str(script), "--primaries", "1,2", "--senders", "2", "--seconds", "0.5",
+                           "--wait-cost", "--param-kb", "16"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result["scaling"]) == {"1", "2"} and result["scaling"]["1"]["insert_ratio"] == 1.0
+    assert all(row["insert_steps_per_s"] > 0 and row["receive_steps_per_s"] > 0 for row in result["scaling"].values())
+    assert result["wait_cost"]["wait_ratio"] > 0
+    bad = subprocess.run([sys.executable, str(script), "--senders", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--senders must be >= 1, got 0" in bad.stderr

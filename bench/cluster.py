@@ -1,0 +1,307 @@
+"""Redis Cluster benchmark: ``python bench/cluster.py [--primaries 1,2,3] [--senders N] [--shards N] [--quick]``.
+
+Scaling (always): for each primary count P, a fresh local cluster of P primaries (no replicas);
+``--senders`` processes each insert fixed chunks into shard ``i % --shards`` for ``--seconds``
+(the shards' salted tags spread them evenly over the primaries), then the learner's receiver
+drains every shard. Reports insert throughput (env steps/s acked to the senders) and receive
+throughput (env steps/s) per P, and their ratios against P=1 measured in the same run.
+Every process (servers, senders, receiver) shares this machine's cores: on 2 cores the CPU, not
+Redis, is the bound and the ratios stay near 1; run it with more ``--senders`` on a larger machine.
+
+``--loss N``: N times, a cluster of 3 primaries + 3 replicas; ``--senders`` processes insert at
+full speed into shards of one primary, which is killed with SIGKILL; after its replica took over
+the senders go on briefly. Lost = chunks acked to the senders - entries in the streams: the window
+of acknowledged writes that asynchronous replication loses.
+
+``--wait-cost``: parameter publish latency (a ``--param-kb`` model) on that cluster with and
+without ``hub.publisher.wait_replica_ms`` (WAIT 1 replica after the publish).
+
+Progress goes to stderr; the last line of stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from surreal_redis.connection import connect, find_redis_server
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
+from surreal_redis.keys import RunKeys
+from surreal_redis.runtime import setup_logging
+
+log = logging.getLogger("bench.cluster")
+RUN = "cbench"
+SLOTS = 16384
+ENVS, FLUSH, OBS_DIM = 8, 16, 32  # one chunk: 16 steps x 8 envs of 32 floats
+
+
+class BenchCluster:
+    """``primaries`` redis-server nodes in cluster mode with ``replicas`` replicas each, slots split
+    evenly (CLUSTER ADDSLOTSRANGE, so one or two primaries work too), loopback, no persistence."""
+
+    def __init__(self, primaries: int, replicas: int = 0) -> None:
+        self.binary = find_redis_server()
+        if self.binary is None or shutil.which("redis-cli") is None:
+            raise SystemExit("needs redis-server and redis-cli on PATH")
+        self.dir = Path(tempfile.mkdtemp(prefix="sr-cluster-bench-"))
+        self.primaries, self.replicas = primaries, replicas
+        self.ports: list[int] = []
+        self.processes: dict[int, subprocess.Popen] = {}
+
+    def _free_port(self) -> int:
+        while True:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            if port + 10000 < 65536 and port not in self.ports:
+                return port
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports[:self.primaries])
+
+    def node(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+
+    def start(self) -> BenchCluster:
+        for _ in range(self.primaries * (1 + self.replicas)):
+            port = self._free_port()
+            self.ports.append(port)
+            folder = self.dir / str(port)
+            folder.mkdir()
+            self.processes[port] = subprocess.Popen(
+                [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", str(folder / "nodes.conf"), "--cluster-node-timeout", "2000",
+                 "--cluster-require-full-coverage", "no", "--repl-diskless-sync-delay", "0", "--dir", str(folder),
+                 "--save", "", "--appendonly", "no", "--maxmemory", "1gb", "--maxmemory-policy", "noeviction",
+                 "--logfile", str(folder / "redis.log")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+        for port in self.ports:
+            self._until(lambda p=port: self._pings(p), f"node {port} did not start")
+        first = self.node(self.ports[0])
+        for i, port in enumerate(self.ports[:self.primaries]):
+            lo, hi = i * SLOTS // self.primaries, (i + 1) * SLOTS // self.primaries - 1
+            self.node(port).execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        for port in self.ports[1:]:
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+        self._until(lambda: all(len(self.node(p).execute_command("CLUSTER", "NODES").splitlines()) == len(self.ports)
+                                for p in self.ports), "nodes did not meet")
+        ids = [self.node(p).execute_command("CLUSTER", "MYID").decode() for p in self.ports[:self.primaries]]
+        for k, port in enumerate(self.ports[self.primaries:]):
+            self.node(port).execute_command("CLUSTER", "REPLICATE", ids[k % self.primaries])
+        self._until(self._ok, "cluster not ok")
+        return self
+
+    def _pings(self, port: int) -> bool:
+        try:
+            return bool(self.node(port).ping())
+        except redis.ConnectionError:
+            return False
+
+    def _ok(self) -> bool:
+        alive = [p for p, proc in self.processes.items() if proc.poll() is None]
+        infos = [self.node(p).info("replication") for p in alive]
+        return (all(self.node(p).cluster("info")["cluster_state"] == "ok" for p in alive)
+                and sum(i["role"] == "master" for i in infos) == self.primaries
+                and all(i.get("master_link_status") == "up" for i in infos if i["role"] == "slave"))
+
+    @staticmethod
+    def _until(check, what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(what)
+            time.sleep(0.05)
+
+    def wait_ok(self) -> None:
+        self._until(self._ok, "cluster not ok after the failover")
+
+    def kill_primary_of(self, key: str) -> int:
+        client = connect(self.url)
+        port = client.get_node_from_key(key).port
+        client.close()
+        self.processes[port].kill()
+        self.processes[port].wait()
+        return port
+
+    def stop(self) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def sender_process(url: str, shard: int, num_shards: int, index: int, seconds: float, ready, go, results) -> None:
+    """Insert chunks into ``shard`` for ``seconds`` (after ``go``); put the chunks acked."""
+    client = connect(url)
+    agent_id = shard + num_shards * index  # agents send to shard agent_id % num_shards
+    sender = ExperienceSender(client, SenderConfig(flush_steps=FLUSH, max_wait_s=120), RUN, agent_id, num_shards)
+    rng = np.random.default_rng(agent_id)
+    obs = rng.standard_normal((ENVS, OBS_DIM), dtype=np.float32)
+    zeros, actions, rewards = np.zeros(ENVS, bool), np.zeros(ENVS, np.int64), np.ones(ENVS, np.float32)
+    ready.put(True)
+    go.wait()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for _ in range(FLUSH):
+            obs += 1.0  # new observations every step (no deduplication)
+            sender.add(obs, actions, rewards, zeros, zeros)
+    sender.flush()
+    results.put(sender.stats().chunks)
+
+
+def run_senders(url: str, senders: int, shards: list[int], num_shards: int, seconds: float,
+                during=None) -> tuple[int, float]:
+    """``senders`` processes over ``shards`` (round robin) for ``seconds``; ``during()`` runs in
+    between. Returns (chunks acked, wall seconds)."""
+    ctx = mp.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=sender_process, args=(url, shards[i % len(shards)], num_shards, i, seconds,
+                                                       ready, go, results)) for i in range(senders)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    started = time.perf_counter()
+    go.set()
+    if during is not None:
+        during()
+    acked = sum(results.get(timeout=600) for _ in procs)
+    wall = time.perf_counter() - started
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"a sender exited with code {proc.exitcode}")
+    return acked, wall
+
+
+def scaling(primaries: list[int], senders: int, num_shards: int, seconds: float) -> dict:
+    rows = {}
+    for count in primaries:
+        cluster = BenchCluster(count).start()
+        try:
+            client = connect(cluster.url)
+            receiver = ExperienceReceiver(client, ReceiverConfig(), RUN, num_shards)
+            receiver.start()
+            log.info("%d primaries: %d senders over %d shards for %.0f s", count, senders, num_shards, seconds)
+            acked, wall = run_senders(cluster.url, senders, list(range(num_shards)), num_shards, seconds)
+            received, started = 0, time.perf_counter()
+            while received < acked:
+                batch = receiver.receive(512, block_ms=100)
+                receiver.ack(batch)
+                received += len(batch)
+                if not batch and time.perf_counter() - started > 120:
+                    raise RuntimeError(f"received {received} of {acked} chunks")
+            receive_wall = time.perf_counter() - started
+            client.close()
+        finally:
+            cluster.stop()
+        rows[count] = {"insert_steps_per_s": round(acked * FLUSH * ENVS / wall),
+                       "receive_steps_per_s": round(received * FLUSH * ENVS / receive_wall)}
+    base = rows[primaries[0]]
+    for row in rows.values():
+        row["insert_ratio"] = round(row["insert_steps_per_s"] / base["insert_steps_per_s"], 3)
+        row["receive_ratio"] = round(row["receive_steps_per_s"] / base["receive_steps_per_s"], 3)
+    return {str(count): row for count, row in rows.items()}
+
+
+def kill_halfway(cluster: BenchCluster, seconds: float) -> None:
+    time.sleep(seconds / 2)
+    cluster.kill_primary_of(RunKeys(RUN).shard(0).exp)
+
+
+def failover_loss(repeats: int, senders: int, seconds: float) -> dict:
+    runs = []
+    for attempt in range(repeats):
+        cluster = BenchCluster(3, replicas=1).start()
+        try:
+            client = connect(cluster.url)
+            owner = client.get_node_from_key(RunKeys(RUN).shard(0).exp).name
+            shards = [i for i in range(6) if client.get_node_from_key(RunKeys(RUN).shard(i).exp).name == owner]
+            kill = partial(kill_halfway, cluster, seconds)
+            acked, _ = run_senders(cluster.url, senders, shards, 6, seconds, during=kill)
+            cluster.wait_ok()
+            client = connect(cluster.url)
+            stored = sum(client.xlen(RunKeys(RUN).shard(i).exp) for i in shards)
+            client.close()
+        finally:
+            cluster.stop()
+        runs.append({"acked_chunks": acked, "stored_chunks": stored, "lost_chunks": acked - stored})
+        log.info("failover %d: %s", attempt + 1, runs[-1])
+    rates = [r["acked_chunks"] / seconds for r in runs]
+    return {"runs": runs, "lost_chunks_max": max(r["lost_chunks"] for r in runs),
+            "lost_ms_of_inserts_max": round(max(r["lost_chunks"] / rate * 1000 for r, rate in zip(runs, rates)), 1)}
+
+
+def wait_cost(param_kb: int, publishes: int) -> dict:
+    cluster = BenchCluster(3, replicas=1).start()
+    try:
+        client = connect(cluster.url)
+        params = {"w": np.random.default_rng(0).standard_normal(param_kb * 256, dtype=np.float32)}
+        result = {}
+        for name, wait_ms in (("no_wait", 0), ("wait_1_replica", 1000)):
+            publisher = ParameterPublisher(client, RUN, PublisherConfig(wait_replica_ms=wait_ms))
+            times = []
+            for i in range(publishes):
+                started = time.perf_counter()
+                publisher.publish(params, i, force=True)
+                times.append(time.perf_counter() - started)
+            result[name] = {"publish_ms_median": round(float(np.median(times)) * 1000, 3),
+                            "publish_ms_p90": round(float(np.percentile(times, 90)) * 1000, 3)}
+        client.close()
+    finally:
+        cluster.stop()
+    result["wait_ratio"] = round(result["wait_1_replica"]["publish_ms_median"] / result["no_wait"]["publish_ms_median"], 3)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--primaries", default="1,2,3", help="comma-separated primary counts (the first is the baseline)")
+    parser.add_argument("--senders", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=3, help="redis.num_shards")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds of inserting per phase")
+    parser.add_argument("--loss", type=int, default=0, help="failover loss runs (0: none)")
+    parser.add_argument("--wait-cost", action="store_true", help="publish latency with and without WAIT")
+    parser.add_argument("--param-kb", type=int, default=256)
+    parser.add_argument("--quick", action="store_true", help="1,2 primaries, 2 senders, 1 s: seconds")
+    args = parser.parse_args()
+    setup_logging("INFO")
+    if args.quick:
+        args.primaries, args.senders, args.seconds = "1,2", 2, 1.0
+    try:
+        primaries = [int(p) for p in args.primaries.split(",")]
+    except ValueError:
+        parser.error(f"--primaries must be comma-separated integers, got {args.primaries!r}")
+    for name, value in (("primaries", min(primaries)), ("senders", args.senders), ("shards", args.shards),
+                        ("param-kb", args.param_kb)):
+        if value < 1:
+            parser.error(f"--{name} must be >= 1, got {value}")
+    if args.seconds <= 0 or args.loss < 0:
+        parser.error("--seconds must be > 0 and --loss >= 0")
+    out = {"senders": args.senders, "shards": args.shards, "seconds": args.seconds,
+           "scaling": scaling(primaries, args.senders, args.shards, args.seconds)}
+    if args.loss:
+        out["failover_loss"] = failover_loss(args.loss, args.senders, max(args.seconds, 4.0))
+    if args.wait_cost:
+        out["wait_cost"] = wait_cost(args.param_kb, 20)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
