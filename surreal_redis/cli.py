@@ -284,6 +284,7 @@ def acl(run_name: str, redis_url: str | None, shards: int | None, agent_password
     import secrets
 
     from surreal_redis.acl import ROLES, acl_rules, create_users, username
+    from surreal_redis.connection import CLUSTER_SCHEMES
 
     if print_rules:
         for role in ROLES:
@@ -291,9 +292,11 @@ def acl(run_name: str, redis_url: str | None, shards: int | None, agent_password
         return
     given = {"agent": agent_password, "eval": eval_password, "learner": learner_password}
     passwords = {role: given[role] or secrets.token_urlsafe(18) for role in ROLES}
-    users = create_users(connect(_require_url(redis_url)), run_name, passwords, shards)
+    url = _require_url(redis_url)
+    users = create_users(connect(url), run_name, passwords, shards)
+    form = "redis+cluster://{}:PASSWORD@HOST:PORT[,HOST:PORT...]" if url.startswith(CLUSTER_SCHEMES) else "redis://{}:PASSWORD@HOST:PORT/0"
     for role, name in users.items():
-        click.echo(f"{role}: user {name} password {passwords[role]}  (URL form: redis://{name}:PASSWORD@HOST:PORT/0)")
+        click.echo(f"{role}: user {name} password {passwords[role]}  (URL form: {form.format(name)})")
 
 
 @main.command("redis")

@@ -53,6 +53,7 @@ def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clie
                                      "--agent-password", PASSWORDS["agent"], "--eval-password", PASSWORDS["eval"],
                                      "--learner-password", PASSWORDS["learner"]])
     assert done.exit_code == 0, done.output
+    assert f"agent: user {username(RUN, 'agent')} password agent-pw  (URL form: redis+cluster://" in done.output
     admin = connect(redis_cluster.url)
     nodes = all_node_clients(admin)
     roles = [node.info("replication")["role"] for node in nodes]
@@ -155,3 +156,9 @@ def test_after_failover_the_learner_reloads_the_agents_scripts_on_the_promoted_r
         receiver.ack(batch)
         got += batch
     assert len(got) == 4 and sender.stats().steps_dropped == 0  # 2 flushes x 2 envs
+
+    # users of another run: every live node gets them, the dead one is named
+    with pytest.raises(redis.RedisError, match=rf"not set on 1 of 6 cluster nodes: 127\.0\.0\.1:{killed} "):
+        create_users(connect(cluster.url), "other", PASSWORDS)
+    alive = [cluster.node(p) for p, proc in cluster.processes.items() if proc.poll() is None]
+    assert len(alive) == 5 and all(username("other", "agent") in node.acl_users() for node in alive)
