@@ -40,6 +40,7 @@ def test_throughput_refuses_bad_arguments_by_name(bench, capsys, argv, message):
     ("halfcheetah", ["--budget-s", "-5"], "--budget-s must be > 0, got -5.0"),
     ("halfcheetah", ["--agents", "0"], "--agents must be >= 1, got 0"),
     ("halfcheetah", ["--eval-episodes", "0"], "--eval-episodes must be >= 1, got 0"),
+    ("halfcheetah", ["--window", "0"], "--window must be >= 1, got 0"),
     ("memory", ["--agents", "0"], "need --agents >= 1"),
     ("memory", ["--every-s", "0"], "--every-s > 0; got 4, 90.0, 0.0"),
 ])
