@@ -13,8 +13,8 @@ full speed into shards of one primary, which is killed with SIGKILL; after its r
 the senders go on briefly. Lost = chunks acked to the senders - entries in the streams: the window
 of acknowledged writes that asynchronous replication loses.
 
-``--wait-cost``: parameter publish latency (a ``--param-kb`` model) on that cluster with and
-without ``hub.publisher.wait_replica_ms`` (WAIT 1 replica after the publish).
+``--wait-cost``: parameter publish latency (a ``--param-kb`` model) on a primary with one replica,
+with and without ``hub.publisher.wait_replica_ms`` (WAIT 1 replica after the publish).
 
 Progress goes to stderr; the last line of stdout is one JSON object.
 """
@@ -102,7 +102,10 @@ class BenchCluster:
                                 for p in self.ports), "nodes did not meet")
         ids = [self.node(p).execute_command("CLUSTER", "MYID").decode() for p in self.ports[:self.primaries]]
         for k, port in enumerate(self.ports[self.primaries:]):
-            self.node(port).execute_command("CLUSTER", "REPLICATE", ids[k % self.primaries])
+            primary_id = ids[k % self.primaries]  # known by id once the handshake is over
+            self._until(lambda p=port, i=primary_id: i in self.node(p).execute_command("CLUSTER", "NODES").decode(),
+                        "replica does not know its primary")
+            self.node(port).execute_command("CLUSTER", "REPLICATE", primary_id)
         self._until(self._ok, "cluster not ok")
         return self
 
@@ -249,7 +252,7 @@ def failover_loss(repeats: int, senders: int, seconds: float) -> dict:
 
 
 def wait_cost(param_kb: int, publishes: int) -> dict:
-    cluster = BenchCluster(3, replicas=1).start()
+    cluster = BenchCluster(1, replicas=1).start()
     try:
         client = connect(cluster.url)
         params = {"w": np.random.default_rng(0).standard_normal(param_kb * 256, dtype=np.float32)}

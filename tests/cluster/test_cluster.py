@@ -138,7 +138,7 @@ def test_launch_survives_kill_9_of_a_primary(fresh_redis_cluster, tmp_path):
     client = connect(cluster.url)
     run = "cfail"
     overrides = ["-o", f"experiment.root={tmp_path}", "-o", "redis.num_shards=3", "-o", f"experiment.name={run}",
-                 "-o", "stop.max_env_steps=3000", "-o", "stop.max_seconds=150"]
+                 "-o", "stop.max_env_steps=2000", "-o", "stop.max_seconds=150"]
     launch = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", cluster.url, *overrides],
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -156,7 +156,7 @@ def test_launch_survives_kill_9_of_a_primary(fresh_redis_cluster, tmp_path):
     logs = "".join(path.read_text() for path in (tmp_path / run / "logs").glob("agent-*.log"))
     assert "Redis unavailable" in logs and "reachable again" in logs, "the agents did not notice the kill"
     learner_log = (tmp_path / run / "logs" / "learner.log").read_text()
-    assert "stop.max_env_steps=3000)" in learner_log, "the run stalled after the failover (stopped on time)"
+    assert "stop.max_env_steps=2000)" in learner_log, "the run stalled after the failover (stopped on time)"
     client = connect(cluster.url)
     assert cluster.primary_port_of(meta) != killed
     assert int(client.hget(meta, "version")) > 2
@@ -199,7 +199,7 @@ def test_publish_waits_for_a_replica_when_asked(redis_cluster, real_redis, caplo
 
 def test_cluster_bench_runs_on_tiny_sizes():
     script = Path(__file__).resolve().parents[2] / "bench" / "cluster.py"
-    done = subprocess.run([sys.executable, str(script), "--primaries", "1,2", "--senders", "2", "--seconds", "0.5",
+    done = subprocess.run([sys.executable, str(script), "--primaries", "1,2", "--senders", "1", "--seconds", "0.2",
                            "--wait-cost", "--param-kb", "16"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
