@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 import numpy as np
 import redis
@@ -48,6 +49,10 @@ OUTAGE_ERRORS = (*REDIS_OUTAGE_ERRORS, HubUnavailableError)
 # A claim is retried with backoff after these: Redis away or full, or claim.lua not loaded yet.
 CLAIM_RETRY_ERRORS = (*REDIS_OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, ClaimScriptMissing)
 CLAIM_RECHECK_S = 0.2  # a waiting agent claims again this often even without a notify message
+# A heartbeat or episode write that fails for these is skipped (the next heartbeat replaces it) or
+# kept for the next try: neither is worth stopping the env loop for.
+WRITE_SKIP_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError)
+EPISODE_BUFFER = 1000  # episode records kept while Redis refuses them; beyond that the oldest are lost
 
 
 def agent_seed(base_seed: int, agent_id: int) -> int:
@@ -96,6 +101,8 @@ class Agent:
                                       connect_replicas(config.redis.param_read_urls, config.redis.settings()))
         self.heartbeat = Heartbeat(client, config.run, agent_id, config.agent.heartbeat_ttl_s)
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
+        self._unsent_episodes: deque[EpisodeRecord] = deque()
+        self.episodes_lost = 0  # records dropped from a full local buffer
         self.seed = seed
         self.steps = 0
         self.num_episodes = 0
@@ -185,6 +192,8 @@ class Agent:
                 self._send(self.sender.flush, obs)
             if step.episodes:
                 self._record_episodes(step.episodes)
+            for i in step.final_obs:  # a lost life with episodic life too: as the learner's targets reset
+                self.policy.on_episode_start(i)
             episodes_due = cfg.fetch_every_episodes is not None and self.num_episodes >= next_episode_poll
             if not self.lockstep and (self.steps >= next_poll or episodes_due):
                 next_poll = self.steps + cfg.fetch_every_steps * self.num_envs
@@ -206,10 +215,14 @@ class Agent:
         self._next_beat = now + self.config.agent.heartbeat_every_s
         try:
             self.heartbeat.beat(self.steps, self.num_episodes, self.policy.version, force=True,
-                                idle_s=self.idle_seconds(), running_s=self.running_seconds())
+                                idle_s=self.idle_seconds(), running_s=self.running_seconds(),
+                                param_rejections=self.params.rejections,
+                                chunks_dropped=self.sender.stats().chunks_dropped)
             self._check_control()
-        except OUTAGE_ERRORS as exc:
-            log.warning("agent %d: heartbeat failed (%s)", self.agent_id, exc)
+        except WRITE_SKIP_ERRORS as exc:  # skipped: the next heartbeat replaces it
+            log.warning("agent %d: heartbeat skipped (%s)", self.agent_id, exc)
+        if self._unsent_episodes:
+            self._send_episodes()
 
     def _claim_flush(self) -> bool:
         """Lockstep: block until the learner's quota lets this agent produce its next flush with
@@ -241,23 +254,38 @@ class Agent:
             self._claiming_since = None
 
     def _record_episodes(self, episodes: dict) -> None:
-        records = []
+        """Record the finished episodes (their envs start again in the loop, lost lives included)."""
         for i, result in episodes.items():
             self.num_episodes += 1
             self.policy.on_episode_end(i, result.episode_return, result.episode_length)
-            self.policy.on_episode_start(i)
-            records.append(EpisodeRecord(str(self.agent_id), "train", result.episode_return,
-                                         result.episode_length, self.policy.version, time.time()))
+            self._unsent_episodes.append(EpisodeRecord(str(self.agent_id), "train", result.episode_return,
+                                                       result.episode_length, self.policy.version, time.time()))
+        excess = len(self._unsent_episodes) - EPISODE_BUFFER
+        if excess > 0:
+            self.episodes_lost += excess
+            for _ in range(excess):
+                self._unsent_episodes.popleft()
+            log.warning("agent %d: %d episode records lost (local buffer of %d full)", self.agent_id, excess,
+                        EPISODE_BUFFER)
+        self._send_episodes()
+
+    def _send_episodes(self) -> None:
+        """Write the buffered episode records; those Redis refuses (full, unreachable) stay for the
+        next try (after the next episode or heartbeat). A lost reply may store a record twice."""
+        records = list(self._unsent_episodes)
         try:
-            self.episodes.record(records)
-        except OUTAGE_ERRORS as exc:
-            log.warning("agent %d: %d episode records lost (%s)", self.agent_id, len(records), exc)
+            refused = self.episodes.record_some(records)
+        except WRITE_SKIP_ERRORS as exc:
+            log.warning("agent %d: %d episode records kept for later (%s)", self.agent_id, len(records), exc)
+            return
+        self._unsent_episodes = deque(refused)
 
     def _shutdown(self) -> None:
         """Send what is buffered (best effort: Redis may be gone) and leave the agents table."""
         try:
-            if self.steps:  # stopped before its first step: nothing to send
-                self.sender.flush(self._last_obs)
+            self.sender.flush(self._last_obs)  # stopped before its first step: nothing to send
+            if self._unsent_episodes:
+                self._send_episodes()
             self.heartbeat.remove()
         except OUTAGE_ERRORS as exc:
             log.warning("agent %d: could not flush on shutdown (%s); %d steps unsent", self.agent_id, exc,

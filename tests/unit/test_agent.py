@@ -6,12 +6,20 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
+from surreal_redis import agent as agent_module
 from surreal_redis.agent import Agent, with_final_rows
 from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.sender import (
+    STOP_RETRY_S,
+    ExperienceSender,
+    HubUnavailableError,
+    SenderConfig,
+)
 from surreal_redis.hub.params import ParameterPublisher
 from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
@@ -202,3 +210,115 @@ def test_free_agents_claim_nothing(fake_redis):
     agent = run_agent(fake_redis, [], until=lambda a: a.steps >= 64)
     assert not agent.lockstep and agent.claim_wait_s == 0
     assert ProductionQuota(fake_redis, "smoke").left() is None
+
+
+# ---------------------------------------------------------------- seams: lives, a full Redis, counters
+
+def test_every_env_that_ended_starts_again_lost_lives_too(fake_redis, monkeypatch):
+    """With episodic life (Atari) an env's final_obs marks a lost life while no episode is reported:
+    the policy's per-env state (LSTM state, DDPG noise) must reset as the learner's targets do."""
+    real_step = agent_module.step_vector_env
+    ended = []
+
+    def lives_only(envs, actions):  # every end is a lost life: no episode is reported
+        step = real_step(envs, actions)
+        ended.extend(step.final_obs)
+        return step._replace(episodes={})
+
+    monkeypatch.setattr(agent_module, "step_vector_env", lives_only)
+    started = []
+    original = Agent.__init__
+
+    def spying_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        start = self.policy.on_episode_start
+        self.policy.on_episode_start = lambda i: (started.append(i), start(i))
+
+    monkeypatch.setattr(Agent, "__init__", spying_init)
+    run_agent(fake_redis, [], until=lambda a: len(ended) >= 6)
+    assert len(ended) >= 6 and started[:2] == [0, 1]  # the reset
+    assert sorted(started[2:]) == sorted(ended)
+
+
+def test_a_sender_flushed_before_its_first_step_sends_nothing(fake_redis):
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=4), "r", 0, 1)
+    assert sender.flush(None) == 0 and sender.stats().steps_dropped == 0
+    zeros = np.zeros(2, bool)
+    for k in range(5):  # and it works normally afterwards
+        sender.add({"x": np.full((2, 3), k, np.float32)}, np.zeros(2), np.ones(2), zeros, zeros)
+    assert sender.stats().chunks == 2
+
+
+def test_heartbeats_and_episode_records_ride_out_a_full_redis(fake_redis, monkeypatch):
+    """OOM on the heartbeat and on episode records: the agent goes on stepping, skips heartbeats,
+    keeps its records and sends them once Redis takes writes again; its heartbeat carries the
+    parameter rejections and the chunks its sender dropped."""
+    full = threading.Event()
+    full.set()
+    original = Agent.__init__
+
+    def refusing_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        beat, record_some = self.heartbeat.beat, self.episodes.record_some
+        self.params._rejections = 3
+        self.sender._counts["chunks_dropped"] = 2
+
+        def oom(real):
+            def call(*a, **k):
+                if full.is_set():
+                    raise redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'.")
+                return real(*a, **k)
+            return call
+
+        self.heartbeat.beat, self.episodes.record_some = oom(beat), oom(record_some)
+
+    monkeypatch.setattr(Agent, "__init__", refusing_init)
+    overrides = ["agent.heartbeat_every_s=0.1", "agent.fetch_every_steps=1000000"]
+    seen = {}
+
+    def until(agent):
+        if full.is_set() and agent.num_episodes >= 5:
+            seen["episodes_while_full"] = agent.num_episodes
+            assert not read_agents(fake_redis, "smoke", ttl_s=30)
+            assert len(agent._unsent_episodes) == agent.num_episodes
+            full.clear()
+        if full.is_set() or agent._unsent_episodes:
+            return False
+        beats = read_agents(fake_redis, "smoke", ttl_s=30)
+        if beats:
+            seen["beat"] = beats[0]
+        return bool(beats)
+
+    agent = run_agent(fake_redis, overrides, until=until)
+    assert seen["episodes_while_full"] >= 5 and not agent._unsent_episodes and agent.episodes_lost == 0
+    records = EpisodeReader(fake_redis, "smoke", start_id="0-0").read_new()
+    assert len(records) == agent.num_episodes  # each one once, those kept while full included
+    assert seen["beat"].param_rejections == 3 and seen["beat"].chunks_dropped == 2
+
+
+def test_a_stop_during_an_outage_ends_the_senders_retries(tmp_path, monkeypatch):
+    """Redis unreachable, sender.max_wait_s of 10 minutes: a stop ends the retrying within
+    STOP_RETRY_S (the launcher kills a stopping agent after 30 s), the chunks counted as dropped."""
+    assert STOP_RETRY_S < 30
+    monkeypatch.setattr("surreal_redis.hub.experience.sender.STOP_RETRY_S", 1.0)
+    stop = threading.Event()
+    client = redis.Redis(unix_socket_path=str(tmp_path / "nobody.sock"))
+    sender = ExperienceSender(client, SenderConfig(flush_steps=2, max_wait_s=600, retry_cap_s=0.2), "r", 0, 1, stop=stop)
+    zeros = np.zeros(2, bool)
+    errors = []
+
+    def step():
+        try:
+            for k in range(3):
+                sender.add({"x": np.full((2, 3), k, np.float32)}, np.zeros(2), np.ones(2), zeros, zeros)
+        except HubUnavailableError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=step, daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive()  # retrying through the outage
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive() and len(errors) == 1 and "stopping" in str(errors[0])
+    assert sender.stats().chunks_dropped == 2 and sender.stats().steps_dropped == 4

@@ -151,7 +151,7 @@ class ChunkBuffer:
             steps -= 1
         done = self._build_chunks(steps) if steps > 0 else []
         self.steps, self._carry = 0, False
-        for finals in self._final:
+        for finals in getattr(self, "_final", ()):  # absent before the first add() allocates
             finals.clear()
         return done
 

@@ -38,6 +38,8 @@ from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
+STOP_RETRY_S = 5.0  # once stopping, an insert is retried this long at most (within the launcher's grace)
+
 
 @dataclass(frozen=True)
 class SenderConfig:
@@ -246,6 +248,7 @@ class ExperienceSender:
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
         deadline = None
         attempts = 0
+        stop_capped = False
         while pending:
             floor = pending[0].seq  # pending stays in seq order
             window = [batch for batch in pending if batch.seq < floor + SEQ_WINDOW]
@@ -261,11 +264,17 @@ class ExperienceSender:
             if attempts > 1 or error is not None or any(kind is Outcome.BACKOFF for _, kind in retry):
                 now = time.monotonic()
                 deadline = deadline or now + cfg.max_wait_s
+                stopping = self.stop is not None and self.stop.is_set()
+                if stopping and not stop_capped:  # the launcher kills a stopping agent after its grace
+                    deadline, stop_capped = min(deadline, now + STOP_RETRY_S), True
                 if now > deadline:
+                    why = f"the run is stopping ({STOP_RETRY_S}s)" if stop_capped else f"{cfg.max_wait_s}s (sender.max_wait_s)"
                     raise HubUnavailableError(
-                        f"shard {self.shard}: {len(pending)} inserts not stored after {cfg.max_wait_s}s "
-                        f"(sender.max_wait_s); last error: {error}")
-                time.sleep(backoff.next_delay())
+                        f"shard {self.shard}: {len(pending)} inserts not stored after {why}; last error: {error}")
+                if self.stop is None or stopping:
+                    time.sleep(backoff.next_delay())
+                else:
+                    self.stop.wait(backoff.next_delay())  # a stop ends the wait: retried, then capped
 
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
         """One pipeline of inserts. Returns the batches to retry and why."""

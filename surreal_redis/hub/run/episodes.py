@@ -50,8 +50,17 @@ class EpisodeLog:
 
     def record(self, records: list[EpisodeRecord]) -> None:
         """One round trip for all ``records``; Redis errors propagate (the caller backs off)."""
+        refused = self.record_some(records)
+        if refused:
+            raise redis.exceptions.OutOfMemoryError(f"{len(refused)} of {len(records)} episode records refused: "
+                                                    "Redis is out of memory")
+
+    def record_some(self, records: list[EpisodeRecord]) -> list[EpisodeRecord]:
+        """Like :meth:`record`, but returns the records Redis refused for lack of memory (OOM) while
+        the others were stored, so that only those are sent again. Connection errors and any other
+        refusal (NOPERM) propagate."""
         if not records:
-            return
+            return []
         pipe = self.client.pipeline(transaction=False)
         for r in records:
             if r.mode not in self.keys:
@@ -59,7 +68,13 @@ class EpisodeLog:
             pipe.xadd(self.keys[r.mode], {"agent": r.agent, "mode": r.mode, "return": repr(float(r.episode_return)),
                                           "length": int(r.length), "version": int(r.version), "time": repr(r.time)},
                       maxlen=self.maxlen, approximate=True)
-        pipe.execute()
+        refused = []
+        for record, reply in zip(records, pipe.execute(raise_on_error=False)):
+            if isinstance(reply, redis.exceptions.OutOfMemoryError):
+                refused.append(record)
+            elif isinstance(reply, Exception):
+                raise reply
+        return refused
 
 
 class EpisodeReader:

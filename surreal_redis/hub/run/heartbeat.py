@@ -29,7 +29,9 @@ class AgentStatus:
     """One agent's last heartbeat. ``ts`` is its unix time in seconds, ``age_s`` the seconds since
     then when it was read, ``stale`` whether that age exceeded the TTL. ``idle_s`` of ``running_s``
     seconds of its env loop (this process) were spent waiting (on claims, on backpressure); both 0
-    in heartbeats of agents that do not report them."""
+    in heartbeats of agents that do not report them. ``param_rejections``: parameter downloads this
+    process rejected (digest mismatch); ``chunks_dropped``: chunks its sender gave up on (both
+    cumulative per process, 0 when not reported)."""
 
     agent_id: str
     pid: int
@@ -42,6 +44,8 @@ class AgentStatus:
     stale: bool
     idle_s: float = 0.0
     running_s: float = 0.0
+    param_rejections: int = 0
+    chunks_dropped: int = 0
 
     @property
     def idle_fraction(self) -> float | None:
@@ -79,9 +83,10 @@ class Heartbeat:
         self._last_write: float | None = None
 
     def beat(self, steps: int, episodes: int, param_version: int, force: bool = False, idle_s: float = 0.0,
-             running_s: float = 0.0) -> bool:
+             running_s: float = 0.0, param_rejections: int = 0, chunks_dropped: int = 0) -> bool:
         """Record the agent's counters (total env steps, finished episodes, loaded parameter
-        version, seconds idle of seconds its env loop has run). Returns whether it wrote; blocks
+        version, seconds idle of seconds its env loop has run, parameter downloads rejected,
+        chunks dropped). Returns whether it wrote; blocks
         for one HSET when it does, and lets Redis errors propagate (the agent's loop decides how to
         back off)."""
         if not (idle_s >= 0 and running_s >= 0):
@@ -91,7 +96,8 @@ class Heartbeat:
             return False
         entry = {"pid": self._pid, "host": self._host, "steps": int(steps), "episodes": int(episodes),
                  "param_version": int(param_version), "ts": time.time(), "idle_s": round(float(idle_s), 3),
-                 "running_s": round(float(running_s), 3)}
+                 "running_s": round(float(running_s), 3), "param_rejections": int(param_rejections),
+                 "chunks_dropped": int(chunks_dropped)}
         self._client.hset(self._key, self._field, json.dumps(entry, separators=(",", ":")))
         self._last_write = now
         return True
@@ -110,7 +116,9 @@ def _parse(agent_id: str, raw: bytes, now: float, ttl_s: float) -> AgentStatus:
     return AgentStatus(agent_id=agent_id, pid=int(entry["pid"]), host=str(entry["host"]),
                        steps=int(entry["steps"]), episodes=int(entry["episodes"]),
                        param_version=int(entry["param_version"]), ts=ts, age_s=now - ts, stale=now - ts > ttl_s,
-                       idle_s=float(entry.get("idle_s", 0.0)), running_s=float(entry.get("running_s", 0.0)))
+                       idle_s=float(entry.get("idle_s", 0.0)), running_s=float(entry.get("running_s", 0.0)),
+                       param_rejections=int(entry.get("param_rejections", 0)),
+                       chunks_dropped=int(entry.get("chunks_dropped", 0)))
 
 
 def read_agents(client: redis.Redis, run: str, ttl_s: float, include_stale: bool = True) -> list[AgentStatus]:
