@@ -40,7 +40,7 @@ import redis
 import torch
 
 from surreal_redis.algos.base import Algorithm
-from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed, required_extras
+from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
@@ -48,17 +48,22 @@ from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
-from surreal_redis.hub.params import ParameterPublisher
+from surreal_redis.hub.params import ParameterPublisher, PublishBackpressure
 from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
-from surreal_redis.hub.run.heartbeat import prune_stale
+from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
 from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.replay.feeds import Feed
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import Tracker
 
 log = logging.getLogger(__name__)
+
+# Retried with capped backoff in start() and in the main loop: Redis away, or full (the janitor
+# frees memory meanwhile: it runs before each retry). Writes that may be skipped (the status
+# report) are skipped under OOM where they are made.
+RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, PublishBackpressure)
 
 
 class Prefetcher(threading.Thread):
@@ -127,6 +132,10 @@ class Learner:
         self._next_housekeeping = 0.0
         self._last_chunk_at = self._granted_at = time.monotonic()
         self.topups = 0  # lockstep grants topped up by the rule above
+        self._rejections: dict[tuple[str, int], int] = {}  # (agent id, pid) -> parameter downloads rejected
+        self._rejections_version = -1  # the version live when they were last read
+        self._next_rejection_check = 0.0
+        self.republished = 0  # versions republished because agents rejected the live one
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, resume: str | None = None,
@@ -144,11 +153,11 @@ class Learner:
         settings = FeedSettings(replay.fifo, replay.off_policy, replay.rate_limiter, learner.steps_per_update,
                                 learner.learning_starts, learner.updates_per_step)
         parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed), make_feed(section, settings, seed),
-                             ChunkCheck(obs_space, action_space, required_extras(section, action_space)))
+                             ChunkCheck.for_experiment(config, obs_space, action_space))
         open_tracker = None
         if config.tracking.enabled:
             open_tracker = partial(Tracker, config.experiment_dir, config.run, run_name=config.run,
-                                   tracking_uri=config.tracking.tracking_uri, resume=resume is not None)
+                                   tracking_uri=config.tracking.tracking_uri)
         built = cls(config, client, stop, parts, open_tracker=open_tracker)
         if resume is not None:
             built.restore(resume, resume_from)
@@ -193,13 +202,15 @@ class Learner:
     # ---------------------------------------------------------------- main loop
     def run(self) -> int:
         cfg = self.config
-        self.start()
+        if not self.start():  # stopped while Redis was away or full
+            self._finish("FINISHED")
+            return 0
         batches: queue.Queue[list[ReceivedChunk]] = queue.Queue(
             maxsize=max(1, cfg.learner.prefetch_chunks // cfg.learner.receive_batch))
         stop_prefetch = threading.Event()
         prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch)
         prefetcher.start()
-        guard = OutageGuard("learner", self.stop)
+        guard = OutageGuard("learner", self.stop, errors=RETRY_ERRORS)
         status = "FINISHED"
         try:
             while not self.stop:
@@ -208,7 +219,7 @@ class Learner:
                 try:
                     self.iterate(batches)
                     guard.succeeded()
-                except OUTAGE_ERRORS as exc:  # training goes on from the feed; Redis work is retried
+                except RETRY_ERRORS as exc:  # training goes on from the feed; Redis work is retried
                     guard.failed(exc)
         except BaseException:
             status = "FAILED"
@@ -221,18 +232,28 @@ class Learner:
                                                   for item in batch))
         return 0
 
-    def start(self) -> None:
-        """Publish the initial parameters (on grants: and grant the first update's steps), mark
-        the run running, then open MLflow tracking and log the config."""
-        if self.quota is not None:
-            self.quota.load_script()  # agents may not load scripts themselves (ACL)
-        self._publish(force=True)
-        self._grant()  # overlap too: its first grant ahead comes with the first update
-        self.control.start()
+    def start(self) -> bool:
+        """Housekeeping first (a learner restarted into a full Redis frees memory before it
+        publishes), publish the initial parameters (on grants: and grant the first update's steps),
+        mark the run running, then open MLflow tracking and log the config. Rides out an outage or
+        a full Redis with capped backoff (housekeeping again before each retry); False when
+        stopped first."""
+        guard = OutageGuard("learner (start)", self.stop, errors=RETRY_ERRORS)
+        if guard.call(self._start_hub) is None:
+            return False
         if self.tracker is None and self._open_tracker is not None:
             self.tracker = self.metrics.tracker = self._open_tracker()
         if self.tracker is not None:
             self.metrics.log_config()
+        return True
+
+    def _start_hub(self) -> bool:
+        self._collect_garbage()
+        if not self._publish(force=True):
+            raise PublishBackpressure("initial parameters refused: Redis is out of memory")
+        self._grant()  # overlap too: its first grant ahead comes with the first update
+        self.control.start()
+        return True
 
     def iterate(self, batches: queue.Queue[list[ReceivedChunk]]) -> None:
         """One round: the next received batch into the feed (unless it has updates to run first;
@@ -269,10 +290,11 @@ class Learner:
             self.env_steps += item.chunk.num_steps
             self.metrics.observe_chunk(self.param_version, item.chunk, item.nbytes)
             self.feed.ingest(item.chunk)
-        self.receiver.ack([item for item, _ in usable])  # only now is the data safely stored
         for item, problem in unusable:  # decodes, but does not fit this env/algorithm: never crash
             self.metrics.observe_unusable(item.chunk.num_steps)
+            # Before the ack, whose error would otherwise leave these pending until a restart.
             self.receiver.set_aside(item, "unusable", f"agent {item.chunk.agent_id}: {problem}")
+        self.receiver.ack([item for item, _ in usable])  # only now is the data safely stored
 
     def _after_update(self) -> None:
         iteration = self.algo.iteration
@@ -295,11 +317,15 @@ class Learner:
         still need (on grants only)."""
         if self.quota is None:
             return
-        self.quota.grant(self.param_version, self.feed.steps_needed(ahead) or 0)
+        steps = self.feed.steps_needed(ahead) or 0
+        limit = self.config.stop.max_env_steps
+        if limit is not None:  # no more than the run still needs: the stop comes at the limit
+            steps = min(steps, max(0, limit - self.env_steps))
+        self.quota.grant(self.param_version, steps)
         self._granted_at = time.monotonic()
 
     def _top_up(self) -> None:
-        """On grants: the top-up rule of the module docstring. At most one HMGET and one HGET
+        """Lockstep: the top-up rule of the module docstring. At most one HMGET and one HGET
         when it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
         needed = self.feed.steps_needed()
         if self.quota is None or not needed:
@@ -320,28 +346,71 @@ class Learner:
                  "for v%d (top-up %d)", now - self._last_chunk_at, needed, self.param_version, self.topups)
         self._grant()
 
-    def _publish(self, force: bool = False) -> None:
+    def _publish(self, force: bool = False) -> bool:
+        """Publish unless too soon after the last (``force``: anyway). False when Redis refused it
+        for lack of memory (logged; the next update or housekeeping tries again, training goes on);
+        connection errors propagate."""
         start = time.monotonic()
         self._publish_failed = True  # until it went through: the next update tries again
-        version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force)
+        try:
+            version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force)
+        except PublishBackpressure as exc:
+            log.warning("publish refused, Redis is full (%s); training goes on, retrying after housekeeping", exc)
+            return False
         self._publish_failed = False
         if version is not None:
-            self.param_version = version
-            self.metrics.observe_publish(time.monotonic() - start)
-            self.feed.on_publish(version)
+            self._published(version, start)
+        return True
+
+    def _published(self, version: int, start: float) -> None:
+        self.param_version = version
+        self.metrics.observe_publish(time.monotonic() - start)
+        self.feed.on_publish(version)
+
+    def _republish_if_rejected(self) -> None:
+        """Agents report parameter downloads they rejected (digest mismatch: the live blob is
+        damaged). When those counts rose while the live version stayed this learner's, publish the
+        parameters again as a version above every one seen (one HGETALL every heartbeat period)."""
+        now = time.monotonic()
+        if now < self._next_rejection_check:
+            return
+        self._next_rejection_check = now + self.config.agent.heartbeat_every_s
+        agents = read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
+        rose = False
+        for agent in agents:
+            key = (agent.agent_id, agent.pid)
+            rose |= agent.param_rejections > self._rejections.get(key, 0)
+            self._rejections[key] = agent.param_rejections
+        unchanged, self._rejections_version = self._rejections_version == self.param_version, self.param_version
+        if not (rose and unchanged):
+            return
+        above = max([self.param_version, *(agent.param_version for agent in agents)])
+        start = time.monotonic()
+        version = self.publisher.republish(self.algo.actor_params(), self.algo.iteration, above=above)
+        self.republished += 1
+        log.warning("agents rejected parameter v%d (damaged in Redis?); republished as v%d", self.param_version,
+                    version)
+        self._published(version, start)
+        self._rejections_version = -1  # the next look only takes counts reported before agents saw it
+        self._grant()
 
     # ---------------------------------------------------------------- housekeeping
+    def _collect_garbage(self) -> None:
+        """Scripts agents need (they may not load them: ACL), retention/gc, stale heartbeats."""
+        cfg = self.config
+        self.receiver.load_agent_scripts()
+        if self.quota is not None:
+            self.quota.load_script()
+        self.metrics.observe_janitor(self.janitor.run_once())
+        prune_stale(self.client, cfg.run, cfg.agent.heartbeat_ttl_s)
+
     def _housekeeping(self) -> None:
         cfg = self.config
         if time.monotonic() - self.metrics.last_gc >= cfg.learner.gc_every_s:
-            self.receiver.load_agent_scripts()  # agents may not load scripts themselves (ACL)
-            if self.quota is not None:
-                self.quota.load_script()
-            self.metrics.observe_janitor(self.janitor.run_once())
-            prune_stale(self.client, cfg.run, cfg.agent.heartbeat_ttl_s)
-        if self._publish_failed:  # lockstep agents wait for it: do not leave it to the next update
-            self._publish()
+            self._collect_garbage()
+        if self._publish_failed and self._publish():  # lockstep agents wait for it: not left to the next update
             self._grant()
+        self._republish_if_rejected()
         self._top_up()
         self._read_episodes()
         self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
@@ -420,7 +489,7 @@ class Learner:
                 self.metrics.observe_stop(use.held + unread_steps)
             self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats(), force=True)
             self.metrics.mark_stopped()
-        except (*OUTAGE_ERRORS, OSError) as exc:
+        except (*RETRY_ERRORS, OSError) as exc:
             log.warning("learner: final publish/metrics incomplete (%s)", exc)
         if self.tracker is not None:
             for path in self.checkpoints.directory.glob("*"):

@@ -114,7 +114,10 @@ class LearnerMetrics:
         self.episode_lengths: list[int] = []
         self.eval_score: float | None = None
         self.eval_version: int | None = None
-        self.trimmed = self.unread_dropped = self.obs_deleted = 0
+        self.trimmed = self.unread_dropped = self.obs_deleted = self.orphans_deleted = 0
+        # (agent id, pid) -> (chunks dropped, parameter downloads rejected), last heartbeat of each
+        # agent process, those that left included: run totals
+        self.agent_counts: dict[tuple[str, int], tuple[int, int]] = {}
         self.last_gc = 0.0
         self.ingest_bytes = 0
         self.lags: Counter[int] = Counter()  # policy lag of every step received, whole run
@@ -166,6 +169,7 @@ class LearnerMetrics:
         self.trimmed += stats.trimmed
         self.unread_dropped += stats.unread_dropped
         self.obs_deleted += stats.obs_deleted
+        self.orphans_deleted += stats.orphans_deleted
         if stats.unread_dropped:
             log.warning("retention trimmed %d entries the learner had not read (hub.retention.max_entries "
                         "too small for the learner's pace)", stats.unread_dropped)
@@ -200,6 +204,7 @@ class LearnerMetrics:
             "hub/trimmed_total": float(self.trimmed),
             "hub/unread_trimmed_total": float(self.unread_dropped),
             "hub/obs_deleted_total": float(self.obs_deleted),
+            "hub/obs_orphans_deleted_total": float(self.orphans_deleted),
         }
         ratios = [r for keys, b in zip(shards, backlogs) if (r := dedup_ratio(self.client, keys, b.length)[0])]
         if ratios:
@@ -214,6 +219,9 @@ class LearnerMetrics:
         idle = self.agent_clocks.update([(a.agent_id, a.pid, a.idle_s, a.running_s) for a in agents])
         if idle is not None:
             numbers["hub/agent_idle_fraction"] = idle
+        self.agent_counts.update({(a.agent_id, a.pid): (a.chunks_dropped, a.param_rejections) for a in agents})
+        numbers["hub/agent_chunks_dropped_total"] = float(sum(c for c, _ in self.agent_counts.values()))
+        numbers["hub/param_rejections_total"] = float(sum(r for _, r in self.agent_counts.values()))
         return numbers
 
     def _experience_numbers(self, use: ExperienceUse | None) -> dict[str, float]:
@@ -244,6 +252,10 @@ class LearnerMetrics:
             "charts/episode_return_mean": progress.mean_return,
             "hub/ingest_mb_per_s": self._rate("bytes", self.ingest_bytes, dt) / 2**20,
             "hub/dead_entries_total": float(receiver.dead),
+            "hub/reread_entries_total": float(receiver.reread),
+            "hub/pending_trimmed_total": float(receiver.pending_trimmed),
+            "hub/dead_retries_total": float(receiver.dead_retries),
+            "hub/obs_cache_mb": receiver.cached_bytes / 2**20,
             "hub/obs_cache_hit_ratio": receiver.cache_hits / max(1, receiver.cache_hits + receiver.cache_misses),
             "system/elapsed_s": progress.elapsed_s,
         }
@@ -288,8 +300,14 @@ class LearnerMetrics:
                   "policy_lag_max": metrics.get("hub/policy_lag_max"),
                   "learner_busy": metrics["system/learner_busy_fraction"],
                   "learner_busy_total": self.busy_total_s / max(now - self.started, 1e-9),
-                  "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total()}
-        self.control.write_learner_status(status, ttl_s=max(60, int(10 * self.config.learner.metrics_every_s)))
+                  "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total(),
+                  "dead_entries": receiver.dead, "pending_trimmed": receiver.pending_trimmed,
+                  "unread_trimmed": self.unread_dropped,
+                  "agent_chunks_dropped": metrics.get("hub/agent_chunks_dropped_total")}
+        try:
+            self.control.write_learner_status(status, ttl_s=max(60, int(10 * self.config.learner.metrics_every_s)))
+        except redis.exceptions.OutOfMemoryError as exc:  # a report: the next flush replaces it
+            log.warning("learner status not written, Redis is full (%s)", exc)
         self._status = status
         mean = progress.mean_return
         log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s | %s",

@@ -28,13 +28,14 @@ def default_tracking_uri(experiment_dir: Path) -> str:
 class Tracker:
     """One MLflow run: params once, metrics on the learner-step axis, artifacts.
 
-    ``run_id`` may name an existing run to continue (``--resume``); the id is also kept in
-    ``<experiment_dir>/mlflow_run_id`` so a resumed learner finds it. Calls block on the tracking
+    The run's id is kept in ``<experiment_dir>/mlflow_run_id``; a tracker opened on a folder that
+    has one continues that run (a learner restarted before its first checkpoint, or resumed: the
+    folder holds one run only, the launcher moves earlier ones aside). Calls block on the tracking
     store (a local SQLite write takes a few ms).
     """
 
     def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,
-                 tracking_uri: str | None = None, resume: bool = False) -> None:
+                 tracking_uri: str | None = None) -> None:
         from mlflow.tracking import MlflowClient  # heavy import, only in the processes that track
 
         self.experiment_dir = Path(experiment_dir)
@@ -47,9 +48,8 @@ class Tracker:
         else:
             experiment_id = experiment.experiment_id
         id_file = self.experiment_dir / "mlflow_run_id"
-        run_id = id_file.read_text().strip() if resume and id_file.exists() else None
-        if run_id:
-            self.client.update_run(run_id, status="RUNNING")
+        run_id = id_file.read_text().strip() if id_file.exists() else None
+        if run_id and self._continue(run_id):
             log.info("continuing MLflow run %s", run_id)
         else:
             run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
@@ -57,6 +57,18 @@ class Tracker:
             id_file.write_text(run_id)
         self.run_id = run_id
         self.experiment_id = experiment_id
+
+    def _continue(self, run_id: str) -> bool:
+        """Mark ``run_id`` running again; False (logged) when the store does not have it."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.update_run(run_id, status="RUNNING")
+        except MlflowException as exc:
+            log.warning("MLflow run %s of %s not found in %s (%s); starting a new one", run_id,
+                        self.experiment_dir / "mlflow_run_id", self.tracking_uri, exc)
+            return False
+        return True
 
     def log_params(self, params: Mapping[str, object]) -> None:
         from mlflow.entities import Param

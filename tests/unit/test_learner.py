@@ -378,3 +378,136 @@ def test_lag_percentiles_and_agent_clocks():
     assert clocks.total() == (2.0 + 0.0 + 0.0) / (4.0 + 1.0 + 1.0)
     # an idle stretch reported late (it began before the previous report) never makes it more than all
     assert clocks.update([("0", 12, 3.0, 2.0)]) == 1.0
+
+
+# ---------------------------------------------------------------- seams (issue 8 §2)
+
+def test_lockstep_grants_stop_at_max_env_steps(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "stop.max_env_steps=100")
+    assert config.lockstep
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    quota = ProductionQuota(fake_redis, config.run)
+    assert quota.left() == (1, 64)
+    send_steps(fake_redis, config, learner, 32)
+    learner.iterate(received(learner))
+    assert learner.env_steps == 64 and learner.param_version == 2
+    assert quota.left() == (2, 36)  # not a whole update's 64: the run needs 36 more
+
+
+def test_unusable_chunks_are_set_aside_before_the_ack(fake_redis, tmp_path):
+    """An ack error must not leave the unusable entries pending until a restart."""
+    config = ppo_config(tmp_path)
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    pendulum = ddpg_config(tmp_path / "other")
+    send_steps(fake_redis, dataclasses.replace(pendulum, experiment=config.experiment), learner_for(pendulum, fake_redis), 16)
+    items = learner.receiver.receive(100, block_ms=0)
+
+    def lost(batch):
+        raise ConnectionError("reply lost")
+
+    learner.receiver.ack = lost
+    with pytest.raises(ConnectionError):
+        learner._ingest(items)
+    assert learner.receiver.stats().dead == 2 and pending(fake_redis, config) == 0
+
+
+def test_a_publish_refused_for_memory_keeps_training_and_is_retried(fake_redis, tmp_path):
+    from surreal_redis.hub.params import PublishBackpressure
+
+    config = ppo_config(tmp_path, "learner.gc_every_s=1000")
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    publish = learner.publisher.publish
+    refusals = [PublishBackpressure("OOM at the staging SET")] * 2
+
+    def full(*args, **kwargs):
+        if refusals:
+            raise refusals.pop()
+        return publish(*args, **kwargs)
+
+    learner.publisher.publish = full
+    send_steps(fake_redis, config, learner, 32)
+    learner.iterate(received(learner))  # the update's publish, then housekeeping's retry: both refused
+    assert learner.algo.iteration == 1 and learner.param_version == 1 and learner._publish_failed
+    quota = ProductionQuota(fake_redis, config.run)
+    assert quota.left() == (1, 64)  # training goes on: agents make the next update with v1
+    send_steps(fake_redis, config, learner, 32)
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 2 and learner.param_version == 2 and not learner._publish_failed
+    assert quota.left() == (2, 64)  # granted for the new version
+
+
+def test_start_rides_out_an_outage_with_housekeeping_before_the_first_publish(fake_redis, tmp_path):
+    config = ppo_config(tmp_path)
+    learner = learner_for(config, fake_redis)
+    calls = []
+    run_once, publish = learner.janitor.run_once, learner.publisher.publish
+    failures = [ConnectionError("Redis restarting"), ConnectionError("Redis restarting")]
+
+    def janitor():
+        calls.append("gc")
+        return run_once()
+
+    def flaky(*args, **kwargs):
+        calls.append("publish")
+        if failures:
+            raise failures.pop()
+        return publish(*args, **kwargs)
+
+    learner.janitor.run_once, learner.publisher.publish = janitor, flaky
+    learner.stop.wait = lambda timeout: False  # no backoff sleeps in the test
+    assert learner.start() is True
+    assert calls == ["gc", "publish"] * 3 and learner.param_version == 1
+    assert fake_redis.hget(RunKeys(config.run).control, "state") == b"running"
+
+
+def test_start_stopped_while_redis_is_away_returns_false(fake_redis, tmp_path):
+    learner = learner_for(ppo_config(tmp_path), fake_redis)
+
+    def away():
+        learner.stop.set("test")
+        raise ConnectionError("no Redis")
+
+    learner.janitor.run_once = away
+    assert learner.start() is False and learner.param_version == 0
+
+
+def test_a_learner_with_an_lstm_policy_sets_aside_chunks_without_its_state(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "ppo.use_lstm=true")
+    learner = Learner.from_config(config, fake_redis, StopFlag(install_handlers=False))
+    learner.start()
+    plain = ppo_config(tmp_path / "plain")
+    send_steps(fake_redis, dataclasses.replace(plain, experiment=config.experiment), learner_for(plain, fake_redis), 16)
+    learner.iterate(received(learner))
+    assert learner.env_steps == 0 and learner.receiver.stats().dead == 2
+
+
+def test_rejections_rising_under_the_same_live_version_republish_it(fake_redis, tmp_path):
+    config = ppo_config(tmp_path)
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    beat = Heartbeat(fake_redis, config.run, 0, ttl_s=30)
+    # a rise under the version live at the previous look republishes; the look after a republish
+    # only takes the counts (heartbeats lag); rising again later republishes again
+    for rejections, expected_version in [(0, 1), (2, 2), (3, 2), (3, 2), (4, 3)]:
+        beat.beat(10, 0, 1, force=True, param_rejections=rejections)
+        learner._next_rejection_check = 0
+        learner._republish_if_rejected()
+        assert learner.param_version == expected_version, rejections
+    assert learner.republished == 2
+    assert int(fake_redis.hget(RunKeys(config.run).params.meta, "version")) == 3
+    assert ProductionQuota(fake_redis, config.run).left() == (3, 64)
+
+
+def test_a_restarted_learner_continues_its_mlflow_run(tmp_path):
+    from surreal_redis.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first = Tracker(tmp_path / "exp", "exp", "exp", tracking_uri=uri)
+    first.log_metrics({"a": 1.0}, 1)
+    again = Tracker(tmp_path / "exp", "exp", "exp", tracking_uri=uri)  # restarted before any checkpoint
+    assert again.run_id == first.run_id
+    (tmp_path / "exp" / "mlflow_run_id").write_text("0" * 32)  # a run the store does not have
+    assert Tracker(tmp_path / "exp", "exp", "exp", tracking_uri=uri).run_id not in (first.run_id, "0" * 32)
