@@ -325,7 +325,7 @@ class Learner:
         self._granted_at = time.monotonic()
 
     def _top_up(self) -> None:
-        """Lockstep: the top-up rule of the module docstring. At most one HMGET and one HGET
+        """On grants: the top-up rule of the module docstring. At most one HMGET and one HGET
         when it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
         needed = self.feed.steps_needed()
         if self.quota is None or not needed:
