@@ -25,128 +25,22 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from functools import partial
-from pathlib import Path
 
 import numpy as np
-import redis
 
-from surreal_redis.connection import connect, find_redis_server
+from surreal_redis.connection import connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import setup_logging
+from surreal_redis.testing.cluster import LocalCluster
 
 log = logging.getLogger("bench.cluster")
 RUN = "cbench"
-SLOTS = 16384
 ENVS, FLUSH, OBS_DIM = 8, 16, 32  # one chunk: 16 steps x 8 envs of 32 floats
-
-
-class BenchCluster:
-    """``primaries`` redis-server nodes in cluster mode with ``replicas`` replicas each, slots split
-    evenly (CLUSTER ADDSLOTSRANGE, so one or two primaries work too), loopback, no persistence."""
-
-    def __init__(self, primaries: int, replicas: int = 0) -> None:
-        self.binary = find_redis_server()
-        if self.binary is None or shutil.which("redis-cli") is None:
-            raise SystemExit("needs redis-server and redis-cli on PATH")
-        self.dir = Path(tempfile.mkdtemp(prefix="sr-cluster-bench-"))
-        self.primaries, self.replicas = primaries, replicas
-        self.ports: list[int] = []
-        self.processes: dict[int, subprocess.Popen] = {}
-
-    def _free_port(self) -> int:
-        while True:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
-            if port + 10000 < 65536 and port not in self.ports:
-                return port
-
-    @property
-    def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports[:self.primaries])
-
-    def node(self, port: int) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
-
-    def start(self) -> BenchCluster:
-        for _ in range(self.primaries * (1 + self.replicas)):
-            port = self._free_port()
-            self.ports.append(port)
-            folder = self.dir / str(port)
-            folder.mkdir()
-            self.processes[port] = subprocess.Popen(
-                [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", str(folder / "nodes.conf"), "--cluster-node-timeout", "2000",
-                 "--cluster-require-full-coverage", "no", "--repl-diskless-sync-delay", "0", "--dir", str(folder),
-                 "--save", "", "--appendonly", "no", "--maxmemory", "1gb", "--maxmemory-policy", "noeviction",
-                 "--logfile", str(folder / "redis.log")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
-        for port in self.ports:
-            self._until(lambda p=port: self._pings(p), f"node {port} did not start")
-        first = self.node(self.ports[0])
-        for i, port in enumerate(self.ports[:self.primaries]):
-            lo, hi = i * SLOTS // self.primaries, (i + 1) * SLOTS // self.primaries - 1
-            self.node(port).execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-        for port in self.ports[1:]:
-            first.execute_command("CLUSTER", "MEET", "127.0.0.1", port)
-        self._until(lambda: all(len(self.node(p).execute_command("CLUSTER", "NODES").splitlines()) == len(self.ports)
-                                for p in self.ports), "nodes did not meet")
-        ids = [self.node(p).execute_command("CLUSTER", "MYID").decode() for p in self.ports[:self.primaries]]
-        for k, port in enumerate(self.ports[self.primaries:]):
-            primary_id = ids[k % self.primaries]  # known by id once the handshake is over
-            self._until(lambda p=port, i=primary_id: i in self.node(p).execute_command("CLUSTER", "NODES").decode(),
-                        "replica does not know its primary")
-            self.node(port).execute_command("CLUSTER", "REPLICATE", primary_id)
-        self._until(self._ok, "cluster not ok")
-        return self
-
-    def _pings(self, port: int) -> bool:
-        try:
-            return bool(self.node(port).ping())
-        except redis.ConnectionError:
-            return False
-
-    def _ok(self) -> bool:
-        alive = [p for p, proc in self.processes.items() if proc.poll() is None]
-        infos = [self.node(p).info("replication") for p in alive]
-        return (all(self.node(p).cluster("info")["cluster_state"] == "ok" for p in alive)
-                and sum(i["role"] == "master" for i in infos) == self.primaries
-                and all(i.get("master_link_status") == "up" for i in infos if i["role"] == "slave"))
-
-    @staticmethod
-    def _until(check, what: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise RuntimeError(what)
-            time.sleep(0.05)
-
-    def wait_ok(self) -> None:
-        self._until(self._ok, "cluster not ok after the failover")
-
-    def kill_primary_of(self, key: str) -> int:
-        client = connect(self.url)
-        port = client.get_node_from_key(key).port
-        client.close()
-        self.processes[port].kill()
-        self.processes[port].wait()
-        return port
-
-    def stop(self) -> None:
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def sender_process(url: str, shard: int, num_shards: int, index: int, seconds: float, ready, go, results) -> None:
@@ -196,7 +90,7 @@ def run_senders(url: str, senders: int, shards: list[int], num_shards: int, seco
 def scaling(primaries: list[int], senders: int, num_shards: int, seconds: float) -> dict:
     rows = {}
     for count in primaries:
-        cluster = BenchCluster(count).start()
+        cluster = LocalCluster(count, replicas=0, maxmemory="1gb").start()
         try:
             client = connect(cluster.url)
             receiver = ExperienceReceiver(client, ReceiverConfig(), RUN, num_shards)
@@ -223,7 +117,7 @@ def scaling(primaries: list[int], senders: int, num_shards: int, seconds: float)
     return {str(count): row for count, row in rows.items()}
 
 
-def kill_halfway(cluster: BenchCluster, seconds: float) -> None:
+def kill_halfway(cluster: LocalCluster, seconds: float) -> None:
     time.sleep(seconds / 2)
     cluster.kill_primary_of(RunKeys(RUN).shard(0).exp)
 
@@ -231,7 +125,7 @@ def kill_halfway(cluster: BenchCluster, seconds: float) -> None:
 def failover_loss(repeats: int, senders: int, seconds: float) -> dict:
     runs = []
     for attempt in range(repeats):
-        cluster = BenchCluster(3, replicas=1).start()
+        cluster = LocalCluster(3, replicas=1, maxmemory="1gb").start()
         try:
             client = connect(cluster.url)
             owner = client.get_node_from_key(RunKeys(RUN).shard(0).exp).name
@@ -252,7 +146,7 @@ def failover_loss(repeats: int, senders: int, seconds: float) -> dict:
 
 
 def wait_cost(param_kb: int, publishes: int) -> dict:
-    cluster = BenchCluster(1, replicas=1).start()
+    cluster = LocalCluster(1, replicas=1, maxmemory="1gb").start()
     try:
         client = connect(cluster.url)
         params = {"w": np.random.default_rng(0).standard_normal(param_kb * 256, dtype=np.float32)}

@@ -1,0 +1,147 @@
+"""A throwaway Redis Cluster on loopback for tests and benchmarks (not used by the package core).
+
+``LocalCluster(primaries, replicas)`` starts ``primaries * (1 + replicas)`` redis-server nodes in
+cluster mode (``cluster-node-timeout`` 2000 ms, no persistence, ``noeviction``), splits the slots
+evenly over the primaries (CLUSTER ADDSLOTSRANGE, so one or two primaries work too), attaches the
+replicas and waits for ``cluster_state:ok`` with every replica link up (~3 s for 3+3)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from redis.crc import key_slot
+
+from surreal_redis.connection import find_redis_server
+
+SLOTS = 16384
+
+
+class LocalCluster:
+    """``url``: its ``redis+cluster://`` URL; ``node(port)``: a plain client of one node;
+    ``kill_primary_of(key)``: SIGKILL the primary serving ``key`` (its replica takes over in ~3 s);
+    ``wait_ok()``: block until the cluster is whole again. ``stop()`` kills every node and removes
+    the folder when the cluster made it."""
+
+    def __init__(self, primaries: int = 3, replicas: int = 1, folder: Path | None = None,
+                 maxmemory: str = "256mb") -> None:
+        self.binary = find_redis_server()
+        if self.binary is None or shutil.which("redis-cli") is None:
+            raise RuntimeError("a local Redis Cluster needs redis-server and redis-cli on PATH")
+        self._own_folder = folder is None
+        self.folder = Path(tempfile.mkdtemp(prefix="sr-cluster-")) if folder is None else Path(folder)
+        self.primaries, self.replicas, self.maxmemory = primaries, replicas, maxmemory
+        self.ports: list[int] = []
+        self.processes: dict[int, subprocess.Popen] = {}
+
+    def _free_port(self) -> int:
+        """A free loopback port whose cluster bus port (+10000) is free too."""
+        while True:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            if port + 10000 >= 65536 or port in self.ports:
+                continue
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports[:self.primaries])
+
+    def node(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+
+    def start(self) -> LocalCluster:
+        for _ in range(self.primaries * (1 + self.replicas)):
+            port = self._free_port()
+            self.ports.append(port)
+            folder = self.folder / str(port)
+            folder.mkdir()
+            self.processes[port] = subprocess.Popen(
+                [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", str(folder / "nodes.conf"), "--cluster-node-timeout", "2000",
+                 "--cluster-require-full-coverage", "no", "--repl-diskless-sync-delay", "0", "--dir", str(folder),
+                 "--save", "", "--appendonly", "no", "--maxmemory", self.maxmemory,
+                 "--maxmemory-policy", "noeviction", "--logfile", str(folder / "redis.log")],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for port in self.ports:
+            self._until(lambda p=port: self._pings(p), f"node {port} did not start")
+        first = self.node(self.ports[0])
+        for i, port in enumerate(self.ports[:self.primaries]):
+            lo, hi = i * SLOTS // self.primaries, (i + 1) * SLOTS // self.primaries - 1
+            self.node(port).execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        for port in self.ports[1:]:
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+        self._until(lambda: all(len(self.node(p).execute_command("CLUSTER", "NODES").splitlines()) == len(self.ports)
+                                for p in self.ports), "nodes did not meet")
+        ids = [self.node(p).execute_command("CLUSTER", "MYID").decode() for p in self.ports[:self.primaries]]
+        for k, port in enumerate(self.ports[self.primaries:]):
+            primary_id = ids[k % self.primaries]  # known by id once the handshake is over
+            self._until(lambda p=port, i=primary_id: i in self.node(p).execute_command("CLUSTER", "NODES").decode(),
+                        "replica does not know its primary")
+            self.node(port).execute_command("CLUSTER", "REPLICATE", primary_id)
+        self.wait_ok()
+        return self
+
+    def _pings(self, port: int) -> bool:
+        try:
+            return bool(self.node(port).ping())
+        except redis.ConnectionError:
+            return False
+
+    def _ok(self) -> bool:
+        alive = [p for p, proc in self.processes.items() if proc.poll() is None]
+        try:
+            infos = [self.node(p).info("replication") for p in alive]
+            states = [self.node(p).cluster("info")["cluster_state"] for p in alive]
+        except redis.RedisError:
+            return False
+        return (all(s == "ok" for s in states)
+                and sum(i["role"] == "master" for i in infos) == self.primaries
+                and all(i.get("master_link_status") == "up" for i in infos if i["role"] == "slave"))
+
+    @staticmethod
+    def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(what)
+            time.sleep(0.05)
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        self._until(self._ok, "cluster not ok (state, primaries or replica links)", timeout)
+
+    def primary_port_of(self, key: str) -> int:
+        """The port of the primary serving ``key``'s slot."""
+        slot = key_slot(key.encode())
+        alive = next(p for p, proc in self.processes.items() if proc.poll() is None)
+        for start, end, primary, *_ in self.node(alive).execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1])
+        raise RuntimeError(f"no node serves slot {slot}")
+
+    def kill_primary_of(self, key: str) -> int:
+        """SIGKILL the primary serving ``key``; returns its port."""
+        port = self.primary_port_of(key)
+        self.processes[port].kill()
+        self.processes[port].wait()
+        return port
+
+    def stop(self) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
