@@ -108,6 +108,7 @@ class Agent:
         self.num_episodes = 0
         self.claim_wait_s = 0.0  # seconds spent claiming (on grants), waits included
         self._claiming_since: float | None = None
+        self.claimed = 0  # env steps claimed and not sent yet (the learner waits for them)
         self._loop_started: float | None = None
         self._next_beat = 0.0
         self._last_obs: Tree | None = None
@@ -190,6 +191,7 @@ class Agent:
                 # needs the next claim, which needs the learner to have these chunks).
                 flush_step = 0
                 self._send(self.sender.flush, obs)
+                self.claimed = 0
             if step.episodes:
                 self._record_episodes(step.episodes)
             for i in step.final_obs:  # a lost life with episodic life too: as the learner's targets reset
@@ -217,7 +219,7 @@ class Agent:
             self.heartbeat.beat(self.steps, self.num_episodes, self.policy.version, force=True,
                                 idle_s=self.idle_seconds(), running_s=self.running_seconds(),
                                 param_rejections=self.params.rejections,
-                                chunks_dropped=self.sender.stats().chunks_dropped)
+                                chunks_dropped=self.sender.stats().chunks_dropped, claimed=self.claimed)
             self._check_control()
         except WRITE_SKIP_ERRORS as exc:  # skipped: the next heartbeat replaces it
             log.warning("agent %d: heartbeat skipped (%s)", self.agent_id, exc)
@@ -239,6 +241,7 @@ class Agent:
                     claim = self.quota.claim(self.policy.version, steps)
                     if claim.status == "OK":
                         self._claim_guard.succeeded()
+                        self.claimed = claim.granted
                         return True
                     if claim.status == "STALE" and self._pull_params():
                         continue

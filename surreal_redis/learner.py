@@ -16,9 +16,10 @@ Production on grants (on-policy runs, ``learner.on_policy_sync`` ``lockstep`` or
   agents make that batch meanwhile; after the publish, what agents had not claimed yet of that
   grant carries over to the new version.
 - Top-up rule (both): when the feed still needs steps for its next update, the grant is used up (or
-  gone) and no chunk arrived for ``learner.lockstep_topup_s`` seconds (an agent claimed and died,
-  its chunks were lost or dropped), the learner grants the missing steps again, publishing first
-  if the live version is not its own (Redis restarted empty).
+  gone), no chunk arrived for ``learner.lockstep_topup_s`` seconds and no agent that beat within
+  three ``agent.heartbeat_every_s`` is still making a flush it claimed (so an agent claimed and
+  died, or the chunks were lost or dropped), the learner grants the missing steps again,
+  publishing first if the live version is not its own (Redis restarted empty).
 """
 
 from __future__ import annotations
@@ -325,8 +326,8 @@ class Learner:
         self._granted_at = time.monotonic()
 
     def _top_up(self) -> None:
-        """On grants: the top-up rule of the module docstring. At most one HMGET and one HGET
-        when it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
+        """On grants: the top-up rule of the module docstring. At most an HMGET, an HGETALL and an
+        HGET when it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
         needed = self.feed.steps_needed()
         if self.quota is None or not needed:
             return
@@ -336,6 +337,13 @@ class Learner:
         grant = self.quota.left()
         if grant is not None and grant[0] == self.param_version and grant[1] > 0:
             self._granted_at = now  # steps are left to claim: no agent is asking (none alive?)
+            return
+        recent = 3 * self.config.agent.heartbeat_every_s
+        making = [a.agent_id for a in read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s)
+                  if a.claimed and a.age_s < recent]
+        if making:  # slow, not lost: look again later
+            self._granted_at = now
+            log.debug("lockstep: agents %s are still making the flushes they claimed", ", ".join(making))
             return
         if self.quota.live_version() != self.param_version:
             log.warning("lockstep: the live parameter version is not v%d (Redis restarted?); publishing again",

@@ -155,7 +155,7 @@ def test_a_lockstep_agent_produces_what_was_granted_sends_it_at_once_then_waits_
         run.wait_for(lambda: run.agent.steps == 3 * FLUSH, "three claims produced")
         time.sleep(0.5)
         assert run.agent.steps == 3 * FLUSH  # and no more: it waits
-        assert run.quota.left() == (1, 1 - FLUSH)
+        assert run.quota.left() == (1, 1 - FLUSH) and run.agent.claimed == 0  # all it claimed went out
         first = run.chunks()  # every claimed step is in the hub, none waits in the agent's buffer
         assert len(first) == 6 and all(c.num_steps == 8 and set(c.policy_version) == {1} for c in first)
         assert sum(c.num_steps for c in first) == 3 * FLUSH

@@ -6,6 +6,7 @@ lockstep grants and top-ups; the experience-use, lag, busy and idle figures."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import queue
 import time
 from collections import Counter
@@ -279,6 +280,25 @@ def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(f
     learner.iterate(queue.Queue())
     assert quota.left() == (1, 0) and learner.topups == 0  # too early to tell
     silence(learner, 5)
+    learner._next_housekeeping = 0.0
+    learner.iterate(queue.Queue())
+    assert quota.left() == (1, 64) and learner.topups == 1
+
+
+def test_lockstep_learner_does_not_top_up_while_a_live_agent_is_still_making_its_claim(fake_redis, tmp_path):
+    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5", "agent.heartbeat_every_s=2")
+    learner = learner_for(config, fake_redis)
+    quota = ProductionQuota(fake_redis, config.run)
+    learner.start()
+    assert quota.claim(1, 64).status == "OK"
+    slow = Heartbeat(fake_redis, config.run, 0, ttl_s=30)
+    slow.beat(0, 0, 1, claimed=64)  # a slow agent (an Atari agent's first flush), beating as it goes
+    silence(learner, 6)
+    learner.iterate(queue.Queue())
+    assert quota.left() == (1, 0) and learner.topups == 0
+    entry = json.loads(fake_redis.hget(RunKeys(config.run).agents, "0"))
+    fake_redis.hset(RunKeys(config.run).agents, "0", json.dumps(dict(entry, ts=time.time() - 7)))  # silent 7 s: dead
+    silence(learner, 6)
     learner._next_housekeeping = 0.0
     learner.iterate(queue.Queue())
     assert quota.left() == (1, 64) and learner.topups == 1

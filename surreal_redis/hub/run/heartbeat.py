@@ -31,7 +31,8 @@ class AgentStatus:
     seconds of its env loop (this process) were spent waiting (on claims, on backpressure); both 0
     in heartbeats of agents that do not report them. ``param_rejections``: parameter downloads this
     process rejected (digest mismatch); ``chunks_dropped``: chunks its sender gave up on (both
-    cumulative per process, 0 when not reported)."""
+    cumulative per process, 0 when not reported). ``claimed``: env steps it claimed and has not
+    sent yet (production on grants; 0 when not reported)."""
 
     agent_id: str
     pid: int
@@ -46,6 +47,7 @@ class AgentStatus:
     running_s: float = 0.0
     param_rejections: int = 0
     chunks_dropped: int = 0
+    claimed: int = 0
 
     @property
     def idle_fraction(self) -> float | None:
@@ -83,21 +85,23 @@ class Heartbeat:
         self._last_write: float | None = None
 
     def beat(self, steps: int, episodes: int, param_version: int, force: bool = False, idle_s: float = 0.0,
-             running_s: float = 0.0, param_rejections: int = 0, chunks_dropped: int = 0) -> bool:
+             running_s: float = 0.0, param_rejections: int = 0, chunks_dropped: int = 0, claimed: int = 0) -> bool:
         """Record the agent's counters (total env steps, finished episodes, loaded parameter
         version, seconds idle of seconds its env loop has run, parameter downloads rejected,
-        chunks dropped). Returns whether it wrote; blocks
+        chunks dropped, env steps claimed and not sent yet). Returns whether it wrote; blocks
         for one HSET when it does, and lets Redis errors propagate (the agent's loop decides how to
         back off)."""
         if not (idle_s >= 0 and running_s >= 0):
             raise ValueError(f"idle_s and running_s must be >= 0 seconds, got {idle_s!r} and {running_s!r}")
+        if claimed < 0:
+            raise ValueError(f"claimed must be >= 0 env steps, got {claimed!r}")
         now = time.monotonic()
         if not force and self._last_write is not None and now - self._last_write < self._interval:
             return False
         entry = {"pid": self._pid, "host": self._host, "steps": int(steps), "episodes": int(episodes),
                  "param_version": int(param_version), "ts": time.time(), "idle_s": round(float(idle_s), 3),
                  "running_s": round(float(running_s), 3), "param_rejections": int(param_rejections),
-                 "chunks_dropped": int(chunks_dropped)}
+                 "chunks_dropped": int(chunks_dropped), "claimed": int(claimed)}
         self._client.hset(self._key, self._field, json.dumps(entry, separators=(",", ":")))
         self._last_write = now
         return True
@@ -118,7 +122,7 @@ def _parse(agent_id: str, raw: bytes, now: float, ttl_s: float) -> AgentStatus:
                        param_version=int(entry["param_version"]), ts=ts, age_s=now - ts, stale=now - ts > ttl_s,
                        idle_s=float(entry.get("idle_s", 0.0)), running_s=float(entry.get("running_s", 0.0)),
                        param_rejections=int(entry.get("param_rejections", 0)),
-                       chunks_dropped=int(entry.get("chunks_dropped", 0)))
+                       chunks_dropped=int(entry.get("chunks_dropped", 0)), claimed=int(entry.get("claimed", 0)))
 
 
 def read_agents(client: redis.Redis, run: str, ttl_s: float, include_stale: bool = True) -> list[AgentStatus]:
