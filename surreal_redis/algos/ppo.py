@@ -42,12 +42,14 @@ from surreal_redis.algos.ppo_policy import (
 )
 from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
-from surreal_redis.trees import tree_map, tree_stack
+from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
 __all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "adapt_kl_coef", "clipped_surrogate_loss",
            "compute_gae", "explained_variance", "kl_penalty_loss", "resolve_device", "value_loss"]
 
 log = logging.getLogger(__name__)
+
+FEATURE_SLICE = 256  # rows per no-grad encoder pass over a rollout (bounds its peak memory)
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
@@ -219,7 +221,7 @@ class PPOAlgorithm(Algorithm):
 
         with torch.no_grad():
             # one pass over obs[0..T]: values of every step, the chunk-end bootstrap V(obs[T])
-            z, states = self.net.core(self.net.features(_flatten_time(obs)), state, episode_start)
+            z, states = self.net.core(self._features_no_grad(_flatten_time(obs)), state, episode_start)
             all_values = self.net.value(z).reshape(steps + 1, batch)
             ref_head = self.net.policy_head(z).reshape(steps + 1, batch, -1)[:steps]
             next_values = all_values[1:].clone()
@@ -238,6 +240,14 @@ class PPOAlgorithm(Algorithm):
                                               cfg.gamma, cfg.gae_lambda)
         return _Rollout(tree_map(lambda v: v[:steps], obs), actions, logp, advantages, returns,
                         all_values[:steps], ref_head, episode_start[:steps], state)
+
+    def _features_no_grad(self, flat_obs: Tree) -> torch.Tensor:
+        """``net.features`` of ``[N, ...]`` leaves in slices of :data:`FEATURE_SLICE` rows: the same
+        result, but pixel observations are turned into floats a slice at a time (a whole Pong
+        rollout at once is ~200 MB of float input and activations that the allocator keeps)."""
+        total = len(tree_leaves(flat_obs)[0])
+        return torch.cat([self.net.features(tree_map(lambda v, i=i: v[i:i + FEATURE_SLICE], flat_obs))
+                          for i in range(0, total, FEATURE_SLICE)])
 
     # ------------------------------------------------------------------ loss
     def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None,

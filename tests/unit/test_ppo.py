@@ -364,3 +364,17 @@ def test_pendulum_updates_end_to_end_and_lower_the_losses():
     policy.load_params(algo.actor_params(), algo.iteration)
     actions = policy.act(collector.obs).actions
     assert actions.shape == (4, 1) and np.all(np.abs(actions) <= 2.0)
+
+
+@pytest.mark.parametrize("name", ["dict_obs", "continuous_adapt"])
+def test_values_in_feature_slices_match_the_agents(name, monkeypatch):
+    """The no-grad encoder pass over a rollout runs in slices (memory); slicing changes no value."""
+    import surreal_redis.algos.ppo as ppo_module
+
+    algo, policy, collector = setup(name, update_epochs=1, num_minibatches=1)
+    chunks = collector.collect(12)
+    whole = algo._rollout(chunks)
+    monkeypatch.setattr(ppo_module, "FEATURE_SLICE", 5)  # 39 rows: 8 slices, the last one short
+    sliced = algo._rollout(chunks)
+    torch.testing.assert_close(sliced.values, whole.values)
+    torch.testing.assert_close(sliced.advantages, whole.advantages)
