@@ -83,3 +83,13 @@ def test_a_restarted_learner_resumes_from_the_latest_checkpoint(tmp_path):
 def test_restart_delays_double_up_to_a_cap():
     delays = [restart_delay(n) for n in range(1, 10)]
     assert delays[:4] == [1, 2, 4, 8] and max(delays) == 30 and delays == sorted(delays)
+
+
+def test_children_get_the_malloc_limits_unless_the_user_set_them(monkeypatch):
+    from surreal_redis.launcher import child_env
+
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
+    env = child_env()
+    assert env["MALLOC_ARENA_MAX"] == "2" and env["MALLOC_TRIM_THRESHOLD_"] == "4096"
+    assert env["PATH"] == __import__("os").environ["PATH"]
