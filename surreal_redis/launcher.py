@@ -252,12 +252,14 @@ class Launcher:
         control = RunControl(client, self.config.run)
         self.children = self._children()
         learner, others = self.children[0], self.children[1:]
-        learner.start()
+        # Everyone starts at once: agents and eval import torch and build their envs while the
+        # learner starts, then wait for its first parameters themselves (~3 s sooner to the first
+        # update on 2 cores than starting them after that publish).
+        for child in self.children:
+            child.start()
         if not self._wait_for_parameters(client, learner):
             self.ending = self.ending or self.stop.reason
             return 0 if self.stop else 1  # interrupted while starting: not a failure
-        for child in others:
-            child.start()
         guard = OutageGuard("launcher", self.stop)
         next_progress = 0.0
         last_line = ""
@@ -266,7 +268,7 @@ class Launcher:
             if code is not None:
                 return code
             for child in others:
-                self._check_child(child)
+                self._check_child(child, control)
             if all(child.gone for child in others if child.name.startswith("agent-")):
                 self.ending = "no agent left"
                 log.error("every agent exited and none is restarted any more; stopping the run")
@@ -299,7 +301,8 @@ class Launcher:
         return 0
 
     def _wait_for_parameters(self, client: redis.Redis, learner: Child) -> bool:
-        """Agents start once the learner has published its first parameters."""
+        """Block until the learner published its first parameters; False when it exited first
+        (its log tail is logged) or the launcher was stopped."""
         params = ParameterClient(client, self.config.run, self.config.hub.params_client)
         guard = OutageGuard("launcher", self.stop)
         while not self.stop:
@@ -362,7 +365,7 @@ class Launcher:
         except redis.RedisError as exc:
             log.debug("could not mark the learner as exited: %s", exc)
 
-    def _check_child(self, child: Child) -> None:
+    def _check_child(self, child: Child, control: RunControl) -> None:
         if child.restart_at is not None:
             if time.monotonic() >= child.restart_at:
                 child.start()
@@ -370,6 +373,8 @@ class Launcher:
         if child.alive or child.process is None:
             return
         code = child.process.returncode
+        if code == 0 and self._stopping(control):
+            return  # it saw the run's stop request before this loop did: a clean stop, not a crash
         log.error("%s exited with code %d. Last log lines:\n%s", child.name, code, log_tail(child.log_path))
         if child.restarts < child.max_restarts:
             delay = child.schedule_restart()
@@ -377,6 +382,13 @@ class Launcher:
         else:
             log.error("%s is not restarted (restarts used: %d of %d)", child.name, child.restarts, child.max_restarts)
             child.process = None
+
+    @staticmethod
+    def _stopping(control: RunControl) -> bool:
+        try:
+            return control.stopping()[0]
+        except OUTAGE_ERRORS:
+            return False
 
     def _wait_learner(self, learner: Child) -> int:
         """After a stop request: the learner's exit code once it stopped (0 when it is not running)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -63,9 +64,9 @@ def test_launch_status_restart_stop_then_resume(tmp_path, server):
     proc = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", server.url, *overrides],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        def both_stepping():  # each agent has sent a heartbeat after its first steps
+        def both_stepping():  # each agent has sent a heartbeat after its first steps; the learner reported
             stepping = [a for a in read_agents(client, "smoke", 10) if not a.stale and a.steps > 0]
-            return stepping if len(stepping) == 2 else None
+            return stepping if len(stepping) == 2 and RunControl(client, "smoke").learner_status() else None
 
         agents = wait_for(both_stepping, 120, "two agents stepping", proc)
         status = cli("status", "--run", "smoke", "--redis-url", server.url, cwd=tmp_path)

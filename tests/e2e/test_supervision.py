@@ -123,7 +123,8 @@ def test_launch_rides_out_a_redis_outage(tmp_path, appendonly):
         pytest.skip("no redis-server")
     server = KillableRedis(tmp_path / "redis", appendonly).start()
     client = connect(server.url)
-    proc, output = launch(tmp_path, server.url, "tracking.enabled=false", "stop.max_env_steps=6000",
+    # long enough to outlast the 5 s outage: lockstep smoke runs make ~2000 steps/s here
+    proc, output = launch(tmp_path, server.url, "tracking.enabled=false", "stop.max_env_steps=30000",
                           "stop.max_seconds=300")
     try:
         wait_for(lambda: learner_status(client).get("iteration", 0) >= 1, 120, "a learner update", proc, output)
