@@ -455,6 +455,11 @@ class ParameterClient:
                 return None, self._info
             if not force and version == self._rejected_version and time.monotonic() < self._retry_at:
                 return None, self._info
+            if not force and version < self._info.version:
+                # Versions never go back: a learner that started over on an emptied Redis publishes
+                # from v1 again. Refused and counted like a damaged blob, so that learner sees the
+                # rejections in the heartbeats and republishes above every version agents hold.
+                raise ParamFetchError(f"published version {version} is below the held v{self._info.version}")
             params, info = self._download_from(source, version)
         except redis.RedisError as exc:
             self._failed(exc)

@@ -288,6 +288,25 @@ def test_republish_goes_above_every_version_seen(fake_redis):
     assert (info.version, info.iteration) == (11, 5)
 
 
+def test_a_lower_version_is_rejected_until_a_publisher_goes_above(fake_redis):
+    """Redis emptied and a learner started over from v1: agents keep what they hold and count a
+    rejection (which makes the learner republish above every version agents report)."""
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    for version in (1, 2, 3):
+        assert pub.publish(make_params(version), version, force=True) == version
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    assert client.fetch()[1].version == 3
+    fake_redis.flushall()
+    fresh = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    assert fresh.publish(make_params(9), 1) == 1
+    got, info = client.fetch()
+    assert got is None and info.version == 3 and client.rejections == 1
+    assert fresh.republish(make_params(9), 1, above=3) == 4
+    got, info = client.fetch()
+    assert info.version == 4
+    assert_params_equal(got, make_params(9))
+
+
 def lose_replies(monkeypatch, client, command, losses=1):
     """The first ``losses`` calls of ``command`` run on the server, then raise as if the reply
     were lost on the way back; returns the list of calls."""
