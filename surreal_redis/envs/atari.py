@@ -14,7 +14,6 @@ only then does ``RecordEpisodeStatistics``, which sits below it, report an episo
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from typing import Any
 
@@ -22,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from surreal_redis.codec import Tree
-from surreal_redis.envs.config import AtariConfig, EnvConfig, EnvError
+from surreal_redis.envs.config import AtariConfig, EnvConfig, EnvError, require_extra
 
 # ALE ROM names; the gymnasium id is "ALE/" + rom.title() without underscores + "-v5".
 ATARI_GAMES = (
@@ -173,11 +172,8 @@ class ResizeFrame(gym.ObservationWrapper):
 
 def make_atari(config: EnvConfig, gym_id: str) -> gym.Env:
     """The wrapped Atari env for ``config`` (already in its mode), see the module docstring."""
-    missing = [name for name, module in (("ale-py", "ale_py"), ("opencv-python-headless", "cv2"))
-               if importlib.util.find_spec(module) is None]
-    if missing:
-        raise EnvError(f"{config.env_id!r} is the Atari game {gym_id}, which needs the 'atari' extra "
-                       f"(missing: {', '.join(missing)}): pip install 'surreal-redis[atari]'")
+    require_extra(f"{config.env_id!r} is the Atari game {gym_id}", "atari",
+                  {"ale-py": "ale_py", "opencv-python-headless": "cv2"})
     if config.action_repeat != 1:
         raise EnvError(f"action_repeat={config.action_repeat} does not apply to Atari games: set atari.frame_skip")
     import ale_py

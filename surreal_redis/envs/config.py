@@ -14,6 +14,17 @@ class EnvError(ValueError):
     """An environment that cannot be built or is not supported; the message says what is."""
 
 
+def require_extra(what: str, extra: str, modules: dict[str, str]) -> None:
+    """Raise :class:`EnvError` naming ``extra`` when any of ``modules`` (package name -> import
+    name) is not installed; ``what`` says which environment needs them."""
+    import importlib.util
+
+    missing = [package for package, module in modules.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise EnvError(f"{what}, which needs the {extra!r} extra (missing: {', '.join(missing)}): "
+                       f"pip install 'surreal-redis[{extra}]'")
+
+
 @dataclass(frozen=True)
 class AtariConfig:
     """Atari preprocessing as CleanRL's ``ppo_atari.py`` and SB3's ``AtariWrapper`` do it.

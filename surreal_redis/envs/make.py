@@ -15,7 +15,6 @@ on the dummy action NEXT_STEP mode needs.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 from typing import Any, Literal, NamedTuple
@@ -25,7 +24,7 @@ import numpy as np
 
 from surreal_redis.codec import Tree
 from surreal_redis.envs.atari import atari_env_id, make_atari
-from surreal_redis.envs.config import EnvConfig, EnvError, Mode
+from surreal_redis.envs.config import EnvConfig, EnvError, Mode, require_extra
 from surreal_redis.envs.robosuite_adapter import RobosuiteEnv
 from surreal_redis.envs.wrappers import ActionRepeat, Float32Observations, FrameTupleStack, check_spaces
 
@@ -75,11 +74,7 @@ def _gym_make(config: EnvConfig, gym_id: str, **kwargs: Any) -> gym.Env:
 
 
 def _make_dmc(config: EnvConfig, gym_id: str) -> gym.Env:
-    missing = [name for name, module in (("dm-control", "dm_control"), ("shimmy", "shimmy"))
-               if importlib.util.find_spec(module) is None]
-    if missing:
-        raise EnvError(f"{gym_id!r} is a dm_control task, which needs the 'dmc' extra "
-                       f"(missing: {', '.join(missing)}): pip install 'surreal-redis[dmc]'")
+    require_extra(f"{gym_id!r} is a dm_control task", "dmc", {"dm-control": "dm_control", "shimmy": "shimmy"})
     # headless rendering: EGL unless the user chose a backend (glfw needs a display); dm_control
     # reads this when it is first imported
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -127,9 +122,8 @@ def _make_core(config: EnvConfig) -> tuple[gym.Env, str]:
     elif kind == "robosuite":
         env = _make_robosuite(config, gym_id)
     else:
-        if kind == "mujoco" and importlib.util.find_spec("mujoco") is None:
-            raise EnvError(f"{gym_id!r} is a MuJoCo environment, which needs the 'mujoco' extra: "
-                           "pip install 'surreal-redis[mujoco]'")
+        if kind == "mujoco":
+            require_extra(f"{gym_id!r} is a MuJoCo environment", "mujoco", {"mujoco": "mujoco"})
         env = _gym_make(config, gym_id)
     return gym.wrappers.RecordEpisodeStatistics(env), gym_id
 

@@ -251,3 +251,12 @@ def test_action_repeat_sums_rewards_and_stops_at_the_end(test_envs):
     assert reward == 3.0 and int(obs[0, 0]) == 3 and not terminated
     obs, reward, terminated, _, info = env.step(0)  # CountingEnv ends after 5 steps
     assert reward == 2.0 and terminated and info["episode"]["l"] == 2
+
+
+def test_a_missing_extra_is_named_with_its_missing_packages():
+    from surreal_redis.envs.config import require_extra
+
+    require_extra("json", "none", {"json": "json"})  # installed: nothing raised
+    with pytest.raises(EnvError, match=r"^'x' is a test env, which needs the 'dmc' extra \(missing: no-such-pkg\): "
+                                       r"pip install 'surreal-redis\[dmc\]'$"):
+        require_extra("'x' is a test env", "dmc", {"json": "json", "no-such-pkg": "no_such_pkg_xyz"})
