@@ -16,9 +16,10 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class CheckpointManager:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path_for(iteration)
         tmp = path.with_suffix(".tmp")
+        import torch  # here, not at the top: the launcher and the CLI use this module without torch
+
         torch.save(state, tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
@@ -134,6 +137,8 @@ class CheckpointManager:
         path = Path(path)
         if not path.exists():
             raise CheckpointError(f"checkpoint {path} does not exist")
+        import torch  # see save()
+
         try:
             state = torch.load(path, map_location=map_location, weights_only=True)
         except Exception as exc:  # torch raises many types for corrupt/unsafe files

@@ -1,7 +1,7 @@
 """The experiment config: one frozen dataclass tree, loaded from YAML and validated.
 
 Naming: a ``*Config`` is the settings of one component or process (``SenderConfig`` in
-hub/experience/sender.py, ``PPOConfig`` in algos/ppo_policy.py; the processes' own ``AgentConfig``,
+hub/experience/sender.py, ``PPOConfig`` in algos/ppo_config.py; the processes' own ``AgentConfig``,
 ``LearnerConfig``, ... live here); a ``*Section`` only groups other configs under one YAML key
 (``hub:``, ``replay:``). This module composes them, and loads/dumps the whole. Unknown keys and
 wrong types are errors naming the key (see :mod:`surreal_redis.configtools`).
@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
-from surreal_redis.algos.ddpg_policy import DDPGConfig
-from surreal_redis.algos.ppo_policy import PPOConfig
+from surreal_redis.algos.ddpg_config import DDPGConfig
+from surreal_redis.algos.ppo_config import PPOConfig
 from surreal_redis.checkpoint import CheckpointConfig
 from surreal_redis.configtools import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
 from surreal_redis.connection import RedisSettings

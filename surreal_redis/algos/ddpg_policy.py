@@ -1,4 +1,4 @@
-"""DDPG's configuration, networks and agent-side policy (Lillicrap et al. 2016, arXiv:1509.02971).
+"""DDPG's networks and agent-side policy (Lillicrap et al. 2016, arXiv:1509.02971).
 
 Everything an agent process needs to act lives here (no critic, no optimizer); the learner is in
 :mod:`surreal_redis.algos.ddpg`. As in CleanRL's ``ddpg_continuous_action.py``: a deterministic
@@ -12,8 +12,6 @@ z-filter that the learner updates and sends to the agents with the actor weights
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -21,65 +19,17 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict, params_as_tensors
-from surreal_redis.algos.networks import ACTIVATIONS, ObservationEncoder, mlp
+from surreal_redis.algos.ddpg_config import DDPGConfig
+from surreal_redis.algos.networks import ObservationEncoder, mlp
 from surreal_redis.algos.noise import (
     AdaptiveParamNoise,
     GaussianNoise,
-    NoiseConfig,
     agent_sigma,
     make_action_noise,
 )
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_map
-
-
-@dataclass(frozen=True)
-class DDPGConfig:
-    """DDPG hyperparameters; names and defaults follow CleanRL's ``ddpg_continuous_action.py``."""
-
-    actor_lr: float = 3e-4
-    critic_lr: float = 3e-4
-    gamma: float = 0.99
-    tau: float = 0.005
-    """Polyak factor of the soft target update: ``target <- (1 - tau) target + tau online``."""
-    target_update: Literal["soft", "hard"] = "soft"
-    """``soft``: Polyak averaging after every update; ``hard``: copy every ``hard_update_every``."""
-    hard_update_every: int = 500
-    """Updates between hard target copies (SURREAL's default interval)."""
-    batch_size: int = 256
-    n_step: int = 1
-    """Rewards summed before bootstrapping (see nstep.py); SURREAL used 3."""
-    actor_hidden: tuple[int, ...] = (256, 256)
-    critic_hidden: tuple[int, ...] = (256, 256)
-    activation: str = "relu"
-    actor_max_grad_norm: float | None = None
-    """Clip the actor gradient to this global norm (None: no clipping)."""
-    critic_max_grad_norm: float | None = None
-    """Clip the critic gradient to this global norm (None: no clipping)."""
-    critic_l2: float = 0.0
-    """L2 weight decay of the critic (Lillicrap et al. used 1e-2)."""
-    noise: NoiseConfig = field(default_factory=NoiseConfig)
-    use_per: bool = False
-    """Sample from a PrioritizedReplay: the critic loss is weighted by ``batch.weights`` and the
-    learner feeds the TD errors returned by ``update`` back as priorities."""
-    normalize_obs: bool = False
-    """Whiten non-image observations with a running z-filter (updated by the learner)."""
-    obs_clip: float = 10.0
-    device: str = "auto"
-    """Learner device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
-
-    def __post_init__(self) -> None:
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"need gamma in [0, 1] and tau in (0, 1], got {self.gamma} and {self.tau}")
-        for name in ("hard_update_every", "batch_size", "n_step"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("actor_max_grad_norm", "critic_max_grad_norm"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0 or None, got {getattr(self, name)}")
 
 
 def check_action_space(space: gym.Space) -> gym.spaces.Box:

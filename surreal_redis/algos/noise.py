@@ -8,50 +8,13 @@ Noise is in units of the action half-range: the policy adds ``noise * action_sca
 from __future__ import annotations
 
 import abc
-import dataclasses
 import math
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-
-@dataclasses.dataclass(frozen=True)
-class NoiseConfig:
-    kind: Literal["gaussian", "ou"] = "gaussian"
-    """Action noise process: independent Gaussian per step, or Ornstein-Uhlenbeck (temporally correlated)."""
-    sigma: float = 0.1
-    """Noise scale in units of the action half-range (the Gaussian std; the OU diffusion)."""
-    ou_theta: float = 0.15
-    """OU mean-reversion rate (OpenAI baselines, SURREAL)."""
-    ou_dt: float = 1e-2
-    """OU time step (OpenAI baselines; SURREAL used 1e-3)."""
-    agent_schedule: Literal["constant", "linear"] = "constant"
-    """Per-agent sigma: the same for all, or ``sigma * (agent_id + 1) / num_agents`` (see agent_sigma)."""
-    eval_sigma: float = 0.05
-    """Gaussian std used by the ``eval_stochastic`` mode."""
-    param_noise: bool = False
-    """Also perturb the actor's weights (Plappert et al. 2018), see AdaptiveParamNoise."""
-    param_initial_sigma: float = 0.1
-    """Initial std of the weight perturbation (baselines AdaptiveParamNoiseSpec.initial_stddev)."""
-    param_target_distance: float = 0.2
-    """Wanted RMS distance between perturbed and clean actions, in units of the action half-range."""
-    param_adapt_coef: float = 1.01
-    """Factor by which the weight std grows or shrinks at each adaptation (baselines: 1.01)."""
-    param_adapt_every: int = 50
-    """Training acts between adaptations, each followed by a fresh perturbation (baselines: 50)."""
-
-    def __post_init__(self) -> None:
-        for name in ("sigma", "eval_sigma", "param_initial_sigma", "param_target_distance"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.ou_theta <= 0 or self.ou_dt <= 0:
-            raise ValueError(f"ou_theta and ou_dt must be > 0, got {self.ou_theta}, {self.ou_dt}")
-        if self.param_adapt_coef <= 1.0:
-            raise ValueError(f"param_adapt_coef must be > 1, got {self.param_adapt_coef}")
-        if self.param_adapt_every < 1:
-            raise ValueError(f"param_adapt_every must be >= 1, got {self.param_adapt_every}")
+from surreal_redis.algos.ddpg_config import NoiseConfig  # torch-free, with DDPGConfig
 
 
 def agent_sigma(config: NoiseConfig, agent_id: int, num_agents: int) -> float:

@@ -1,4 +1,5 @@
-"""PPO's configuration, actor-critic network and agent-side policy.
+"""PPO's actor-critic network and agent-side policy (its configuration is :class:`PPOConfig`, in
+:mod:`surreal_redis.algos.ppo_config`).
 
 Everything an agent process needs to act lives here (no optimizer); the learner is in
 :mod:`surreal_redis.algos.ppo`. The network is CleanRL's: separate Tanh MLPs for the actor and the
@@ -12,9 +13,6 @@ CleanRL's Atari PPO), and an LSTM shared by both heads (SURREAL's ``ppo_net.py``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -22,86 +20,13 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict, params_as_tensors
-from surreal_redis.algos.networks import ACTIVATIONS, ObservationEncoder, mlp
+from surreal_redis.algos.networks import ObservationEncoder, mlp
 from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.algos.ppo_config import PPOConfig
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_map
 
 LSTMState = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class PPOConfig:
-    """PPO hyperparameters; names and defaults follow CleanRL's ``ppo.py``."""
-
-    learning_rate: float = 2.5e-4
-    """Adam step size (Adam eps = 1e-5, as in CleanRL)."""
-    anneal_lr: bool = False
-    """Decay the learning rate linearly to 0 over ``total_updates`` updates."""
-    anneal_clip: bool = False
-    """Decay ``clip_coef`` linearly to 0 over ``total_updates`` updates, as SB3's ``clip_range: lin_0.2``."""
-    total_updates: int = 0
-    """Number of updates the run will do (the annealing budget); required (> 0) when annealing."""
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    update_epochs: int = 4
-    """Passes over each batch of chunks."""
-    num_minibatches: int = 4
-    """Minibatches per epoch: of steps, or of whole chunks when ``use_lstm``."""
-    norm_adv: bool = True
-    """Normalize advantages per minibatch."""
-    mode: Literal["clip", "adapt"] = "clip"
-    """``clip``: clipped surrogate (+ value clipping); ``adapt``: adaptive KL penalty
-    (Schulman et al. 2017, section 4)."""
-    clip_coef: float = 0.2
-    """Surrogate clipping range; also the value clipping range."""
-    clip_vloss: bool = True
-    """Clip the value loss around the values at the start of the update (``clip`` mode only)."""
-    kl_target: float = 0.01
-    """``adapt``: the KL divergence the penalty coefficient steers to."""
-    kl_coef_init: float = 1.0
-    """``adapt``: initial penalty coefficient (beta in the paper)."""
-    kl_coef_min: float = 1e-3
-    kl_coef_max: float = 100.0
-    kl_tolerance: float = 1.5
-    """``adapt``: beta changes when KL leaves ``[kl_target / tol, kl_target * tol]`` (paper: 1.5)."""
-    kl_coef_factor: float = 2.0
-    """``adapt``: beta is multiplied or divided by this (paper: 2)."""
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    target_kl: float | None = None
-    """Stop the epochs early once the approximate KL of an epoch's last minibatch exceeds this."""
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    init_log_std: float = 0.0
-    """Initial log standard deviation of the Gaussian policy (continuous actions)."""
-    use_lstm: bool = False
-    lstm_hidden: int = 128
-    normalize_obs: bool = False
-    """Whiten non-image observations with a running z-filter (updated by the learner)."""
-    obs_clip: float = 10.0
-    normalize_reward: bool = False
-    """Scale rewards by the running std of the discounted return (SB3 VecNormalize)."""
-    reward_clip: float = 10.0
-    device: str = "auto"
-    """Learner device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("clip", "adapt"):
-            raise ValueError(f"mode must be 'clip' or 'adapt', got {self.mode!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
-        if (self.anneal_lr or self.anneal_clip) and self.total_updates < 1:
-            raise ValueError(f"anneal_lr and anneal_clip need total_updates >= 1, got {self.total_updates}")
-        if self.update_epochs < 1 or self.num_minibatches < 1:
-            raise ValueError(f"update_epochs and num_minibatches must be >= 1, got "
-                             f"{self.update_epochs} and {self.num_minibatches}")
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma} and {self.gae_lambda}")
-        if not 0.0 < self.kl_coef_min <= self.kl_coef_init <= self.kl_coef_max:
-            raise ValueError(f"need 0 < kl_coef_min <= kl_coef_init <= kl_coef_max, got "
-                             f"{self.kl_coef_min}, {self.kl_coef_init}, {self.kl_coef_max}")
 
 
 class ActorCritic(nn.Module):

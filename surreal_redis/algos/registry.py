@@ -10,9 +10,11 @@ import gymnasium as gym
 
 from surreal_redis.algos.base import AgentPolicy, Algorithm
 from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.ddpg_policy import DDPGConfig, DDPGPolicy
+from surreal_redis.algos.ddpg_config import DDPGConfig
+from surreal_redis.algos.ddpg_policy import DDPGPolicy
 from surreal_redis.algos.ppo import PPOAlgorithm
-from surreal_redis.algos.ppo_policy import PPOConfig, PPOPolicy
+from surreal_redis.algos.ppo_config import PPOConfig
+from surreal_redis.algos.ppo_policy import PPOPolicy
 from surreal_redis.replay.feeds import Feed, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplayConfig

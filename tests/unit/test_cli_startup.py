@@ -3,6 +3,9 @@
 
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cli_module_imports_neither_torch_nor_gymnasium():
@@ -18,3 +21,22 @@ def test_help_runs_without_importing_torch():
             "assert 'launch' in r.output; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_launcher_and_config_load_without_torch():
+    """`launch` imports the launcher and loads a config (PPO and DDPG sections, checkpoints) in the
+    launcher process, which never builds a network: no torch (~1.5-2 s of start-up, ~150 MiB),
+    no MLflow (the learner tracks)."""
+    code = ("import sys, surreal_redis.launcher, surreal_redis.config as c; "
+            "c.load_config('configs/ppo_cartpole.yaml'); c.load_config('configs/ddpg_pendulum.yaml'); "
+            "print(sorted(m for m in ('torch', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+
+
+def test_activation_names_match_the_networks():
+    """Configs check activations against a torch-free list; the networks map the same names."""
+    from surreal_redis.algos.network_config import ACTIVATION_NAMES
+    from surreal_redis.algos.networks import ACTIVATIONS
+
+    assert sorted(ACTIVATION_NAMES) == sorted(ACTIVATIONS)
