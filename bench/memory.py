@@ -5,8 +5,11 @@ Runs ``surreal-redis launch`` and samples every process of its tree (launcher, l
 eval, the embedded redis-server) every ``--every-s`` seconds from ``/proc``: RSS (``VmRSS``,
 counts shared pages once per process) and PSS (``smaps_rollup``, shares them out, so the PSS of
 all processes adds up to what the run really holds). Reports the peak of the summed PSS and RSS,
-and each role's peak, against a baseline: one bare interpreter that imported what an agent imports
-(torch, gymnasium, the env family) and nothing else, i.e. the fixed cost every process pays.
+each role's peak, and each role's share at the sample of the summed-RSS peak (RSS, PSS, private
+anonymous memory -- heap, tensors, arrays -- and shared pages -- libraries mapped by several
+processes, counted again in each one's RSS), against a baseline: one bare interpreter that imported
+what an agent imports (torch, gymnasium, the env family) and nothing else, i.e. the fixed cost every
+process pays.
 
 Progress goes to stderr; the last line of stdout is one JSON object with the results (MiB).
 """
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.memory")
@@ -53,18 +57,29 @@ def process_tree(root: int) -> list[int]:
     return seen
 
 
-def memory_of(pid: int) -> tuple[int, int] | None:
-    """(RSS, PSS) of one process in bytes, or None if it is gone."""
+class Memory(NamedTuple):
+    """One process's memory in bytes: ``anon`` is private anonymous memory (heap, tensors, arrays),
+    ``shared`` the resident pages other processes map too (each process's RSS counts them)."""
+
+    rss: int
+    pss: int
+    anon: int
+    shared: int
+
+
+def memory_of(pid: int) -> Memory | None:
+    """The memory of one process, or None if it is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
         return None
     rss = re.search(r"VmRSS:\s+(\d+) kB", status)
-    pss = re.search(r"^Pss:\s+(\d+) kB", rollup, re.MULTILINE)
-    if rss is None or pss is None:  # a zombie
+    fields = dict(re.findall(r"^(\w+):\s+(\d+) kB", rollup, re.MULTILINE))
+    if rss is None or "Pss" not in fields:  # a zombie
         return None
-    return int(rss.group(1)) * 1024, int(pss.group(1)) * 1024
+    kib = {name: int(fields.get(name, 0)) * 1024 for name in ("Pss", "Anonymous", "Shared_Clean", "Shared_Dirty")}
+    return Memory(int(rss.group(1)) * 1024, kib["Pss"], kib["Anonymous"], kib["Shared_Clean"] + kib["Shared_Dirty"])
 
 
 def role_of(pid: int) -> str:
@@ -96,10 +111,9 @@ def baseline() -> tuple[float, float]:
             before = memory_of(probe.pid)
             time.sleep(1.0)
             after = memory_of(probe.pid)
-            if before is None or after is None or after[0] <= before[0]:
+            if before is None or after is None or after.rss <= before.rss:
                 break
-        rss, pss = after or (0, 0)
-        return rss / MIB, pss / MIB
+        return (after.rss / MIB, after.pss / MIB) if after is not None else (0.0, 0.0)
     finally:
         probe.communicate(b"")
 
@@ -108,19 +122,25 @@ def measure(args: list[str], every_s: float, workdir: Path) -> dict:
     """Run ``args`` and sample its process tree until it exits; peaks in MiB."""
     peak_total_pss = peak_total_rss = 0.0
     peak_by_role: dict[str, dict[str, float]] = {}
+    at_peak: dict[str, dict[str, float]] = {}  # each role's memory at the sample of the summed-RSS peak
     with open(workdir / "launch.log", "w") as out:
         launch = subprocess.Popen(args, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
         while launch.poll() is None:
-            total_rss = total_pss = 0
+            sample: dict[str, dict[str, float]] = {}
             for pid in process_tree(launch.pid):
                 mem = memory_of(pid)
                 if mem is None:
                     continue
-                rss, pss = mem
-                total_rss, total_pss = total_rss + rss, total_pss + pss
+                name = role_of(pid)
+                if name in sample:  # two processes of one role (an agent's restart): both count
+                    name = f"{name}#{pid}"
+                sample[name] = {field: value / MIB for field, value in mem._asdict().items()}
                 role = peak_by_role.setdefault(role_of(pid), {"rss": 0.0, "pss": 0.0})
-                role["rss"], role["pss"] = max(role["rss"], rss / MIB), max(role["pss"], pss / MIB)
-            peak_total_rss, peak_total_pss = max(peak_total_rss, total_rss / MIB), max(peak_total_pss, total_pss / MIB)
+                role["rss"], role["pss"] = max(role["rss"], mem.rss / MIB), max(role["pss"], mem.pss / MIB)
+            total_rss = sum(m["rss"] for m in sample.values())
+            if total_rss > peak_total_rss:
+                peak_total_rss, at_peak = total_rss, sample
+            peak_total_pss = max(peak_total_pss, sum(m["pss"] for m in sample.values()))
             time.sleep(every_s)
     tail = (workdir / "launch.log").read_text(errors="replace")[-3000:]
     if launch.returncode != 0:
@@ -128,7 +148,8 @@ def measure(args: list[str], every_s: float, workdir: Path) -> dict:
     log.info("launch output (tail):\n%s", tail)
     return {"peak_total_pss_mib": round(peak_total_pss), "peak_total_rss_mib": round(peak_total_rss),
             "by_role_peak_mib": {role: {k: round(v) for k, v in peaks.items()}
-                                 for role, peaks in sorted(peak_by_role.items())}}
+                                 for role, peaks in sorted(peak_by_role.items())},
+            "at_rss_peak_mib": {role: {k: round(v) for k, v in mem.items()} for role, mem in sorted(at_peak.items())}}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -87,8 +87,8 @@ def test_memory_and_cpu_readers_see_a_child_process_and_keep_an_exited_agents_ti
         while (throughput.cpu_seconds(child.pid) or 0) < 0.3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert child.pid in memory.process_tree(os.getpid())
-        rss, pss = memory.memory_of(child.pid)
-        assert 0 < pss <= rss
+        mem = memory.memory_of(child.pid)
+        assert 0 < mem.pss <= mem.rss and 0 < mem.anon <= mem.rss and 0 < mem.shared <= mem.rss
         clock = throughput.AgentClock()
         seen = clock.read(os.getpid())
         assert seen >= 0.3
