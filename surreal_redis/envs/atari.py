@@ -14,6 +14,7 @@ only then does ``RecordEpisodeStatistics``, which sits below it, report an episo
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -154,26 +155,70 @@ class ClipReward(gym.RewardWrapper):
         return float(np.sign(reward))
 
 
+def _area_passes(src: int, dst: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Area-interpolation weights along one axis of ``src`` -> ``dst`` pixels, as OpenCV's
+    ``computeResizeAreaTab`` makes them: output pixel d averages the input pixels its cell
+    ``[d * src / dst, (d + 1) * src / dst)`` covers, each weighted by the fraction it covers.
+    Returned as passes k = 0, 1, ...: (output indices, their k-th input index, float32 weight), so
+    that adding pass by pass sums each output in OpenCV's order."""
+    scale = 1.0 / (dst / src)
+    terms: list[list[tuple[int, float]]] = []
+    for d in range(dst):
+        start = d * scale
+        end = start + scale
+        cell = min(scale, src - start)
+        first, last = math.ceil(start), math.floor(end)
+        last = min(last, src - 1)
+        first = min(first, last)
+        row = []
+        if first - start > 1e-3:
+            row.append((first - 1, (first - start) / cell))
+        row += [(i, 1.0 / cell) for i in range(first, last)]
+        if end - last > 1e-3:
+            row.append((last, min(end - last, 1.0, cell) / cell))
+        terms.append(row)
+    passes = []
+    for k in range(max(map(len, terms))):
+        outs = [d for d in range(dst) if len(terms[d]) > k]
+        passes.append((np.array(outs), np.array([terms[d][k][0] for d in outs]),
+                       np.array([terms[d][k][1] for d in outs], np.float32)))
+    return passes
+
+
 class ResizeFrame(gym.ObservationWrapper):
-    """Resizes (H, W) or (H, W, C) uint8 frames to ``size x size`` with area interpolation."""
+    """Resizes (H, W) or (H, W, C) uint8 frames to ``size x size`` with area interpolation.
+
+    The same bytes as ``cv2.resize(frame, (size, size), interpolation=cv2.INTER_AREA)`` (float32
+    sums in OpenCV's order, rounded half to even), in numpy: OpenCV would cost every agent ~16 MiB
+    of memory for this one call."""
 
     def __init__(self, env: gym.Env, size: int) -> None:
         super().__init__(env)
-        import cv2
-
-        self._cv2 = cv2
         self.size = size
-        shape = (size, size, *env.observation_space.shape[2:])
-        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        height, width, *channels = env.observation_space.shape
+        if size > min(height, width):  # area interpolation only shrinks (OpenCV enlarges bilinearly)
+            raise EnvError(f"atari.screen_size={size} is larger than the {height}x{width} screen")
+        self._columns = _area_passes(width, size)
+        self._rows = _area_passes(height, size)
+        self._channels = (1,) * len(channels)  # weights broadcast over a channel axis
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, *channels), np.uint8)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
-        return self._cv2.resize(observation, (self.size, self.size), interpolation=self._cv2.INTER_AREA)
+        frame = observation.astype(np.float32)
+        (outs, ins, weights), *more = self._columns
+        columns = frame[:, ins] * weights.reshape(-1, *self._channels)
+        for outs, ins, weights in more:
+            columns[:, outs] += frame[:, ins] * weights.reshape(-1, *self._channels)
+        (outs, ins, weights), *more = self._rows
+        resized = columns[ins] * weights.reshape(-1, 1, *self._channels)
+        for outs, ins, weights in more:
+            resized[outs] += columns[ins] * weights.reshape(-1, 1, *self._channels)
+        return np.rint(resized, out=resized).astype(np.uint8)
 
 
 def make_atari(config: EnvConfig, gym_id: str) -> gym.Env:
     """The wrapped Atari env for ``config`` (already in its mode), see the module docstring."""
-    require_extra(f"{config.env_id!r} is the Atari game {gym_id}", "atari",
-                  {"ale-py": "ale_py", "opencv-python-headless": "cv2"})
+    require_extra(f"{config.env_id!r} is the Atari game {gym_id}", "atari", {"ale-py": "ale_py"})
     if config.action_repeat != 1:
         raise EnvError(f"action_repeat={config.action_repeat} does not apply to Atari games: set atari.frame_skip")
     import ale_py

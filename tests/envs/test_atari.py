@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 
 from surreal_redis.algos.ppo_policy import PPOConfig
-from surreal_redis.envs import AtariConfig, EnvConfig, make_env, step_vector_env
-from surreal_redis.envs.atari import EpisodicLife, wrap_atari
+from surreal_redis.envs import AtariConfig, EnvConfig, EnvError, make_env, step_vector_env
+from surreal_redis.envs.atari import EpisodicLife, ResizeFrame, wrap_atari
 
 from .family import loaded_policy, obs_keys, play_eval_episode, play_into_hub, ppo_updates, receive_and_check
 
 needs_cv2 = pytest.mark.skipif(importlib.util.find_spec("cv2") is None, reason="opencv is not installed")
-needs_ale = pytest.mark.skipif(importlib.util.find_spec("ale_py") is None or importlib.util.find_spec("cv2") is None,
-                               reason="the 'atari' extra (ale-py, opencv) is not installed")
+needs_ale = pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="the 'atari' extra is not installed")
 CLEANRL_PPO = PPOConfig(hidden_sizes=(), learning_rate=2.5e-4, clip_coef=0.1, update_epochs=1, num_minibatches=2,
                         device="cpu")
 NO_STICKY = AtariConfig(repeat_action_probability=0.0)
@@ -56,7 +55,6 @@ class ScriptedGame(gym.Env):
         return np.full((210, 160), self.frame, np.uint8), 5.0, self.lives == 0, False, {}
 
 
-@needs_cv2
 def test_lost_life_terminates_without_resetting_the_game_and_episodes_report_raw_whole_games():
     game = ScriptedGame()
     envs = gym.vector.SyncVectorEnv([lambda: wrap_atari(game, AtariConfig(noop_max=0, frame_skip=2))],
@@ -79,7 +77,6 @@ def test_lost_life_terminates_without_resetting_the_game_and_episodes_report_raw
     assert all(e.episode_length >= f // 2 for e, f in zip(episodes, game.frames_per_game))
 
 
-@needs_cv2
 def test_eval_mode_plays_the_whole_game_with_raw_rewards():
     game = ScriptedGame()
     config = EnvConfig(env_id="pong", atari=AtariConfig(noop_max=0, frame_skip=2)).for_mode("eval")
@@ -143,3 +140,33 @@ def test_pong_through_the_hub_stores_each_frame_once(fake_redis):
     total, length = play_eval_episode(EnvConfig(env_id="pong", frame_stack=4, max_episode_steps=30,
                                                 atari=NO_STICKY), policy)
     assert length == 30 - 2 and total <= 0  # the time limit counts the reset's FIRE and RIGHT steps
+
+
+@needs_cv2
+@pytest.mark.parametrize("shape, size", [((210, 160), 84), ((210, 160, 3), 64), ((250, 161), 84), ((84, 84), 84)])
+def test_frames_are_resized_to_the_same_bytes_as_opencv_area_interpolation(shape, size):
+    import cv2
+
+    resize = ResizeFrame(_Screen(gym.spaces.Box(0, 255, shape, np.uint8)), size)
+    rng = np.random.default_rng(0)
+    for i in range(50):
+        frame = rng.integers(0, 256, shape, dtype=np.uint8)
+        if i % 2:  # few distinct values: many sums land exactly on .5 (rounding ties)
+            frame = frame // 64 * 64
+        expected = cv2.resize(frame, (size, size), interpolation=cv2.INTER_AREA)
+        np.testing.assert_array_equal(resize.observation(frame), expected)
+    assert resize.observation_space == gym.spaces.Box(0, 255, (size, size, *shape[2:]), np.uint8)
+
+
+def test_resize_refuses_to_enlarge_frames_by_name():
+    with pytest.raises(EnvError, match="atari.screen_size=168 is larger than the 210x160 screen"):
+        ResizeFrame(_Screen(gym.spaces.Box(0, 255, (210, 160), np.uint8)), 168)
+
+
+class _Screen(gym.Env):
+    """An env that only has an observation space (what ResizeFrame reads)."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, space: gym.Space) -> None:
+        self.observation_space = space
