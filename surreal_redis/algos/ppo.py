@@ -22,6 +22,7 @@ Differences from CleanRL, each on purpose:
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -49,7 +50,10 @@ __all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "adapt_kl_coef", "clipped_s
 
 log = logging.getLogger(__name__)
 
-FEATURE_SLICE = 256  # rows per no-grad encoder pass over a rollout (bounds its peak memory)
+# Observation bytes per network pass: the no-grad pass over a rollout and each minibatch's
+# gradient passes take rows in slices of about this much input (a Pong row is 28 KiB of frames and
+# ~4x that as floats, plus activations), so the learner's peak does not grow with the batch.
+PASS_OBS_BYTES = 4 << 20
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
@@ -150,15 +154,23 @@ class _Rollout(NamedTuple):
         return _Rollout(*fields, initial_state=state)
 
 
+def _rows_per_pass(obs: Tree, row_dims: int) -> int:
+    """Rows of ``obs`` (leaves ``[*rows, ...]`` with ``row_dims`` leading row axes) that hold about
+    :data:`PASS_OBS_BYTES` of observations; at least 1."""
+    row_bytes = sum(math.prod(leaf.shape[row_dims:]) * leaf.element_size() for leaf in tree_leaves(obs))
+    return max(1, PASS_OBS_BYTES // max(1, row_bytes))
+
+
 def _flatten_time(tree: Tree) -> Tree:
     """Leaves ``[T, B, ...]`` -> ``[T*B, ...]``."""
     return tree_map(lambda v: v.reshape(-1, *v.shape[2:]), tree)
 
 
 def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
-    """All steps of feed-forward rollouts as one ``[1, N]`` batch."""
+    """All steps of feed-forward rollouts as one ``[1, N]`` batch (views when there is one)."""
     def cat(*leaves: torch.Tensor) -> torch.Tensor:
-        return torch.cat([leaf.reshape(1, -1, *leaf.shape[2:]) for leaf in leaves], dim=1)
+        flat = [leaf.reshape(1, -1, *leaf.shape[2:]) for leaf in leaves]
+        return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
     fields = [tree_map(cat, *(r[i] for r in rollouts)) for i in range(len(_Rollout._fields) - 1)]
     return _Rollout(*fields, initial_state=None)
 
@@ -242,16 +254,47 @@ class PPOAlgorithm(Algorithm):
                         all_values[:steps], ref_head, episode_start[:steps], state)
 
     def _features_no_grad(self, flat_obs: Tree) -> torch.Tensor:
-        """``net.features`` of ``[N, ...]`` leaves in slices of :data:`FEATURE_SLICE` rows: the same
-        result, but pixel observations are turned into floats a slice at a time (a whole Pong
-        rollout at once is ~200 MB of float input and activations that the allocator keeps)."""
-        total = len(tree_leaves(flat_obs)[0])
-        return torch.cat([self.net.features(tree_map(lambda v, i=i: v[i:i + FEATURE_SLICE], flat_obs))
-                          for i in range(0, total, FEATURE_SLICE)])
+        """``net.features`` of ``[N, ...]`` leaves in slices of about :data:`PASS_OBS_BYTES` of
+        observations: the same values, but pixel observations are turned into floats a slice at a
+        time (a whole Pong rollout at once is ~200 MB of float input and activations)."""
+        total, rows = len(tree_leaves(flat_obs)[0]), _rows_per_pass(flat_obs, 1)
+        if rows >= total:
+            return self.net.features(flat_obs)
+        return torch.cat([self.net.features(tree_map(lambda v, i=i: v[i:i + rows], flat_obs))
+                          for i in range(0, total, rows)])
 
     # ------------------------------------------------------------------ loss
-    def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None,
-                        clip_coef: float) -> tuple[torch.Tensor, dict]:
+    def _minibatch_step(self, rollout: _Rollout, idx: torch.Tensor, ref_log_std: torch.Tensor | None,
+                        clip_coef: float) -> dict[str, float]:
+        """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms.
+
+        The minibatch goes through the network in passes of about :data:`PASS_OBS_BYTES` of
+        observations, each pass's loss weighted by its share of the rows and its gradients added
+        up: every loss term is a mean over rows, so the gradient is the whole minibatch's (the
+        advantages are normalized with the whole minibatch's statistics), while activations are
+        held for one pass at a time. A minibatch within the budget is one pass, as before."""
+        advantages = rollout.advantages[:, idx]
+        adv_stats = None
+        if self.config.norm_adv and advantages.numel() > 1:
+            adv_stats = advantages.mean(), advantages.std()
+        steps = rollout.logp.shape[0]  # sequence length (1 without an LSTM)
+        passes = math.ceil(len(idx) * steps / _rows_per_pass(rollout.obs, 2))
+        self.optimizer.zero_grad()
+        info: dict[str, float] = {}
+        for part in idx.tensor_split(min(passes, len(idx))):
+            weight = len(part) / len(idx)
+            loss, part_info = self._minibatch_loss(rollout.select(part), ref_log_std, clip_coef, adv_stats)
+            (loss * weight).backward()
+            for key, value in part_info.items():
+                info[key] = info.get(key, 0.0) + weight * value
+        nn.utils.clip_grad_norm_(self.net.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        return info
+
+    def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None, clip_coef: float,
+                        adv_stats: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, dict]:
+        """Loss of ``mb`` (means over its rows) and its terms; ``adv_stats`` (mean, std) normalize
+        the advantages (None: used as they are)."""
         cfg = self.config
         z, _ = self.net.core(self.net.features(_flatten_time(mb.obs)), mb.initial_state, mb.episode_start)
         dist = self.net.distribution(self.net.policy_head(z))
@@ -266,8 +309,8 @@ class PPOAlgorithm(Algorithm):
             clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
 
         advantages = mb.advantages.reshape(-1)
-        if cfg.norm_adv and advantages.numel() > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if adv_stats is not None:
+            advantages = (advantages - adv_stats[0]) / (adv_stats[1] + 1e-8)
         info = {}
         if cfg.mode == "clip":
             pg_loss = clipped_surrogate_loss(logratio, advantages, clip_coef)
@@ -319,12 +362,7 @@ class PPOAlgorithm(Algorithm):
                 batch = rollout.logp.shape[1]
                 order = torch.randperm(batch, generator=self._generator).to(self.device)
                 for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
-                    loss, info = self._minibatch_loss(rollout.select(idx), ref_log_std, clip_coef)
-                    self.optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm)
-                    self.optimizer.step()
-                    epoch_info.append(info)
+                    epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, clip_coef))
             epochs += 1
             if cfg.target_kl is not None and epoch_info[-1]["approx_kl"] > cfg.target_kl:
                 log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",

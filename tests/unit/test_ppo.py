@@ -374,7 +374,28 @@ def test_values_in_feature_slices_match_the_agents(name, monkeypatch):
     algo, policy, collector = setup(name, update_epochs=1, num_minibatches=1)
     chunks = collector.collect(12)
     whole = algo._rollout(chunks)
-    monkeypatch.setattr(ppo_module, "FEATURE_SLICE", 5)  # 39 rows: 8 slices, the last one short
+    monkeypatch.setattr(ppo_module, "PASS_OBS_BYTES", 1)  # one row per pass
     sliced = algo._rollout(chunks)
     torch.testing.assert_close(sliced.values, whole.values)
     torch.testing.assert_close(sliced.advantages, whole.advantages)
+
+
+@pytest.mark.parametrize("name", ["dict_obs", "continuous_adapt", "lstm"])
+def test_minibatches_in_passes_make_the_same_update(name, monkeypatch):
+    """A minibatch over the pass budget goes through the network in passes whose weighted
+    gradients add up to the whole minibatch's: the same parameters and loss terms after an update."""
+    import surreal_redis.algos.ppo as ppo_module
+
+    results = []
+    for budget in (ppo_module.PASS_OBS_BYTES, 1):  # one pass per minibatch, then one row (sequence) per pass
+        monkeypatch.setattr(ppo_module, "PASS_OBS_BYTES", budget)
+        torch.manual_seed(0)
+        algo, _, collector = setup(name, update_epochs=2, num_minibatches=2)
+        stats = algo.update(collector.collect(12))
+        results.append((stats, algo.net.state_dict()))
+    (whole_stats, whole_net), (passes_stats, passes_net) = results
+    assert whole_stats.keys() == passes_stats.keys()
+    for key in whole_stats:
+        assert passes_stats[key] == pytest.approx(whole_stats[key], rel=1e-4, abs=1e-6), key
+    for key in whole_net:
+        torch.testing.assert_close(passes_net[key], whole_net[key], rtol=1e-4, atol=1e-6)
