@@ -57,7 +57,7 @@ from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
 from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.replay.feeds import Feed
 from surreal_redis.runtime import StopFlag
-from surreal_redis.tracking import Tracker
+from surreal_redis.tracking import BackgroundTracker, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ class Learner:
     a signal, and returns the exit code. :meth:`from_config` builds the process's learner."""
 
     def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, parts: LearnerParts,
-                 tracker: Tracker | None = None, open_tracker: Callable[[], Tracker] | None = None) -> None:
+                 tracker: Tracker | BackgroundTracker | None = None,
+                 open_tracker: Callable[[], Tracker | BackgroundTracker] | None = None) -> None:
         """``open_tracker``: opens the MLflow tracker in :meth:`start`, after the first publish (MLflow
         takes seconds to start; agents need not wait for it). ``tracker``: one already open."""
         cfg = self.config = config
@@ -157,8 +158,11 @@ class Learner:
                              ChunkCheck.for_experiment(config, obs_space, action_space))
         open_tracker = None
         if config.tracking.enabled:
-            open_tracker = partial(Tracker, config.experiment_dir, config.run, run_name=config.run,
-                                   tracking_uri=config.tracking.tracking_uri)
+            # MLflow opens and writes in a thread of its own: the first update does not wait for
+            # its import and store set-up (~5 s on 2 busy cores), nor any update for a write.
+            open_tracker = partial(BackgroundTracker, partial(Tracker, config.experiment_dir, config.run,
+                                                              run_name=config.run,
+                                                              tracking_uri=config.tracking.tracking_uri))
         built = cls(config, client, stop, parts, open_tracker=open_tracker)
         if resume is not None:
             built.restore(resume, resume_from)
@@ -483,6 +487,14 @@ class Learner:
                     f"{stop.return_window} episodes) reached stop.target_return={stop.target_return}")
         return ""
 
+    def _checkpoints_to_keep(self) -> list[Path]:
+        """What the MLflow run keeps of the checkpoint folder: the latest checkpoint (the final one
+        after a clean stop), the best-scored one and the score queue; the folder has the rest."""
+        iterations = set(self.checkpoints.iterations()[-1:]) | {i for _, i in self.checkpoints.best()[:1]}
+        best_json = self.checkpoints.directory / "best.json"
+        paths = [self.checkpoints.path_for(i) for i in sorted(iterations)] + [best_json]
+        return [path for path in paths if path.exists()]
+
     def _finish(self, status: str, unread_steps: int = 0) -> None:
         """Final checkpoint, parameters and metrics (best effort when Redis is gone).
         ``unread_steps``: env steps read from the hub but not taken into the feed; with those the
@@ -500,7 +512,7 @@ class Learner:
         except (*RETRY_ERRORS, OSError) as exc:
             log.warning("learner: final publish/metrics incomplete (%s)", exc)
         if self.tracker is not None:
-            for path in self.checkpoints.directory.glob("*"):
+            for path in self._checkpoints_to_keep():
                 self.tracker.log_artifact(path, "checkpoints")
             self.tracker.finish("KILLED" if status == "FINISHED" and self.stop.reason.startswith("signal") else status)
         log.info("learner stopped (%s): %d updates, %d env steps, %.0fs, pid %d", self.stop.reason or status,

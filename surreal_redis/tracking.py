@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -95,3 +97,60 @@ class Tracker:
     def finish(self, status: str = "FINISHED") -> None:
         """Mark the run FINISHED, FAILED or KILLED."""
         self.client.set_terminated(self.run_id, status=status)
+
+
+class TrackingError(RuntimeError):
+    """An MLflow call made by a :class:`BackgroundTracker`'s thread failed (the cause is chained)."""
+
+
+class BackgroundTracker:
+    """A :class:`Tracker` opened and written by a thread of its own, so that MLflow's import and
+    store set-up (seconds on 2 cores: the learner trained nothing meanwhile) and each write stay
+    off the caller's thread.
+
+    ``open_tracker`` builds the Tracker in that thread. The ``log_*`` calls return at once and run
+    in call order; :meth:`finish` blocks until every call before it and the finish itself are
+    written (the launcher kills a learner that takes longer than its stop grace). An MLflow error is raised, as :class:`TrackingError`, by the next
+    call made after it happened and by :meth:`finish`, as a Tracker would have raised it.
+    """
+
+    def __init__(self, open_tracker: Callable[[], Tracker]) -> None:
+        self._calls: queue.Queue[Callable[[Tracker], None] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(open_tracker,), name="mlflow", daemon=True)
+        self._thread.start()
+
+    def _work(self, open_tracker: Callable[[], Tracker]) -> None:
+        try:
+            tracker = open_tracker()
+            while (call := self._calls.get()) is not None:
+                call(tracker)
+        except BaseException as exc:  # kept and raised in the caller's thread by its next call
+            self._error = exc
+
+    def _submit(self, call: Callable[[Tracker], None]) -> None:
+        self._raise_error()
+        self._calls.put(call)
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise TrackingError(f"MLflow tracking failed: {self._error!r}") from self._error
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        params = dict(params)
+        self._submit(lambda tracker: tracker.log_params(params))
+
+    def log_metrics(self, metrics: Mapping[str, float | int | None], step: int) -> None:
+        metrics = dict(metrics)
+        self._submit(lambda tracker: tracker.log_metrics(metrics, step))
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self._submit(lambda tracker: tracker.log_artifact(path, artifact_path))
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Mark the run FINISHED, FAILED or KILLED once everything before is written; blocks until
+        then. TrackingError when a call failed."""
+        self._submit(lambda tracker: tracker.finish(status))
+        self._calls.put(None)
+        self._thread.join()
+        self._raise_error()

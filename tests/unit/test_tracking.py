@@ -1,0 +1,106 @@
+"""MLflow off the learner's thread: BackgroundTracker runs every call in order in its own thread,
+finish() returns only once all is written, an MLflow error surfaces in the caller; a learner
+stopping with tracking keeps the latest and the best checkpoint in the run, and its run is
+complete (FINISHED, metrics and params there) when _finish returns."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from surreal_redis.tracking import BackgroundTracker, Tracker, TrackingError
+from .test_learner import learner_for, ppo_config, received, send_steps
+
+
+class Recorder:
+    """Stands in for a Tracker: records calls and the thread they ran in; ``fail_on`` raises."""
+
+    def __init__(self, fail_on: str = "", gate: threading.Event | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.threads: set[str] = set()
+        self.fail_on, self.gate = fail_on, gate
+
+    def _record(self, *call) -> None:
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.threads.add(threading.current_thread().name)
+        if call[0] == self.fail_on:
+            raise ValueError(f"store refused {call[0]}")
+        self.calls.append(call)
+
+    def log_params(self, params):
+        self._record("params", params)
+
+    def log_metrics(self, metrics, step):
+        self._record("metrics", metrics, step)
+
+    def log_artifact(self, path, artifact_path=None):
+        self._record("artifact", path, artifact_path)
+
+    def finish(self, status="FINISHED"):
+        self._record("finish", status)
+
+
+def test_calls_return_at_once_and_run_in_order_in_another_thread():
+    gate = threading.Event()  # the store is "opening" until set: nothing can be written yet
+    recorder = Recorder(gate=gate)
+    tracker = BackgroundTracker(lambda: recorder)
+    metrics = {"loss": 1.0}
+    tracker.log_params({"a": 1})
+    tracker.log_metrics(metrics, 3)
+    metrics["loss"] = 2.0  # the caller's dict may change after the call: what was passed is logged
+    tracker.log_artifact(Path("x.pt"), "checkpoints")
+    assert recorder.calls == []
+    gate.set()
+    tracker.finish("KILLED")
+    assert recorder.calls == [("params", {"a": 1}), ("metrics", {"loss": 1.0}, 3),
+                              ("artifact", Path("x.pt"), "checkpoints"), ("finish", "KILLED")]
+    assert recorder.threads == {"mlflow"}
+
+
+def test_a_failed_call_is_raised_by_the_next_call_and_by_finish():
+    recorder = Recorder(fail_on="metrics")
+    tracker = BackgroundTracker(lambda: recorder)
+    tracker.log_metrics({"loss": 1.0}, 1)
+    tracker._thread.join(10)  # the thread ends at the error
+    with pytest.raises(TrackingError, match="store refused metrics") as raised:
+        tracker.log_params({"a": 1})
+    assert isinstance(raised.value.__cause__, ValueError)
+    with pytest.raises(TrackingError):
+        tracker.finish()
+    assert recorder.calls == []
+
+
+def test_a_tracker_that_cannot_open_is_raised_by_finish():
+    def refuse():
+        raise OSError("no such store")
+
+    tracker = BackgroundTracker(refuse)
+    with pytest.raises(TrackingError, match="no such store"):
+        tracker.finish()
+
+
+def test_learner_finish_completes_the_mlflow_run_with_the_latest_and_best_checkpoints(fake_redis, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    config = ppo_config(tmp_path, "tracking.enabled=true", "checkpoint.min_interval_s=0", "checkpoint.keep_last=3")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    learner = learner_for(config, fake_redis)
+    learner._open_tracker = lambda: BackgroundTracker(
+        lambda: Tracker(config.experiment_dir, config.run, config.run, tracking_uri=uri))
+    learner.start()
+    for _ in range(3):  # three updates, a checkpoint after each (checkpoint.every_updates=1)
+        send_steps(fake_redis, config, learner, 32)
+        learner.iterate(received(learner))
+    assert learner.algo.iteration == 3
+    learner.checkpoints.record_score(2, 10.0)  # the best one is not the latest
+    learner._finish("FINISHED")
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run((config.experiment_dir / "mlflow_run_id").read_text().strip())
+    assert run.info.status == "FINISHED"
+    assert run.data.params and run.data.metrics
+    kept = sorted(item.path for item in client.list_artifacts(run.info.run_id, "checkpoints"))
+    assert kept == ["checkpoints/best.json", "checkpoints/ckpt-0000000002.pt", "checkpoints/ckpt-0000000003.pt"]
+    assert len(list(learner.checkpoints.directory.glob("ckpt-*.pt"))) == 3  # the folder keeps the rest
