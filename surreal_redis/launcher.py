@@ -288,6 +288,9 @@ class Launcher:
                 if stopping:
                     self.ending = reason or "stop requested"
                     log.info("run stopping: %s", self.ending)
+                    for child in others:  # nothing left for them to do: they stop while the learner finishes
+                        if child.alive:
+                            child.process.terminate()
                     return self._wait_learner(learner)
                 if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + 2.0

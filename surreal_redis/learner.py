@@ -129,6 +129,7 @@ class Learner:
         self.evals_from_version = 0  # evals of older parameters are not this learner's (see restore)
         self.last_eval: float | None = None
         self.started = time.monotonic()
+        self._updated = False  # by this process
         self.elapsed_before = 0.0
         self._publish_failed = False
         self._next_housekeeping = 0.0
@@ -303,6 +304,9 @@ class Learner:
 
     def _after_update(self) -> None:
         iteration = self.algo.iteration
+        if not self._updated:  # the end of start-up (bench/solve.py times launch to this line)
+            self._updated = True
+            log.info("first update done (%.1fs after the learner was built)", time.monotonic() - self.started)
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
         version = self.param_version

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from surreal_redis.tracking import BackgroundTracker, Tracker, TrackingError
+
 from .test_learner import learner_for, ppo_config, received, send_steps
 
 
