@@ -13,7 +13,8 @@ machine, in the same run.
 
 Both wall times are whole processes, as a user waits for them: ours from ``launch`` (process
 start-up, the embedded Redis, MLflow) and SB3's from its interpreter's start (imports included). A case that misses the target within the budget reports null. The last line of output is
-one JSON object.
+one JSON object. Ours is also split, from the learner's log: ``*_startup_s`` from ``launch`` to the
+learner's first update, ``*_shutdown_s`` from the learner's stop (target reached) to ``launch``'s exit.
 """
 
 from __future__ import annotations
@@ -26,34 +27,58 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 PROCESS_STARTED = time.monotonic()  # an SB3 case's clock starts with its interpreter
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.solve")
 
 STOPPED = re.compile(r"learner stopped \((?P<reason>.*)\): (?P<updates>\d+) updates, (?P<steps>\d+) env steps")
+STAMP = r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"  # runtime.setup_logging's format
+FIRST_UPDATE = re.compile(STAMP + "first update done", re.MULTILINE)
+STOPPING = re.compile(STAMP + "surreal_redis.runtime: stopping: ", re.MULTILINE)
 
 
-def run_launch(config: str, agents: int, budget_s: float, workdir: Path) -> tuple[float | None, int | None]:
-    """Wall seconds and env steps to the target, or (None, steps) when it was not reached."""
+class Phases(NamedTuple):
+    """Seconds from ``launch`` to the learner's first update, and from its stop to ``launch``'s exit."""
+
+    startup_s: float | None
+    shutdown_s: float | None
+
+
+def phases(learner_log: str, started: float, ended: float) -> Phases:
+    """From the learner log's local-time stamps (ms) and the launch's ``time.time()`` bounds."""
+    def at(pattern: re.Pattern) -> float | None:
+        match = pattern.search(learner_log)
+        return datetime.strptime(match.group("time"), "%Y-%m-%d %H:%M:%S,%f").timestamp() if match else None
+
+    first, stop = at(FIRST_UPDATE), at(STOPPING)
+    return Phases(None if first is None else first - started, None if stop is None else ended - stop)
+
+
+def run_launch(config: str, agents: int, budget_s: float, workdir: Path) -> tuple[float | None, int | None, Phases]:
+    """Wall seconds and env steps to the target ((None, steps) when it was not reached), and the phases."""
     name = f"{Path(config).stem}_{agents}a"
     args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / config),
             "--agents", str(agents), "-o", f"experiment.root={workdir}", "-o", f"experiment.name={name}",
             "-o", f"stop.max_seconds={budget_s}"]
-    started = time.monotonic()
+    started, clock = time.monotonic(), time.time()
     done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=budget_s + 300)
     wall = time.monotonic() - started
     learner_log = (workdir / name / "logs" / "learner.log").read_text(errors="replace")
+    split = phases(learner_log, clock, clock + wall)
     match = STOPPED.search(learner_log)
     if done.returncode != 0 or match is None:
         log.error("%s with %d agents failed (exit %d):\n%s", config, agents, done.returncode, done.stderr[-3000:])
-        return None, None
+        return None, None, split
     steps = int(match.group("steps"))
     reached = "target_return" in match.group("reason")
-    log.info("%s, %d agents: %s after %.0fs, %d env steps", config, agents,
-             "solved" if reached else f"NOT solved ({match.group('reason')})", wall, steps)
-    return (wall if reached else None), steps
+    log.info("%s, %d agents: %s after %.0fs, %d env steps (start-up %s s, shutdown %s s)", config, agents,
+             "solved" if reached else f"NOT solved ({match.group('reason')})", wall, steps,
+             *(f"{value:.1f}" if value is not None else "?" for value in split))
+    return (wall if reached else None), steps, split
 
 
 # rl-baselines3-zoo's tuned settings (hyperparams/ppo.yml CartPole-v1, hyperparams/ddpg.yml Pendulum-v1).
@@ -151,15 +176,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="surreal-solve-") as tmp:
         workdir = Path(tmp)
         if options.only in (None, "ppo"):
-            result["ppo_cartpole_s"], result["ppo_cartpole_steps"] = run_launch("ppo_cartpole.yaml", 2, options.budget_s, workdir)
-            result["ppo_cartpole_4_agents_s"], result["ppo_cartpole_4_agents_steps"] = run_launch(
-                "ppo_cartpole.yaml", 4, options.budget_s, workdir)
+            for case, agents in (("ppo_cartpole", 2), ("ppo_cartpole_4_agents", 4)):
+                result[f"{case}_s"], result[f"{case}_steps"], split = run_launch(
+                    "ppo_cartpole.yaml", agents, options.budget_s, workdir)
+                result[f"{case}_startup_s"], result[f"{case}_shutdown_s"] = split
             if not options.skip_sb3:
                 for settings in ("zoo", "defaults"):
                     result[f"sb3_{settings}_ppo_cartpole_s"], result[f"sb3_{settings}_ppo_cartpole_steps"] = run_sb3(
                         "ppo", settings, options.budget_s)
         if options.only in (None, "ddpg"):
-            result["ddpg_pendulum_s"], result["ddpg_pendulum_steps"] = run_launch("ddpg_pendulum.yaml", 2, options.budget_s, workdir)
+            result["ddpg_pendulum_s"], result["ddpg_pendulum_steps"], split = run_launch(
+                "ddpg_pendulum.yaml", 2, options.budget_s, workdir)
+            result["ddpg_pendulum_startup_s"], result["ddpg_pendulum_shutdown_s"] = split
             if not options.skip_sb3:
                 for settings in ("zoo", "defaults"):
                     result[f"sb3_{settings}_ddpg_pendulum_s"], result[f"sb3_{settings}_ddpg_pendulum_steps"] = run_sb3(
