@@ -3,7 +3,8 @@ experience to the hub.
 
 Per vector step: act -> step -> ``sender.add`` (which flushes a chunk every ``flush_steps``);
 a heartbeat and a look at the run's control state every ``agent.heartbeat_every_s``. Finished
-episodes go to the episodes stream. Parameters, two ways (``learner.on_policy_sync``):
+episodes go to the episodes stream in batches (after each claimed flush, with each heartbeat, or
+once ``EPISODE_BATCH`` wait). Parameters, two ways (``learner.on_policy_sync``):
 
 - on grants (``lockstep``, the on-policy default, and ``overlap``): before each flush (``flush_steps``
   x its envs env steps) the agent claims it from the learner's quota (:mod:`surreal_redis.hub.quota`):
@@ -48,11 +49,16 @@ log = logging.getLogger(__name__)
 OUTAGE_ERRORS = (*REDIS_OUTAGE_ERRORS, HubUnavailableError)
 # A claim is retried with backoff after these: Redis away or full, or claim.lua not loaded yet.
 CLAIM_RETRY_ERRORS = (*REDIS_OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, ClaimScriptMissing)
-CLAIM_RECHECK_S = 0.2  # a waiting agent claims again this often even without a notify message
+# A waiting agent claims again on every notify message and, as a safety net (a message lost to a
+# reconnect), this often without one; each claim is a round trip, which at 0.2 s cost a waiting
+# HalfCheetah agent as much CPU as its sender. It looks for a stop every CLAIM_WAIT_SLICE_S.
+CLAIM_RECHECK_S = 2.0
+CLAIM_WAIT_SLICE_S = 0.5
 # A heartbeat or episode write that fails for these is skipped (the next heartbeat replaces it) or
 # kept for the next try: neither is worth stopping the env loop for.
 WRITE_SKIP_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError)
 EPISODE_BUFFER = 1000  # episode records kept while Redis refuses them; beyond that the oldest are lost
+EPISODE_BATCH = 64  # episode records waiting that are sent without waiting for a flush or heartbeat
 
 
 def agent_seed(base_seed: int, agent_id: int) -> int:
@@ -124,8 +130,10 @@ class Agent:
         return 0.0 if self._loop_started is None else time.monotonic() - self._loop_started
 
     # ------------------------------------------------------------ parameters
-    def _pull_params(self) -> bool:
-        params, info = self.params.fetch()
+    def _pull_params(self, live: int = 0) -> bool:
+        """Load the published parameters if they changed; ``live``: a version a claim reported
+        live (saves the version poll). True when new parameters were loaded."""
+        params, info = self.params.fetch(at_least=live)
         if params is None:
             return False
         self.policy.load_params(params, info.version)
@@ -186,14 +194,16 @@ class Agent:
             self.steps += self.num_envs
             obs = self._last_obs = step.obs
             flush_step += 1
+            if step.episodes:
+                self._record_episodes(step.episodes)
             if self.lockstep and flush_step == flush_steps:
                 # Send the claimed chunks now (the sender alone would wait for the next step, which
                 # needs the next claim, which needs the learner to have these chunks).
                 flush_step = 0
                 self._send(self.sender.flush, obs)
                 self.claimed = 0
-            if step.episodes:
-                self._record_episodes(step.episodes)
+                if self._unsent_episodes:
+                    self._send_episodes()
             for i in step.final_obs:  # a lost life with episodic life too: as the learner's targets reset
                 self.policy.on_episode_start(i)
             episodes_due = cfg.fetch_every_episodes is not None and self.num_episodes >= next_episode_poll
@@ -229,35 +239,70 @@ class Agent:
     def _claim_flush(self) -> bool:
         """Lockstep: block until the learner's quota lets this agent produce its next flush with
         the parameters it holds (loading newer ones when told it is stale). Waits on the notify
-        channel (re-claiming every ``CLAIM_RECHECK_S`` anyway), beats its heartbeat, rides out
-        outages with backoff, and returns False once stopping (within half a second of a stop
-        request)."""
+        channel for a grant (re-claiming every ``CLAIM_RECHECK_S`` anyway), beats its heartbeat,
+        rides out outages with backoff, and returns False once stopping (within
+        ``CLAIM_WAIT_SLICE_S`` of a stop request).
+
+        A stale agent claims the live version's steps before it downloads that version, so only
+        agents that will produce with a version download it: with more agents than claims per
+        update, the others loaded every version only to be told WAIT (4 CartPole agents spent a
+        fifth of their CPU in claims and downloads). A live version below the one held (a learner
+        that started over) is not claimed: its download is refused and counted as before."""
         steps = self.config.hub.sender.flush_steps * self.num_envs
         started = self._claiming_since = time.monotonic()
+        claim_at = started  # claim at once, then on a grant message or every CLAIM_RECHECK_S
         try:
             while not self.stop_watch.is_set():
                 try:
-                    self.news.drain()  # a message from now on means something changed since this claim
-                    claim = self.quota.claim(self.policy.version, steps)
-                    if claim.status == "OK":
-                        self._claim_guard.succeeded()
-                        self.claimed = claim.granted
-                        return True
-                    if claim.status == "STALE" and self._pull_params():
-                        continue
-                    self.news.wait(CLAIM_RECHECK_S)
+                    now = time.monotonic()
+                    if now >= claim_at:
+                        self.news.drain()  # a message from now on means something changed since this claim
+                        claim = self.quota.claim(self.policy.version, steps)
+                        claim_at = now + CLAIM_RECHECK_S
+                        if claim.status == "STALE" and claim.live_version > self.policy.version:
+                            claim = self.quota.claim(claim.live_version, steps)
+                            if claim.status == "OK":
+                                self.claimed = claim.granted
+                                if not self._load_claimed(claim.live_version):
+                                    return False
+                            elif claim.status == "STALE":  # published between the two claims
+                                claim_at = 0.0
+                        elif claim.status == "STALE":
+                            self._pull_params()  # refused and counted: the learner republishes above
+                        if claim.status == "OK":
+                            self._claim_guard.succeeded()
+                            self.claimed = claim.granted
+                            return True
+                    if self.news.wait(min(CLAIM_WAIT_SLICE_S, max(0.0, claim_at - time.monotonic())),
+                                      grants_only=True):
+                        claim_at = 0.0
                     self._claim_guard.succeeded()
                 except CLAIM_RETRY_ERRORS as exc:
                     self.news.close()
                     self._claim_guard.failed(exc)
+                    claim_at = 0.0
                 self._beat_if_due()
             return False
         finally:
             self.claim_wait_s += time.monotonic() - started
             self._claiming_since = None
 
+    def _load_claimed(self, version: int) -> bool:
+        """Load ``version`` (or a newer one), whose steps this agent claimed; tries again with
+        backoff while downloads fail (each rejection is counted; the learner republishes above
+        a version agents keep rejecting). False when stopping first."""
+        backoff = Backoff(0.05, 1.0)
+        while not self._pull_params(version):
+            self._beat_if_due()
+            if self.stop_watch.wait(backoff.next_delay()):
+                return False
+        return True
+
     def _record_episodes(self, episodes: dict) -> None:
-        """Record the finished episodes (their envs start again in the loop, lost lives included)."""
+        """Record the finished episodes (their envs start again in the loop, lost lives included).
+        They are sent after each claimed flush, with each heartbeat or once ``EPISODE_BATCH``
+        wait, not one write per step that ended an episode (short CartPole episodes made that a
+        round trip every few steps)."""
         for i, result in episodes.items():
             self.num_episodes += 1
             self.policy.on_episode_end(i, result.episode_return, result.episode_length)
@@ -270,7 +315,8 @@ class Agent:
                 self._unsent_episodes.popleft()
             log.warning("agent %d: %d episode records lost (local buffer of %d full)", self.agent_id, excess,
                         EPISODE_BUFFER)
-        self._send_episodes()
+        if len(self._unsent_episodes) >= EPISODE_BATCH:
+            self._send_episodes()
 
     def _send_episodes(self) -> None:
         """Write the buffered episode records; those Redis refuses (full, unreachable) stay for the

@@ -433,14 +433,16 @@ class ParameterClient:
         """Poll the published version; download, verify and decode it if it differs from the one
         loaded last (or always with ``force``, which also skips a rejection's backoff and reads
         from the primary). ``at_least``: a version the caller knows is live (a claim told it): a
-        replica that shows less is lagging, so the primary is asked instead.
+        replica that shows less is lagging, so the primary is asked instead; without replicas, an
+        ``at_least`` above the version held is downloaded without polling first.
 
         Returns ``(params, info)`` for a new version (the arrays are read-only views of the
         downloaded blob: copy before writing), ``(None, info)`` when nothing changed,
         nothing is published yet, the version was rejected less than its backoff ago, or the
         download failed (warning logged); ``info`` always describes the parameters this client
-        holds. Blocks for one round trip when nothing changed (two when a replica lags); for a
-        download, one more for meta and the first ``max_in_flight`` pieces (read as one range),
+        holds. Blocks for one round trip when nothing changed (two when a replica lags, none for
+        a known ``at_least``); for a download, one more for meta and the first ``max_in_flight``
+        pieces (read as one range),
         then one per ``max_in_flight`` further pieces, all again on the primary if the replica
         could not serve them.
         """
@@ -461,6 +463,8 @@ class ParameterClient:
                 # rejections in the heartbeats and republishes above every version agents hold.
                 raise ParamFetchError(f"published version {version} is below the held v{self._info.version}")
             params, info = self._download_from(source, version)
+            if not force and info.version < self._info.version:  # meta went back after the poll
+                raise ParamFetchError(f"published version {info.version} is below the held v{self._info.version}")
         except redis.RedisError as exc:
             self._failed(exc)
             return None, self._info
@@ -480,6 +484,8 @@ class ParameterClient:
         """(the server to download from, the version published there; 0: none). A replica's
         answer counts only when it is at least the version held, at least ``at_least`` and not 0;
         else (or when the primary is due, or ``force``) the primary is asked."""
+        if not self._replicas and not force and at_least > self._info.version:
+            return self._client, at_least  # the download reads meta anyway: no poll needed
         now = time.monotonic()
         if self._replicas and not force and now < self._primary_due and now >= self._replica_retry_at:
             replica = self._replicas[self._replica]

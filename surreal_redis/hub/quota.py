@@ -97,6 +97,13 @@ class ProductionQuota:
         self.client.script_load(self._scripts.get("claim").script)
 
 
+def _grants_steps(data: bytes | str) -> bool:
+    """Whether a notify message is a grant (``grant:<version>:<steps>``) of steps > 0."""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+    kind, _, steps = text.rpartition(":")
+    return kind.startswith("grant:") and steps.isdigit() and int(steps) > 0
+
+
 class QuotaNews:
     """An agent's ear on the notify channel while it waits for a claim: :meth:`drain` forgets the
     messages so far, :meth:`wait` blocks until a new one (a publish or a grant) or the timeout.
@@ -133,14 +140,18 @@ class QuotaNews:
             raise
         return count
 
-    def wait(self, timeout: float) -> bool:
-        """Block until a message arrives (True) or ``timeout`` seconds pass (False)."""
+    def wait(self, timeout: float, grants_only: bool = False) -> bool:
+        """Block until a message arrives (True) or ``timeout`` seconds pass (False). With
+        ``grants_only``, only a grant of steps counts: the learner grants after each publish, so
+        waking on the publish too costs a claim that can only answer WAIT, and a grant of 0 steps
+        lets nobody produce."""
         pubsub = self._subscription()
         deadline = time.monotonic() + timeout
         try:
             while (left := deadline - time.monotonic()) > 0:
                 # subscribe confirmations are skipped, and get_message answers None for them
-                if pubsub.get_message(timeout=left) is not None:
+                message = pubsub.get_message(timeout=left)
+                if message is not None and (not grants_only or _grants_steps(message["data"])):
                     return True
         except BaseException:
             self.close()

@@ -89,6 +89,21 @@ def test_waiting_agents_hear_publishes_and_grants_on_the_notify_channel(real_red
     news.close()  # twice is harmless
 
 
+def test_a_wait_for_grants_sleeps_through_publishes_and_empty_grants(real_redis):
+    import numpy as np
+
+    from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
+
+    news, quota = QuotaNews(real_redis, "qg"), ProductionQuota(real_redis, "qg")
+    news.drain()
+    version = ParameterPublisher(real_redis, "qg", PublisherConfig()).publish({"w": np.zeros(3, np.float32)}, 0)
+    quota.grant(version, 0)
+    assert news.wait(0.3, grants_only=True) is False  # a publish and a grant of nothing
+    quota.grant(version, 64)
+    assert news.wait(5.0, grants_only=True) is True
+    news.close()
+
+
 def test_an_agent_user_waits_for_the_learner_to_load_claim_lua(redis_server, real_redis):
     """After a SCRIPT FLUSH (or a restart) an agent, which may not load scripts, gets a clear
     ClaimScriptMissing until the learner loads claim.lua again; it may listen on the channel."""

@@ -25,6 +25,7 @@ from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.hub.run.heartbeat import read_agents
+from surreal_redis.keys import ParamKeys
 from surreal_redis.runtime import StopFlag
 
 
@@ -38,9 +39,9 @@ def run_agent(fake_redis, overrides, until) -> Agent:
     polls = []
     fetch = agent.params.fetch
 
-    def counting_fetch(force=False):
+    def counting_fetch(force=False, at_least=0):
         polls.append(agent.num_episodes)
-        return fetch(force)
+        return fetch(force, at_least)
 
     agent.params.fetch = counting_fetch
     thread = threading.Thread(target=agent.run)
@@ -139,8 +140,7 @@ class LockstepRun:
         return [item.chunk for item in self.receiver.receive(1000, block_ms=0)]
 
     def finish(self) -> None:
-        self.stop.set("test over")
-        self.quota.grant(0, 0)  # a message wakes a waiting agent at once (whatever CLAIM_RECHECK_S is)
+        self.stop.set("test over")  # a waiting agent looks every CLAIM_WAIT_SLICE_S (whatever CLAIM_RECHECK_S is)
         self.thread.join(30)
         assert not self.thread.is_alive()
 
@@ -202,6 +202,48 @@ def test_a_waiting_lockstep_agent_wakes_on_the_grant_message_not_its_recheck(fak
         run.wait_for(lambda: run.agent.running_seconds() > 0.3, "the agent to wait")
         run.quota.grant(1, FLUSH)
         run.wait_for(lambda: run.agent.steps == FLUSH, "the granted claim", timeout=15)
+    finally:
+        run.finish()
+
+
+def test_a_stale_agent_downloads_only_a_version_it_may_produce_for(fake_redis):
+    """A waiting agent told STALE loads the live version only once that version's grant has steps
+    left: versions whose grant other agents used up (or that have none yet) are never downloaded."""
+    run = LockstepRun(fake_redis)
+    run.publish()
+    run.quota.grant(1, FLUSH)
+    run.thread.start()
+    try:
+        run.wait_for(lambda: run.agent.steps == FLUSH, "the v1 claim produced")
+        assert run.publish() == 2  # no grant for v2 yet (then used up by others)
+        run.quota.grant(2, 0)
+        assert run.publish() == 3
+        time.sleep(0.5)
+        assert run.agent.policy.version == 1 and run.agent.params.primary_downloads == 1
+        run.quota.grant(3, FLUSH)
+        run.wait_for(lambda: run.agent.steps == 2 * FLUSH, "the v3 claim produced")
+        assert run.agent.policy.version == 3 and run.agent.params.primary_downloads == 2
+        assert all(set(c.policy_version) == {3} for c in run.chunks()[2:])
+    finally:
+        run.finish()
+
+
+def test_a_live_version_below_the_one_held_is_neither_claimed_nor_loaded(fake_redis):
+    """A learner that started over publishes from v1 again: the agent claims none of its steps
+    (it cannot act with that version) and counts the refused download, which makes the learner
+    republish above."""
+    run = LockstepRun(fake_redis)
+    for _ in range(3):
+        run.publish()
+    run.quota.grant(3, FLUSH)
+    run.thread.start()
+    try:
+        run.wait_for(lambda: run.agent.steps == FLUSH, "the v3 claim produced")
+        fake_redis.hset(ParamKeys(run.config.run).meta, "version", 1)
+        run.quota.grant(1, FLUSH)
+        run.wait_for(lambda: run.agent.params.rejections >= 1, "the lower version refused")
+        assert run.agent.steps == FLUSH and run.agent.policy.version == 3
+        assert run.quota.left() == (1, FLUSH)  # nothing claimed
     finally:
         run.finish()
 

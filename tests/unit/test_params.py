@@ -118,6 +118,41 @@ def test_fetch_downloads_only_when_version_changed(fake_redis):
     assert "getrange" in counting.commands
 
 
+def test_a_version_known_to_be_live_is_downloaded_without_a_poll(fake_redis):
+    """A claim told the agent which version is live: no HGET before the download; a known
+    version that is not above the one held polls as usual."""
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    counting = CountingClient(fake_redis)
+    client = ParameterClient(counting, RUN, ParameterClientConfig())
+    pub.publish(make_params(1), 1)
+    pub.publish(make_params(2), 2)
+    got, info = client.fetch(at_least=2)
+    assert info.version == 2 and counting.commands == ["hgetall", "getrange"] and counting.round_trips == 1
+    assert_params_equal(got, make_params(2))
+    counting.commands.clear()
+    assert client.fetch(at_least=2)[0] is None and counting.commands == ["hget"]
+    pub.publish(make_params(3), 3)
+    counting.commands.clear()
+    got, info = client.fetch(at_least=2)  # stale knowledge: the poll finds v3
+    assert info.version == 3 and counting.commands == ["hget", "hgetall", "getrange"]
+    pub.publish(make_params(4), 4)
+    assert client.fetch(at_least=4)[1].version == 4
+
+
+def test_a_known_version_whose_meta_went_back_is_rejected(fake_redis, caplog):
+    """Meta below the version held (a Redis that lost it) after a claim named a newer one:
+    refused and counted, as a polled lower version is."""
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
+    client = ParameterClient(fake_redis, RUN, ParameterClientConfig())
+    for i in range(3):
+        pub.publish(make_params(i), i)
+    assert client.fetch()[1].version == 3
+    fake_redis.hset(KEYS.meta, "version", 2)  # as if v2 were live again
+    fake_redis.rename(KEYS.blob(3), KEYS.blob(2))
+    params, info = client.fetch(at_least=5)
+    assert params is None and info.version == 3 and client.rejections == 1
+
+
 def test_reads_follow_the_published_piece_size(fake_redis):
     pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(read_piece_bytes=256 << 10))
     counting = CountingClient(fake_redis)
