@@ -42,6 +42,8 @@ class _StepSpec(NamedTuple):
     referenced: list[int]  # ordinals of the obs leaves referenced by digest
     frame_class: list[int]  # per obs leaf: referenced leaves of equal (dtype, shape) share one; -1 inline
     extras_names: tuple[str, ...]
+    extras_keys: frozenset[str]  # what a step's extras may hold: these, and optionally INITIAL_STATE
+    extras_keys_with_state: frozenset[str]
     action_spec: tuple[np.dtype, tuple[int, ...]]
 
 
@@ -116,19 +118,20 @@ class ChunkBuffer:
         self._put(self._rewards, t, rewards, "rewards")
         self._put(self._terminated, t, terminated, "terminated")
         self._put(self._truncated, t, truncated, "truncated")
-        if np.ndim(policy_version) == 0:
+        if isinstance(policy_version, (int, np.integer)) or np.ndim(policy_version) == 0:
             self._versions[:, t] = policy_version
         else:
             self._put(self._versions, t, policy_version, "policy_version")
-        if tuple(k for k in extras if k != INITIAL_STATE) != spec.extras_names:
+        if extras.keys() != spec.extras_keys and extras.keys() != spec.extras_keys_with_state:
             raise ValueError(f"extras keys {sorted(extras)} differ from the first step's {sorted(spec.extras_names)}")
         for name in spec.extras_names:
             self._put(self._extras[name], t, extras[name], f"extras[{name!r}]")
         if t == 0:
             state = extras.get(INITIAL_STATE)
             self._state = None if state is None else tree_map(lambda x: np.array(x, copy=True), state)
-        ended = np.flatnonzero(self._terminated[:, t] | self._truncated[:, t])
-        if ended.size:
+        ends = self._terminated[:, t] | self._truncated[:, t]
+        if ends.any():
+            ended = np.flatnonzero(ends)
             if final_obs is None:
                 raise ValueError(f"episodes of envs {ended.tolist()} ended but final_obs is None")
             final = [np.asarray(leaf) for leaf in tree_leaves(final_obs)]
@@ -203,8 +206,12 @@ class ChunkBuffer:
         # env -> step -> (referenced row, {inline leaf ordinal: copy}) of the true final observation
         self._final: list[dict[int, tuple[Row, dict[int, np.ndarray]]]] = [{} for _ in range(n)]
         self._state: Tree | None = None
-        self._spec = _StepSpec(n, obs, specs, inline, referenced, frame_class, names,
-                               (self._actions.dtype, act.shape[1:]))
+        self._spec = _StepSpec(n, obs, specs, inline, referenced, frame_class, names, frozenset(names),
+                               frozenset((*names, INITIAL_STATE)), (self._actions.dtype, act.shape[1:]))
+        # what _put checks each step against: [N, ...] without the time axis, per buffer
+        buffers = (self._actions, self._rewards, self._terminated, self._truncated, self._versions,
+                   *self._extras.values())
+        self._row_shapes = {id(b): b.shape[:1] + b.shape[2:] for b in buffers}
         self._payloads: dict[Any, pl.Layout] = {}
 
     def _payload_layout(self) -> pl.Layout:
@@ -222,9 +229,9 @@ class ChunkBuffer:
         return found
 
     def _put(self, buffer: np.ndarray, t: int, value: Any, name: str) -> None:
-        shape = np.shape(value)
-        if shape[:1] != buffer.shape[:1] or shape[1:] != buffer.shape[2:]:
-            raise ValueError(f"{name} has shape {shape}, expected {buffer.shape[:1] + buffer.shape[2:]}")
+        shape = value.shape if isinstance(value, np.ndarray) else np.shape(value)
+        if shape != self._row_shapes[id(buffer)]:
+            raise ValueError(f"{name} has shape {shape}, expected {self._row_shapes[id(buffer)]}")
         buffer[:, t] = value
 
     def _store_obs(self, leaves: list[np.ndarray], t: int, inline_only: bool = False) -> None:
