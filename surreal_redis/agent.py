@@ -257,21 +257,23 @@ class Agent:
                     now = time.monotonic()
                     if now >= claim_at:
                         self.news.drain()  # a message from now on means something changed since this claim
-                        claim = self.quota.claim(self.policy.version, steps)
+                        held = self.policy.version
+                        # a grant heard for a newer version: claim that one at once
+                        version = max(held, self.news.granted_version)
+                        claim = self.quota.claim(version, steps)
                         claim_at = now + CLAIM_RECHECK_S
-                        if claim.status == "STALE" and claim.live_version > self.policy.version:
-                            claim = self.quota.claim(claim.live_version, steps)
-                            if claim.status == "OK":
-                                self.claimed = claim.granted
-                                if not self._load_claimed(claim.live_version):
-                                    return False
-                            elif claim.status == "STALE":  # published between the two claims
+                        if claim.status == "STALE" and claim.live_version > held:
+                            version = claim.live_version
+                            claim = self.quota.claim(version, steps)
+                            if claim.status == "STALE":  # published between the two claims
                                 claim_at = 0.0
                         elif claim.status == "STALE":
                             self._pull_params()  # refused and counted: the learner republishes above
                         if claim.status == "OK":
-                            self._claim_guard.succeeded()
                             self.claimed = claim.granted
+                            if version > held and not self._load_claimed(version):
+                                return False
+                            self._claim_guard.succeeded()
                             return True
                     if self.news.wait(min(CLAIM_WAIT_SLICE_S, max(0.0, claim_at - time.monotonic())),
                                       grants_only=True):

@@ -97,11 +97,14 @@ class ProductionQuota:
         self.client.script_load(self._scripts.get("claim").script)
 
 
-def _grants_steps(data: bytes | str) -> bool:
-    """Whether a notify message is a grant (``grant:<version>:<steps>``) of steps > 0."""
+def _granted_version(data: bytes | str) -> int:
+    """The version of a notify message that grants steps (``grant:<version>:<steps>``, steps > 0);
+    0 for any other message (a publish, a grant of nothing)."""
     text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-    kind, _, steps = text.rpartition(":")
-    return kind.startswith("grant:") and steps.isdigit() and int(steps) > 0
+    kind, version, steps = text.split(":") if text.count(":") == 2 else ("", "", "")
+    if kind != "grant" or not (version.isdigit() and steps.isdigit()) or int(steps) == 0:
+        return 0
+    return int(version)
 
 
 class QuotaNews:
@@ -115,6 +118,16 @@ class QuotaNews:
         self.client = client
         self.channel = ParamKeys(run).notify
         self._pubsub: redis.client.PubSub | None = None
+        self.granted_version = 0
+        """The highest version a grant of steps was heard for (drained messages included; 0: none):
+        a stale agent may claim it at once instead of learning the live version from a claim."""
+
+    def _heard(self, message: dict | None) -> bool:
+        """Note a message's grant; whether it was a message at all."""
+        if message is None:
+            return False
+        self.granted_version = max(self.granted_version, _granted_version(message["data"]))
+        return True
 
     def _subscription(self) -> redis.client.PubSub:
         if self._pubsub is None:
@@ -133,7 +146,7 @@ class QuotaNews:
         """Drop the messages received so far (without blocking); returns how many."""
         pubsub, count = self._subscription(), 0
         try:
-            while pubsub.get_message(timeout=0.0) is not None:
+            while self._heard(pubsub.get_message(timeout=0.0)):
                 count += 1
         except BaseException:
             self.close()
@@ -151,7 +164,7 @@ class QuotaNews:
             while (left := deadline - time.monotonic()) > 0:
                 # subscribe confirmations are skipped, and get_message answers None for them
                 message = pubsub.get_message(timeout=left)
-                if message is not None and (not grants_only or _grants_steps(message["data"])):
+                if self._heard(message) and (not grants_only or _granted_version(message["data"])):
                     return True
         except BaseException:
             self.close()

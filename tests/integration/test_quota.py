@@ -2,6 +2,7 @@
 on a real redis-server."""
 
 import threading
+import time
 
 import pytest
 
@@ -99,8 +100,14 @@ def test_a_wait_for_grants_sleeps_through_publishes_and_empty_grants(real_redis)
     version = ParameterPublisher(real_redis, "qg", PublisherConfig()).publish({"w": np.zeros(3, np.float32)}, 0)
     quota.grant(version, 0)
     assert news.wait(0.3, grants_only=True) is False  # a publish and a grant of nothing
+    assert news.granted_version == 0
     quota.grant(version, 64)
     assert news.wait(5.0, grants_only=True) is True
+    assert news.granted_version == version
+    quota.grant(version + 5, 8)
+    quota.grant(version + 1, 8)
+    time.sleep(0.2)
+    assert news.drain() == 2 and news.granted_version == version + 5  # drained grants count too
     news.close()
 
 
