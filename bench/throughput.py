@@ -3,18 +3,23 @@
 
 Baseline, measured in the same run: a plain single-process loop (``make_vector_env`` with the
 config's ``num_envs``, the config's PPO policy network acting on CPU with one torch thread,
-``step_vector_env``): no Redis, no learner; the ceiling of actor throughput per core.
+``step_vector_env``): no Redis, no learner; the ceiling of actor throughput per core. It runs
+before each launch and after the last, and each launch is compared with the mean of the plain
+loops just before and after it: on a machine shared with other work the CPU cost of a step
+drifts with the load, so a baseline measured once at the start compared unlike conditions.
 
 Per env and agent count, ``surreal-redis launch`` of the shipped config (eval off, PPO in its
-default lockstep production) runs for ``--seconds``. The learner's status key (polled every
-second, ``learner.metrics_every_s=1``) and the agents' CPU time (``/proc/<pid>/stat``) are read
-in a window from the learner's first update to its last report, so start-up is not counted:
+default lockstep production) runs for ``--seconds``. The learner's status key (written every
+second, ``learner.metrics_every_s=1``, polled every ``POLL_S``) and the agents' CPU time
+(``/proc/<pid>/stat``, read at each poll, so within ``POLL_S`` of the report it goes with) are
+read in a window from the learner's first update to its last report, so start-up is not counted:
 
 - ``env_sps``: env steps/s the agents made (wall time); ``used_sps``: steps/s that reached a
   gradient update (updates x ``steps_per_update``); ``used_fraction``: the learner's whole-run
   ``hub/experience_used_fraction``;
 - ``actor_sps_per_core``: env steps per CPU-second of the agent processes; ``per_core_ratio``:
-  that over the plain loop's steps per CPU-second (target >= 0.8). CPU time, not wall time,
+  that over ``plain_sps_per_core``, the plain loop's steps per CPU-second around this launch
+  (target >= 0.8). CPU time, not wall time,
   because the cores are shared: with lockstep, agents also wait (idle, no CPU) while the
   learner trains, which ``agent_idle`` reports;
 - ``learner_samples_per_s``: samples through gradient steps per second (used steps x
@@ -52,6 +57,7 @@ ENVS: dict[str, tuple[str, str]] = {
     "pong": ("ppo_pong.yaml", "ale_py"),
 }
 REDIS_URL = re.compile(r"--redis-url (\S+)")
+POLL_S = 0.25  # status and agent CPU reads; a report's CPU reading is at most this late
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -144,7 +150,7 @@ def launch_case(config_path: str, agents: int, seconds: float, workdir: Path, ov
         launch = subprocess.Popen(args, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
         try:
             while launch.poll() is None:
-                time.sleep(1.0)
+                time.sleep(POLL_S)
                 agent_cpu = clock.read(launch.pid)
                 if client is None:
                     urls = [m.group(1) for pid in process_tree(launch.pid) if (m := REDIS_URL.search(cmdline(pid)))]
@@ -218,16 +224,21 @@ def main(argv: list[str] | None = None) -> dict:
                 results[name] = "not installed"
                 continue
             config_path = str(ROOT / "configs" / config_file)
-            plain = plain_loop(config_path, plain_s)
-            log.info("%s plain loop: %s", name, plain)
+            plains = [plain_loop(config_path, plain_s)]
+            log.info("%s plain loop: %s", name, plains[-1])
             cases = []
             for agents in agent_counts:
                 case = launch_case(config_path, agents, seconds, Path(tmp), options.override)
+                plains.append(plain_loop(config_path, plain_s))
+                log.info("%s plain loop: %s", name, plains[-1])
+                around = (plains[-2]["plain_sps_per_core"] + plains[-1]["plain_sps_per_core"]) / 2
+                case["plain_sps_per_core"] = round(around, 1)
                 if "actor_sps_per_core" in case:
-                    case["per_core_ratio"] = round(case["actor_sps_per_core"] / plain["plain_sps_per_core"], 3)
+                    case["per_core_ratio"] = round(case["actor_sps_per_core"] / around, 3)
                 log.info("%s, %d agents: %s", name, agents, case)
                 cases.append(case)
-            results[name] = {**{k: round(v, 1) for k, v in plain.items()}, "launches": cases}
+            mean = {k: round(sum(p[k] for p in plains) / len(plains), 1) for k in plains[0]}
+            results[name] = {**mean, "launches": cases}
     print(json.dumps(results))
     return results
 
