@@ -44,7 +44,8 @@ from surreal_redis.runtime import StopFlag
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 30.0  # the learner writes a final checkpoint and MLflow artifacts on the way out
+STOP_GRACE_S = 60.0  # the learner writes a final checkpoint and closes its MLflow run, which opens in the
+# background and may still be opening when a run stops early (tens of seconds on a busy 2-core machine)
 RESTART_DELAY_S = 1.0  # before the first restart of a child; doubles with each restart
 RESTART_DELAY_CAP_S = 30.0
 SUPERVISE_EVERY_S = 0.5
