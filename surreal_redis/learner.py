@@ -31,7 +31,6 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -104,13 +103,10 @@ class Learner:
     a signal, and returns the exit code. :meth:`from_config` builds the process's learner."""
 
     def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, parts: LearnerParts,
-                 tracker: Tracker | BackgroundTracker | None = None,
-                 open_tracker: Callable[[], Tracker | BackgroundTracker] | None = None) -> None:
-        """``open_tracker``: opens the MLflow tracker in :meth:`start`, after the first publish (MLflow
-        takes seconds to start; agents need not wait for it). ``tracker``: one already open."""
+                 tracker: Tracker | BackgroundTracker | None = None) -> None:
+        """``tracker``: MLflow tracking (:meth:`start` logs the config to it), None for none."""
         cfg = self.config = config
         self.client, self.stop, self.tracker = client, stop, tracker
-        self._open_tracker = open_tracker
         self.algo, self.feed, self.chunk_check = parts
         self.publisher = ParameterPublisher(client, cfg.run, cfg.hub.publisher)
         self.receiver = ExperienceReceiver(client, cfg.hub.receiver, cfg.run, cfg.redis.num_shards,
@@ -146,6 +142,13 @@ class Learner:
         """The parts ``config`` names (the env is made once for its spaces), MLflow tracking if
         enabled, and with ``resume`` ('latest', 'best' or an iteration) the state of that
         checkpoint (of ``resume_from``'s experiment folder when given)."""
+        tracker = None
+        if config.tracking.enabled:
+            # MLflow opens first and in a thread of its own (its import and store set-up take ~5 s
+            # on 2 cores, tens of seconds on busy ones): the first update does not wait for it, nor
+            # any update for a write, and a run stopped early waits the least for it to close.
+            tracker = BackgroundTracker(partial(Tracker, config.experiment_dir, config.run, run_name=config.run,
+                                                tracking_uri=config.tracking.tracking_uri))
         seed = config.experiment.seed
         torch.set_num_threads(config.learner.torch_threads)
         torch.manual_seed(seed)
@@ -157,14 +160,7 @@ class Learner:
                                 learner.learning_starts, learner.updates_per_step)
         parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed), make_feed(section, settings, seed),
                              ChunkCheck.for_experiment(config, obs_space, action_space))
-        open_tracker = None
-        if config.tracking.enabled:
-            # MLflow opens and writes in a thread of its own: the first update does not wait for
-            # its import and store set-up (~5 s on 2 busy cores), nor any update for a write.
-            open_tracker = partial(BackgroundTracker, partial(Tracker, config.experiment_dir, config.run,
-                                                              run_name=config.run,
-                                                              tracking_uri=config.tracking.tracking_uri))
-        built = cls(config, client, stop, parts, open_tracker=open_tracker)
+        built = cls(config, client, stop, parts, tracker=tracker)
         if resume is not None:
             built.restore(resume, resume_from)
         return built
@@ -241,14 +237,12 @@ class Learner:
     def start(self) -> bool:
         """Housekeeping first (a learner restarted into a full Redis frees memory before it
         publishes), publish the initial parameters (on grants: and grant the first update's steps),
-        mark the run running, then open MLflow tracking and log the config. Rides out an outage or
+        mark the run running, then log the config to MLflow (if tracking). Rides out an outage or
         a full Redis with capped backoff (housekeeping again before each retry); False when
         stopped first."""
         guard = OutageGuard("learner (start)", self.stop, errors=RETRY_ERRORS)
         if guard.call(self._start_hub) is None:
             return False
-        if self.tracker is None and self._open_tracker is not None:
-            self.tracker = self.metrics.tracker = self._open_tracker()
         if self.tracker is not None:
             self.metrics.log_config()
         return True

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.tracking import BackgroundTracker, Tracker, TrackingError
+from surreal_redis.learner import Learner
+from surreal_redis.runtime import StopFlag
+from surreal_redis.tracking import BackgroundTracker, TrackingError
 
-from .test_learner import learner_for, ppo_config, received, send_steps
+from .test_learner import ppo_config, received, send_steps
 
 
 class Recorder:
@@ -87,10 +89,8 @@ def test_learner_finish_completes_the_mlflow_run_with_the_latest_and_best_checkp
     from mlflow.tracking import MlflowClient
 
     config = ppo_config(tmp_path, "tracking.enabled=true", "checkpoint.min_interval_s=0", "checkpoint.keep_last=3")
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    learner = learner_for(config, fake_redis)
-    learner._open_tracker = lambda: BackgroundTracker(
-        lambda: Tracker(config.experiment_dir, config.run, config.run, tracking_uri=uri))
+    learner = Learner.from_config(config, fake_redis, StopFlag(install_handlers=False))
+    assert isinstance(learner.tracker, BackgroundTracker)  # opening meanwhile
     learner.start()
     for _ in range(3):  # three updates, a checkpoint after each (checkpoint.every_updates=1)
         send_steps(fake_redis, config, learner, 32)
@@ -98,7 +98,7 @@ def test_learner_finish_completes_the_mlflow_run_with_the_latest_and_best_checkp
     assert learner.algo.iteration == 3
     learner.checkpoints.record_score(2, 10.0)  # the best one is not the latest
     learner._finish("FINISHED")
-    client = MlflowClient(tracking_uri=uri)
+    client = MlflowClient(tracking_uri=f"sqlite:///{config.experiment_dir.resolve()}/mlflow.db")
     run = client.get_run((config.experiment_dir / "mlflow_run_id").read_text().strip())
     assert run.info.status == "FINISHED"
     assert run.data.params and run.data.metrics
