@@ -31,11 +31,13 @@ from functools import partial
 import numpy as np
 
 from surreal_redis.connection import connect
+from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import setup_logging
+from surreal_redis.scripts import Scripts
 from surreal_redis.testing.cluster import LocalCluster
 
 log = logging.getLogger("bench.cluster")
@@ -134,6 +136,9 @@ def failover_loss(repeats: int, senders: int, seconds: float) -> dict:
             acked, _ = run_senders(cluster.url, senders, shards, 6, seconds, during=kill)
             cluster.wait_ok()
             client = connect(cluster.url)
+            for i in shards:  # what the agents queued, moved into the streams as the learner would
+                while move_inbox(Scripts(client), RunKeys(RUN).shard(i)).left:
+                    pass
             stored = sum(client.xlen(RunKeys(RUN).shard(i).exp) for i in shards)
             client.close()
         finally:

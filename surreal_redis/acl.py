@@ -11,13 +11,16 @@ What Redis 7.0 enforces, and what it cannot (measured on 7.0.15; tests/integrati
 
 Agent user (Redis 7 ACL selectors, so each command is allowed on its own keys only):
 
-- EVALSHA of ``insert.lua``, and what it runs: XADD on ``exp``, ZADD on ``obsref``, GET/SET on
-  ``seen:*``, SETNX (never SET: an observation, once stored, cannot be overwritten) and EXISTS
-  on ``obs:*``; XINFO GROUPS, XLEN, XRANGE on ``exp`` (backpressure).
+- EVALSHA of ``insert.lua``, and what it runs: RPUSH on ``inbox`` (a list: the agent may append
+  a batch, never trim or reorder; the learner's ``move.lua`` moves batches into the stream and
+  keeps the dedup windows and ``obsref`` scores, which agents cannot touch), SADD on ``pinned``,
+  SETNX (never SET: an observation, once stored, cannot be overwritten) and EXISTS on ``obs:*``;
+  XINFO GROUPS, XLEN, XRANGE on ``exp`` and LLEN on ``inbox`` (backpressure).
 - EVALSHA of ``claim.lua`` (lockstep production) and what it runs: HMGET/HINCRBY on ``quota``.
 - Parameters read-only: HGET/HGETALL/HMGET on ``meta``, GETRANGE on ``blob:*``, SUBSCRIBE to the
   notify channel; HGET/HGETALL/HMGET on ``control`` and ``config``.
-- HSET/HDEL on ``agents`` (heartbeats), XADD on ``episodes`` (training episodes); PING.
+- HSET/HDEL on ``agents`` (heartbeats), RPUSH on ``episodes:inbox`` (training episodes, which the
+  learner moves into ``episodes``); PING.
 - What a Redis Cluster client sends to find its way (:data:`CLUSTER_CLIENT_COMMANDS`): CLUSTER
   SLOTS / CLUSTER SHARDS (the slot map), COMMAND (redis-py's key-position table) and ASKING (a
   slot in migration). None of them reads or writes a key.
@@ -66,12 +69,12 @@ _READER_SELECTORS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
 )
 # Command groups of the agent user, each allowed on the key kinds next to it.
 _AGENT_SELECTORS = (
-    (("exp",), "~", ("xadd", "xinfo|groups", "xlen", "xrange")),
-    (("obsref",), "~", ("zadd",)),
-    (("seen",), "~", ("get", "set")),
+    (("exp",), "%R~", ("xinfo|groups", "xlen", "xrange")),
+    (("inbox",), "~", ("rpush", "llen")),
+    (("pinned",), "~", ("sadd",)),
     (("obs",), "~", ("setnx", "exists")),
     (("agents",), "~", ("hset", "hdel")),
-    (("episodes",), "~", ("xadd",)),
+    (("episodes_inbox",), "~", ("rpush",)),
     (("quota",), "~", ("hmget", "hincrby")),
 ) + _READER_SELECTORS
 _EVAL_SELECTORS = ((("evals",), "~", ("xadd",)),) + _READER_SELECTORS
@@ -122,7 +125,7 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
     else:
         # Root permissions: the agent's scripts, whose KEYS are these keys; every other command
         # goes through one selector below.
-        rules += [f"~{p}" for kind in ("exp", "obsref", "seen", "obs", "meta", "quota") for p in patterns[kind]]
+        rules += [f"~{p}" for kind in ("inbox", "pinned", "obs", "meta", "quota") for p in patterns[kind]]
         rules += [f"+evalsha|{script_sha(name)}" for name in AGENT_SCRIPTS]
         selectors = _AGENT_SELECTORS
     for kinds, access, commands in selectors:

@@ -93,6 +93,18 @@ class ShardKeys:
         return f"{self.tag}:exp"
 
     @property
+    def inbox(self) -> str:
+        """List the agents append insert batches to (``insert.lua``); the learner's ``move.lua``
+        moves them into :attr:`exp`. Agents may only append to it, never trim it."""
+        return f"{self.tag}:inbox"
+
+    @property
+    def pinned(self) -> str:
+        """Set of digests referenced by batches still in :attr:`inbox` (gc spares them); emptied by
+        ``move.lua`` whenever the inbox is."""
+        return f"{self.tag}:pinned"
+
+    @property
     def obsref(self) -> str:
         """Sorted set digest -> millisecond part of the newest entry id referencing it."""
         return f"{self.tag}:obsref"
@@ -127,9 +139,11 @@ class ShardKeys:
             raise ValueError(f"{obs_key!r} is not an observation key of shard {self.shard}")
         return obs_key[len(prefix) :]
 
-    def seen(self, sender_uuid: str) -> str:
-        """Last batch sequence number inserted by one sender (idempotent retries)."""
-        return f"{self.tag}:seen:{sender_uuid}"
+    @property
+    def seen(self) -> str:
+        """Hash sender uuid -> that sender's dedup window (the batch seqs ``move.lua`` stored),
+        written by the learner only."""
+        return f"{self.tag}:seen"
 
 
 @dataclass(frozen=True)
@@ -193,8 +207,14 @@ class RunKeys:
 
     @property
     def episodes(self) -> str:
-        """Stream of finished training episodes, written by the agents."""
+        """Stream of finished training episodes, moved there by the learner from
+        :attr:`episodes_inbox` (``drain.lua``)."""
         return f"{self.tag}:episodes"
+
+    @property
+    def episodes_inbox(self) -> str:
+        """List the agents append training-episode records to (JSON); only the learner removes."""
+        return f"{self.tag}:episodes:inbox"
 
     @property
     def evals(self) -> str:
@@ -227,8 +247,8 @@ class RunKeys:
     def acl_patterns(self, num_shards: int | None = None) -> dict[str, list[str]]:
         """Glob patterns of this run's keys by kind, for ACL rules (``surreal_redis.acl``).
 
-        Kinds: ``exp``, ``obsref``, ``seen``, ``obs``, ``dead``, ``shards`` (every key of a shard),
-        ``config``, ``agents``, ``episodes``, ``evals``, ``control``, ``learner``, ``run`` (every
+        Kinds: ``exp``, ``inbox``, ``pinned``, ``obsref``, ``seen``, ``obs``, ``dead``, ``shards`` (every key of a shard),
+        ``config``, ``agents``, ``episodes``, ``episodes_inbox``, ``evals``, ``control``, ``learner``, ``run`` (every
         run-wide key), ``meta``, ``blob``, ``quota``, ``params`` (every parameter key), and
         ``notify`` (the pub/sub channel). With ``num_shards`` the shard patterns name each shard exactly; without,
         they match any shard number. Either way they match no key of another run.
@@ -241,9 +261,11 @@ class RunKeys:
             return [f"{tag}:{suffix}" for tag in tags]
 
         return {
-            "exp": shard("exp"), "obsref": shard("obsref"), "seen": shard("seen:*"), "obs": shard("obs:*"),
+            "exp": shard("exp"), "inbox": shard("inbox"), "pinned": shard("pinned"), "obsref": shard("obsref"),
+            "seen": shard("seen"), "obs": shard("obs:*"),
             "dead": shard("dead"), "shards": shard("*"),
-            "config": [self.config], "agents": [self.agents], "episodes": [self.episodes], "evals": [self.evals],
+            "config": [self.config], "agents": [self.agents], "episodes": [self.episodes],
+            "episodes_inbox": [self.episodes_inbox], "evals": [self.evals],
             "control": [self.control], "learner": [self.learner], "run": [f"{self.tag}:*"],
             "meta": [params.meta], "blob": [f"{params.tag}:blob:*"], "quota": [params.quota],
             "params": [f"{params.tag}:*"],

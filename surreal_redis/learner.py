@@ -117,7 +117,7 @@ class Learner:
         self.control = RunControl(client, cfg.run)
         self.checkpoints = CheckpointManager(cfg.experiment_dir / "checkpoints", cfg.checkpoint)
         self.metrics = LearnerMetrics(client, cfg, tracker)
-        self.episodes = EpisodeReader(client, cfg.run, start_id="0-0")
+        self.episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
         self.env_steps = 0
         self.param_version = 0  # the last version this learner published
         self.train_returns = TrainReturns(cfg.stop.return_window)

@@ -254,6 +254,8 @@ class LearnerMetrics:
             "hub/dead_entries_total": float(receiver.dead),
             "hub/reread_entries_total": float(receiver.reread),
             "hub/pending_trimmed_total": float(receiver.pending_trimmed),
+            "hub/batches_moved_total": float(receiver.moved),
+            "hub/duplicate_batches_total": float(receiver.duplicates),
             "hub/dead_retries_total": float(receiver.dead_retries),
             "hub/obs_cache_mb": receiver.cached_bytes / 2**20,
             "hub/obs_cache_hit_ratio": receiver.cache_hits / max(1, receiver.cache_hits + receiver.cache_misses),

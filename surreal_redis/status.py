@@ -20,7 +20,7 @@ def _fmt(value: float | None) -> str:
 
 def _num_shards(client: RedisClient, run: str) -> int:
     count = 0
-    while client.exists(RunKeys(run).shard(count).exp):
+    while client.exists(RunKeys(run).shard(count).exp, RunKeys(run).shard(count).inbox):
         count += 1
     return count
 
@@ -35,7 +35,8 @@ def shard_lines(client: RedisClient, keys: ShardKeys) -> str:
     ratio, blobs = dedup_ratio(client, keys, backlog.length)
     dedup = "-" if ratio is None else f"{ratio:.1f}x"
     where = f" on {client.get_node_from_key(keys.exp).name}" if is_cluster(client) else ""
-    return (f"  shard {keys.shard}{where}: {backlog.length} entries, {backlog.unread} unread, {pending} pending, "
+    return (f"  shard {keys.shard}{where}: {backlog.length} entries, {backlog.unread} unread "
+            f"({backlog.queued} batches queued), {pending} pending, "
             f"{dead} dead-lettered, {blobs} obs blobs, dedup {dedup}")
 
 

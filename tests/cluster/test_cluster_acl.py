@@ -104,7 +104,7 @@ def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clie
                 node.execute_command(*command)
     gc_sha = Scripts(learner).get("gc").sha
     with pytest.raises(redis.exceptions.NoPermissionError):
-        agent.evalsha(gc_sha, 2, exp, KEYS.shard(1).obsref)
+        agent.evalsha(gc_sha, 3, exp, KEYS.shard(1).obsref, KEYS.shard(1).pinned)
     with pytest.raises(redis.exceptions.NoPermissionError):
         learner.execute_command("FLUSHALL")  # sent to every primary
     assert admin.xlen(exp) == 2 and admin.hget(KEYS.params.meta, "version") == b"1"

@@ -8,6 +8,7 @@ import pytest
 
 from surreal_redis.codec import digest, encode_array
 from surreal_redis.hub.experience import payload as pl
+from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
@@ -34,8 +35,8 @@ def referencing_payload(shape: tuple[int, ...] = (84, 84)) -> bytes:
 def insert_with_blob(scripts: Scripts, seq: int, blob: bytes, payload: bytes, agent: bytes = b"7") -> None:
     """What an agent may do with its own EVALSHA: one chunk referencing one uploaded blob."""
     d = digest(blob)
-    reply = scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("evil"), KEYS.obs(d)],
-                         [seq, seq, 60, 1, 1, blob, agent, b"0", d.encode(), payload])
+    reply = scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(d)],
+                         ["e71", seq, seq, 1, 1, blob, agent, b"0", d.encode(), payload])
     assert reply[0] == b"OK"
 
 
@@ -71,6 +72,7 @@ def test_mutated_payloads_never_stop_the_reader(real_redis):
     rng = np.random.default_rng(1)
     sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
     add_steps(sender, 0, 3, rng, n=1)
+    move_inbox(Scripts(real_redis), KEYS)
     (_, fields), = real_redis.xrange(KEYS.exp)
     body = bytearray(fields[b"d"])
     for _ in range(300):
@@ -113,13 +115,14 @@ def test_observations_no_entry_references_do_not_live_forever(real_redis):
     unreferenced = encode_array(np.ones((84, 84), np.uint8))
     d = digest(unreferenced)
     with pytest.raises(ScriptError, match="referenced by no chunk"):  # an upload riding along
-        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("evil"), KEYS.obs(d)],
-                     [1, 1, 60, 1, 1, unreferenced, b"7", b"0", b"", referencing_payload()])
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(d)],
+                     ["e71", 1, 1, 1, 1, unreferenced, b"7", b"0", b"", referencing_payload()])
     assert not real_redis.exists(KEYS.obs(d))
     real_redis.set(KEYS.obs(d), unreferenced)  # written around insert.lua, as an agent's ACL allows
     sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
     add_steps(sender, 0, 3, np.random.default_rng(2))
     stats = HubJanitor(real_redis, RetentionConfig(), RUN, 1).run_once()
     assert stats.orphans_deleted == 1 and not real_redis.exists(KEYS.obs(d))
+    move_inbox(scripts, KEYS)  # the honest batches were queued: pinned, spared by the sweep
     referenced = {x for _, f in real_redis.xrange(KEYS.exp) for x in f[b"o"].decode().split(",")}
     assert all(real_redis.exists(KEYS.obs(x)) for x in referenced)  # what entries use stays

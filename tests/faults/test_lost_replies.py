@@ -5,9 +5,11 @@ import pytest
 import redis
 
 from surreal_redis.connection import CONNECTION_ERRORS, RedisSettings, connect, retry_idempotent
+from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.keys import RunKeys
+from surreal_redis.scripts import Scripts
 
 from .conftest import add_steps, assert_exactly_once, drain, noise_frames
 
@@ -30,6 +32,7 @@ def test_refused_batch_is_stored_when_a_later_one_was_and_the_replies_were_lost(
         return np.stack([still, noise_frames(rng, 1)[0]])
 
     add_steps(sender, 0, 3, rng, frames=frames)  # one flush: the sender now knows `still` is stored
+    move_inbox(Scripts(real_redis), KEYS)
     still_digest = next(f[b"o"].decode() for _, f in real_redis.xrange(KEYS.exp) if f[b"e"] == b"0")
     real_redis.delete(KEYS.obs(still_digest))  # as gc would have, had no entry referenced it any more
     real_redis.zrem(KEYS.obsref, still_digest)
@@ -37,8 +40,10 @@ def test_refused_batch_is_stored_when_a_later_one_was_and_the_replies_were_lost(
     add_steps(sender, 3, 2, rng, frames=frames)  # s1 (env 0): MISSING, s2 (env 1): OK; replies lost
     stats = sender.stats()
     assert lossy_proxy.lost[b"EVALSHA"] == 1 and stats.error_retries == 1 and stats.chunks == 4
+    assert stats.missing_retries == 1 and stats.chunks_dropped == 0
+    moved = move_inbox(Scripts(real_redis), KEYS)  # s2, its resend, then s1 once re-uploaded
+    assert (moved.taken, moved.added, moved.duplicates, moved.left) == (3, 2, 1, 0)
     assert real_redis.xlen(KEYS.exp) == 4  # every chunk counted as sent is there, once
-    assert stats.missing_retries == 1 and stats.duplicates == 1 and stats.chunks_dropped == 0
     got = drain(ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1))
     assert assert_exactly_once(got) == {(0, e, 1000.0 * k + e) for e in (0, 1) for k in (0, 2)}
     agent.close()

@@ -2,6 +2,7 @@
 and nothing else, the eval user only reports eval results, the learner user runs the learner side
 but no server-wide commands; no user of one run reaches another run's keys."""
 
+import json
 import logging
 import threading
 import time
@@ -96,6 +97,8 @@ def test_agent_user_runs_the_agent_side_only(redis_server, real_redis, caplog):
     Heartbeat(agent, RUN, 0, ttl_s=10).beat(10, 1, 1)
     assert [a.steps for a in read_agents(learner, RUN, ttl_s=10)] == [10]
     EpisodeLog(agent, RUN).record([EpisodeRecord("0", "train", 1.5, 20, 1, time.time())])
+    assert learner.llen(KEYS.episodes_inbox) == 1  # queued: the learner's reader moves it
+    assert [r.episode_return for r in EpisodeReader(learner, RUN, start_id="0-0").read_new()] == [1.5]
     assert learner.xlen(KEYS.episodes) == 1
     RunControl(learner, RUN).start()
     assert RunControl(agent, RUN).stopping() == (False, "")
@@ -121,7 +124,8 @@ def test_agent_user_runs_the_agent_side_only(redis_server, real_redis, caplog):
     obs_keys = [k.decode() for k in real_redis.keys(KEYS.shard(0).obs_prefix + "*")]
     assert obs_keys
     with pytest.raises(redis.exceptions.NoPermissionError):
-        agent.evalsha(Scripts(learner).get("gc").sha, 2 + len(obs_keys), exp, KEYS.shard(0).obsref, *obs_keys)
+        agent.evalsha(Scripts(learner).get("gc").sha, 3 + len(obs_keys), exp, KEYS.shard(0).obsref,
+                      KEYS.shard(0).pinned, *obs_keys)
     assert learner.hget(KEYS.params.meta, "version") == b"1" and learner.xlen(exp) == 4
     assert learner.exists(*obs_keys) == len(obs_keys)
 
@@ -154,11 +158,12 @@ def test_learner_reloads_the_insert_script_after_a_script_flush(redis_server, re
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     time.sleep(1.0)
-    assert not done.is_set() and real_redis.xlen(KEYS.shard(0).exp) == 0  # backing off: NOSCRIPT
+    assert not done.is_set() and real_redis.llen(KEYS.shard(0).inbox) == 0  # backing off: NOSCRIPT
     receiver.load_agent_scripts()
     assert done.wait(15)
     thread.join(5)
-    assert real_redis.xlen(KEYS.shard(0).exp) == 2  # one chunk per env
+    assert real_redis.llen(KEYS.shard(0).inbox) == 1  # one batch
+    assert len(receiver.receive(10, 0)) == 2 and real_redis.xlen(KEYS.shard(0).exp) == 2  # one chunk per env
 
 
 # ---------------------------------------------------------------- runs are isolated
@@ -168,7 +173,8 @@ def keys_of(run: str) -> list[str]:
     names = [keys.config, keys.agents, keys.episodes, keys.evals, keys.control, keys.learner, keys.params.meta,
              keys.params.blob(0), keys.params.blob(123), keys.params.staging("ab" * 8)]
     for shard in (keys.shard(i) for i in (0, 1, 10, 11)):
-        names += [shard.exp, shard.obsref, shard.dead, shard.obs("cd" * 16), shard.seen("0123abcd" * 4)]
+        names += [shard.exp, shard.obsref, shard.dead, shard.obs("cd" * 16), shard.seen, shard.inbox, shard.pinned]
+    names.append(keys.episodes_inbox)
     return names + [keys.params.notify]
 
 
@@ -235,12 +241,12 @@ def test_only_the_eval_user_writes_eval_results(redis_server, real_redis):
     with pytest.raises(redis.exceptions.NoPermissionError):
         EpisodeLog(agent, RUN).record([EpisodeRecord("eval-0", "eval", 1e9, 10, 1, now)])
     for command in (("XADD", KEYS.evals, "*", "mode", "eval"), ("DEL", KEYS.evals), ("XTRIM", KEYS.evals, "MAXLEN", 0),
-                    ("RENAME", KEYS.episodes, KEYS.evals)):
+                    ("RENAME", KEYS.episodes, KEYS.evals), ("XADD", KEYS.episodes, "*", "mode", "eval")):
         with pytest.raises(redis.exceptions.NoPermissionError):
             agent.execute_command(*command)
-    # an eval record written by hand into the agents' own stream is not taken for one
-    agent.xadd(KEYS.episodes, {"agent": "eval-0", "mode": "eval", "return": "1e9", "length": 10, "version": 1,
-                               "time": now})
+    # an eval record written by hand into the agents' own inbox is not taken for one
+    agent.rpush(KEYS.episodes_inbox, json.dumps({"agent": "eval-0", "mode": "eval", "return": "1e9", "length": 10,
+                                                 "version": 1, "time": now}))
     EpisodeLog(evaluator, RUN).record([EpisodeRecord("eval-0", "eval", 7.0, 10, 1, now)] * 2)
     with pytest.raises(redis.exceptions.NoPermissionError):  # and eval writes eval results only
         EpisodeLog(evaluator, RUN).record([EpisodeRecord("eval-0", "train", 1e9, 10, 1, now)])
@@ -281,11 +287,12 @@ def flatten(reply) -> list[bytes]:
     return [leaf for part in reply if part is not None for leaf in flatten(part)]
 
 
-def test_agents_cannot_name_another_senders_dedup_state(redis_server, real_redis):
-    """Each sender's ``seen:<uuid>`` key is named by a random uuid that nothing an agent may read
-    contains, and an agent may not list keys: it cannot write another sender's dedup state."""
+def test_agents_cannot_read_or_write_any_senders_dedup_state(redis_server, real_redis):
+    """The dedup windows live in the shard's ``seen`` hash, which only the learner's move.lua
+    writes; the agent user may not touch it, and its senders' uuids appear in nothing it may read."""
     create_users(real_redis, RUN, PASSWORDS, num_shards=1)
-    ExperienceReceiver(login(redis_server, "learner"), ReceiverConfig(), RUN, 1).start()
+    receiver = ExperienceReceiver(login(redis_server, "learner"), ReceiverConfig(), RUN, 1)
+    receiver.start()
     zeros = np.zeros(2, bool)
     senders = [ExperienceSender(login(redis_server, "agent"), SenderConfig(flush_steps=2), RUN, agent_id, 1)
                for agent_id in (0, 1)]
@@ -293,9 +300,14 @@ def test_agents_cannot_name_another_senders_dedup_state(redis_server, real_redis
         for step in range(3):  # the third add completes the first 2-step chunk
             sender.add(frames(step), np.arange(2), np.ones(2), zeros, zeros, policy_version=step)
     uuids = [sender.uuid for sender in senders]
-    exp = KEYS.shard(0).exp
-    assert real_redis.exists(*[KEYS.shard(0).seen(u) for u in uuids]) == 2 and real_redis.xlen(exp) == 4
+    exp, seen = KEYS.shard(0).exp, KEYS.shard(0).seen
+    assert len(receiver.receive(100, 0)) == 4 and real_redis.xlen(exp) == 4
+    assert sorted(real_redis.hkeys(seen)) == sorted(u.encode() for u in uuids)
     spy = login(redis_server, "agent")
+    for command in (("HSET", seen, uuids[0], "0:999,"), ("HGET", seen, uuids[0]), ("HKEYS", seen), ("DEL", seen),
+                    ("HDEL", seen, uuids[0])):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            spy.execute_command(*command)
     readable = b"|".join(flatten([spy.xrange(exp), spy.xinfo_groups(exp)]
                                  + [spy.hgetall(key) for key in (KEYS.params.meta, KEYS.control, KEYS.config)]))
     assert not [u for u in uuids if u.encode() in readable or bytes.fromhex(u) in readable]
@@ -319,24 +331,40 @@ def test_agent_claims_production_but_cannot_grant_it(redis_server, real_redis):
     assert ProductionQuota(learner, RUN).left() == (3, 36)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="Redis 7.0 ACLs restrict commands and keys, never arguments: a user that may XADD or ZADD "
-                          "(insert.lua does, as the agent) may also XADD MAXLEN 0 or ZADD a lower score (README: "
-                          "Trust boundary). Remove this mark once agents no longer write the shard stream themselves.")
 def test_agent_cannot_trim_the_stream_or_lower_a_reference(redis_server, real_redis):
+    """Agents append to lists they may not trim; the learner moves what they queued into the
+    streams and alone sets the obsref scores and pins."""
     create_users(real_redis, RUN, PASSWORDS, num_shards=1)
     agent = login(redis_server, "agent")
     shard = KEYS.shard(0)
     real_redis.xadd(shard.exp, {"a": "0"})
+    real_redis.xadd(KEYS.episodes, {"r": "{}"})
     real_redis.zadd(shard.obsref, {"ab" * 16: 5})
+    real_redis.rpush(shard.inbox, b"queued batch")
+    real_redis.rpush(KEYS.episodes_inbox, b"queued record")
+    real_redis.sadd(shard.pinned, "cd" * 16)
     damage = []
-    for command in (("XADD", shard.exp, "MAXLEN", "0", "*", "a", "1"), ("ZADD", shard.obsref, "0", "ab" * 16)):
+    for command in (("XADD", shard.exp, "MAXLEN", "0", "*", "a", "1"), ("XTRIM", shard.exp, "MAXLEN", "0"),
+                    ("XDEL", shard.exp, "0-1"), ("ZADD", shard.obsref, "0", "ab" * 16), ("ZREM", shard.obsref, "ab" * 16),
+                    ("XADD", KEYS.episodes, "MAXLEN", "0", "*", "r", "{}"), ("XTRIM", KEYS.episodes, "MAXLEN", "0"),
+                    ("LTRIM", shard.inbox, "1", "0"), ("LPOP", shard.inbox), ("RPOP", shard.inbox),
+                    ("LREM", shard.inbox, "0", "queued batch"), ("LSET", shard.inbox, "0", "x"),
+                    ("LMOVE", shard.inbox, shard.inbox, "LEFT", "RIGHT"), ("LINSERT", shard.inbox, "BEFORE", "x", "y"),
+                    ("LPUSH", shard.inbox, "jumps the queue"), ("LTRIM", KEYS.episodes_inbox, "1", "0"),
+                    ("LPOP", KEYS.episodes_inbox), ("SREM", shard.pinned, "cd" * 16), ("SPOP", shard.pinned),
+                    ("DEL", shard.pinned), ("DEL", shard.inbox), ("HSET", shard.seen, "ab", "1:1,")):
         try:
             agent.execute_command(*command)
             damage.append(command[0])
         except redis.exceptions.NoPermissionError:
             pass
-    assert damage == [] and real_redis.xlen(shard.exp) == 1 and real_redis.zscore(shard.obsref, "ab" * 16) == 5
+    assert damage == []
+    assert real_redis.xlen(shard.exp) == 1 and real_redis.xlen(KEYS.episodes) == 1
+    assert real_redis.zscore(shard.obsref, "ab" * 16) == 5 and real_redis.smembers(shard.pinned) == {b"cd" * 16}
+    assert real_redis.lrange(shard.inbox, 0, -1) == [b"queued batch"]
+    assert real_redis.lrange(KEYS.episodes_inbox, 0, -1) == [b"queued record"]
+    # what it may do: append (a batch that is not one is set aside by the learner's move)
+    assert agent.rpush(shard.inbox, b"junk") == 2 and agent.rpush(KEYS.episodes_inbox, b"junk") == 2
 
 
 # ---------------------------------------------------------------- the learner user

@@ -1,6 +1,7 @@
 """Experience path against a real redis-server: the Lua scripts, restarts, retries, TTL cleanup,
 maxmemory backpressure, dead letters and claiming a dead learner's entries."""
 
+import re
 import subprocess
 import threading
 import time
@@ -35,63 +36,97 @@ def add_steps(sender: ExperienceSender, count: int, rng: np.random.Generator, n:
         sender.add({"f": noise_frames(rng, n)}, np.zeros(n), np.ones(n), zeros, zeros)
 
 
-def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid: str = "u1",
+def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid: str = "aa01",
            upload: dict[str, bytes] | None = None, floor: int | None = None):
+    """insert.lua as an agent runs it: queues one batch in the inbox."""
     upload = upload or {}
     order = list(upload) + [d for d in digests if d not in upload]
-    args = [seq, seq if floor is None else floor, 60, chunks, len(upload), *upload.values()]
+    args = [uuid, seq, seq if floor is None else floor, chunks, len(upload), *upload.values()]
     for c in range(chunks):
         args += [b"0", str(c).encode(), ",".join(digests).encode(), b"payload"]
-    return scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen(uuid), *[KEYS.obs(d) for d in order]], args)
+    return scripts.call("insert", [KEYS.inbox, KEYS.pinned, *[KEYS.obs(d) for d in order]], args)
+
+
+def move(scripts: Scripts, count: int = 64) -> list[int]:
+    """move.lua as the learner runs it: {taken, added, duplicates, malformed, left}."""
+    return scripts.call("move", [KEYS.inbox, KEYS.exp, KEYS.obsref, KEYS.seen, KEYS.pinned, KEYS.dead],
+                        [count, 60_000, 1000])
+
+
+def insert_moved(scripts: Scripts, seq: int, digests: list[str], **kwargs) -> list:
+    """Queue a batch and move it: ["OK", entry ids...] | ["DUP"] | the insert's refusal."""
+    reply = insert(scripts, seq, digests, **kwargs)
+    if reply[0] != b"OK":
+        return reply
+    before = scripts.client.xrevrange(KEYS.exp, count=1)
+    taken, added, duplicates, malformed, left = move(scripts)
+    assert (taken, malformed, left) == (1, 0, 0)
+    if duplicates:
+        return [b"DUP"]
+    newer = scripts.client.xrange(KEYS.exp, min=b"(" + before[0][0] if before else "-")
+    return [b"OK"] + [entry_id for entry_id, _ in newer]
 
 
 def digest_n(i: int) -> str:
     return f"{i:032x}"
 
 
-def test_insert_script_is_all_or_nothing_and_idempotent(real_redis):
+def seen_window(client: redis.Redis, uuid: str = "aa01") -> bytes | None:
+    """A sender's dedup window in the seen hash, without its timestamp."""
+    state = client.hget(KEYS.seen, uuid)
+    return None if state is None else state.split(b":", 1)[1]
+
+
+def test_insert_script_is_all_or_nothing_and_only_queues(real_redis):
     scripts = Scripts(real_redis)
     a, b, c = digest_n(1), digest_n(2), digest_n(3)
     real_redis.set(KEYS.obs(a), b"A")
     assert insert(scripts, 1, [a, b, c], upload={c: b"C"}) == [b"MISSING", b.encode()]
-    assert real_redis.exists(KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(c)) == 0  # not even the upload
-    reply = insert(scripts, 1, [a, b, c], chunks=2, upload={b: b"B", c: b"C"})
-    assert reply[0] == b"OK" and len(reply) == 3
+    assert real_redis.exists(KEYS.inbox, KEYS.pinned, KEYS.obs(c)) == 0  # not even the upload
+    assert insert(scripts, 1, [a, b, c], chunks=2, upload={b: b"B", c: b"C"}) == [b"OK"]
     assert real_redis.mget(KEYS.obs(b), KEYS.obs(c)) == [b"B", b"C"]
-    assert real_redis.ttl(KEYS.obs(b)) == -1 and real_redis.ttl(KEYS.obs(c)) == -1  # referenced at once
-    assert real_redis.zscore(KEYS.obsref, a) == id_score(reply[2])  # newest referencing entry
-    assert real_redis.get(KEYS.seen("u1")) == b"1,1," and 0 < real_redis.ttl(KEYS.seen("u1")) <= 60
+    assert real_redis.ttl(KEYS.obs(b)) == -1 and real_redis.ttl(KEYS.obs(c)) == -1
+    # queued, not in the stream: the referenced digests are pinned until the learner moves it
+    assert real_redis.llen(KEYS.inbox) == 1 and not real_redis.exists(KEYS.exp, KEYS.obsref, KEYS.seen)
+    assert real_redis.smembers(KEYS.pinned) == {a.encode(), b.encode(), c.encode()}
+    assert move(scripts) == [1, 2, 0, 0, 0]
+    ids = [entry_id for entry_id, _ in real_redis.xrange(KEYS.exp)]
+    assert real_redis.zscore(KEYS.obsref, a) == id_score(ids[1])  # newest referencing entry
+    assert seen_window(real_redis) == b"1,1," and not real_redis.exists(KEYS.inbox, KEYS.pinned)
     entry = real_redis.xrange(KEYS.exp)[0][1]
-    assert list(entry) == [b"a", b"e", b"o", b"d"]
-    # a retried insert is stored once, whatever it carries
-    assert insert(scripts, 1, [a, b]) == [b"DUP", b"1"]
-    assert insert(scripts, 1, [a], upload={a: b"other"}) == [b"DUP", b"1"]
+    assert list(entry) == [b"a", b"e", b"o", b"d"] and entry[b"o"] == f"{a},{b},{c}".encode()
+    # a resent batch is queued again and stored once, whatever it carries
+    assert insert(scripts, 1, [a, b]) == [b"OK"]
+    assert insert(scripts, 1, [a], upload={a: b"other"}) == [b"OK"]
+    assert move(scripts) == [2, 0, 2, 0, 0]
     assert real_redis.xlen(KEYS.exp) == 2 and real_redis.get(KEYS.obs(a)) == b"A"
     # another sender is independent
-    assert insert(scripts, 1, [a], uuid="u2")[0] == b"OK"
+    assert insert_moved(scripts, 1, [a], uuid="bb02")[0] == b"OK"
     # bounds, undeclared digests and unreferenced uploads are refused before any write
     with pytest.raises(ScriptError, match="chunk count"):
         insert(scripts, 5, [a], chunks=65)
+    with pytest.raises(ScriptError, match="bad uuid"):
+        insert(scripts, 5, [a], uuid="not hex")
     with pytest.raises(ScriptError, match="missing from KEYS"):
-        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
-                     [7, 7, 60, 1, 0, b"0", b"0", f"{a},{b}".encode(), b"p"])
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(a)],
+                     ["aa01", 7, 7, 1, 0, b"0", b"0", f"{a},{b}".encode(), b"p"])
     with pytest.raises(ScriptError, match="bad upload count"):
-        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
-                     [7, 7, 60, 1, 2, b"x", b"y", b"0", b"0", a.encode(), b"p"])
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(a)],
+                     ["aa01", 7, 7, 1, 2, b"x", b"y", b"0", b"0", a.encode(), b"p"])
     with pytest.raises(ScriptError, match="expected 10 arguments"):
-        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(a)],
-                     [7, 7, 60, 1, 1, b"0", b"0", a.encode(), b"p"])
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(a)],
+                     ["aa01", 7, 7, 1, 1, b"0", b"0", a.encode(), b"p"])
     with pytest.raises(ScriptError, match="exceed 256"):
         insert(scripts, 8, [digest_n(i) for i in range(257)])
     with pytest.raises(ScriptError, match="referenced by no chunk"):
         insert(scripts, 9, [a], upload={digest_n(9): b"never referenced"})
     with pytest.raises(ScriptError, match="listed twice"):  # as an upload, and again as a reference
-        scripts.call("insert", [KEYS.exp, KEYS.obsref, KEYS.seen("u1"), KEYS.obs(c), KEYS.obs(c)],
-                     [9, 9, 60, 1, 1, b"C", b"0", b"0", b"", b"p"])
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(c), KEYS.obs(c)],
+                     ["aa01", 9, 9, 1, 1, b"C", b"0", b"0", b"", b"p"])
     for seq, floor in ((9, 10), (2000, 1), (0, 0), (2.5, 1)):
-        with pytest.raises(ScriptError, match="bad seq/floor"):
+        with pytest.raises(ScriptError, match="bad uuid/seq/floor"):
             insert(scripts, seq, [a], floor=floor)
-    assert real_redis.xlen(KEYS.exp) == 3 and real_redis.get(KEYS.seen("u1")) == b"1,1,"
+    assert real_redis.xlen(KEYS.exp) == 3 and real_redis.llen(KEYS.inbox) == 0 and seen_window(real_redis) == b"1,1,"
     assert not real_redis.exists(KEYS.obs(digest_n(9)))
 
 
@@ -100,24 +135,86 @@ def test_insert_dedup_window_stores_a_refused_batch_after_a_later_one(real_redis
     The resend must store s1 (a maximum-based dedup answered DUP: s1 lost, counted nowhere)."""
     scripts = Scripts(real_redis)
     a, b = digest_n(1), digest_n(2)
-    assert insert(scripts, 1, [a], floor=1)[0] == b"MISSING"
-    assert insert(scripts, 2, [b], upload={b: b"B"}, floor=1)[0] == b"OK"
+    assert insert_moved(scripts, 1, [a], floor=1)[0] == b"MISSING"
+    assert insert_moved(scripts, 2, [b], upload={b: b"B"}, floor=1)[0] == b"OK"
     # replies lost: both are sent again, unchanged, with the same floor
-    assert insert(scripts, 1, [a], upload={a: b"A"}, floor=1)[0] == b"OK"
-    assert insert(scripts, 2, [b], upload={b: b"B"}, floor=1) == [b"DUP", b"2"]
+    assert insert_moved(scripts, 1, [a], upload={a: b"A"}, floor=1)[0] == b"OK"
+    assert insert_moved(scripts, 2, [b], upload={b: b"B"}, floor=1) == [b"DUP"]
     assert real_redis.xlen(KEYS.exp) == 2
     # the next flush raises the floor: the stored seqs below it are forgotten, and any seq below
-    # it (settled long ago, e.g. a copy stuck in a dead connection) answers DUP unstored
-    assert insert(scripts, 3, [a], floor=3)[0] == b"OK"
-    assert real_redis.get(KEYS.seen("u1")) == b"3,3,"
-    assert insert(scripts, 2, [a], floor=2) == [b"DUP", b"2"]
-    assert insert(scripts, 1, [a], floor=1) == [b"DUP", b"1"]
+    # it (settled long ago, e.g. a copy stuck in a dead connection) is dropped unstored
+    assert insert_moved(scripts, 3, [a], floor=3)[0] == b"OK"
+    assert seen_window(real_redis) == b"3,3,"
+    assert insert_moved(scripts, 2, [a], floor=2) == [b"DUP"]
+    assert insert_moved(scripts, 1, [a], floor=1) == [b"DUP"]
     assert real_redis.xlen(KEYS.exp) == 3
-    # seqs stored out of order inside the window all count
-    assert [insert(scripts, s, [a], floor=4)[0] for s in (6, 4, 5, 6, 4)] == [b"OK", b"OK", b"OK", b"DUP", b"DUP"]
-    assert real_redis.get(KEYS.seen("u1")) == b"4,6,4,5,"
-    with pytest.raises(ScriptError, match="bad seq/floor"):
+    # seqs stored out of order inside the window all count, also when queued together
+    for s in (6, 4, 5, 6, 4):
+        assert insert(scripts, s, [a], floor=4) == [b"OK"]
+    assert move(scripts) == [5, 3, 2, 0, 0]
+    assert seen_window(real_redis) == b"4,6,4,5,"
+    with pytest.raises(ScriptError, match="bad uuid/seq/floor"):
         insert(scripts, 4 + 1024, [a], floor=4)  # beyond the window
+
+
+def test_move_sets_aside_what_an_agent_pushes_around_insert_and_moves_the_rest(real_redis):
+    """The inbox takes anything an agent RPUSHes: junk goes to the dead-letter stream with its
+    reason, in order with the batches around it, and the move never stops on it."""
+    scripts = Scripts(real_redis)
+    a = digest_n(1)
+    real_redis.set(KEYS.obs(a), b"A")
+    assert insert(scripts, 1, [a]) == [b"OK"]
+    junk = [b"", b"garbage", b"4:aa01", b"999999999999:x", b"4:aa011:31:11:3" + b"1:01:02:ab1:p" * 2,
+            b"4:aa011:11:11:11:01:03:xyz1:p", b"4:aa011:51:61:11:01:00:1:p", b"9:not-a-hex1:11:11:11:01:00:1:p"]
+    real_redis.rpush(KEYS.inbox, *junk)
+    assert insert(scripts, 2, [a]) == [b"OK"]
+    assert move(scripts, count=4) == [4, 1, 0, 3, 6]
+    assert move(scripts) == [6, 1, 0, 5, 0]
+    assert real_redis.xlen(KEYS.exp) == 2 and real_redis.xlen(KEYS.dead) == len(junk)
+    reasons = {f[b"reason"] for _, f in real_redis.xrange(KEYS.dead)}
+    details = [f[b"detail"] for _, f in real_redis.xrange(KEYS.dead)]
+    assert reasons == {b"malformed_batch"} and all(details)
+    assert real_redis.xrange(KEYS.dead)[1][1][b"f.raw"] == b"garbage"
+    assert not real_redis.exists(KEYS.pinned)
+
+
+def test_gc_spares_what_a_queued_batch_references(real_redis):
+    """An observation whose last reference was trimmed, queued again by a batch the learner has
+    not moved yet, survives gc; so does a fresh upload that is in no obsref yet."""
+    scripts = Scripts(real_redis)
+    old, fresh = digest_n(1), digest_n(2)
+    assert insert_moved(scripts, 1, [old], upload={old: b"O"})[0] == b"OK"
+    real_redis.xtrim(KEYS.exp, maxlen=0)  # its only entry is gone: gc would take it now
+    assert insert(scripts, 2, [old, fresh], upload={fresh: b"F"}) == [b"OK"]
+    candidates = [KEYS.obs(old), KEYS.obs(fresh)]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0]
+    assert move(scripts)[1] == 1
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0]
+    assert real_redis.mget(*candidates) == [b"O", b"F"]
+    real_redis.xtrim(KEYS.exp, maxlen=0)
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [2, 0]
+
+
+def test_move_runs_in_a_full_redis_while_agents_inserts_wait(real_redis):
+    """Out of memory, agents' inserts are refused whole; the learner's move still runs (it frees
+    about what it adds), so the janitor can trim and collect what agents queued."""
+    scripts = Scripts(real_redis)
+    a = digest_n(1)
+    assert insert(scripts, 1, [a], upload={a: b"A" * 1000}) == [b"OK"]
+    assert insert(scripts, 2, [a]) == [b"OK"]
+    real_redis.config_set("maxmemory", real_redis.info("memory")["used_memory"] // 2)
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            insert(scripts, 3, [a])
+        assert real_redis.llen(KEYS.inbox) == 2 and real_redis.sismember(KEYS.pinned, a)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            real_redis.xadd(KEYS.exp, {"a": "0"})
+        assert move(scripts) == [2, 2, 0, 0, 0]
+        assert real_redis.xlen(KEYS.exp) == 2 and not real_redis.exists(KEYS.inbox, KEYS.pinned)
+        real_redis.xtrim(KEYS.exp, maxlen=0)
+        assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(a)], []) == [1, 0]
+    finally:
+        real_redis.config_set("maxmemory", 0)
 
 
 def test_trim_and_gc_scripts(real_redis):
@@ -126,7 +223,7 @@ def test_trim_and_gc_scripts(real_redis):
     digests = [digest_n(i) for i in range(6)]
     for d in digests:
         real_redis.set(KEYS.obs(d), d, ex=60)
-    ids = [insert(scripts, i + 1, [digests[i], digests[i + 1]])[1] for i in range(5)]  # 5 entries
+    ids = [insert_moved(scripts, i + 1, [digests[i], digests[i + 1]])[1] for i in range(5)]  # 5 entries
     orphan = digest_n(99)
     real_redis.set(KEYS.obs(orphan), b"written around insert.lua, never referenced")
     removed, unread, first = scripts.call("trim", [KEYS.exp], ["learner", "CAP", 3, 1000])
@@ -140,16 +237,16 @@ def test_trim_and_gc_scripts(real_redis):
     assert scripts.call("trim", [KEYS.exp], ["learner", "AGE", ids[4].decode(), 1000]) == [0, 0, ids[2]]  # keeps ids[3]
     # cap: delivered entries first (ids 2 and 3 share a node), then unread ones, counted exactly
     assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 1, 1000]) == [2, 0, ids[4]]
-    ids += [insert(scripts, 10 + i, [digests[5]])[1] for i in range(3)]  # nodes [4, 5] and [6, 7]
+    ids += [insert_moved(scripts, 10 + i, [digests[5]])[1] for i in range(3)]  # nodes [4, 5] and [6, 7]
     assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 1, 1000]) == [2, 2, ids[6]]
     candidates = [KEYS.obs(d) for d in digests] + [KEYS.obs(orphan)]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == [6, 1]  # digests 0..4 and the orphan
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [6, 1]  # digests 0..4 and the orphan
     assert real_redis.exists(*[KEYS.obs(d) for d in digests]) == 1
     assert real_redis.zcard(KEYS.obsref) == 1 and not real_redis.exists(KEYS.obs(orphan))
     with pytest.raises(ScriptError, match="bad mode"):
         scripts.call("trim", [KEYS.exp], ["learner", "CAP", 3, 5000])
     assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 0, 1000]) == [2, 2, b""]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, *candidates], []) == [1, 0]  # empty stream: all go
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [1, 0]  # empty stream: all go
     assert real_redis.zcard(KEYS.obsref) == 0
 
 
@@ -235,7 +332,9 @@ def test_retried_insert_after_lost_reply_is_stored_once(real_redis, monkeypatch)
 
     monkeypatch.setattr(sender_module, "send_commands", send_then_lose_reply)
     add_steps(sender, 3, np.random.default_rng(1))
-    assert lost and sender.stats().duplicates == 1 and sender.stats().error_retries == 1
+    assert lost and sender.stats().error_retries == 1
+    assert real_redis.llen(KEYS.inbox) == 2  # queued twice: the resend cannot know it was
+    assert move(Scripts(real_redis)) == [2, 2, 1, 0, 0]  # 2 chunks (one per env), the copy dropped
     assert real_redis.xlen(KEYS.exp) == 2
 
 
@@ -259,6 +358,8 @@ def test_maxmemory_backoff_no_partial_write_then_gc_resumes(real_redis):
     config = SenderConfig(flush_steps=2, retry_base_s=0.02, retry_cap_s=0.1, max_wait_s=30)
     sender = ExperienceSender(real_redis, config, RUN, 0, 1)
     add_steps(sender, 41, rng)  # 20 flushes, ~40 frames of 7 KB each
+    scripts = Scripts(real_redis)
+    assert move(scripts)[1] == 40  # a learner moved them (2 envs: 2 chunks a flush), never read them
     used = real_redis.info("memory")["used_memory"]
     real_redis.config_set("maxmemory", used + 300_000)
     errors = []
@@ -279,16 +380,20 @@ def test_maxmemory_backoff_no_partial_write_then_gc_resumes(real_redis):
         # right at the limit a write may still fit now and then; well over it, none does
         real_redis.config_set("maxmemory", real_redis.info("memory")["used_memory"] - 100_000)
         time.sleep(0.1)
-        stuck = real_redis.xlen(KEYS.exp)
+        stuck = real_redis.llen(KEYS.inbox)
         time.sleep(0.3)
-        assert real_redis.xlen(KEYS.exp) == stuck  # backing off, nothing written
-        referenced = {d for _, f in real_redis.xrange(KEYS.exp) for d in f[b"o"].decode().split(",")}
-        assert all(real_redis.exists(KEYS.obs(d)) for d in referenced)  # no half-done insert
+        assert real_redis.llen(KEYS.inbox) == stuck  # backing off, nothing written
+        assert real_redis.xlen(KEYS.exp) == 40
+        queued = {d for item in real_redis.lrange(KEYS.inbox, 0, -1) for d in re.findall(rb"[0-9a-f]{32}", item)}
+        queued.discard(sender.uuid.encode())  # the batch names its sender too
+        assert queued and queued <= real_redis.smembers(KEYS.pinned)  # pinned: gc spares them
+        assert all(real_redis.exists(KEYS.obs(d.decode())) for d in queued)  # no half-done insert
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             real_redis.xadd(KEYS.exp, {"a": "1"})
         janitor = HubJanitor(real_redis, RetentionConfig(max_entries=4), RUN, 1)
         stats = janitor.run_once()
-        assert stats.obs_deleted > 0 and stats.unread_dropped > 0  # no learner here: counted
+        assert stats.moved == stuck  # it moves what agents queued first: the move runs in a full Redis
+        assert stats.obs_deleted > 0 and stats.unread_dropped > 0  # the moved, unread entries: counted
         while thread.is_alive() and time.monotonic() < deadline + 20:  # as the learner would
             janitor.run_once()
             time.sleep(0.05)
@@ -296,6 +401,7 @@ def test_maxmemory_backoff_no_partial_write_then_gc_resumes(real_redis):
         thread.join(timeout=30)
         real_redis.config_set("maxmemory", "128mb")
     assert not thread.is_alive() and errors == []
+    move(scripts)
     assert real_redis.xlen(KEYS.exp) > 4  # ingestion resumed
     assert sender.stats().steps_dropped == 0
 
@@ -304,9 +410,11 @@ def test_malformed_entries_are_set_aside_and_reading_goes_on(real_redis):
     rng = np.random.default_rng(4)
     sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
     add_steps(sender, 2, rng, n=1)
+    move(Scripts(real_redis))
     real_redis.xadd(KEYS.exp, {"a": "0", "e": "0", "o": "", "d": b"SRT1garbage"})
     real_redis.xadd(KEYS.exp, {"a": "0", "e": "0", "o": "", "d": b"x", "extra": b"field"})
     add_steps(sender, 2, rng, n=1)
+    move(Scripts(real_redis))
     gone = real_redis.xrange(KEYS.exp)[-1][1][b"o"].decode().split(",")[-1]  # only the last entry has it
     real_redis.delete(KEYS.obs(gone))  # as if gc had collected it
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)

@@ -70,15 +70,15 @@ def test_agent_rides_out_a_redis_outage(tmp_path):
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    exp = RunKeys(config.run).shard(0).exp
+    inbox = RunKeys(config.run).shard(0).inbox  # no learner here: the batches stay queued
     try:
-        wait_until(lambda: client.xlen(exp) > 5, 30, "experience before the outage")
+        wait_until(lambda: client.llen(inbox) > 5, 30, "experience before the outage")
         server.stop()  # Redis goes away (and with it everything: no persistence)
         steps_at_outage = agent.steps
         time.sleep(3)
         assert thread.is_alive() and not errors, errors
         server = EmbeddedRedis(port=port).start()  # same URL again
-        wait_until(lambda: client.xlen(exp) > 3, 60, "experience after Redis came back")
+        wait_until(lambda: client.llen(inbox) > 3, 60, "experience after Redis came back")
         assert agent.steps > steps_at_outage
     finally:
         stop.set("test over")
@@ -86,8 +86,7 @@ def test_agent_rides_out_a_redis_outage(tmp_path):
         server.stop()
     assert not errors, errors
     assert not thread.is_alive()
-    stats = agent.sender.stats()
-    assert stats.duplicates == 0 or stats.chunks > 0
+    assert agent.sender.stats().chunks > 0
 
 
 def test_off_policy_learner_resumes_and_refills_replay(tmp_path):
@@ -190,9 +189,9 @@ def test_agent_waiting_on_backpressure_stops_at_once(tmp_path, real_redis, redis
     agent = Agent(config, real_redis, 0, stop)
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
-    exp = RunKeys(config.run).shard(0).exp
+    inbox = RunKeys(config.run).shard(0).inbox
     try:
-        wait_until(lambda: real_redis.xlen(exp) >= 2, 60, "the backlog to pass max_lag")
+        wait_until(lambda: real_redis.llen(inbox) >= 2, 60, "the backlog to pass max_lag")
         steps = agent.steps
         time.sleep(1.0)
         assert agent.steps <= steps + config.hub.sender.flush_steps * config.env.num_envs  # it is waiting

@@ -20,8 +20,10 @@ def test_train_and_eval_records_go_to_their_own_streams(fake_redis):
     assert reader.read_new() == []
     log = EpisodeLog(fake_redis, RUN)
     log.record([record("0", "train", 1.5), record("eval-0", "eval", 9.0), record("1", "train", 2.5)])
-    assert fake_redis.xlen(RunKeys(RUN).episodes) == 3 and fake_redis.xlen(RunKeys(RUN).evals) == 1
+    # training records wait in the agents' append-only inbox until the learner's reader moves them
+    assert fake_redis.llen(RunKeys(RUN).episodes_inbox) == 2 and fake_redis.xlen(RunKeys(RUN).evals) == 1
     got = reader.read_new()
+    assert fake_redis.xlen(RunKeys(RUN).episodes) == 3 and not fake_redis.exists(RunKeys(RUN).episodes_inbox)
     assert sorted(got, key=lambda r: r.episode_return) == [record("0", "train", 1.5), record("1", "train", 2.5),
                                                            record("eval-0", "eval", 9.0)]
     assert reader.read_new() == []
@@ -62,3 +64,18 @@ def test_stop_score_is_the_lower_median_of_the_agents_means():
     assert two.stop_score() == 3.0  # of two agents, both must reach a target
     with pytest.raises(ValueError, match="window must be >= 1"):
         TrainReturns(0)
+
+
+def test_queued_records_that_do_not_parse_are_counted_and_skipped(fake_redis):
+    """An agent may push anything to the inbox: junk is counted, never read as a record, and
+    never stops the records queued after it."""
+    reader = EpisodeReader(fake_redis, RUN, start_id="0-0")
+    inbox = RunKeys(RUN).episodes_inbox
+    EpisodeLog(fake_redis, RUN).record([record("0", "train", 1.0)])
+    junk = [b"", b"not json", b"[1, 2]", b'{"mode": "train"}', b'{"agent": "0", "mode": "eval", "return": 1e9, '
+            b'"length": 1, "version": 0, "time": 0}', b"[" * 5000 + b"]" * 5000, b'{"agent": "x"}' + b" " * 2000]
+    fake_redis.rpush(inbox, *junk)
+    EpisodeLog(fake_redis, RUN).record([record("1", "train", 2.0)])
+    got = reader.read_new()
+    assert [r.episode_return for r in got] == [1.0, 2.0] and reader.malformed == len(junk)
+    assert not fake_redis.exists(inbox)

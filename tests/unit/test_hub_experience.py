@@ -7,15 +7,23 @@ import numpy as np
 import pytest
 
 from surreal_redis.hub.experience import payload as pl
+from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
 from surreal_redis.hub.experience.wire import WireError, parse_entry
 from surreal_redis.keys import RunKeys
+from surreal_redis.scripts import Scripts
 
 RUN = "unit"
 N = 3
 T = 4
+
+
+def moved(client, num_shards: int = 1) -> None:
+    """Move the agents' queued batches into the streams, as the learner's receiver does."""
+    for keys in RunKeys(RUN).shards(num_shards):
+        assert move_inbox(Scripts(client), keys).left == 0
 
 
 def frame(i: int) -> np.ndarray:
@@ -135,7 +143,9 @@ def test_frame_stacks_upload_one_new_frame_per_step(fake_redis):
     expected = N * (4 + 12) + 2
     assert sender.stats().obs_uploaded == expected
     assert len(fake_redis.keys(keys.obs_prefix + "*")) == expected
-    assert fake_redis.zcard(keys.obsref) == expected
+    assert fake_redis.scard(keys.pinned) == expected  # queued: gc spares them
+    moved(fake_redis)
+    assert fake_redis.zcard(keys.obsref) == expected and not fake_redis.exists(keys.pinned)
     # the boundary row of each chunk (obs_T = obs_0 of the next) is referenced by both entries
     entries = fake_redis.xrange(keys.exp)
     first, second = (set(e[1][b"o"].split(b",")) for e in entries[:N * 2: N])
@@ -187,6 +197,7 @@ def test_agents_route_to_shard_k_mod_s(fake_redis):
         sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, agent, 3)
         for _ in range(2):
             sender.add(np.zeros((1, 2), np.float32), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    moved(fake_redis, 3)
     lengths = [fake_redis.xlen(k.exp) for k in run_keys.shards(3)]
     assert lengths == [2, 2, 1]
     agents = {int(f[b"a"]) for _, f in fake_redis.xrange(run_keys.shard(1).exp)}
@@ -199,7 +210,7 @@ def test_partial_flush_with_and_without_next_obs(fake_redis):
     zeros = np.zeros(N, bool)
     for step in range(3):
         sender.add(np.full((N, 2), step, np.float32), np.zeros(N), np.zeros(N), zeros, zeros)
-    assert fake_redis.xlen(keys.exp) == 0
+    assert fake_redis.llen(keys.inbox) == 0
     assert sender.flush() == N  # without the next obs the last step cannot be completed
     assert sender.stats().steps_dropped == N
     chunks = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(100, 0)
@@ -207,6 +218,7 @@ def test_partial_flush_with_and_without_next_obs(fake_redis):
     np.testing.assert_array_equal(chunks[0].chunk.obs[:, 0], [0, 1, 2])
     sender.add(np.full((N, 2), 9, np.float32), np.zeros(N), np.zeros(N), zeros, zeros)
     assert sender.flush(np.full((N, 2), 10, np.float32)) == N
+    moved(fake_redis)
     assert fake_redis.xlen(keys.exp) == 2 * N
     assert sender.flush() == 0
 
@@ -241,7 +253,7 @@ def test_backpressure_waits_for_the_learner(fake_redis):
         step()  # 3 entries sent: the third waited for nothing (backlog 2 <= max_lag)
     with pytest.raises(HubUnavailableError, match="max_lag"):
         step()  # its chunk is dropped; the step itself starts the next chunk
-    assert sender.stats().steps_dropped == 1 and fake_redis.xlen(RunKeys(RUN).shard(0).exp) == 3
+    assert sender.stats().steps_dropped == 1 and fake_redis.llen(RunKeys(RUN).shard(0).inbox) == 3  # queued
     reader = threading.Timer(0.05, lambda: receiver.receive(10, 0))
     reader.start()
     started = time.monotonic()
@@ -306,7 +318,7 @@ def test_janitor_trims_by_count_counts_unread_and_collects_obs(fake_redis):
     stored = {keys.digest_of(k.decode()) for k in fake_redis.keys(keys.obs_prefix + "*")}
     assert stored == referenced and len(stored) == 3
     assert {m.decode() for m in fake_redis.zrange(keys.obsref, 0, -1)} == referenced
-    assert janitor.run_once()._replace(calls=0) == (0, 0, 0, 0, 0)
+    assert janitor.run_once()._replace(calls=0) == (0, 0, 0, 0, 0, 0)
 
 
 def test_janitor_age_trim_keeps_unread_and_pending(fake_redis):
@@ -375,6 +387,7 @@ def test_read_retained_stops_at_max_entries_and_at_the_start_snapshot(fake_redis
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
     for step in range(8):
         sender.add({"f": frame(step)[None]}, np.zeros(1), np.ones(1), zeros, zeros, policy_version=step)
+    moved(fake_redis)
     receiver = ExperienceReceiver(fake_redis, ReceiverConfig(retained_batch=2), RUN, 1)
     assert [c.policy_version[0] for c in receiver.read_retained(max_entries=3)] == [0, 1, 2]
     assert list(receiver.read_retained(max_entries=0)) == []

@@ -10,7 +10,7 @@ from surreal_redis.keys import CLUSTER_SLOTS, SHARD_SLOT_WINDOWS, RunKeys, valid
 
 def test_shard_keys_share_one_hash_tag():
     shard = RunKeys("exp1").shard(3)
-    names = [shard.exp, shard.obsref, shard.dead, shard.obs("ab" * 16), shard.seen("uuid-1")]
+    names = [shard.exp, shard.obsref, shard.dead, shard.obs("ab" * 16), shard.seen, shard.inbox, shard.pinned]
     assert all(name.startswith(shard.tag + ":") for name in names)
     assert shard.tag.startswith("sr:{exp1.s3") and shard.tag.endswith("}")
     assert len({key_slot(name.encode()) for name in names}) == 1
@@ -74,7 +74,8 @@ def keys_of(run: str) -> list[str]:
     names = [keys.config, keys.agents, keys.episodes, keys.evals, keys.control, keys.learner, keys.params.meta,
              keys.params.notify, keys.params.blob(0), keys.params.blob(123), keys.params.staging("ab" * 8)]
     for shard in (keys.shard(i) for i in (0, 1, 10, 11)):
-        names += [shard.exp, shard.obsref, shard.dead, shard.obs("cd" * 16), shard.seen("0123abcd" * 4)]
+        names += [shard.exp, shard.obsref, shard.dead, shard.obs("cd" * 16), shard.seen, shard.inbox, shard.pinned]
+    names.append(keys.episodes_inbox)
     return names
 
 

@@ -4,15 +4,18 @@ import numpy as np
 import pytest
 
 from surreal_redis.hub.experience.backlog import dedup_ratio
+from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import Heartbeat, read_agents
 from surreal_redis.keys import RunKeys
+from surreal_redis.scripts import Scripts
 from surreal_redis.status import render_status
 
 
 def send_frame_stacks(client, steps=40, num_envs=2):
-    """A 4-frame stack stream: each step brings one new 84x84 frame per env."""
+    """A 4-frame stack stream: each step brings one new 84x84 frame per env (moved from the inbox
+    into the stream, as the learner does)."""
     sender = ExperienceSender(client, SenderConfig(flush_steps=10, dedup_min_bytes=1024), "st", 0, 1)
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 255, (num_envs, 84, 84), dtype=np.uint8) for _ in range(4)]
@@ -21,6 +24,7 @@ def send_frame_stacks(client, steps=40, num_envs=2):
         frames = frames[1:] + [rng.integers(0, 255, (num_envs, 84, 84), dtype=np.uint8)]
         sender.add(obs, np.zeros(num_envs, np.int64), np.ones(num_envs, np.float32),
                    np.zeros(num_envs, bool), np.zeros(num_envs, bool))
+    move_inbox(Scripts(client), RunKeys("st").shard(0))
     return sender
 
 

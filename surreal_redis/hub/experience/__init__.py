@@ -1,2 +1,3 @@
-"""Experience path: agent steps -> chunks -> insert.lua -> shard streams -> receiver -> replay,
+"""Experience path: agent steps -> chunks -> insert.lua -> shard inboxes -> move.lua -> shard
+streams -> receiver -> replay,
 and the retention/gc that keeps the streams bounded."""

@@ -18,18 +18,21 @@ DEDUP_SAMPLE = 50  # recent entries sampled to estimate the observation slots pe
 class Backlog(NamedTuple):
     """Where the learner's consumer group stands on one shard stream.
 
-    ``unread``: entries in the stream not yet delivered to the group; ``last_delivered``: the
-    group's last-delivered id (None when the group does not exist: nothing was delivered).
+    ``unread``: entries in the stream not yet delivered to the group, plus the batches still
+    queued in the inbox (``queued``, each at least one entry); ``last_delivered``: the group's
+    last-delivered id (None when the group does not exist: nothing was delivered).
     """
 
     length: int
     unread: int
     first_id: bytes | None
     last_delivered: bytes | None
+    queued: int = 0
 
 
 def read_backlog(client: redis.Redis, keys: ShardKeys, max_count: int = 10_000) -> Backlog:
-    """One round trip (XINFO GROUPS, XLEN, first entry id); blocks only for that round trip.
+    """One round trip (XINFO GROUPS, XLEN, first entry id, LLEN of the inbox); blocks only for
+    that round trip.
 
     Redis >= 7 reports the group's ``lag``, but it still counts entries trimmed before delivery, so
     it is capped by the entries after the last-delivered id. Without a usable lag (Redis 6.2), the
@@ -39,9 +42,11 @@ def read_backlog(client: redis.Redis, keys: ShardKeys, max_count: int = 10_000) 
     pipe.xinfo_groups(keys.exp)
     pipe.xlen(keys.exp)
     pipe.xrange(keys.exp, count=1)
-    groups, length, first = pipe.execute(raise_on_error=False)
-    if isinstance(length, Exception):
-        raise length
+    pipe.llen(keys.inbox)
+    groups, length, first, queued = pipe.execute(raise_on_error=False)
+    for reply in (length, queued):
+        if isinstance(reply, Exception):
+            raise reply
     first_id = first[0][0] if isinstance(first, list) and first else None
     if isinstance(groups, redis.ResponseError) and "no such key" in str(groups).lower():
         groups = []
@@ -49,7 +54,7 @@ def read_backlog(client: redis.Redis, keys: ShardKeys, max_count: int = 10_000) 
         raise groups
     group = next((g for g in groups if g["name"] in (CONSUMER_GROUP, CONSUMER_GROUP.encode())), None)
     if group is None:
-        return Backlog(length, length, first_id, None)
+        return Backlog(length, length + queued, first_id, None, queued)
     last = group["last-delivered-id"]
     if first_id is None:
         unread = 0
@@ -60,7 +65,7 @@ def read_backlog(client: redis.Redis, keys: ShardKeys, max_count: int = 10_000) 
     else:
         after = client.xrange(keys.exp, min=b"(" + last, count=max_count)
         unread = len(after)
-    return Backlog(length, unread, first_id, last)
+    return Backlog(length, unread + queued, first_id, last, queued)
 
 
 def _obs_slots(fields: dict) -> int:

@@ -95,3 +95,12 @@ class DeadLetters:
                         "debug level", shard, entry_id, reason, detail, reason)
         else:
             log.debug("shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail)
+
+    def count_written(self, reason: str, shard: int, count: int) -> None:
+        """Count ``count`` records a script wrote to ``shard``'s dead-letter stream itself
+        (``move.lua``: inbox items that are not batches)."""
+        self.written += count
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
+        log.log(logging.DEBUG if reason in self._logged else logging.WARNING,
+                "shard %d: %d inbox items set aside (%s; see the dead-letter stream)", shard, count, reason)
+        self._logged.add(reason)

@@ -1,6 +1,9 @@
-"""Learner side of the experience path: shard streams -> decoded :class:`Chunk` objects.
+"""Learner side of the experience path: shard inboxes -> shard streams -> decoded :class:`Chunk`
+objects.
 
-Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), resolves observation
+Agents queue batches in their shard's inbox (a list their ACL user may only append to); before
+reading new entries the receiver moves them into the stream with ``lua/move.lua``, which stores
+each (sender uuid, seq) once, in queue order, and sets malformed items aside. Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), resolves observation
 digests with one MGET per shard and batch plus a bounded cache of decoded arrays, optionally
 verifies every blob's digest, and hands out chunks to be acked once they are in replay.
 
@@ -38,15 +41,18 @@ from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisSettings, 
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.dead_letters import DeadLetters
 from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
+from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.wire import parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
-CLUSTER_BLOCK_SLICE_MS = 50
-"""On Redis Cluster: the longest one blocking XREADGROUP waits on a single shard (the latency an
-entry on another shard can see when everything was quiet)."""
+MOVE_CALLS = 8  # move.lua calls per shard and read: at most 8 x move_items batches a round
+
+BLOCK_SLICE_MS = 50
+"""With several shards: the longest one blocking wait watches a single shard's inbox (the latency a
+batch on another shard can see when everything was quiet)."""
 
 @dataclass(frozen=True)
 class ReceiverConfig:
@@ -60,7 +66,9 @@ class ReceiverConfig:
     ``claim_min_idle_ms``: take over entries pending this long on other consumers (a dead
     learner's), checked every ``claim_every_s`` (then the group's other consumers with nothing
     pending are removed); ``claim_count``: entries per claim or pending-list read.
-    ``dead_maxlen``: approximate cap of the dead-letter stream. ``retained_batch``: entries per
+    ``dead_maxlen``: approximate cap of the dead-letter stream. ``move_items``: inbox batches per
+    ``move.lua`` call; ``seen_ttl_s``: how long a sender's dedup window is kept after its last
+    batch (a batch resent later than that would be stored twice). ``retained_batch``: entries per
     XRANGE of :meth:`ExperienceReceiver.read_retained`. ``retry_base_s``/``retry_cap_s``: backoff
     of setting entries aside while Redis is out of memory.
     """
@@ -75,6 +83,8 @@ class ReceiverConfig:
     claim_every_s: float = 30.0
     claim_count: int = 100
     dead_maxlen: int = 10_000
+    move_items: int = 64
+    seen_ttl_s: int = 3600
     retained_batch: int = 256
     retry_base_s: float = 0.1
     retry_cap_s: float = 5.0
@@ -85,12 +95,14 @@ class ReceiverConfig:
         for name in ("block_ms", "cache_entries", "cache_bytes", "claim_min_idle_ms", "claim_every_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"receiver.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("claim_count", "dead_maxlen", "retained_batch", "max_obs_bytes"):
+        for name in ("claim_count", "dead_maxlen", "retained_batch", "max_obs_bytes", "seen_ttl_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"receiver.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.retry_base_s <= self.retry_cap_s:
             raise ValueError(f"need 0 < receiver.retry_base_s <= retry_cap_s, got {self.retry_base_s}, "
                              f"{self.retry_cap_s}")
+        if not 1 <= self.move_items <= 256:
+            raise ValueError(f"receiver.move_items must be in 1..256, got {self.move_items}")
 
 
 class ReceivedChunk(NamedTuple):
@@ -112,7 +124,9 @@ class ReceiverStats(NamedTuple):
     entries aside that Redis refused (out of memory); ``consumers_removed``: idle consumers
     deleted; ``retained``/``retained_skipped``: chunks yielded / malformed entries skipped by
     :meth:`~ExperienceReceiver.read_retained`; ``cached_bytes`` (a gauge): decoded observations
-    in the cache now."""
+    in the cache now; ``moved``/``duplicates``: agents' batches moved from the inbox into the
+    stream / dropped there as copies of a stored one (resent after a lost reply); malformed inbox
+    items are set aside (``dead``, reason ``malformed_batch``)."""
 
     chunks: int
     steps: int
@@ -128,6 +142,8 @@ class ReceiverStats(NamedTuple):
     pending_trimmed: int = 0
     dead_retries: int = 0
     cached_bytes: int = 0
+    moved: int = 0
+    duplicates: int = 0
 
 
 class ExperienceReceiver:
@@ -135,10 +151,11 @@ class ExperienceReceiver:
 
     :meth:`receive` (and :meth:`read_retained`) from one thread; :meth:`ack` and :meth:`set_aside`
     may be called from another. Use one receiver per reader thread (with distinct ``shards`` or
-    consumer names). On Redis Cluster, where one XREADGROUP may not span slots, each read names
-    one shard: a round of non-blocking reads over the shards, then one blocking read of at most
-    ``CLUSTER_BLOCK_SLICE_MS`` on the shards in rotation, so a quiet shard never starves the others.
-    Blocking calls wait at most ``block_ms`` (capped below half the socket timeout).
+    consumer names). Agents queue batches in each shard's inbox; reading new entries first moves
+    them into the stream (``move.lua``), then reads without blocking; when nothing came, it waits
+    for a batch on one shard's inbox at a time (at most ``BLOCK_SLICE_MS`` each when there are
+    several shards, in rotation, so a quiet shard never starves the others), then moves and reads
+    again. Blocking calls wait at most ``block_ms`` (capped below half the socket timeout).
     Connection errors propagate (nothing is lost: see the module docstring); the next call
     recovers. Out-of-memory replies never do: they are waited out.
     """
@@ -175,7 +192,7 @@ class ExperienceReceiver:
         self._claim_cursor: dict[int, bytes] = {}
         self._next_claim = 0.0
         self._cluster = is_cluster(client)
-        self._rotation = itertools.cycle(list(self._keys))  # the shard of the next blocking read (cluster)
+        self._rotation = itertools.cycle(list(self._keys))  # the shard whose inbox the next wait watches
 
     @property
     def dead_by_reason(self) -> dict[str, int]:
@@ -445,37 +462,43 @@ class ExperienceReceiver:
             self._next_claim = time.monotonic() + cfg.claim_every_s
 
     def _read_new(self, max_chunks: int, wait_ms: int) -> None:
+        """Move the inboxes into the streams, then read new entries without blocking; while that
+        finds nothing and ``wait_ms`` are not over, wait for a batch in the next shard's inbox
+        and go again."""
         streams = {keys.exp: ">" for keys in self._keys.values()}
         count = -(-max_chunks // len(streams))
-        block = block_ms(wait_ms, self.settings) if wait_ms > 0 else None  # BLOCK 0 would wait forever
-        if self._cluster and len(streams) > 1:
-            self._read_new_per_shard(streams, count, block)
-            return
-        reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, streams, count=count, block=block)
-        with self._lock:
-            for name, entries in reply or []:
-                self._take(self._shard_of[bytes(name)], entries)
-
-    def _read_new_per_shard(self, streams: dict[str, str], count: int, block: int | None) -> None:
-        """Cluster: non-blocking reads of every shard; while they find nothing and ``block`` ms
-        are not over, one blocking read of at most ``CLUSTER_BLOCK_SLICE_MS`` on the next shard
-        in rotation, then another round."""
-        deadline = time.monotonic() + (block or 0) / 1000
+        block = block_ms(wait_ms, self.settings) if wait_ms > 0 else 0
+        deadline = time.monotonic() + block / 1000
         while True:
+            self._move_inboxes()
             reply = self._xreadgroup(streams, count)
             if reply:
                 break
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 return
-            shard = next(self._rotation)
-            reply = self.client.xreadgroup(CONSUMER_GROUP, self.config.consumer, {self._keys[shard].exp: ">"},
-                                           count=count, block=max(1, min(left_ms, CLUSTER_BLOCK_SLICE_MS)))
-            if reply:
-                break
+            inbox = self._keys[next(self._rotation)].inbox
+            slice_ms = left_ms if len(self._keys) == 1 else min(left_ms, BLOCK_SLICE_MS)
+            # LMOVE of a list's last item onto its own tail changes nothing: it only wakes us
+            self.client.blmove(inbox, inbox, max(1, slice_ms) / 1000, "RIGHT", "RIGHT")
         with self._lock:
             for name, entries in reply:
                 self._take(self._shard_of[bytes(name)], entries)
+
+    def _move_inboxes(self) -> None:
+        """Move every shard's queued batches into its stream (``move.lua``, ``move_items`` per
+        call, until the inbox is empty or ``MOVE_CALLS`` calls per shard). It runs in a full
+        Redis too. Script errors raise ScriptError."""
+        cfg = self.config
+        for shard, keys in self._keys.items():
+            for _ in range(MOVE_CALLS):
+                moved = move_inbox(self._scripts, keys, cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen)
+                self._counts["moved"] += moved.taken - moved.duplicates - moved.malformed
+                self._counts["duplicates"] += moved.duplicates
+                if moved.malformed:
+                    self._dead.count_written("malformed_batch", shard, moved.malformed)
+                if not moved.left:
+                    break
 
     def _xreadgroup(self, streams: dict[str, str | bytes], count: int) -> list:
         """XREADGROUP without blocking; on a cluster one call per stream (one slot per call).

@@ -1,5 +1,6 @@
-"""Eviction of experience: trim shard streams by count and age, then collect unreferenced
-observations (two-phase gc against the obsref sorted set, see ``lua/gc.lua``).
+"""Eviction of experience: move what agents queued into the shard streams, trim the streams by
+count and age, then collect unreferenced observations (two-phase gc against the obsref sorted set
+and the pins of queued batches, see ``lua/gc.lua``).
 
 Every script call does bounded work; :meth:`HubJanitor.run_once` loops in Python. Trimming and gc
 only free memory, so they run while Redis refuses writes for ``maxmemory`` (OOM).
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import redis
 
 from surreal_redis.connection import node_client
+from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.wire import id_score
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
@@ -59,13 +61,16 @@ class RetentionConfig:
 class JanitorStats(NamedTuple):
     """What one :meth:`HubJanitor.run_once` did, summed over shards. ``unread_dropped``: entries
     trimmed before the learner's group was given them (counted atomically with the trim);
-    ``orphans_deleted``: obs keys no entry could reach (included in ``obs_deleted``)."""
+    ``orphans_deleted``: obs keys no entry could reach (included in ``obs_deleted``); ``moved``:
+    queued batches moved into the streams first (so a Redis the agents filled while no learner
+    read can be trimmed; malformed ones are set aside in the dead-letter stream)."""
 
     trimmed: int
     unread_dropped: int
     obs_deleted: int
     calls: int
     orphans_deleted: int = 0
+    moved: int = 0
 
 
 class HubJanitor:
@@ -87,8 +92,8 @@ class HubJanitor:
         self.unread_dropped_total = 0
 
     def run_once(self) -> JanitorStats:
-        """Trim every shard by age, then by count, then gc until no candidate is left, then sweep
-        one page of obs keys for orphans.
+        """Move every shard's queued batches into its stream, trim it by age, then by count, then
+        gc until no candidate is left, then sweep one page of obs keys for orphans.
 
         Blocks for the script calls (each bounded: ``trim_limit`` entries, ``gc_batch`` keys).
         """
@@ -106,7 +111,16 @@ class HubJanitor:
 
     def _run_shard(self, keys: ShardKeys, now_ms: int | None) -> JanitorStats:
         cfg = self.config
-        trimmed = dropped = calls = 0
+        trimmed = dropped = calls = moved = 0
+        while calls < cfg.max_calls:
+            result = move_inbox(self._scripts, keys)
+            calls += 1
+            moved += result.taken
+            if result.malformed:
+                log.warning("shard %d: %d inbox items were not batches; set aside in the dead-letter stream",
+                            keys.shard, result.malformed)
+            if not result.left:
+                break
         first: bytes | None = None
         passes: list[tuple[str, str | int]] = []
         if now_ms is not None:
@@ -130,7 +144,7 @@ class HubJanitor:
             first = head[0][0] if head else None
         deleted, gc_calls = self._collect(keys, first, cfg.max_calls - calls)
         orphans = self._sweep_orphans(keys)
-        return JanitorStats(trimmed, dropped, deleted + orphans, calls + gc_calls, orphans)
+        return JanitorStats(trimmed, dropped, deleted + orphans, calls + gc_calls, orphans, moved)
 
     def _collect(self, keys: ShardKeys, first_id: bytes | None, budget: int) -> tuple[int, int]:
         """gc until no obsref member scores below the first entry; returns (deleted, calls)."""
@@ -141,7 +155,7 @@ class HubJanitor:
             if not digests:
                 return deleted, calls
             obs_keys = [keys.obs(d.decode()) for d in digests]
-            deleted += self._scripts.call("gc", [keys.exp, keys.obsref, *obs_keys], [])[0]
+            deleted += self._scripts.call("gc", [keys.exp, keys.obsref, keys.pinned, *obs_keys], [])[0]
             calls += 1
         log.warning("shard %d: gc stopped after %d calls (retention.max_calls) with candidates left",
                     keys.shard, calls)
@@ -165,7 +179,7 @@ class HubJanitor:
         orphans = 0
         batch = self.config.gc_batch
         for start in range(0, len(names), batch):
-            orphans += self._scripts.call("gc", [keys.exp, keys.obsref, *names[start:start + batch]], [])[1]
+            orphans += self._scripts.call("gc", [keys.exp, keys.obsref, keys.pinned, *names[start:start + batch]], [])[1]
         if orphans:
             log.warning("shard %d: deleted %d observation keys no entry references (written around "
                         "insert.lua)", keys.shard, orphans)

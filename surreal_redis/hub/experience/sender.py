@@ -3,7 +3,8 @@
 Each env's steps fill preallocated numpy buffers; every ``flush_steps`` steps all envs' chunks go
 out in one pipeline of ``insert.lua`` calls (at most 64 chunks, 256 obs keys and
 ``max_insert_bytes`` each). Each call carries the observation blobs not uploaded before and
-writes them together with the entries, all-or-nothing, idempotent per (sender uuid, seq). Blobs
+writes them together with the batch, all-or-nothing, into the shard's inbox; the learner moves
+the batch into the stream once per (sender uuid, seq) (``move.lua``). Blobs
 that the sender remembers as stored travel again only when the script answers MISSING (gc
 collected them meanwhile). Commands are packed and sent without redis-py's pipeline (see
 :func:`surreal_redis.hub.experience.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.experience.wire`.
@@ -54,7 +55,7 @@ class SenderConfig:
     float32 = 1.5 KB never repeat, and a key costs ~250 B of Redis memory). Observation blobs and
     chunk bodies of at least ``compress_min_bytes`` are lz4-compressed when that shrinks them.
     ``lru_size``: digests remembered as stored (at least the most recent ``lru_size / 2``).
-    ``seen_ttl_s``: how long this sender's dedup window (its stored seqs) is remembered. ``max_insert_bytes``:
+    ``max_insert_bytes``:
     bytes (fields and blobs) per insert call, which bounds how long one call holds the server;
     a single bigger chunk goes alone. ``max_lag``: wait before sending while the learner has more
     unread entries than this on our shard (None or 0: never wait). ``max_wait_s``: give up
@@ -67,7 +68,6 @@ class SenderConfig:
     dedup_min_bytes: int = 4096
     compress_min_bytes: int = 512
     lru_size: int = 65536
-    seen_ttl_s: int = 3600
     max_lag: int | None = None
     max_chunks_per_insert: int = 64
     max_obs_per_insert: int = 256
@@ -78,7 +78,7 @@ class SenderConfig:
     backpressure_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        positive = ("flush_steps", "dedup_min_bytes", "compress_min_bytes", "lru_size", "seen_ttl_s",
+        positive = ("flush_steps", "dedup_min_bytes", "compress_min_bytes", "lru_size",
                     "max_chunks_per_insert", "max_obs_per_insert", "max_insert_bytes", "max_wait_s")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -104,7 +104,6 @@ class SenderStats(NamedTuple):
     obs_uploaded: int
     obs_lru_hits: int
     bytes_sent: int
-    duplicates: int
     missing_retries: int
     oom_retries: int
     error_retries: int
@@ -228,10 +227,9 @@ class ExperienceSender:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.
 
         Every batch keeps its seq until its fate is known: a refused batch (MISSING, OOM, NOSCRIPT)
-        is resent under the same seq, and so is every batch of a pipeline whose replies were lost;
-        insert.lua remembers each stored seq at or above the floor (the lowest unsettled seq), so
-        whatever was stored answers DUP and nothing else does. At most ``SEQ_WINDOW`` seqs past
-        the floor are in flight.
+        is resent under the same seq, and so is every batch of a pipeline whose replies were lost
+        (queued twice then: move.lua remembers each stored seq at or above the floor, the lowest
+        unsettled seq, and drops the copy). At most ``SEQ_WINDOW`` seqs past the floor are in flight.
         """
         cfg = self.config
         self._wait_for_learner()
@@ -280,19 +278,19 @@ class ExperienceSender:
         """One pipeline of inserts. Returns the batches to retry and why."""
         keys, blob, cfg = self.keys, self._buffer.blob, self.config
         sha = self._scripts.get("insert").sha
-        head = (keys.exp, keys.obsref, keys.seen(self.uuid))
+        head = (keys.inbox, keys.pinned)
         commands = []
         for batch in batches:
             obs_keys = keys.obs_keys(batch.keys_order())
-            args = [batch.seq, floor, cfg.seen_ttl_s, len(batch.chunks), len(batch.upload)]
+            args = [self.uuid, batch.seq, floor, len(batch.chunks), len(batch.upload)]
             args += [blob(d) for d in batch.upload]
             for fields in batch.chunks:
                 args += fields
-            commands.append(pack_command("EVALSHA", sha, 3 + len(obs_keys), *head, *obs_keys, *args))
+            commands.append(pack_command("EVALSHA", sha, len(head) + len(obs_keys), *head, *obs_keys, *args))
         try:
             replies = send_commands(self.client, commands, keys.exp)
         except CONNECTION_ERRORS as exc:
-            # Unknown outcome: resend the same seqs; whatever was stored answers DUP.
+            # Unknown outcome: resend the same seqs; move.lua drops whatever is queued twice.
             self._counts["error_retries"] += 1
             log.warning("shard %d: insert pipeline failed (%s); retrying", self.shard, exc)
             return [(b, Outcome.BACKOFF) for b in batches], exc
@@ -304,8 +302,7 @@ class ExperienceSender:
             if kind is Outcome.DONE:
                 self._counts["inserts"] += 1
                 self._counts["chunks"] += len(batch.chunks)
-                self._counts["duplicates"] += detail == "DUP"
-                self._counts["obs_uploaded"] += len(batch.upload) * (detail == "OK")
+                self._counts["obs_uploaded"] += len(batch.upload)
                 self._remember(batch.digests)
                 for fields in batch.chunks:
                     self._unsent.pop(id(fields), None)

@@ -1,7 +1,9 @@
-"""Finished-episode statistics. Agents append training episodes to ``sr:{run}:episodes``; the eval
-process appends eval episodes to ``sr:{run}:evals``, a stream only its own ACL user may write. The
-learner reads both (charts, best-k checkpoints, stop conditions) and trusts a record's mode only
-by the stream it came from, so no agent can put a score into the eval results.
+"""Finished-episode statistics. Agents append training episodes (JSON) to the list
+``sr:{run}:episodes:inbox``, which their ACL user may append to but not trim; the learner moves
+them into the stream ``sr:{run}:episodes`` (``lua/drain.lua``). The eval process appends eval
+episodes to ``sr:{run}:evals``, a stream only its own ACL user may write. The learner reads both
+(charts, best-k checkpoints, stop conditions) and trusts a record's mode only by the stream it came
+from, so no agent can put a score into the eval results.
 
 Agents all write as one Redis user, so nothing tells one agent's records from another's: the
 train-return stop rule therefore uses :class:`TrainReturns`, which one agent's records alone
@@ -9,6 +11,7 @@ cannot drive (see there)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from collections.abc import Iterable
@@ -18,6 +21,7 @@ import numpy as np
 import redis
 
 from surreal_redis.keys import RunKeys
+from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +40,20 @@ class EpisodeRecord(NamedTuple):
     time: float
 
 
+MAX_RECORD_BYTES = 1024  # a training record in the inbox; longer ones are dropped by drain.lua
+
+
 class EpisodeLog:
-    """Appends episode records (``XADD MAXLEN ~ maxlen``), pipelined with the caller's batch:
-    training records to ``episodes``, eval records to ``evals`` (which only the eval user may
-    write: an agent's eval record is refused with NOPERM)."""
+    """Appends episode records, pipelined: training records to the ``episodes`` inbox (RPUSH of
+    one JSON object each), eval records to ``evals`` (``XADD MAXLEN ~ maxlen``; only the eval user
+    may write it: an agent's eval record is refused with NOPERM)."""
 
     def __init__(self, client: redis.Redis, run: str, maxlen: int = 100_000) -> None:
         if maxlen < 1:
             raise ValueError(f"episodes maxlen must be >= 1, got {maxlen}")
         keys = RunKeys(run)
         self.client, self.maxlen = client, maxlen
-        self.keys: dict[str, str] = {"train": keys.episodes, "eval": keys.evals}
+        self.keys: dict[str, str] = {"train": keys.episodes_inbox, "eval": keys.evals}
 
     def record(self, records: list[EpisodeRecord]) -> None:
         """One round trip for all ``records``; Redis errors propagate (the caller backs off)."""
@@ -65,9 +72,12 @@ class EpisodeLog:
         for r in records:
             if r.mode not in self.keys:
                 raise ValueError(f"unknown episode mode {r.mode!r} (use 'train' or 'eval')")
-            pipe.xadd(self.keys[r.mode], {"agent": r.agent, "mode": r.mode, "return": repr(float(r.episode_return)),
-                                          "length": int(r.length), "version": int(r.version), "time": repr(r.time)},
-                      maxlen=self.maxlen, approximate=True)
+            fields = {"agent": r.agent, "mode": r.mode, "return": repr(float(r.episode_return)),
+                      "length": int(r.length), "version": int(r.version), "time": repr(r.time)}
+            if r.mode == "train":
+                pipe.rpush(self.keys["train"], json.dumps(fields))
+            else:
+                pipe.xadd(self.keys["eval"], fields, maxlen=self.maxlen, approximate=True)
         refused = []
         for record, reply in zip(records, pipe.execute(raise_on_error=False)):
             if isinstance(reply, redis.exceptions.OutOfMemoryError):
@@ -78,20 +88,35 @@ class EpisodeLog:
 
 
 class EpisodeReader:
-    """Reads the training and eval episodes appended since the last call (one non-blocking XREAD
-    of both streams from their cursors). A record whose mode is not its stream's (an agent
-    claiming an eval) is counted in :attr:`malformed` and skipped."""
+    """The learner's reader of the training and eval episodes appended since the last call: moves
+    the agents' queued training records into the ``episodes`` stream (``drain.lua``, which needs
+    the learner's rights), then one non-blocking XREAD of both streams from their cursors. A record
+    that does not parse, or whose mode is not its stream's (an agent claiming an eval), is counted
+    in :attr:`malformed` and skipped; ``maxlen``: the ``episodes`` stream's approximate cap."""
 
-    def __init__(self, client: redis.Redis, run: str, start_id: str = "$") -> None:
-        keys = RunKeys(run)
-        self.client = client
+    def __init__(self, client: redis.Redis, run: str, start_id: str = "$", maxlen: int = 100_000) -> None:
+        if maxlen < 1:
+            raise ValueError(f"episodes maxlen must be >= 1, got {maxlen}")
+        self.keys = keys = RunKeys(run)
+        self.client, self.maxlen = client, maxlen
+        self._scripts = Scripts(client)
         self.modes: dict[str, EpisodeMode] = {keys.episodes: "train", keys.evals: "eval"}
         self.cursors = {key: start_id for key in self.modes}
         self.malformed = 0
 
     def read_new(self, count: int = 10_000) -> list[EpisodeRecord]:
-        """Up to ``count`` records of each stream, oldest first within each; one round trip
-        (two more, once, to resolve a ``"$"`` start)."""
+        """Up to ``count`` records of each stream, oldest first within each. Blocks for two round
+        trips (the drain, the read), two more once to resolve a ``"$"`` start. A full Redis (OOM)
+        refuses the drain: the records wait in the inbox for a later call. Other Redis errors
+        propagate."""
+        try:
+            taken, dropped, _ = self._scripts.call("drain", [self.keys.episodes_inbox, self.keys.episodes],
+                                                   [count, self.maxlen, MAX_RECORD_BYTES])
+        except redis.exceptions.OutOfMemoryError:
+            taken = dropped = 0
+            log.debug("episode records wait in the inbox: Redis is out of memory")
+        if dropped:
+            self._count_malformed(f"{dropped} of {taken} queued training records over {MAX_RECORD_BYTES} bytes", dropped)
         for key, cursor in self.cursors.items():
             if cursor == "$":  # resolve "now" once so nothing appended later is skipped
                 last = self.client.xrevrange(key, count=1)
@@ -104,17 +129,25 @@ class EpisodeReader:
                 self.cursors[key] = entry_id.decode()
                 try:
                     records.append(parse_episode(fields, self.modes[key]))
-                except (KeyError, ValueError) as exc:
-                    self.malformed += 1
-                    if self.malformed == 1 or self.malformed % 1000 == 0:
-                        log.warning("skipping malformed episode record %s of %s (%d so far): %s", entry_id.decode(),
-                                    key, self.malformed, exc)
+                except (KeyError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+                    self._count_malformed(f"record {entry_id.decode()} of {key}: {exc!r}"[:300])
         return records
+
+    def _count_malformed(self, what: str, count: int = 1) -> None:
+        self.malformed += count
+        if self.malformed == count or self.malformed // 1000 != (self.malformed - count) // 1000:
+            log.warning("skipping malformed episode records (%d so far): %s", self.malformed, what)
 
 
 def parse_episode(fields: dict[bytes, bytes], mode: EpisodeMode) -> EpisodeRecord:
-    """The record of one stream entry, whose stream holds ``mode`` records. Raises ValueError
-    (or KeyError for a missing field)."""
+    """The record of one stream entry, whose stream holds ``mode`` records: the fields themselves
+    (``evals``) or one JSON object in field ``r`` (``episodes``, as an agent queued it). Raises
+    ValueError (or KeyError, TypeError, AttributeError for a missing or mistyped field)."""
+    if b"r" in fields:
+        decoded = json.loads(fields[b"r"])
+        if not isinstance(decoded, dict):
+            raise ValueError(f"a record must be a JSON object, got {type(decoded).__name__}")
+        fields = {str(k).encode(): str(v).encode() for k, v in decoded.items()}
     claimed = fields[b"mode"].decode()
     if claimed != mode:
         raise ValueError(f"a {claimed!r} record in the {mode} stream")

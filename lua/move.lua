@@ -1,0 +1,149 @@
+-- KEYS[1] inbox list, KEYS[2] experience stream, KEYS[3] obsref sorted set, KEYS[4] seen hash,
+-- KEYS[5] pinned set, KEYS[6] dead-letter stream (all of one shard)
+-- ARGV[1] most inbox items to move (1..256), ARGV[2] how long a sender's dedup window is kept after
+--   its last batch (ms), ARGV[3] dead-letter stream MAXLEN (approximate)
+-- returns {items taken, entries added, duplicate items, malformed items, items left in the inbox}
+-- Runs as the learner: moves the oldest batches agents queued with insert.lua into the stream, in
+-- order, each batch once per (sender uuid, seq). An item that is not a well-formed batch (an agent
+-- may push anything to the inbox) goes to the dead-letter stream with its reason, so nothing an
+-- agent queues can stop the move. Runs under maxmemory (OOM) too, adding about what it frees: its
+-- first write is the LTRIM that takes the items, which Redis allows under OOM, and once a script
+-- has written Redis lets it finish (it cannot stop in the middle); so a learner restarted into a
+-- Redis the agents filled can move their batches, and its janitor then trims and collects them.
+-- Dedup window (per sender, the field of KEYS[4]): "<ms>:<floor>,<seq>,<seq>,...," - when its last
+-- batch was stored, the highest floor sent and every seq stored at or above it. A seq in that set,
+-- or below the floor (its fate was settled), is a duplicate; any other seq is stored, in any order,
+-- so a batch refused before a later one was queued is still stored when resent. Seqs below a new
+-- floor are forgotten: the set stays under 1024. Windows idle for ARGV[2] ms are dropped, two
+-- random fields checked per call.
+-- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest; once the
+-- inbox is empty no batch references a pin, so the pinned set is dropped.
+local MAX_ITEMS, MAX_CHUNKS, WINDOW, SLOTS = 256, 64, 1024, 1024
+local count, ttl, dead_maxlen = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if not count or count < 1 or count > MAX_ITEMS or count % 1 ~= 0 or not ttl or ttl < 1
+    or not dead_maxlen or dead_maxlen < 1 then
+  return redis.error_reply('move: bad item count/ttl/maxlen ' .. tostring(ARGV[1]) .. '/' .. tostring(ARGV[2]) ..
+    '/' .. tostring(ARGV[3]))
+end
+local items = redis.call('LRANGE', KEYS[1], 0, count - 1)
+if #items > 0 then
+  redis.call('LTRIM', KEYS[1], #items, -1)
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+-- netstrings "<len>:<bytes>" -> list of at most `limit` strings, or nil and why
+local function split(item, limit)
+  local out, pos, n = {}, 1, #item
+  while pos <= n do
+    if #out >= limit then
+      return nil, 'more than ' .. limit .. ' fields'
+    end
+    local colon = string.find(item, ':', pos, true)
+    local size = colon and colon - pos <= 9 and string.match(string.sub(item, pos, colon - 1), '^%d+$')
+    if not size or colon + tonumber(size) > n then
+      return nil, 'bad netstring at byte ' .. pos
+    end
+    out[#out + 1] = string.sub(item, colon + 1, colon + tonumber(size))
+    pos = colon + tonumber(size) + 1
+  end
+  return out
+end
+
+local function integer(text)
+  return string.match(text, '^%d+$') and #text <= 15 and tonumber(text)
+end
+
+-- the batch of one item, or nil and why
+local function parse(item)
+  local f, why = split(item, 4 + 4 * MAX_CHUNKS)
+  if not f then
+    return nil, why
+  end
+  if #f < 8 or (#f - 4) % 4 ~= 0 then
+    return nil, #f .. ' fields'
+  end
+  local uuid, seq, floor, m = f[1], integer(f[2]), integer(f[3]), integer(f[4])
+  if not string.match(uuid, '^%x+$') or #uuid > 64 then
+    return nil, 'bad sender uuid'
+  end
+  if not seq or not floor or seq < 1 or floor < 1 or floor > seq or seq >= floor + WINDOW then
+    return nil, 'bad seq/floor'
+  end
+  if m ~= (#f - 4) / 4 then
+    return nil, 'chunk count ' .. tostring(f[4]) .. ' for ' .. (#f - 4) .. ' fields'
+  end
+  local chunks = {}
+  for c = 1, m do
+    local refs = {}
+    for digest in string.gmatch(f[4 * c + 3], '[^,]+') do
+      if not string.match(digest, '^%x+$') or #digest > 64 then
+        return nil, 'bad digest in chunk ' .. c
+      end
+      refs[#refs + 1] = digest
+    end
+    chunks[c] = {f[4 * c + 1], f[4 * c + 2], f[4 * c + 3], f[4 * c + 4], refs}
+  end
+  return {uuid = uuid, seq = seq, floor = floor, chunks = chunks}
+end
+
+local added, duplicates, malformed = 0, 0, 0
+for _, item in ipairs(items) do
+  local batch, why = parse(item)
+  if not batch then
+    malformed = malformed + 1
+    redis.call('XADD', KEYS[6], 'MAXLEN', '~', dead_maxlen, '*', 'id', 'inbox', 'reason', 'malformed_batch',
+      'detail', why, 'f.raw', string.sub(item, 1, 1024))
+  else
+    local state = redis.call('HGET', KEYS[4], batch.uuid)
+    local known_floor, stored = 0, ','
+    if state then
+      local f, rest = string.match(state, '^%d+:(%d+)(,[%d,]*)$')
+      if f then  -- written by this script only; anything else is treated as no window
+        known_floor, stored = tonumber(f), rest
+      end
+    end
+    if batch.seq < known_floor or string.find(stored, ',' .. string.format('%d', batch.seq) .. ',', 1, true) then
+      duplicates = duplicates + 1
+    else
+      for _, chunk in ipairs(batch.chunks) do
+        local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3], 'd', chunk[4])
+        added = added + 1
+        if #chunk[5] > 0 then
+          local ms, sq = string.match(id, '^(%d+)-(%d+)$')
+          local score = string.format('%.0f', tonumber(ms) * SLOTS + math.min(tonumber(sq), SLOTS - 1))
+          local args = {}
+          for _, digest in ipairs(chunk[5]) do
+            args[#args + 1] = score
+            args[#args + 1] = digest
+          end
+          redis.call('ZADD', KEYS[3], 'GT', unpack(args))
+        end
+      end
+      if batch.floor > known_floor then
+        local kept = {''}
+        for s in string.gmatch(stored, '%d+') do
+          if tonumber(s) >= batch.floor then
+            kept[#kept + 1] = s
+          end
+        end
+        kept[#kept + 1] = ''
+        known_floor, stored = batch.floor, table.concat(kept, ',')
+      end
+      redis.call('HSET', KEYS[4], batch.uuid, string.format('%.0f:%d', now, known_floor) .. stored ..
+        string.format('%d', batch.seq) .. ',')
+    end
+  end
+end
+local left = redis.call('LLEN', KEYS[1])
+if left == 0 then
+  redis.call('DEL', KEYS[5])
+end
+local sample = redis.call('HRANDFIELD', KEYS[4], 2)
+for _, sender in ipairs(type(sample) == 'table' and sample or {}) do
+  local touched = tonumber(string.match(redis.call('HGET', KEYS[4], sender) or '', '^(%d+):') or '0')
+  if touched + ttl < now then
+    redis.call('HDEL', KEYS[4], sender)
+  end
+end
+return {#items, added, duplicates, malformed, left}

@@ -1,0 +1,33 @@
+"""The shard inboxes: agents append insert batches (``lua/insert.lua``, as their ACL user, which
+may only append); the learner moves them into the shard stream (``lua/move.lua``), storing each
+(sender uuid, seq) once, in queue order, and setting aside items that are not batches."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from surreal_redis.keys import ShardKeys
+from surreal_redis.scripts import Scripts
+
+
+class Moved(NamedTuple):
+    """What one ``move.lua`` call did: inbox items taken, stream entries added, items dropped as
+    copies of a stored batch, malformed items set aside, items left in the inbox."""
+
+    taken: int
+    added: int
+    duplicates: int
+    malformed: int
+    left: int
+
+
+def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = 64, seen_ttl_s: int = 3600,
+               dead_maxlen: int = 10_000) -> Moved:
+    """Move up to ``max_items`` (1..256) of the agents' queued batches of one shard into its stream
+    (needs the learner's rights); malformed items go to the shard's dead-letter stream (approximate
+    cap ``dead_maxlen``); a sender's dedup window is kept ``seen_ttl_s`` after its last batch. One
+    round trip; it runs in a full Redis too (it frees about what it adds). Connection errors
+    propagate (the call may have run: a later one moves the rest, and drops nothing twice)."""
+    reply = scripts.call("move", [keys.inbox, keys.exp, keys.obsref, keys.seen, keys.pinned, keys.dead],
+                         [max_items, seen_ttl_s * 1000, dead_maxlen])
+    return Moved(*(int(value) for value in reply))
