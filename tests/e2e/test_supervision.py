@@ -130,10 +130,15 @@ def test_launch_rides_out_a_redis_outage(tmp_path, appendonly):
         wait_for(lambda: learner_status(client).get("iteration", 0) >= 1, 120, "a learner update", proc, output)
         (agent,) = read_agents(client, "smoke", 30)
         assert os.readlink(f"/proc/{agent.pid}/cwd") == str(tmp_path / "smoke" / "logs")  # MUJOCO_LOG.TXT goes there
+        held = agent.param_version
         server.kill()
         time.sleep(5)
         assert proc.poll() is None, f"launch exited during the outage:\n{output.read_text()[-4000:]}"
         server.start()
+        # Parameter versions never go back: emptied, Redis loses the version; the learner publishes
+        # above what the agents report, and the agent moves on to it (it refuses anything lower).
+        wait_for(lambda: [a for a in read_agents(connect(server.url), "smoke", 30) if a.param_version > held],
+                 120, f"an agent acting with a version above v{held}", proc, output)
         out = finish(proc, output, timeout=240)
     finally:
         if proc.poll() is None:
@@ -145,6 +150,7 @@ def test_launch_rides_out_a_redis_outage(tmp_path, appendonly):
     assert "run 'smoke' finished (reached" in out, out[-3000:]
     if not appendonly:
         assert "Redis came back without the run's keys" in out
+    assert "is below the held" not in (tmp_path / "smoke" / "logs" / "agent-0.log").read_text()
 
 
 def test_a_crashed_learner_is_restarted_until_its_restarts_run_out_then_resume_goes_on(tmp_path):
