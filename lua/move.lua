@@ -1,7 +1,8 @@
 -- KEYS[1] inbox list, KEYS[2] experience stream, KEYS[3] obsref sorted set, KEYS[4] seen hash,
 -- KEYS[5] pinned set, KEYS[6] dead-letter stream (all of one shard)
 -- ARGV[1] most inbox items to move (1..256), ARGV[2] how long a sender's dedup window is kept after
---   its last batch (ms), ARGV[3] dead-letter stream MAXLEN (approximate)
+--   its last batch (ms), ARGV[3] dead-letter stream MAXLEN (approximate), ARGV[4] byte budget: no
+--   item is taken once the items taken hold this many bytes (the first always is)
 -- returns {items taken, entries added, duplicate items, malformed items, items left in the inbox}
 -- Runs as the learner: moves the oldest batches agents queued with insert.lua into the stream, in
 -- order, each batch once per (sender uuid, seq). An item that is not a well-formed batch (an agent
@@ -19,13 +20,21 @@
 -- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest; once the
 -- inbox is empty no batch references a pin, so the pinned set is dropped.
 local MAX_ITEMS, MAX_CHUNKS, WINDOW, SLOTS = 256, 64, 1024, 1024
-local count, ttl, dead_maxlen = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local count, ttl, dead_maxlen, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if not count or count < 1 or count > MAX_ITEMS or count % 1 ~= 0 or not ttl or ttl < 1
-    or not dead_maxlen or dead_maxlen < 1 then
+    or not dead_maxlen or dead_maxlen < 1 or not budget or budget < 1 then
   return redis.error_reply('move: bad item count/ttl/maxlen ' .. tostring(ARGV[1]) .. '/' .. tostring(ARGV[2]) ..
-    '/' .. tostring(ARGV[3]))
+    '/' .. tostring(ARGV[3]) .. '/' .. tostring(ARGV[4]))
 end
-local items = redis.call('LRANGE', KEYS[1], 0, count - 1)
+local items, bytes = {}, 0
+while #items < count and bytes < budget do
+  local item = redis.call('LINDEX', KEYS[1], #items)
+  if not item then
+    break
+  end
+  items[#items + 1] = item
+  bytes = bytes + #item
+end
 if #items > 0 then
   redis.call('LTRIM', KEYS[1], #items, -1)
 end

@@ -47,10 +47,10 @@ def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid
     return scripts.call("insert", [KEYS.inbox, KEYS.pinned, *[KEYS.obs(d) for d in order]], args)
 
 
-def move(scripts: Scripts, count: int = 64) -> list[int]:
+def move(scripts: Scripts, count: int = 64, budget: int = 4 << 20) -> list[int]:
     """move.lua as the learner runs it: {taken, added, duplicates, malformed, left}."""
     return scripts.call("move", [KEYS.inbox, KEYS.exp, KEYS.obsref, KEYS.seen, KEYS.pinned, KEYS.dead],
-                        [count, 60_000, 1000])
+                        [count, 60_000, 1000, budget])
 
 
 def insert_moved(scripts: Scripts, seq: int, digests: list[str], **kwargs) -> list:
@@ -176,6 +176,17 @@ def test_move_sets_aside_what_an_agent_pushes_around_insert_and_moves_the_rest(r
     assert reasons == {b"malformed_batch"} and all(details)
     assert real_redis.xrange(KEYS.dead)[1][1][b"f.raw"] == b"garbage"
     assert not real_redis.exists(KEYS.pinned)
+
+
+def test_move_takes_items_up_to_its_count_and_byte_budget(real_redis):
+    scripts = Scripts(real_redis)
+    for seq in range(1, 6):
+        assert insert(scripts, seq, [], chunks=seq) == [b"OK"]
+    assert move(scripts, budget=1) == [1, 1, 0, 0, 4]  # the first item always goes
+    size = len(real_redis.lindex(KEYS.inbox, 0)) + len(real_redis.lindex(KEYS.inbox, 1))
+    assert move(scripts, budget=size) == [2, 5, 0, 0, 2]
+    assert move(scripts, count=1) == [1, 4, 0, 0, 1]
+    assert move(scripts) == [1, 5, 0, 0, 0] and real_redis.xlen(KEYS.exp) == 15
 
 
 def test_gc_spares_what_a_queued_batch_references(real_redis):

@@ -21,13 +21,16 @@ class Moved(NamedTuple):
     left: int
 
 
+MOVE_BYTES = 4 << 20  # a move.lua call takes no more items once it holds this many bytes
+
+
 def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = 64, seen_ttl_s: int = 3600,
                dead_maxlen: int = 10_000) -> Moved:
-    """Move up to ``max_items`` (1..256) of the agents' queued batches of one shard into its stream
-    (needs the learner's rights); malformed items go to the shard's dead-letter stream (approximate
+    """Move up to ``max_items`` (1..256) of the agents' queued batches of one shard into its stream,
+    stopping early once ``MOVE_BYTES`` are taken (needs the learner's rights); malformed items go to the shard's dead-letter stream (approximate
     cap ``dead_maxlen``); a sender's dedup window is kept ``seen_ttl_s`` after its last batch. One
     round trip; it runs in a full Redis too (it frees about what it adds). Connection errors
     propagate (the call may have run: a later one moves the rest, and drops nothing twice)."""
     reply = scripts.call("move", [keys.inbox, keys.exp, keys.obsref, keys.seen, keys.pinned, keys.dead],
-                         [max_items, seen_ttl_s * 1000, dead_maxlen])
+                         [max_items, seen_ttl_s * 1000, dead_maxlen, MOVE_BYTES])
     return Moved(*(int(value) for value in reply))
