@@ -75,8 +75,9 @@ for digest, i in pairs(known) do
 end
 
 local parts = {}
-local function put(value)
-  parts[#parts + 1] = #value .. ':' .. value
+local function put(value)  -- no '<len>:' .. value: a payload is copied once, by table.concat
+  parts[#parts + 1] = #value .. ':'
+  parts[#parts + 1] = value
 end
 put(uuid)
 put(ARGV[2])
