@@ -253,14 +253,20 @@ class Launcher:
         control = RunControl(client, self.config.run)
         self.children = self._children()
         learner, others = self.children[0], self.children[1:]
-        # Everyone starts at once: agents and eval import torch and build their envs while the
+        # Learner and agents start at once: agents import torch and build their envs while the
         # learner starts, then wait for its first parameters themselves (~3 s sooner to the first
-        # update on 2 cores than starting them after that publish).
+        # update on 2 cores than starting them after that publish). Eval is not on that path: it
+        # starts after the first publish, so its torch import does not compete with theirs (first
+        # update 0.82x as late, 3 of 3 paired launches on 2 shared cores).
+        evals = [child for child in others if child.name.startswith("eval-")]
         for child in self.children:
-            child.start()
+            if child not in evals:
+                child.start()
         if not self._wait_for_parameters(client, learner):
             self.ending = self.ending or self.stop.reason
             return 0 if self.stop else 1  # interrupted while starting: not a failure
+        for child in evals:
+            child.start()
         guard = OutageGuard("launcher", self.stop)
         next_progress = 0.0
         last_line = ""
