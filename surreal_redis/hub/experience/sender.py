@@ -276,7 +276,7 @@ class ExperienceSender:
 
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
         """One pipeline of inserts. Returns the batches to retry and why."""
-        keys, blob, cfg = self.keys, self._buffer.blob, self.config
+        keys, blob = self.keys, self._buffer.blob
         sha = self._scripts.get("insert").sha
         head = (keys.inbox, keys.pinned)
         commands = []
