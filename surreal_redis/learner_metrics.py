@@ -13,7 +13,8 @@ How the run uses its experience (on-policy feeds), over the whole run:
 - ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (flush window;
   the status also keeps the whole-run figure).
 - ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env
-  loops ran, summed over agents (window; whole-run figure in the status), from their heartbeats.
+  loops ran, summed over agents (window; the whole-run figure when no agent ran in the window, and
+  in the status), from their heartbeats.
 """
 
 from __future__ import annotations
@@ -217,6 +218,8 @@ class LearnerMetrics:
         if agents:
             numbers["hub/agent_version_lag_mean"] = float(np.mean([version - a.param_version for a in agents]))
         idle = self.agent_clocks.update([(a.agent_id, a.pid, a.idle_s, a.running_s) for a in agents])
+        if idle is None:  # no agent ran since the last flush (a short run, or agents gone at the stop)
+            idle = self.agent_clocks.total()
         if idle is not None:
             numbers["hub/agent_idle_fraction"] = idle
         self.agent_counts.update({(a.agent_id, a.pid): (a.chunks_dropped, a.param_rejections) for a in agents})

@@ -137,8 +137,10 @@ def test_launch_survives_kill_9_of_a_primary(fresh_redis_cluster, tmp_path):
     cluster = fresh_redis_cluster
     client = connect(cluster.url)
     run = "cfail"
+    # 4000 steps: the run goes on well after the ~3 s failover, so agents (stopped as soon as the
+    # run stops) still claim from the killed primary's replica once it is promoted
     overrides = ["-o", f"experiment.root={tmp_path}", "-o", "redis.num_shards=3", "-o", f"experiment.name={run}",
-                 "-o", "stop.max_env_steps=2000", "-o", "stop.max_seconds=150"]
+                 "-o", "stop.max_env_steps=4000", "-o", "stop.max_seconds=150"]
     launch = subprocess.Popen([*CLI, "launch", SMOKE, "--agents", "2", "--redis-url", cluster.url, *overrides],
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -156,7 +158,7 @@ def test_launch_survives_kill_9_of_a_primary(fresh_redis_cluster, tmp_path):
     logs = "".join(path.read_text() for path in (tmp_path / run / "logs").glob("agent-*.log"))
     assert "Redis unavailable" in logs and "reachable again" in logs, "the agents did not notice the kill"
     learner_log = (tmp_path / run / "logs" / "learner.log").read_text()
-    assert "stop.max_env_steps=2000)" in learner_log, "the run stalled after the failover (stopped on time)"
+    assert "stop.max_env_steps=4000)" in learner_log, "the run stalled after the failover (stopped on time)"
     client = connect(cluster.url)
     assert cluster.primary_port_of(meta) != killed
     assert int(client.hget(meta, "version")) > 2
