@@ -274,7 +274,7 @@ def gc(run_name: str, redis_url: str | None, config_path: str | None, overrides:
         click.echo(f"deleted {RunControl(client, run_name).drop()} keys of run {run_name!r}")
         return
     config = _load(config_path, tuple(overrides) + (f"experiment.name={run_name}",))
-    stats = HubJanitor(client, config.hub.retention, run_name, config.redis.num_shards).run_once()
+    stats = HubJanitor(client, config.hub.retention, run_name, config.redis.num_shards, config.hub.receiver).run_once()
     click.echo(json.dumps(stats._asdict()))
 
 

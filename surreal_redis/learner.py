@@ -111,7 +111,7 @@ class Learner:
         self.publisher = ParameterPublisher(client, cfg.run, cfg.hub.publisher)
         self.receiver = ExperienceReceiver(client, cfg.hub.receiver, cfg.run, cfg.redis.num_shards,
                                            settings=cfg.redis.settings())
-        self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards)
+        self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards, cfg.hub.receiver)
         self.quota = ProductionQuota(client, cfg.run) if cfg.lockstep and self.feed.steps_needed() is not None else None
         self.overlap = cfg.learner.on_policy_sync == "overlap"
         self.control = RunControl(client, cfg.run)

@@ -22,10 +22,14 @@ class Moved(NamedTuple):
 
 
 MOVE_BYTES = 4 << 20  # a move.lua call takes no more items once it holds this many bytes
+# Defaults of the receiver's move settings (``ReceiverConfig``), which every mover of a run uses.
+MOVE_ITEMS = 64
+SEEN_TTL_S = 3600
+DEAD_MAXLEN = 10_000
 
 
-def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = 64, seen_ttl_s: int = 3600,
-               dead_maxlen: int = 10_000) -> Moved:
+def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = MOVE_ITEMS, seen_ttl_s: int = SEEN_TTL_S,
+               dead_maxlen: int = DEAD_MAXLEN) -> Moved:
     """Move up to ``max_items`` (1..256) of the agents' queued batches of one shard into its stream,
     stopping early once ``MOVE_BYTES`` are taken (needs the learner's rights); malformed items go to the shard's dead-letter stream (approximate
     cap ``dead_maxlen``); a sender's dedup window is kept ``seen_ttl_s`` after its last batch. One

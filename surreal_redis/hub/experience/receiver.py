@@ -41,7 +41,7 @@ from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisSettings, 
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.dead_letters import DeadLetters
 from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
-from surreal_redis.hub.experience.inbox import move_inbox
+from surreal_redis.hub.experience.inbox import DEAD_MAXLEN, MOVE_ITEMS, SEEN_TTL_S, move_inbox
 from surreal_redis.hub.experience.wire import parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
@@ -82,9 +82,9 @@ class ReceiverConfig:
     claim_min_idle_ms: int = 60_000
     claim_every_s: float = 30.0
     claim_count: int = 100
-    dead_maxlen: int = 10_000
-    move_items: int = 64
-    seen_ttl_s: int = 3600
+    dead_maxlen: int = DEAD_MAXLEN
+    move_items: int = MOVE_ITEMS
+    seen_ttl_s: int = SEEN_TTL_S
     retained_batch: int = 256
     retry_base_s: float = 0.1
     retry_cap_s: float = 5.0

@@ -16,6 +16,7 @@ import redis
 
 from surreal_redis.connection import node_client
 from surreal_redis.hub.experience.inbox import move_inbox
+from surreal_redis.hub.experience.receiver import ReceiverConfig
 from surreal_redis.hub.experience.wire import id_score
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
@@ -81,10 +82,12 @@ class HubJanitor:
     Connection errors propagate (nothing is retried blindly: a lost trim reply would lose its count).
     """
 
-    def __init__(self, client: redis.Redis, config: RetentionConfig, run: str, num_shards: int) -> None:
+    def __init__(self, client: redis.Redis, config: RetentionConfig, run: str, num_shards: int,
+                 receiver: ReceiverConfig = ReceiverConfig()) -> None:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.client, self.config = client, config
+        self._receiver = receiver  # its move settings: both movers keep the same dedup windows
         self._shards = RunKeys(run).shards(num_shards)
         self._scripts = Scripts(client)
         self._scan_cursors = dict.fromkeys(range(num_shards), 0)
@@ -111,9 +114,10 @@ class HubJanitor:
 
     def _run_shard(self, keys: ShardKeys, now_ms: int | None) -> JanitorStats:
         cfg = self.config
+        rc = self._receiver
         trimmed = dropped = calls = moved = 0
         while calls < cfg.max_calls:
-            result = move_inbox(self._scripts, keys)
+            result = move_inbox(self._scripts, keys, rc.move_items, rc.seen_ttl_s, rc.dead_maxlen)
             calls += 1
             moved += result.taken
             if result.malformed:
