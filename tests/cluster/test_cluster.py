@@ -156,7 +156,11 @@ def test_launch_survives_kill_9_of_a_primary(fresh_redis_cluster, tmp_path):
             launch.kill()
     assert launch.returncode == 0, output[-4000:]
     logs = "".join(path.read_text() for path in (tmp_path / run / "logs").glob("agent-*.log"))
-    assert "Redis unavailable" in logs and "reachable again" in logs, "the agents did not notice the kill"
+    # an agent notices in whichever call first meets the dead primary: a claim or a send
+    # (OutageGuard) or its parameter poll (one warning per streak of failures)
+    noticed = "Redis unavailable" in logs or "parameter fetch failed" in logs
+    recovered = "reachable again" in logs or "parameter fetch works again" in logs
+    assert noticed and recovered, "the agents did not notice the kill"
     learner_log = (tmp_path / run / "logs" / "learner.log").read_text()
     assert "stop.max_env_steps=4000)" in learner_log, "the run stalled after the failover (stopped on time)"
     client = connect(cluster.url)
