@@ -77,10 +77,11 @@ def cmdline(pid: int) -> str:
 
 
 def plain_loop(config_path: str, seconds: float) -> dict[str, float]:
-    """Env steps/s (wall and CPU) of one process stepping the config's vector env with its policy."""
+    """Env steps/s (wall and CPU) of one process stepping the config's vector env with its policy,
+    on the backend the agents use (``agent.inference``)."""
     import torch
 
-    from surreal_redis.algos.registry import make_policy
+    from surreal_redis.algos.policies import make_policy
     from surreal_redis.config import load_config
     from surreal_redis.envs import make_vector_env, step_vector_env
 
@@ -88,7 +89,7 @@ def plain_loop(config_path: str, seconds: float) -> dict[str, float]:
     config = load_config(config_path)
     envs = make_vector_env(config.env, seed=0)
     policy = make_policy(config.algo_config, envs.single_observation_space, envs.single_action_space,
-                         envs.num_envs, agent_id=0, num_agents=1, seed=0)
+                         envs.num_envs, agent_id=0, num_agents=1, seed=0, inference=config.agent.inference)
     obs, _ = envs.reset(seed=0)
     for _ in range(20):  # warm up (first calls allocate)
         obs = step_vector_env(envs, policy.act(obs).actions).obs

@@ -29,7 +29,7 @@ import numpy as np
 import redis
 
 from surreal_redis.algos.base import ActMode, AgentPolicy
-from surreal_redis.algos.registry import make_policy
+from surreal_redis.algos.policies import make_policy
 from surreal_redis.codec import Tree
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
@@ -94,7 +94,7 @@ class Agent:
         self.num_envs = self.envs.num_envs
         self.policy: AgentPolicy = make_policy(config.algo_config, self.envs.single_observation_space,
                                                self.envs.single_action_space, self.num_envs, agent_id,
-                                               config.agent.num_agents, seed)
+                                               config.agent.num_agents, seed, config.agent.inference)
         self.control = RunControl(client, config.run)
         self.stop_watch = StopWatch(stop, self.control)
         self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards,

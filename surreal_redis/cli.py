@@ -113,10 +113,10 @@ def _require_url(redis_url: str | None) -> str:
 
 def _single_threaded_torch() -> None:
     """Agents and evals run tiny batches: one thread each beats many processes fighting over
-    every core (measured: 2 ms -> 0.05 ms per small linear layer on a busy 2-core machine)."""
-    import torch
-
-    torch.set_num_threads(1)
+    every core (measured: 2 ms -> 0.05 ms per small linear layer on a busy 2-core machine).
+    A process whose policy acts with numpy has not imported torch and does not now."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def _client(config) -> redis.Redis:
@@ -185,9 +185,10 @@ def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_ur
     """Run one stateless agent."""
     from surreal_redis.agent import Agent
 
-    _single_threaded_torch()
     config = _load(config_path, overrides, redis_url, run_name)
-    _exit_process(Agent(config, _client(config), agent_id, StopFlag()).run())
+    agent_process = Agent(config, _client(config), agent_id, StopFlag())
+    _single_threaded_torch()
+    _exit_process(agent_process.run())
 
 
 @main.command()
@@ -220,9 +221,10 @@ def eval_cmd(mode: str | None, eval_id: int, config_path: str | None, run_name: 
     """Evaluate the latest parameters repeatedly; sends no experience."""
     from surreal_redis.evaluator import Evaluator
 
-    _single_threaded_torch()
     config = _load(config_path, overrides, redis_url, run_name)
-    _exit_process(Evaluator(config, _client(config), StopFlag(), mode=mode, eval_id=eval_id).run())
+    evaluator = Evaluator(config, _client(config), StopFlag(), mode=mode, eval_id=eval_id)
+    _single_threaded_torch()
+    _exit_process(evaluator.run())
 
 
 # ---------------------------------------------------------------- operating a run

@@ -102,6 +102,11 @@ class AgentConfig:
     parameters when a claim says theirs are stale."""
 
     num_agents: int = 2
+    inference: Literal["auto", "numpy", "torch"] = "auto"
+    """What agents and evals run their policy network on. ``numpy``: no torch in the process (it
+    costs ~1.5 s of CPU to import and ~180 MiB of memory, and its per-operator overhead dominates
+    the small batches agents act on); PPO without an LSTM only. ``auto``: numpy for PPO networks
+    without images or an LSTM, torch otherwise (torch's convolutions are ~1.6x numpy's)."""
     fetch_every_steps: int = 64
     fetch_every_episodes: int | None = None
     heartbeat_every_s: float = 2.0
@@ -238,6 +243,12 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     stop: StopConfig = field(default_factory=StopConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.agent.inference == "numpy" and (self.algo != "ppo" or self.ppo.use_lstm):
+            what = "ppo.use_lstm=true" if self.algo == "ppo" else f"algo={self.algo}"
+            raise ValueError(f"agent.inference=numpy runs PPO policies without an LSTM, not {what}: "
+                             "use auto or torch")
 
     @property
     def run(self) -> str:

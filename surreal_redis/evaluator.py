@@ -11,7 +11,7 @@ import numpy as np
 import redis
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.registry import make_policy
+from surreal_redis.algos.policies import make_policy
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.envs import make_env
@@ -61,7 +61,7 @@ class Evaluator:
         self.env = make_env(config.env, seed=config.experiment.seed + 10_000 + eval_id, mode="eval")
         self.policy = make_policy(config.algo_config, self.env.observation_space, self.env.action_space, 1,
                                   agent_id=0, num_agents=config.agent.num_agents,
-                                  seed=config.experiment.seed + 10_000 + eval_id)
+                                  seed=config.experiment.seed + 10_000 + eval_id, inference=config.agent.inference)
         self.params = ParameterClient(client, config.run, config.hub.params_client,
                                       connect_replicas(config.redis.param_read_urls, config.redis.settings()))
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)

@@ -77,9 +77,15 @@ def _fmt(value: float | None) -> str:
 CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 
 
-def child_env() -> dict[str, str]:
-    """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC`."""
-    return {**CHILD_MALLOC, **os.environ}
+# Agents and evals act on a few observations at a time, one process per core: a BLAS thread pool
+# per process (numpy's OpenBLAS starts one per core) only makes them fight. A user's setting wins.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def child_env(single_threaded: bool = False) -> dict[str, str]:
+    """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC`
+    (and :data:`ONE_THREAD` for agents and evals)."""
+    return {**CHILD_MALLOC, **(ONE_THREAD if single_threaded else {}), **os.environ}
 
 
 @dataclass
@@ -99,7 +105,8 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=self.log_path.parent, preexec_fn=die_with_parent, env=child_env())
+                                            cwd=self.log_path.parent, preexec_fn=die_with_parent,
+                                            env=child_env(single_threaded=self.name != "learner"))
         self.restart_at = None
 
     @property

@@ -56,7 +56,7 @@ from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
 from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.replay.feeds import Feed
 from surreal_redis.runtime import StopFlag
-from surreal_redis.tracking import BackgroundTracker, Tracker
+from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,12 @@ class Learner:
         checkpoint (of ``resume_from``'s experiment folder when given)."""
         tracker = None
         if config.tracking.enabled:
-            # MLflow opens first and in a thread of its own (its import and store set-up take ~5 s
-            # on 2 cores, tens of seconds on busy ones): the first update does not wait for it, nor
-            # any update for a write, and a run stopped early waits the least for it to close.
-            tracker = BackgroundTracker(partial(Tracker, config.experiment_dir, config.run, run_name=config.run,
-                                                tracking_uri=config.tracking.tracking_uri))
+            # MLflow opens first, in a process of its own driven by a thread of ours (its import and
+            # store set-up take ~4 s of CPU, tens of seconds on busy machines, and held this
+            # process's GIL): the first update does not wait for it, nor any update for a write,
+            # and a run stopped early waits the least for it to close.
+            tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
+                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri))
         seed = config.experiment.seed
         torch.set_num_threads(config.learner.torch_threads)
         torch.manual_seed(seed)

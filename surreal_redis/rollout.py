@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.registry import make_algorithm, make_policy
+from surreal_redis.algos.policies import make_policy
+from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.configtools import ConfigError
@@ -65,7 +66,8 @@ def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str,
     iteration = int(algo.iteration)
     log.info("loaded checkpoint %s (update %d, %d env steps)", path, iteration, int(state.get("env_steps", 0)))
     policy = make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
-                         num_agents=config.agent.num_agents, seed=config.experiment.seed)
+                         num_agents=config.agent.num_agents, seed=config.experiment.seed,
+                         inference=config.agent.inference)
     policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
     returns = []
     for episode in range(episodes):

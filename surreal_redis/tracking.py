@@ -11,11 +11,16 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +105,105 @@ class Tracker:
 
 
 class TrackingError(RuntimeError):
-    """An MLflow call made by a :class:`BackgroundTracker`'s thread failed (the cause is chained)."""
+    """An MLflow call made by a :class:`BackgroundTracker`'s thread or in a
+    :class:`TrackerProcess` failed (the cause is chained, or named in the message)."""
+
+
+class TrackerProcess:
+    """A :class:`Tracker` in a child process (``python -m surreal_redis.tracking``), with the same
+    calls: each one blocks until the child has written it. MLflow's import and store set-up (~4 s
+    of CPU, ~170 MiB: pandas, pyarrow, sqlalchemy, alembic) and every write then run outside the
+    learner's process, where they held its GIL and slowed its start-up and updates.
+
+    Calls and replies are pickled over the child's stdin and stdout; its log goes to this
+    process's stderr. The child ignores Ctrl-C and SIGTERM (the caller finishes the run) and ends
+    when its stdin closes, as when this process dies. A failed call raises :class:`TrackingError`
+    with the child's error; so does any call after the child died.
+    """
+
+    def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,
+                 tracking_uri: str | None = None) -> None:
+        from surreal_redis.connection import die_with_parent
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "surreal_redis.tracking", str(experiment_dir), experiment_name, run_name,
+             tracking_uri or ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
+        self.run_id: str = self._reply()
+
+    def _reply(self) -> Any:
+        assert self.process.stdout is not None
+        try:
+            status, value = pickle.load(self.process.stdout)
+        except (EOFError, pickle.UnpicklingError, OSError) as exc:
+            code = self.process.wait()
+            raise TrackingError(f"the MLflow tracking process exited with code {code} (its log is above)") from exc
+        if status != "ok":
+            raise TrackingError(f"MLflow tracking failed in its process: {value}")
+        return value
+
+    def _call(self, method: str, *args: object) -> None:
+        assert self.process.stdin is not None
+        try:
+            pickle.dump((method, args), self.process.stdin)
+            self.process.stdin.flush()
+        except OSError as exc:  # the child is gone: its exit code says more
+            raise TrackingError(f"the MLflow tracking process exited with code {self.process.wait()}") from exc
+        self._reply()
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        self._call("log_params", {key: str(value) for key, value in params.items()})
+
+    def log_metrics(self, metrics: Mapping[str, float | int | None], step: int) -> None:
+        self._call("log_metrics", dict(metrics), step)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self._call("log_artifact", Path(path), artifact_path)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Mark the run, then close the child's stdin and wait for it to exit."""
+        self._call("finish", status)
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        if self.process.wait() != 0:
+            raise TrackingError(f"the MLflow tracking process exited with code {self.process.returncode}")
+
+
+def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
+    """The child side of :class:`TrackerProcess`: open the Tracker ``argv`` names (experiment
+    dir, experiment name, run name, tracking URI or ''), then run each pickled ``(method, args)``
+    from ``requests`` and answer ``("ok", result)`` or ``("error", message)`` on ``replies``,
+    until ``requests`` ends. Returns the exit code (1 when the tracker could not open)."""
+
+    def answer(status: str, value: object) -> None:
+        pickle.dump((status, value), replies)
+        replies.flush()
+
+    experiment_dir, experiment_name, run_name, tracking_uri = argv
+    try:
+        tracker = Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None)
+    except Exception as exc:  # reported to the learner, which raises it as a TrackingError
+        log.exception("MLflow tracking could not open")
+        answer("error", f"{type(exc).__name__}: {exc}")
+        return 1
+    answer("ok", tracker.run_id)
+    while True:
+        try:
+            method, args = pickle.load(requests)
+        except EOFError:
+            return 0
+        try:
+            getattr(tracker, method)(*args)
+        except Exception as exc:
+            log.exception("MLflow %s failed", method)
+            answer("error", f"{type(exc).__name__}: {exc}")
+        else:
+            answer("ok", None)
 
 
 class BackgroundTracker:
-    """A :class:`Tracker` opened and written by a thread of its own, so that MLflow's import and
-    store set-up (seconds on 2 cores: the learner trained nothing meanwhile) and each write stay
-    off the caller's thread.
+    """A :class:`Tracker` (or :class:`TrackerProcess`) opened and written by a thread of its own,
+    so that MLflow's store set-up (seconds on 2 cores: the learner trained nothing meanwhile) and
+    each write stay off the caller's thread.
 
     ``open_tracker`` builds the Tracker in that thread. The ``log_*`` calls return at once and run
     in call order; :meth:`finish` blocks until every call before it and the finish itself are
@@ -154,3 +251,15 @@ class BackgroundTracker:
         self._calls.put(None)
         self._thread.join()
         self._raise_error()
+
+
+if __name__ == "__main__":
+    # the child of a TrackerProcess: the learner that started it finishes the run, then closes stdin
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s mlflow-tracker %(name)s: %(message)s")
+    # replies get the pipe; whatever a library prints goes to stderr (the learner's log), never
+    # into the reply stream
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.exit(serve(sys.argv[1:], sys.stdin.buffer, replies))

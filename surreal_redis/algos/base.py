@@ -1,7 +1,7 @@
 """What every algorithm offers the processes: an agent-side policy and a learner-side trainer.
 
 The agent process only needs :class:`AgentPolicy`; the learner process drives an
-:class:`Algorithm`. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
+:class:`Algorithm`. This module imports no torch: an agent acting with numpy never loads it. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
 weights and observation-normalizer statistics, never optimizer state).
 """
 
@@ -9,24 +9,11 @@ from __future__ import annotations
 
 import abc
 import enum
-import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
 from surreal_redis.codec import ParamDict, Tree
-
-
-def params_as_tensors(params: ParamDict, prefix: str = "") -> dict[str, torch.Tensor]:
-    """The entries of ``params`` under ``prefix`` (stripped) as CPU tensors sharing their memory,
-    for ``load_state_dict``, which copies them into the module's own parameters. Arrays fetched
-    from the hub are read-only views of the downloaded blob; torch's warning about that is moot
-    here because nothing writes through these tensors."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return {name[len(prefix):]: torch.from_numpy(np.asarray(value))
-                for name, value in params.items() if name.startswith(prefix)}
 
 
 class ActMode(str, enum.Enum):

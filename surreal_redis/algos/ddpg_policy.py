@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict, params_as_tensors
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.networks import ObservationEncoder, mlp
+from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
 from surreal_redis.algos.noise import (
     AdaptiveParamNoise,
     GaussianNoise,

@@ -10,6 +10,7 @@ flattened; Dict observations concatenate a CNN per image key with the flattened 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import gymnasium as gym
@@ -17,15 +18,25 @@ import numpy as np
 import torch
 from torch import nn
 
+from surreal_redis.algos.network_config import NATURE_MIN_SIZE
+from surreal_redis.codec import ParamDict
 from surreal_redis.envs.spaces import ImageLayout, image_layout, is_frame_tuple, is_image_space
 
 __all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "channels_first",
-           "is_frame_tuple", "is_image_space", "layer_init", "mlp", "pixel_stem"]
+           "is_frame_tuple", "is_image_space", "layer_init", "mlp", "params_as_tensors", "pixel_stem"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
-NATURE_MIN_SIZE = 36
-"""Smallest height and width the Nature CNN's 8/4, 4/2, 3/1 convolutions accept."""
+
+def params_as_tensors(params: ParamDict, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The entries of ``params`` under ``prefix`` (stripped) as CPU tensors sharing their memory,
+    for ``load_state_dict``, which copies them into the module's own parameters. Arrays fetched
+    from the hub are read-only views of the downloaded blob; torch's warning about that is moot
+    here because nothing writes through these tensors."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {name[len(prefix):]: torch.from_numpy(np.asarray(value))
+                for name, value in params.items() if name.startswith(prefix)}
 
 
 def layer_init(layer: nn.Module, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict, params_as_tensors
-from surreal_redis.algos.networks import ObservationEncoder, mlp
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
+from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.ppo_config import PPOConfig
 from surreal_redis.codec import Tree

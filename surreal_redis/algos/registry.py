@@ -1,5 +1,5 @@
-"""Builds what an algorithm needs on each side from its own config section (``ExperimentConfig.algo_config``):
-the agent-side policy, the learner-side trainer, the extras its chunks must carry, and the learner's feed
+"""Builds what the learner needs from an algorithm's config section (``ExperimentConfig.algo_config``):
+the trainer, the extras its chunks must carry, and the learner's feed
 (the one place that knows PPO is on-policy and DDPG off-policy)."""
 
 from __future__ import annotations
@@ -8,13 +8,11 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import AgentPolicy, Algorithm
+from surreal_redis.algos.base import Algorithm
 from surreal_redis.algos.ddpg import DDPGAlgorithm
 from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.ddpg_policy import DDPGPolicy
 from surreal_redis.algos.ppo import PPOAlgorithm
 from surreal_redis.algos.ppo_config import PPOConfig
-from surreal_redis.algos.ppo_policy import PPOPolicy
 from surreal_redis.replay.feeds import Feed, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplayConfig
@@ -39,17 +37,6 @@ class FeedSettings:
 def _unknown(section: object) -> TypeError:
     return TypeError(f"no algorithm has the config section {type(section).__name__} "
                      f"(expected one of PPOConfig, DDPGConfig)")
-
-
-def make_policy(section: AlgoConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
-                agent_id: int, num_agents: int, seed: int) -> AgentPolicy:
-    """The agent-side policy; agents differ in exploration by id (DDPG noise schedule) and seed."""
-    if isinstance(section, PPOConfig):
-        return PPOPolicy(section, obs_space, action_space, num_envs=num_envs, seed=seed)
-    if isinstance(section, DDPGConfig):
-        return DDPGPolicy(section, obs_space, action_space, num_envs=num_envs, agent_id=agent_id,
-                          num_agents=max(1, num_agents), seed=seed)
-    raise _unknown(section)
 
 
 def make_algorithm(section: AlgoConfig, obs_space: gym.Space, action_space: gym.Space, seed: int = 0) -> Algorithm:

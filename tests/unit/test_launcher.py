@@ -93,3 +93,13 @@ def test_children_get_the_malloc_limits_unless_the_user_set_them(monkeypatch):
     env = child_env()
     assert env["MALLOC_ARENA_MAX"] == "2" and env["MALLOC_TRIM_THRESHOLD_"] == "4096"
     assert env["PATH"] == __import__("os").environ["PATH"]
+
+
+def test_agents_and_evals_get_one_blas_thread_unless_the_user_set_it(monkeypatch):
+    from surreal_redis.launcher import child_env
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    agent, learner = child_env(single_threaded=True), child_env()
+    assert agent["OPENBLAS_NUM_THREADS"] == "1" and agent["OMP_NUM_THREADS"] == "3"
+    assert "OPENBLAS_NUM_THREADS" not in learner and learner["OMP_NUM_THREADS"] == "3"

@@ -15,8 +15,9 @@ import pytest
 
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.ddpg_policy import DDPGConfig
+from surreal_redis.algos.policies import make_policy
 from surreal_redis.algos.ppo_policy import PPOConfig
-from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed, make_policy, required_extras
+from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed, required_extras
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.envs import make_env, make_vector_env, step_vector_env

@@ -1,18 +1,24 @@
-"""MLflow off the learner's thread: BackgroundTracker runs every call in order in its own thread,
+"""MLflow off the learner's thread and process: BackgroundTracker runs every call in order in its
+own thread, TrackerProcess runs MLflow in a child process,
 finish() returns only once all is written, an MLflow error surfaces in the caller; a learner
 stopping with tracking keeps the latest and the best checkpoint in the run, and its run is
 complete (FINISHED, metrics and params there) when _finish returns."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from surreal_redis.learner import Learner
 from surreal_redis.runtime import StopFlag
-from surreal_redis.tracking import BackgroundTracker, TrackingError
+from surreal_redis.tracking import BackgroundTracker, TrackerProcess, TrackingError
 
 from .test_learner import ppo_config, received, send_steps
 
@@ -105,3 +111,60 @@ def test_learner_finish_completes_the_mlflow_run_with_the_latest_and_best_checkp
     kept = sorted(item.path for item in client.list_artifacts(run.info.run_id, "checkpoints"))
     assert kept == ["checkpoints/best.json", "checkpoints/ckpt-0000000002.pt", "checkpoints/ckpt-0000000003.pt"]
     assert len(list(learner.checkpoints.directory.glob("ckpt-*.pt"))) == 3  # the folder keeps the rest
+
+
+def _store(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+
+
+def test_tracker_process_writes_the_run_and_reports_errors_by_name(tmp_path):
+    """A real child process and SQLite store: params, metrics, an artifact and the end status
+    land in MLflow; a failed call raises the child's error and the next calls still work; Ctrl-C
+    and SIGTERM meant for the learner's terminal or launcher do not end the child."""
+    from mlflow.tracking import MlflowClient
+
+    tracker = TrackerProcess(tmp_path, "exp", "run-a", _store(tmp_path))
+    assert (tmp_path / "mlflow_run_id").read_text() == tracker.run_id
+    tracker.log_params({"ppo.lr": 0.0003, "env.id": "CartPole-v1"})
+    tracker.log_metrics({"loss": np.float32(0.5), "skipped": None, "nan": float("nan")}, 7)
+    with pytest.raises(TrackingError, match="FileNotFoundError: .*nowhere.pt"):
+        tracker.log_artifact(tmp_path / "nowhere.pt", "checkpoints")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        tracker.process.send_signal(signum)
+    artifact = tmp_path / "best.json"
+    artifact.write_text("{}")
+    tracker.log_artifact(artifact, "checkpoints")
+    tracker.finish("KILLED")
+    assert tracker.process.returncode == 0
+    run = MlflowClient(tracking_uri=_store(tmp_path)).get_run(tracker.run_id)
+    assert run.info.status == "KILLED" and run.info.run_name == "run-a"
+    assert run.data.params == {"ppo.lr": "0.0003", "env.id": "CartPole-v1"} and run.data.metrics == {"loss": 0.5}
+    client = MlflowClient(tracking_uri=_store(tmp_path))
+    assert [item.path for item in client.list_artifacts(tracker.run_id, "checkpoints")] == ["checkpoints/best.json"]
+    again = TrackerProcess(tmp_path, "exp", "run-a", _store(tmp_path))  # the folder's run continues
+    assert again.run_id == tracker.run_id
+    again.process.kill()
+    again.process.wait()
+    with pytest.raises(TrackingError, match="exited with code -9"):
+        again.log_metrics({"loss": 1.0}, 8)
+
+
+def test_a_tracker_process_that_cannot_open_its_store_says_why(tmp_path):
+    (tmp_path / "a-file").write_text("")  # no store can be made below a file
+    with pytest.raises(TrackingError, match="MLflow tracking failed in its process: .*a-file"):
+        TrackerProcess(tmp_path / "run", "exp", "run-a", f"sqlite:///{tmp_path}/a-file/mlflow.db")
+
+
+def test_the_tracker_process_ends_with_the_process_that_started_it(tmp_path):
+    """A learner killed with -9 closes the child's stdin: the child exits instead of lingering."""
+    code = ("import os, sys; from pathlib import Path\n"
+            "from surreal_redis.tracking import TrackerProcess\n"
+            f"tracker = TrackerProcess(Path({str(tmp_path)!r}), 'exp', 'r', {_store(tmp_path)!r})\n"
+            "print(tracker.process.pid, flush=True); os._exit(0)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pid = int(result.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and b"Z" not in Path(f"/proc/{pid}/stat").read_bytes().split(b")")[1][:3]:
+        assert time.monotonic() < deadline, "the tracker process outlived its parent"
+        time.sleep(0.1)
