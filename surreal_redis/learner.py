@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 # frees memory meanwhile: it runs before each retry). Writes that may be skipped (the status
 # report) are skipped under OOM where they are made.
 RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, PublishBackpressure)
+TRACKER_OPEN_AFTER_S = 30.0
+"""MLflow opens at the first update, or this long after the learner was built if that is later
+(an off-policy learner collecting ``learning_starts`` transitions)."""
 
 
 class Prefetcher(threading.Thread):
@@ -144,12 +147,14 @@ class Learner:
         checkpoint (of ``resume_from``'s experiment folder when given)."""
         tracker = None
         if config.tracking.enabled:
-            # MLflow opens first, in a process of its own driven by a thread of ours (its import and
-            # store set-up take ~4 s of CPU, tens of seconds on busy machines, and held this
-            # process's GIL): the first update does not wait for it, nor any update for a write,
-            # and a run stopped early waits the least for it to close.
+            # MLflow runs in a process of its own driven by a thread of ours (its import and store
+            # set-up take ~4 s of CPU, tens of seconds on busy machines, and held this process's
+            # GIL), opened after the first update (or TRACKER_OPEN_AFTER_S) so that it does not
+            # compete with the start-up of the learner and agents for the cores; no update waits
+            # for a write.
             tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
-                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri))
+                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri),
+                                        open_after_s=TRACKER_OPEN_AFTER_S)
         seed = config.experiment.seed
         torch.set_num_threads(config.learner.torch_threads)
         torch.manual_seed(seed)
@@ -302,6 +307,8 @@ class Learner:
         if not self._updated:  # the end of start-up (bench/solve.py times launch to this line)
             self._updated = True
             log.info("first update done (%.1fs after the learner was built)", time.monotonic() - self.started)
+            if isinstance(self.tracker, BackgroundTracker):
+                self.tracker.open()
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
         version = self.param_version

@@ -205,20 +205,30 @@ class BackgroundTracker:
     so that MLflow's store set-up (seconds on 2 cores: the learner trained nothing meanwhile) and
     each write stay off the caller's thread.
 
-    ``open_tracker`` builds the Tracker in that thread. The ``log_*`` calls return at once and run
+    ``open_tracker`` builds the Tracker in that thread, at once or, with ``open_after_s``, on
+    :meth:`open` or after that many seconds, whichever comes first (a learner opens MLflow after
+    its first update, so that MLflow's start-up does not compete with its own for the cores).
+    The ``log_*`` calls return at once and run
     in call order; :meth:`finish` blocks until every call before it and the finish itself are
     written (the launcher kills a learner that takes longer than its stop grace). An MLflow error is raised, as :class:`TrackingError`, by the next
     call made after it happened and by :meth:`finish`, as a Tracker would have raised it.
     """
 
-    def __init__(self, open_tracker: Callable[[], Tracker]) -> None:
-        self._calls: queue.Queue[Callable[[Tracker], None] | None] = queue.Queue()
+    def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess], open_after_s: float = 0.0) -> None:
+        self._calls: queue.Queue[Callable[[Tracker | TrackerProcess], None] | None] = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, args=(open_tracker,), name="mlflow", daemon=True)
+        self._open = threading.Event()
+        self._thread = threading.Thread(target=self._work, args=(open_tracker, open_after_s), name="mlflow",
+                                        daemon=True)
         self._thread.start()
 
-    def _work(self, open_tracker: Callable[[], Tracker]) -> None:
+    def open(self) -> None:
+        """Open the tracker now if it waits (``open_after_s``); calls made so far are queued."""
+        self._open.set()
+
+    def _work(self, open_tracker: Callable[[], Tracker | TrackerProcess], open_after_s: float) -> None:
         try:
+            self._open.wait(open_after_s)
             tracker = open_tracker()
             while (call := self._calls.get()) is not None:
                 call(tracker)
@@ -249,6 +259,7 @@ class BackgroundTracker:
         then. TrackingError when a call failed."""
         self._submit(lambda tracker: tracker.finish(status))
         self._calls.put(None)
+        self._open.set()
         self._thread.join()
         self._raise_error()
 
@@ -262,4 +273,8 @@ if __name__ == "__main__":
     # into the reply stream
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    sys.exit(serve(sys.argv[1:], sys.stdin.buffer, replies))
+    code = serve(sys.argv[1:], sys.stdin.buffer, replies)
+    # every call was committed before its reply: skip the interpreter's teardown (~1 s with
+    # pandas, pyarrow and sqlalchemy loaded), which the learner's stop would wait for
+    logging.shutdown()
+    os._exit(code)

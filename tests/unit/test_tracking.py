@@ -168,3 +168,30 @@ def test_the_tracker_process_ends_with_the_process_that_started_it(tmp_path):
     while Path(f"/proc/{pid}").exists() and b"Z" not in Path(f"/proc/{pid}/stat").read_bytes().split(b")")[1][:3]:
         assert time.monotonic() < deadline, "the tracker process outlived its parent"
         time.sleep(0.1)
+
+
+def test_a_delayed_tracker_opens_on_open_on_its_timer_or_at_finish():
+    opened = []
+
+    def opener():
+        opened.append(time.monotonic())
+        return Recorder()
+
+    waiting = BackgroundTracker(opener, open_after_s=60)
+    waiting.log_metrics({"loss": 1.0}, 1)  # queued while it waits
+    time.sleep(0.2)
+    assert opened == []
+    waiting.open()
+    waiting.finish()
+    assert len(opened) == 1
+    started = time.monotonic()
+    timed = BackgroundTracker(opener, open_after_s=0.3)
+    timed._thread.join(0.1)
+    assert len(opened) == 1
+    deadline = time.monotonic() + 10
+    while len(opened) == 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(opened) == 2 and opened[1] - started >= 0.3
+    timed.finish()
+    BackgroundTracker(opener, open_after_s=60).finish()  # finish opens it to write the end
+    assert len(opened) == 3
