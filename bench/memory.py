@@ -91,9 +91,12 @@ def role_of(pid: int) -> str:
 
 
 def role_from_cmdline(cmdline: str) -> str:
-    """``launch``, ``learner``, ``agent<id>``, ``eval``, ``redis-server`` or ``other``."""
+    """``launch``, ``learner``, ``agent<id>``, ``eval``, ``mlflow`` (the learner's tracking
+    process), ``redis-server`` or ``other``."""
     if "redis-server" in cmdline:
         return "redis-server"
+    if "surreal_redis.tracking" in cmdline:
+        return "mlflow"
     match = ROLE.search(cmdline)
     if match is None:
         return "other"

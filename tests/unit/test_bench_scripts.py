@@ -70,6 +70,7 @@ def test_halfcheetah_reads_the_launch_summary(bench):
     (".venv/bin/python -m surreal_redis.cli --log-level INFO eval --config c.yaml", "eval"),
     (".venv/bin/python .venv/bin/surreal-redis launch configs/ppo_pong.yaml -o stop.max_seconds=90", "launch"),
     ("redis-server *:0", "redis-server"),
+    (".venv/bin/python -m surreal_redis.tracking runs/learner-agent learner-agent learner-agent ", "mlflow"),
     ("/bin/sh -c true", "other"),
 ])
 def test_memory_names_each_process_role(bench, cmdline, role):
