@@ -76,20 +76,33 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def plain_loop(config_path: str, seconds: float) -> dict[str, float]:
+def plain_loop(config_path: str, seconds: float, overrides: list[str]) -> dict[str, float]:
     """Env steps/s (wall and CPU) of one process stepping the config's vector env with its policy,
-    on the backend the agents use (``agent.inference``)."""
-    import torch
+    on the backend the agents use (``agent.inference``, after ``overrides``), in a child process
+    with the environment ``launch`` gives its agents (one BLAS thread, the same malloc settings)."""
+    from surreal_redis.launcher import child_env
 
+    command = [sys.executable, __file__, "--plain-case", config_path, "--plain-s", str(seconds)]
+    for override in overrides:
+        command += ["-o", override]
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(actor=True), timeout=seconds + 300)
+    if done.returncode != 0:
+        raise RuntimeError(f"the plain loop failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def plain_case(config_path: str, seconds: float, overrides: list[str]) -> dict[str, float]:
+    """The plain loop itself (run by :func:`plain_loop` in a child process)."""
     from surreal_redis.algos.policies import make_policy
     from surreal_redis.config import load_config
     from surreal_redis.envs import make_vector_env, step_vector_env
 
-    torch.set_num_threads(1)  # as the agents (one core each)
-    config = load_config(config_path)
+    config = load_config(config_path, overrides)
     envs = make_vector_env(config.env, seed=0)
     policy = make_policy(config.algo_config, envs.single_observation_space, envs.single_action_space,
                          envs.num_envs, agent_id=0, num_agents=1, seed=0, inference=config.agent.inference)
+    if "torch" in sys.modules:  # as the agents (one core each)
+        sys.modules["torch"].set_num_threads(1)
     obs, _ = envs.reset(seed=0)
     for _ in range(20):  # warm up (first calls allocate)
         obs = step_vector_env(envs, policy.act(obs).actions).obs
@@ -200,7 +213,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=None, help="stop.max_seconds per launch (default 40, quick 20)")
     parser.add_argument("--plain-s", type=float, default=None, help="seconds of the plain loop (default 10, quick 5)")
     parser.add_argument("-o", "--override", action="append", default=[], help="config override for every launch")
+    parser.add_argument("--plain-case", default=None, help=argparse.SUPPRESS)  # internal: one plain loop
     options = parser.parse_args(argv)
+    if options.plain_case:
+        print(json.dumps(plain_case(options.plain_case, options.plain_s, options.override)))
+        return {}
     names = [n for n in options.envs.split(",") if n]
     unknown = [n for n in names if n not in ENVS]
     if unknown:
@@ -225,12 +242,12 @@ def main(argv: list[str] | None = None) -> dict:
                 results[name] = "not installed"
                 continue
             config_path = str(ROOT / "configs" / config_file)
-            plains = [plain_loop(config_path, plain_s)]
+            plains = [plain_loop(config_path, plain_s, options.override)]
             log.info("%s plain loop: %s", name, plains[-1])
             cases = []
             for agents in agent_counts:
                 case = launch_case(config_path, agents, seconds, Path(tmp), options.override)
-                plains.append(plain_loop(config_path, plain_s))
+                plains.append(plain_loop(config_path, plain_s, options.override))
                 log.info("%s plain loop: %s", name, plains[-1])
                 around = (plains[-2]["plain_sps_per_core"] + plains[-1]["plain_sps_per_core"]) / 2
                 case["plain_sps_per_core"] = round(around, 1)

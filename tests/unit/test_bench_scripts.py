@@ -101,5 +101,9 @@ def test_memory_and_cpu_readers_see_a_child_process_and_keep_an_exited_agents_ti
 
 
 def test_plain_loop_steps_the_configs_env_with_its_policy(bench):
-    result = bench["throughput"].plain_loop(str(BENCH.parent / "configs" / "ppo_cartpole.yaml"), 0.2)
-    assert result["plain_sps"] > 0 and result["plain_sps_per_core"] > 0 and result["num_envs"] >= 1
+    """In a child process with the agents' environment and the launch's overrides applied."""
+    config = str(BENCH.parent / "configs" / "ppo_cartpole.yaml")
+    result = bench["throughput"].plain_loop(config, 0.2, ["env.num_envs=3"])
+    assert result["plain_sps"] > 0 and result["plain_sps_per_core"] > 0 and result["num_envs"] == 3
+    with pytest.raises(RuntimeError, match="env.no_such_key"):
+        bench["throughput"].plain_loop(config, 0.2, ["env.no_such_key=1"])
