@@ -97,8 +97,8 @@ class NumpyPPOPolicy(AgentPolicy):
                 cumulative = np.cumsum(np.exp(log_probs), axis=-1)
                 draws = self._rng.random((head.shape[0], 1)) * cumulative[:, -1:]
                 raw = np.minimum((cumulative <= draws).sum(axis=-1), self.action_dim - 1)
-            if mode == ActMode.TRAINING:
-                extras["logp"] = np.take_along_axis(log_probs, raw[:, None], axis=-1)[:, 0].astype(np.float32)
+            if mode == ActMode.TRAINING:  # (indexing: np.take_along_axis cost ~6% of a CartPole agent's CPU)
+                extras["logp"] = log_probs[np.arange(len(raw)), raw].astype(np.float32)
             actions = raw.astype(np.int64) + int(self.action_space.start)
         if mode == ActMode.TRAINING:
             extras["value"] = self.critic(z)[:, 0].astype(np.float32)
