@@ -8,10 +8,10 @@ opens it; ``MLFLOW_TRACKING_URI`` overrides it.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
-import pickle
 import queue
 import signal
 import subprocess
@@ -115,7 +115,7 @@ class TrackerProcess:
     of CPU, ~170 MiB: pandas, pyarrow, sqlalchemy, alembic) and every write then run outside the
     learner's process, where they held its GIL and slowed its start-up and updates.
 
-    Calls and replies are pickled over the child's stdin and stdout; its log goes to this
+    Calls and replies are JSON lines over the child's stdin and stdout; its log goes to this
     process's stderr. The child ignores Ctrl-C and SIGTERM (the caller finishes the run) and ends
     when its stdin closes, as when this process dies. A failed call raises :class:`TrackingError`
     with the child's error; so does any call after the child died.
@@ -132,19 +132,19 @@ class TrackerProcess:
 
     def _reply(self) -> Any:
         assert self.process.stdout is not None
-        try:
-            status, value = pickle.load(self.process.stdout)
-        except (EOFError, pickle.UnpicklingError, OSError) as exc:
-            code = self.process.wait()
-            raise TrackingError(f"the MLflow tracking process exited with code {code} (its log is above)") from exc
-        if status != "ok":
-            raise TrackingError(f"MLflow tracking failed in its process: {value}")
-        return value
+        line = self.process.stdout.readline()
+        if not line:
+            raise TrackingError(f"the MLflow tracking process exited with code {self.process.wait()} "
+                                "(its log is above)")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise TrackingError(f"MLflow tracking failed in its process: {reply['error']}")
+        return reply["value"]
 
     def _call(self, method: str, *args: object) -> None:
         assert self.process.stdin is not None
         try:
-            pickle.dump((method, args), self.process.stdin)
+            self.process.stdin.write(json.dumps({"method": method, "args": args}).encode() + b"\n")
             self.process.stdin.flush()
         except OSError as exc:  # the child is gone: its exit code says more
             raise TrackingError(f"the MLflow tracking process exited with code {self.process.wait()}") from exc
@@ -154,10 +154,11 @@ class TrackerProcess:
         self._call("log_params", {key: str(value) for key, value in params.items()})
 
     def log_metrics(self, metrics: Mapping[str, float | int | None], step: int) -> None:
-        self._call("log_metrics", dict(metrics), step)
+        self._call("log_metrics", {key: None if value is None else float(value) for key, value in metrics.items()},
+                   int(step))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self._call("log_artifact", Path(path), artifact_path)
+        self._call("log_artifact", str(path), artifact_path)
 
     def finish(self, status: str = "FINISHED") -> None:
         """Mark the run, then close the child's stdin and wait for it to exit."""
@@ -168,14 +169,18 @@ class TrackerProcess:
             raise TrackingError(f"the MLflow tracking process exited with code {self.process.returncode}")
 
 
+SERVED = ("log_params", "log_metrics", "log_artifact", "finish")
+
+
 def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
     """The child side of :class:`TrackerProcess`: open the Tracker ``argv`` names (experiment
-    dir, experiment name, run name, tracking URI or ''), then run each pickled ``(method, args)``
-    from ``requests`` and answer ``("ok", result)`` or ``("error", message)`` on ``replies``,
-    until ``requests`` ends. Returns the exit code (1 when the tracker could not open)."""
+    dir, experiment name, run name, tracking URI or ''), then run each request line
+    ``{"method", "args"}`` (a method of :data:`SERVED`) from ``requests`` and answer
+    ``{"ok": true, "value"}`` or ``{"ok": false, "error"}`` on ``replies``, until ``requests``
+    ends. Returns the exit code (1 when the tracker could not open)."""
 
-    def answer(status: str, value: object) -> None:
-        pickle.dump((status, value), replies)
+    def answer(ok: bool, value: object = None, error: str = "") -> None:
+        replies.write(json.dumps({"ok": ok, "value": value, "error": error}).encode() + b"\n")
         replies.flush()
 
     experiment_dir, experiment_name, run_name, tracking_uri = argv
@@ -183,21 +188,21 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
         tracker = Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None)
     except Exception as exc:  # reported to the learner, which raises it as a TrackingError
         log.exception("MLflow tracking could not open")
-        answer("error", f"{type(exc).__name__}: {exc}")
+        answer(False, error=f"{type(exc).__name__}: {exc}")
         return 1
-    answer("ok", tracker.run_id)
-    while True:
+    answer(True, tracker.run_id)
+    for line in requests:
         try:
-            method, args = pickle.load(requests)
-        except EOFError:
-            return 0
-        try:
-            getattr(tracker, method)(*args)
+            request = json.loads(line)
+            if request["method"] not in SERVED:
+                raise ValueError(f"no such tracking call {request['method']!r} (served: {', '.join(SERVED)})")
+            getattr(tracker, request["method"])(*request["args"])
         except Exception as exc:
-            log.exception("MLflow %s failed", method)
-            answer("error", f"{type(exc).__name__}: {exc}")
+            log.exception("MLflow call failed: %.200s", line)
+            answer(False, error=f"{type(exc).__name__}: {exc}")
         else:
-            answer("ok", None)
+            answer(True)
+    return 0
 
 
 class BackgroundTracker:

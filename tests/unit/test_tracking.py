@@ -129,6 +129,8 @@ def test_tracker_process_writes_the_run_and_reports_errors_by_name(tmp_path):
     tracker.log_metrics({"loss": np.float32(0.5), "skipped": None, "nan": float("nan")}, 7)
     with pytest.raises(TrackingError, match="FileNotFoundError: .*nowhere.pt"):
         tracker.log_artifact(tmp_path / "nowhere.pt", "checkpoints")
+    with pytest.raises(TrackingError, match="no such tracking call 'delete_run'"):
+        tracker._call("delete_run", tracker.run_id)
     for signum in (signal.SIGINT, signal.SIGTERM):
         tracker.process.send_signal(signum)
     artifact = tmp_path / "best.json"
