@@ -106,7 +106,7 @@ class AgentConfig:
     """What agents and evals run their policy network on. ``numpy``: no torch in the process (it
     costs ~1.5 s of CPU to import and ~180 MiB of memory, and its per-operator overhead dominates
     the small batches agents act on); PPO without an LSTM only. ``auto``: numpy for PPO networks
-    without images or an LSTM, torch otherwise (torch's convolutions are ~1.6x numpy's)."""
+    without images or an LSTM, torch otherwise (a Pong act of 4 envs: torch ~3.1 ms, numpy ~4.2)."""
     fetch_every_steps: int = 64
     fetch_every_episodes: int | None = None
     heartbeat_every_s: float = 2.0
