@@ -20,7 +20,7 @@ import redis
 
 from surreal_redis.configtools import ConfigError
 from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server, resolve_url
-from surreal_redis.runtime import StopFlag, setup_logging
+from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,12 @@ def _require_url(redis_url: str | None) -> str:
     return url
 
 
+def _one_blas_thread() -> None:
+    """An agent or eval started by hand gets what ``launch`` gives its own (before numpy loads)."""
+    for name, value in ONE_BLAS_THREAD.items():
+        os.environ.setdefault(name, value)
+
+
 def _single_threaded_torch() -> None:
     """Agents and evals run tiny batches: one thread each beats many processes fighting over
     every core (measured: 2 ms -> 0.05 ms per small linear layer on a busy 2-core machine).
@@ -183,6 +189,7 @@ def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: 
 def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_url: str | None,
           overrides: tuple[str, ...]) -> None:
     """Run one stateless agent."""
+    _one_blas_thread()
     from surreal_redis.agent import Agent
 
     config = _load(config_path, overrides, redis_url, run_name)
@@ -219,6 +226,7 @@ def learner(config_path: str | None, run_name: str | None, redis_url: str | None
 def eval_cmd(mode: str | None, eval_id: int, config_path: str | None, run_name: str | None,
              redis_url: str | None, overrides: tuple[str, ...]) -> None:
     """Evaluate the latest parameters repeatedly; sends no experience."""
+    _one_blas_thread()
     from surreal_redis.evaluator import Evaluator
 
     config = _load(config_path, overrides, redis_url, run_name)

@@ -40,7 +40,7 @@ from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.learner_metrics import use_summary
-from surreal_redis.runtime import StopFlag
+from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +77,12 @@ def _fmt(value: float | None) -> str:
 CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 
 
-# Agents and evals act on a few observations at a time, one process per core: a BLAS thread pool
-# per process (numpy's OpenBLAS starts one per core) only makes them fight. A fixed trim threshold
-# also fixes glibc's mmap threshold at 128 KiB, so every temporary of a CNN forward pass (an 84x84
+# Agents and evals get one BLAS thread (runtime.ONE_BLAS_THREAD). A fixed trim threshold also
+# fixes glibc's mmap threshold at 128 KiB, so every temporary of a CNN forward pass (an 84x84
 # frame stack is 450 KiB as float32) was mapped and unmapped per call: ~150 page faults per Pong
 # act, numpy 5.4-5.8 ms instead of 4.1-4.3; at 16 MiB they come from the heap and are reused.
 # A user's setting wins.
-ACTOR_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-             "MALLOC_MMAP_THRESHOLD_": "16777216"}
+ACTOR_ENV = {**ONE_BLAS_THREAD, "MALLOC_MMAP_THRESHOLD_": "16777216"}
 
 
 def child_env(actor: bool = False) -> dict[str, str]:

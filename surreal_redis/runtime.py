@@ -14,6 +14,12 @@ from types import FrameType
 
 log = logging.getLogger(__name__)
 
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+"""For agents and evals: they act on a few observations at a time, one process per core, and a
+BLAS thread pool per process (numpy's OpenBLAS starts one per core) only makes them fight. Read
+when numpy is first imported; a user's own setting wins."""
+
+
 class StopFlag:
     """Set by the first SIGINT/SIGTERM (or by code); the second signal exits immediately with
     code 130. ``wait(timeout)`` sleeps but wakes as soon as a stop is requested."""

@@ -9,10 +9,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cli_module_imports_neither_torch_nor_gymnasium():
+    """Nor numpy: an agent started by hand sets its BLAS threads before numpy reads them."""
     code = ("import sys, surreal_redis.cli; "
-            "print(sorted(m for m in ('torch', 'gymnasium', 'mlflow') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'gymnasium', 'mlflow', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_agent_started_by_hand_gets_one_blas_thread_unless_the_user_set_it(monkeypatch):
+    from surreal_redis.cli import _one_blas_thread
+
+    for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # restored after the test
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    _one_blas_thread()
+    import os
+
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1" and os.environ["OMP_NUM_THREADS"] == "4"
 
 
 def test_help_runs_without_importing_torch():
