@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.ppo_config import PPOConfig
+from surreal_redis.algos.ppo_config import PPOConfig, numpy_unsupported
 from surreal_redis.checkpoint import CheckpointConfig
 from surreal_redis.configtools import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
 from surreal_redis.connection import RedisSettings
@@ -245,7 +245,7 @@ class ExperimentConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        if self.agent.inference == "numpy" and (self.algo != "ppo" or self.ppo.use_lstm):
+        if self.agent.inference == "numpy" and numpy_unsupported(self.algo_config):
             what = "ppo.use_lstm=true" if self.algo == "ppo" else f"algo={self.algo}"
             raise ValueError(f"agent.inference=numpy runs PPO policies without an LSTM, not {what}: "
                              "use auto or torch")

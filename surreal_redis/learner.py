@@ -65,8 +65,8 @@ log = logging.getLogger(__name__)
 # report) are skipped under OOM where they are made.
 RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, PublishBackpressure)
 TRACKER_OPEN_AFTER_S = 30.0
-"""MLflow opens at the first update, or this long after the learner was built if that is later
-(an off-policy learner collecting ``learning_starts`` transitions)."""
+"""MLflow opens at the learner's first update, or this long after the learner started building
+if no update came by then (an off-policy learner collecting ``learning_starts`` transitions)."""
 
 
 class Prefetcher(threading.Thread):

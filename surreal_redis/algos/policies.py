@@ -12,7 +12,7 @@ import gymnasium as gym
 
 from surreal_redis.algos.base import AgentPolicy
 from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.ppo_config import PPOConfig
+from surreal_redis.algos.ppo_config import PPOConfig, numpy_unsupported
 from surreal_redis.envs.spaces import image_layout
 
 Inference = Literal["auto", "numpy", "torch"]
@@ -30,12 +30,11 @@ def resolved_inference(section: PPOConfig | DDPGConfig, obs_space: gym.Space,
     policy it cannot run (DDPG, LSTM)."""
     if inference not in ("auto", "numpy", "torch"):
         raise ValueError(f"inference must be auto, numpy or torch, got {inference!r}")
-    numpy_capable = isinstance(section, PPOConfig) and not section.use_lstm
-    if inference == "numpy" and not numpy_capable:
-        what = "an LSTM policy" if isinstance(section, PPOConfig) else type(section).__name__
-        raise ValueError(f"numpy inference runs PPO policies without an LSTM, not {what}")
+    unsupported = numpy_unsupported(section)
+    if inference == "numpy" and unsupported:
+        raise ValueError(f"numpy inference runs PPO policies without an LSTM, not {unsupported}")
     if inference == "auto":
-        return "numpy" if numpy_capable and not _has_images(obs_space) else "torch"
+        return "numpy" if not unsupported and not _has_images(obs_space) else "torch"
     return inference
 
 

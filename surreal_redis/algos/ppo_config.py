@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import gymnasium as gym
+
 from surreal_redis.algos.network_config import ACTIVATION_NAMES
 
 
@@ -82,3 +84,21 @@ class PPOConfig:
         if not 0.0 < self.kl_coef_min <= self.kl_coef_init <= self.kl_coef_max:
             raise ValueError(f"need 0 < kl_coef_min <= kl_coef_init <= kl_coef_max, got "
                              f"{self.kl_coef_min}, {self.kl_coef_init}, {self.kl_coef_max}")
+
+
+def ppo_action_space(action_space: gym.Space) -> tuple[bool, int]:
+    """``(continuous, action_dim)`` of a space PPO acts in: Discrete (logits) or a 1-d Box
+    (Gaussian means); anything else raises a ValueError naming it."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return False, int(action_space.n)
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return True, int(action_space.shape[0])
+    raise ValueError(f"PPO supports Discrete and 1-d Box action spaces, got {action_space}")
+
+
+def numpy_unsupported(section: object) -> str | None:
+    """Why agents cannot act with numpy for an algorithm's config section (None: they can): the
+    numpy policy runs PPO networks without an LSTM."""
+    if not isinstance(section, PPOConfig):
+        return type(section).__name__
+    return "an LSTM policy" if section.use_lstm else None

@@ -14,15 +14,10 @@ import numpy as np
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.numpy_nets import MLP, Encoder, Normalizer, take
-from surreal_redis.algos.ppo_config import PPOConfig
+from surreal_redis.algos.ppo_config import PPOConfig, numpy_unsupported, ppo_action_space
 from surreal_redis.codec import Tree
 
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-
-
-def numpy_unsupported(config: PPOConfig) -> str | None:
-    """Why :class:`NumpyPPOPolicy` cannot act for ``config`` (None: it can)."""
-    return "the policy has an LSTM" if config.use_lstm else None
 
 
 class NumpyPPOPolicy(AgentPolicy):
@@ -38,15 +33,8 @@ class NumpyPPOPolicy(AgentPolicy):
                  num_envs: int = 1, seed: int | None = None) -> None:
         reason = numpy_unsupported(config)
         if reason:
-            raise ValueError(f"numpy inference cannot run this PPO policy: {reason}")
-        if isinstance(action_space, gym.spaces.Discrete):
-            self.continuous = False
-            action_dim = int(action_space.n)
-        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-            self.continuous = True
-            action_dim = int(action_space.shape[0])
-        else:
-            raise ValueError(f"PPO supports Discrete and 1-d Box action spaces, got {action_space}")
+            raise ValueError(f"numpy inference runs PPO policies without an LSTM, not {reason}")
+        self.continuous, action_dim = ppo_action_space(action_space)
         self.action_space = action_space
         self.action_dim = action_dim
         self.num_envs = num_envs

@@ -22,7 +22,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
 from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.algos.ppo_config import PPOConfig
+from surreal_redis.algos.ppo_config import PPOConfig, ppo_action_space
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_map
 
@@ -39,14 +39,7 @@ class ActorCritic(nn.Module):
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
-        if isinstance(action_space, gym.spaces.Discrete):
-            self.continuous = False
-            action_dim = int(action_space.n)
-        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-            self.continuous = True
-            action_dim = int(action_space.shape[0])
-        else:
-            raise ValueError(f"PPO supports Discrete and 1-d Box action spaces, got {action_space}")
+        self.continuous, action_dim = ppo_action_space(action_space)
         self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None
         self.encoder = ObservationEncoder(obs_space)
         trunk_dim = self.encoder.out_dim
