@@ -99,14 +99,9 @@ class ChunkCheck:
 
     @classmethod
     def for_experiment(cls, config: ExperimentConfig, obs_space: gym.Space, action_space: gym.Space) -> ChunkCheck:
-        """What the experiment's algorithm needs: PPO reads ``logp`` (and ``raw_action`` for Box
-        actions, the LSTM state with ``use_lstm``); DDPG needs no extras."""
-        if config.algo != "ppo":
-            return cls(obs_space, action_space)
-        required = ("logp",) + (("raw_action",) if isinstance(action_space, gym.spaces.Box) else ())
-        hidden = (config.ppo.lstm_hidden,)
-        state = {"lstm_h": hidden, "lstm_c": hidden} if config.ppo.use_lstm else None
-        return cls(obs_space, action_space, required, state)
+        """What the experiment's algorithm needs, as its spec declares (``chunk_needs``)."""
+        needs = config.algorithm.chunk_needs(config.algo_config, action_space)
+        return cls(obs_space, action_space, needs.extras, needs.initial_state)
 
     def problem(self, chunk: Chunk) -> str | None:
         steps = chunk.num_steps

@@ -341,12 +341,17 @@ def redis_cmd(maxmemory: str, port: int, appendonly: bool) -> None:
 
 
 @main.command("default-config")
-@click.argument("algo", type=click.Choice(["ppo", "ddpg"]))
-def default_config(algo: str) -> None:
-    """Print a full, commented default config for ALGO."""
+@click.argument("algo")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
+              help="Import this module first (it registers ALGO); repeatable.")
+def default_config(algo: str, plugins: tuple[str, ...]) -> None:
+    """Print a full, commented default config for ALGO (ppo, ddpg, sac, or a plugin's)."""
     from surreal_redis.config_doc import commented_default_config
 
-    click.echo(commented_default_config(algo))
+    try:
+        click.echo(commented_default_config(algo, plugins))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command()

@@ -1,7 +1,7 @@
 """The experiment config: one frozen dataclass tree, loaded from YAML and validated.
 
 Naming: a ``*Config`` is the settings of one component or process (``SenderConfig`` in
-hub/experience/sender.py, ``PPOConfig`` in algos/ppo_config.py; the processes' own ``AgentConfig``,
+hub/experience/sender.py, ``PPOConfig`` in algos/ppo/config.py; the processes' own ``AgentConfig``,
 ``LearnerConfig``, ... live here); a ``*Section`` only groups other configs under one YAML key
 (``hub:``, ``replay:``). This module composes them, and loads/dumps the whole. Unknown keys and
 wrong types are errors naming the key (see :mod:`surreal_redis.configtools`).
@@ -16,10 +16,17 @@ from typing import Any, Literal
 
 import yaml
 
-from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.ppo_config import PPOConfig, numpy_unsupported
+from surreal_redis.algos.registry import UnknownAlgorithm, algorithm, algorithm_names, load_plugins
+from surreal_redis.algos.spec import AlgorithmSpec
 from surreal_redis.checkpoint import CheckpointConfig
-from surreal_redis.configtools import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
+from surreal_redis.configtools import (
+    ConfigError,
+    apply_overrides,
+    build_dataclass,
+    from_dict,
+    load_yaml,
+    to_dict,
+)
 from surreal_redis.connection import RedisSettings
 from surreal_redis.envs import EnvConfig
 from surreal_redis.hub.experience.receiver import ReceiverConfig
@@ -27,9 +34,8 @@ from surreal_redis.hub.experience.retention import RetentionConfig
 from surreal_redis.hub.experience.sender import SenderConfig
 from surreal_redis.hub.params import ParameterClientConfig, PublisherConfig
 from surreal_redis.keys import validate_run_name
+from surreal_redis.replay.feeds import OffPolicyConfig
 from surreal_redis.replay.fifo import FIFOReplayConfig
-from surreal_redis.replay.prioritized import PrioritizedReplayConfig
-from surreal_redis.replay.rate_limiter import RateLimiterConfig
 from surreal_redis.resources import resource_dir
 
 
@@ -86,11 +92,9 @@ class HubSection:
 
 @dataclass(frozen=True)
 class ReplaySection:
-    """PPO always uses ``fifo``; DDPG uses ``uniform`` or ``prioritized`` (``ddpg.use_per``)."""
+    """The on-policy FIFO (off-policy algorithms read the ``off_policy`` section)."""
 
     fifo: FIFOReplayConfig = field(default_factory=FIFOReplayConfig)
-    off_policy: PrioritizedReplayConfig = field(default_factory=PrioritizedReplayConfig)
-    rate_limiter: RateLimiterConfig = field(default_factory=RateLimiterConfig)
 
 
 @dataclass(frozen=True)
@@ -130,15 +134,11 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class LearnerConfig:
-    """PPO: ``steps_per_update`` env steps (all agents together) per update.
-    DDPG: ``learning_starts`` transitions before the first update, ``updates_per_step`` gradient
-    updates per inserted transition (unless the rate limiter sets a ratio).
-    Parameters are published every ``publish_every_updates`` updates (and at most once per
+    """On-policy algorithms: ``steps_per_update`` env steps (all agents together) per update
+    (off-policy ones: the ``off_policy`` section). Parameters are published every ``publish_every_updates`` updates (and at most once per
     ``hub.publisher.min_publish_interval`` seconds)."""
 
     steps_per_update: int = 1024
-    learning_starts: int = 1000
-    updates_per_step: float = 1.0
     publish_every_updates: int = 1
     prefetch_chunks: int = 64
     """Chunks decoded ahead of the training loop by the prefetch thread."""
@@ -153,7 +153,7 @@ class LearnerConfig:
     max_restarts: int = 3
     """``launch`` restarts a crashed learner from its latest checkpoint up to this many times, with backoff."""
     on_policy_sync: Literal["lockstep", "overlap", "free"] = "lockstep"
-    """On-policy runs (PPO) only. ``lockstep``: the learner grants the env steps its next update needs,
+    """On-policy algorithms only. ``lockstep``: the learner grants the env steps its next update needs,
     and agents claim each flush before producing it (:mod:`surreal_redis.hub.quota`): each batch is
     made with the parameters it is trained against (policy lag 0, nothing wasted); agents wait while
     the learner trains. ``overlap``: the same grants, one batch ahead: agents make the next batch
@@ -171,12 +171,10 @@ class LearnerConfig:
             raise ValueError(f"on_policy_sync must be 'lockstep', 'overlap' or 'free', got {self.on_policy_sync!r}")
         if not self.lockstep_topup_s > 0:
             raise ValueError(f"lockstep_topup_s must be > 0 seconds, got {self.lockstep_topup_s!r}")
-        for name in ("steps_per_update", "learning_starts", "publish_every_updates", "prefetch_chunks",
-                     "receive_batch", "torch_threads"):
+        for name in ("steps_per_update", "publish_every_updates", "prefetch_chunks", "receive_batch",
+                     "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.updates_per_step <= 0:
-            raise ValueError(f"updates_per_step must be > 0, got {self.updates_per_step}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
 
@@ -227,14 +225,35 @@ class TrackingConfig:
     """None: ``$MLFLOW_TRACKING_URI``, else SQLite in the experiment folder."""
 
 
+# Keys that moved, and where to: an old config gets an error naming the new place.
+MOVED_KEYS = {
+    "replay.off_policy": "off_policy.replay",
+    "replay.rate_limiter": "off_policy.rate_limiter",
+    "learner.learning_starts": "off_policy.learning_starts",
+    "learner.updates_per_step": "off_policy.updates_per_step",
+    "ddpg.batch_size": "off_policy.batch_size",
+    "ddpg.n_step": "off_policy.n_step",
+    "ddpg.use_per": "off_policy.replay.selector (uniform | prioritized)",
+}
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
+    """The whole experiment. ``algo`` names a registered algorithm (:mod:`surreal_redis.algos.registry`)
+    and its section, under the YAML key of the same name, is ``algo_config``; ``plugins`` are
+    modules imported first, which register further algorithms."""
+
     experiment: RunConfig = field(default_factory=RunConfig)
+    plugins: tuple[str, ...] = ()
+    """Modules imported before the config is read (by every process of the run); each registers
+    algorithms with ``surreal_redis.algos.registry.register`` (see docs: Adding an algorithm)."""
     redis: RedisConfig = field(default_factory=RedisConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    algo: Literal["ppo", "ddpg"] = "ppo"
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    ddpg: DDPGConfig = field(default_factory=DDPGConfig)
+    algo: str = "ppo"
+    """The algorithm: ppo, ddpg, sac, or one a plugin registers."""
+    algo_config: Any = None
+    """The algorithm's section (YAML key: the algorithm's name); None takes its defaults."""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     hub: HubSection = field(default_factory=HubSection)
     replay: ReplaySection = field(default_factory=ReplaySection)
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -245,25 +264,33 @@ class ExperimentConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        if self.agent.inference == "numpy" and numpy_unsupported(self.algo_config):
-            what = "ppo.use_lstm=true" if self.algo == "ppo" else f"algo={self.algo}"
-            raise ValueError(f"agent.inference=numpy runs PPO policies without an LSTM, not {what}: "
-                             "use auto or torch")
+        spec = self.algorithm
+        if self.algo_config is None:
+            object.__setattr__(self, "algo_config", spec.config_class())
+        elif type(self.algo_config) is not spec.config_class:
+            raise ValueError(f"algo {self.algo!r} takes a {spec.config_class.__name__} section, "
+                             f"got {type(self.algo_config).__name__}")
+        unsupported = spec.numpy_unsupported(self.algo_config)
+        if self.agent.inference == "numpy" and unsupported:
+            raise ValueError(f"agent.inference=numpy cannot run {unsupported}: use auto or torch")
+
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The declaration of the algorithm ``algo`` names."""
+        try:
+            return algorithm(self.algo)
+        except UnknownAlgorithm as exc:
+            raise ValueError(f"algo: {exc}") from None
 
     @property
     def run(self) -> str:
         return self.experiment.name
 
     @property
-    def algo_config(self) -> PPOConfig | DDPGConfig:
-        """The section of the algorithm ``algo`` names (what algos/registry.py builds from)."""
-        return self.ppo if self.algo == "ppo" else self.ddpg
-
-    @property
     def lockstep(self) -> bool:
-        """Whether agents produce only what the learner grants: an on-policy algorithm (PPO) with
+        """Whether agents produce only what the learner grants: an on-policy algorithm with
         ``learner.on_policy_sync`` ``lockstep`` or ``overlap``. Off-policy runs never claim."""
-        return self.learner.on_policy_sync != "free" and isinstance(self.algo_config, PPOConfig)
+        return self.learner.on_policy_sync != "free" and self.algorithm.on_policy
 
     @property
     def experiment_dir(self) -> Path:
@@ -274,6 +301,52 @@ class ExperimentConfig:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(to_dict(self), sort_keys=False)
+
+    # configtools hooks: the algorithm's section lives under its own name, not under algo_config
+    @classmethod
+    def config_from_dict(cls, data: dict[str, Any], where: str = "") -> ExperimentConfig:
+        data = dict(data)
+        plugins = from_dict(_Plugins, {"plugins": data.get("plugins", ())}).plugins
+        try:
+            load_plugins(plugins)
+        except ValueError as exc:
+            raise ConfigError(f"plugins: {exc}") from None
+        _refuse_moved_keys(data)
+        name = data.pop("algo", "ppo")
+        if "algo_config" in data:
+            raise ConfigError(f"unknown config key 'algo_config' (the algorithm's section goes under its name, "
+                              f"e.g. {name}:)")
+        try:
+            spec = algorithm(name) if isinstance(name, str) else None
+        except UnknownAlgorithm as exc:
+            raise ConfigError(f"algo: {exc}") from None
+        if spec is None:
+            raise ConfigError(f"algo: expected a string, got {name!r}")
+        for other in algorithm_names():
+            if other != spec.name and other in data:
+                raise ConfigError(f"config section {other!r} is for algo {other}, but algo is {spec.name}: "
+                                  f"remove it or set algo: {other}")
+        section = from_dict(spec.config_class, data.pop(spec.name, None), spec.name)
+        return build_dataclass(cls, {**data, "algo": spec.name, "algo_config": section}, where)
+
+    def config_to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            key = self.algo if f.name == "algo_config" else f.name
+            out[key] = to_dict(getattr(self, f.name))
+        return out
+
+
+@dataclass(frozen=True)
+class _Plugins:
+    plugins: tuple[str, ...] = ()
+
+
+def _refuse_moved_keys(data: dict[str, Any]) -> None:
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if isinstance(data.get(section), dict) and key in data[section]:
+            raise ConfigError(f"config key {old!r} has moved to {new}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.configtools import to_dict
+from surreal_redis.configtools import from_dict, to_dict
 
 
 @cache
@@ -99,19 +99,24 @@ def _emit(cls: type, data: dict[str, Any], indent: int, out: list[str]) -> None:
             out.append(f"{pad}{rendered[1:-1] if rendered.startswith('{') else rendered}")
 
 
-def commented_default_config(algo: str) -> str:
-    """The default :class:`ExperimentConfig` for ``algo`` as YAML with comments; the other
-    algorithm's section is left out."""
-    if algo not in ("ppo", "ddpg"):
-        raise ValueError(f"algo must be ppo or ddpg, got {algo!r}")
-    config = dataclasses.replace(ExperimentConfig(), algo=algo)
+def commented_default_config(algo: str, plugins: tuple[str, ...] = ()) -> str:
+    """The default :class:`ExperimentConfig` for ``algo`` as YAML with comments: its own section
+    under its name, and of the two regimes' sections only the one it reads (``off_policy`` or
+    ``replay``). Raises ValueError naming an unknown algorithm."""
+    config = from_dict(ExperimentConfig, {"plugins": list(plugins), "algo": algo})
+    spec = config.algorithm
     data = to_dict(config)
-    data.pop("ddpg" if algo == "ppo" else "ppo")
-    out = [f"# surreal-redis default config for {algo.upper()} (surreal-redis default-config {algo}).",
+    data.pop("replay" if not spec.on_policy else "off_policy")
+    if not plugins:
+        data.pop("plugins")
+    out = [f"# surreal-redis default config for {algo} (surreal-redis default-config {algo}).",
+           f"# {spec.summary}" if spec.summary else "#",
            "# Every key is optional; unknown keys are errors. Override any value with -o key.path=value."]
     hints = typing.get_type_hints(ExperimentConfig)
+    hints["algo_config"] = spec.config_class
     for f in dataclasses.fields(ExperimentConfig):
-        if f.name not in data:
+        key = spec.name if f.name == "algo_config" else f.name
+        if key not in data:
             continue
         out.append("")
         sub = hints[f.name]
@@ -120,8 +125,12 @@ def commented_default_config(algo: str) -> str:
             if doc and not doc.startswith(sub.__name__ + "("):
                 for line in textwrap.wrap(" ".join(doc.split("\n\n")[0].split()), 96):
                     out.append(f"# {line}")
-            out.append(f"{f.name}:")
-            _emit(sub, data[f.name], 1, out)
+            out.append(f"{key}:")
+            _emit(sub, data[key], 1, out)
         else:
-            out.append(f"{f.name}: {data[f.name]}")
+            text = field_help(ExperimentConfig).get(f.name)
+            if text:
+                out.extend(f"# {line}" for line in textwrap.wrap(text, 96))
+            rendered = yaml.safe_dump({key: data[key]}, default_flow_style=True, sort_keys=False, width=1000).strip()
+            out.append(rendered[1:-1] if rendered.startswith("{") else rendered)
     return "\n".join(out) + "\n"

@@ -99,8 +99,18 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> 
     """Build dataclass ``cls`` from ``data``; missing keys take the defaults.
 
     Raises :class:`ConfigError` naming the dotted key for unknown keys, wrong types and values
-    rejected by the dataclass's own ``__post_init__`` checks.
+    rejected by the dataclass's own ``__post_init__`` checks. A class with a ``config_from_dict``
+    classmethod (and ``config_to_dict`` for :func:`to_dict`) maps its YAML itself, ending in
+    :func:`build_dataclass`.
     """
+    hook = getattr(cls, "config_from_dict", None)
+    if hook is not None:
+        return hook(dict(data or {}), where)
+    return build_dataclass(cls, data, where)
+
+
+def build_dataclass(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> T:
+    """:func:`from_dict` without the class's own hook: each key a field of ``cls``."""
     data = dict(data or {})
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -126,6 +136,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> 
 def to_dict(obj: Any) -> Any:
     """Plain-data (YAML-safe) form of a config dataclass, recursively."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if hasattr(obj, "config_to_dict"):
+            return obj.config_to_dict()
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]

@@ -40,7 +40,7 @@ import redis
 import torch
 
 from surreal_redis.algos.base import Algorithm
-from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed
+from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
@@ -161,10 +161,9 @@ class Learner:
         env = make_env(config.env, seed=seed, mode="train")
         obs_space, action_space = env.observation_space, env.action_space
         env.close()
-        section, replay, learner = config.algo_config, config.replay, config.learner
-        settings = FeedSettings(replay.fifo, replay.off_policy, replay.rate_limiter, learner.steps_per_update,
-                                learner.learning_starts, learner.updates_per_step)
-        parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed), make_feed(section, settings, seed),
+        section = config.algo_config
+        parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed),
+                             make_feed(section, FeedSettings.of(config), seed),
                              ChunkCheck.for_experiment(config, obs_space, action_space))
         built = cls(config, client, stop, parts, tracker=tracker)
         if resume is not None:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.algos.policies import make_policy
-from surreal_redis.algos.registry import make_algorithm
 from surreal_redis.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.configtools import ConfigError
@@ -60,8 +60,8 @@ def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str,
     if render:
         config = config.with_overrides([f"env.kwargs={dict(config.env.kwargs, **render)}"])
     env = make_env(config.env, seed=config.experiment.seed + 30_000, mode="eval")
-    algo = make_algorithm(config.with_overrides([f"{config.algo}.device=cpu"]).algo_config, env.observation_space,
-                          env.action_space)
+    on_cpu = [f"{config.algo}.device=cpu"] if hasattr(config.algo_config, "device") else []
+    algo = make_algorithm(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
     algo.load_state_dict(state["algorithm"])
     iteration = int(algo.iteration)
     log.info("loaded checkpoint %s (update %d, %d env steps)", path, iteration, int(state.get("env_steps", 0)))

@@ -1,18 +1,19 @@
-"""Builds the agent-side policy (agents, evals, ``rollout``) from an algorithm's config section.
+"""Builds the agent-side policy (agents, evals, ``rollout``) from an algorithm's config section,
+through its spec.
 
-Kept apart from :mod:`surreal_redis.algos.registry` (the learner's side) so that an agent acting
-with numpy never imports torch: the torch policies are imported only when one is built.
+Kept apart from :mod:`surreal_redis.algos.learning` (the learner's side) so that an agent acting
+with numpy never imports torch or the replay: a spec imports its torch policy only when it builds one.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 
 from surreal_redis.algos.base import AgentPolicy
-from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.ppo_config import PPOConfig, numpy_unsupported
+from surreal_redis.algos.registry import spec_of
+from surreal_redis.algos.spec import Backend, PolicyRequest
 from surreal_redis.envs.spaces import image_layout
 
 Inference = Literal["auto", "numpy", "torch"]
@@ -23,39 +24,24 @@ def _has_images(space: gym.Space) -> bool:
     return any(image_layout(leaf) is not None for leaf in leaves)
 
 
-def resolved_inference(section: PPOConfig | DDPGConfig, obs_space: gym.Space,
-                       inference: Inference = "auto") -> Literal["numpy", "torch"]:
-    """Which backend ``inference`` means for this policy: ``auto`` is numpy for a PPO network
-    without images or an LSTM, torch otherwise. Raises ValueError when numpy is asked for a
-    policy it cannot run (DDPG, LSTM)."""
+def resolved_inference(section: Any, obs_space: gym.Space, inference: Inference = "auto") -> Backend:
+    """Which backend ``inference`` means for this policy: ``auto`` is numpy where the algorithm's
+    spec can act in numpy for this section and the observations hold no images, torch otherwise.
+    Raises ValueError when numpy is asked for a policy it cannot run."""
     if inference not in ("auto", "numpy", "torch"):
         raise ValueError(f"inference must be auto, numpy or torch, got {inference!r}")
-    unsupported = numpy_unsupported(section)
+    unsupported = spec_of(section).numpy_unsupported(section)
     if inference == "numpy" and unsupported:
-        raise ValueError(f"numpy inference runs PPO policies without an LSTM, not {unsupported}")
+        raise ValueError(f"numpy inference cannot run {unsupported}")
     if inference == "auto":
         return "numpy" if not unsupported and not _has_images(obs_space) else "torch"
     return inference
 
 
-def make_policy(section: PPOConfig | DDPGConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
-                agent_id: int, num_agents: int, seed: int, inference: Inference = "auto") -> AgentPolicy:
+def make_policy(section: Any, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
+                agent_id: int, num_agents: int, seed: int | None, inference: Inference = "auto") -> AgentPolicy:
     """The agent-side policy on the backend :func:`resolved_inference` picks; agents differ in
-    exploration by id (DDPG noise schedule) and seed."""
-    backend = resolved_inference(section, obs_space, inference)
-    if isinstance(section, PPOConfig) and backend == "numpy":
-        from surreal_redis.algos.ppo_numpy_policy import NumpyPPOPolicy
-
-        return NumpyPPOPolicy(section, obs_space, action_space, num_envs=num_envs, seed=seed)
-    # torch costs ~1.5 s of CPU to import: only a process that acts with it pays that
-    if isinstance(section, PPOConfig):
-        from surreal_redis.algos.ppo_policy import PPOPolicy
-
-        return PPOPolicy(section, obs_space, action_space, num_envs=num_envs, seed=seed)
-    if isinstance(section, DDPGConfig):
-        from surreal_redis.algos.ddpg_policy import DDPGPolicy
-
-        return DDPGPolicy(section, obs_space, action_space, num_envs=num_envs, agent_id=agent_id,
-                          num_agents=max(1, num_agents), seed=seed)
-    raise TypeError(f"no algorithm has the config section {type(section).__name__} "
-                    f"(expected one of PPOConfig, DDPGConfig)")
+    exploration by id and seed."""
+    request = PolicyRequest(num_envs=num_envs, agent_id=agent_id, num_agents=num_agents, seed=seed,
+                            backend=resolved_inference(section, obs_space, inference))
+    return spec_of(section).make_policy(section, obs_space, action_space, request)

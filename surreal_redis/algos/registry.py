@@ -1,71 +1,123 @@
-"""Builds what the learner needs from an algorithm's config section (``ExperimentConfig.algo_config``):
-the trainer, the extras its chunks must carry, and the learner's feed
-(the one place that knows PPO is on-policy and DDPG off-policy)."""
+"""Where algorithms are found by name: the built-in ones, those of installed packages, and
+plug-in modules a config names.
+
+- Built-ins: ``surreal_redis.algos.<name>`` packages, each with a module-level ``SPEC``.
+- Installed packages: an entry point in the group ``surreal_redis.algorithms`` whose object is an
+  :class:`~surreal_redis.algos.spec.AlgorithmSpec` (``[options.entry_points]
+  surreal_redis.algorithms = toy = my_package.toy:SPEC``), loaded the first time an unknown name
+  is looked up.
+- Plug-in modules: the config's ``plugins: [my_package.toy]`` are imported before the config is
+  parsed (by every process of the run: the config travels with it); the module calls
+  :func:`register` at import.
+
+Torch-free: a spec imports its torch modules only when it builds a trainer or a torch policy.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import logging
+from importlib.metadata import entry_points
+from typing import Any
 
-import gymnasium as gym
+from surreal_redis.algos.spec import AlgorithmSpec
 
-from surreal_redis.algos.base import Algorithm
-from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.ppo import PPOAlgorithm
-from surreal_redis.algos.ppo_config import PPOConfig
-from surreal_redis.replay.feeds import Feed, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
-from surreal_redis.replay.fifo import FIFOReplayConfig
-from surreal_redis.replay.prioritized import PrioritizedReplayConfig
-from surreal_redis.replay.rate_limiter import RateLimiterConfig
+log = logging.getLogger(__name__)
 
-AlgoConfig = PPOConfig | DDPGConfig
+ENTRY_POINT_GROUP = "surreal_redis.algorithms"
+BUILTIN_MODULES = ("surreal_redis.algos.ppo", "surreal_redis.algos.ddpg")
 
-
-@dataclass(frozen=True)
-class FeedSettings:
-    """The learner's settings of both regimes (the ``replay`` section and parts of ``learner``);
-    each feed takes the ones it uses."""
-
-    fifo: FIFOReplayConfig
-    off_policy: PrioritizedReplayConfig
-    rate_limiter: RateLimiterConfig
-    steps_per_update: int
-    learning_starts: int
-    updates_per_step: float
+_specs: dict[str, AlgorithmSpec] = {}
+_builtins_loaded = False
+_entry_points_loaded = False
 
 
-def _unknown(section: object) -> TypeError:
-    return TypeError(f"no algorithm has the config section {type(section).__name__} "
-                     f"(expected one of PPOConfig, DDPGConfig)")
+class UnknownAlgorithm(ValueError):
+    """No registered algorithm has the name or config section asked for."""
 
 
-def make_algorithm(section: AlgoConfig, obs_space: gym.Space, action_space: gym.Space, seed: int = 0) -> Algorithm:
-    """The learner-side trainer, on CUDA when available (``device: auto``)."""
-    if isinstance(section, PPOConfig):
-        return PPOAlgorithm(section, obs_space, action_space, seed=seed)
-    if isinstance(section, DDPGConfig):
-        return DDPGAlgorithm(section, obs_space, action_space)
-    raise _unknown(section)
+def register(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Make ``spec`` findable by its name; registering the same spec again is a no-op, another
+    spec under a taken name (or another algorithm's config class) raises ValueError."""
+    if not isinstance(spec, AlgorithmSpec):
+        raise TypeError(f"register() takes an AlgorithmSpec, got {type(spec).__name__}")
+    _load_builtins()
+    return _add(spec)
 
 
-def required_extras(section: AlgoConfig, action_space: gym.Space) -> tuple[str, ...]:
-    """The per-step extras the learner's update reads from every chunk (the rest may be absent):
-    PPO's importance ratio needs the behaviour ``logp``, and for Box actions the unclipped
-    ``raw_action`` it was computed for."""
-    if isinstance(section, PPOConfig):
-        return ("logp",) + (("raw_action",) if isinstance(action_space, gym.spaces.Box) else ())
-    if isinstance(section, DDPGConfig):
-        return ()
-    raise _unknown(section)
+def _add(spec: AlgorithmSpec) -> AlgorithmSpec:
+    held = _specs.get(spec.name)
+    if held is not None and held != spec:
+        raise ValueError(f"algorithm {spec.name!r} is registered already (config {held.config_class.__name__})")
+    for other in _specs.values():
+        if other.name != spec.name and other.config_class is spec.config_class:
+            raise ValueError(f"config class {spec.config_class.__name__} belongs to algorithm {other.name!r} already")
+    _specs[spec.name] = spec
+    return spec
 
 
-def make_feed(section: AlgoConfig, settings: FeedSettings, seed: int) -> Feed:
-    """The learner's feed for the algorithm's regime (``seed``: replay sampling)."""
-    if isinstance(section, PPOConfig):
-        return OnPolicyFeed(settings.fifo, settings.steps_per_update)
-    if isinstance(section, DDPGConfig):
-        return OffPolicyFeed(OffPolicyFeedConfig(
-            n_step=section.n_step, gamma=section.gamma, batch_size=section.batch_size, prioritized=section.use_per,
-            replay=settings.off_policy, rate_limiter=settings.rate_limiter, learning_starts=settings.learning_starts,
-            updates_per_step=settings.updates_per_step), seed)
-    raise _unknown(section)
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    for module in BUILTIN_MODULES:
+        _add(importlib.import_module(module).SPEC)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = point.load()
+        except Exception as exc:  # a broken third-party package must not hide the built-ins
+            log.error("entry point %s = %s of group %s failed to load: %s", point.name, point.value,
+                      ENTRY_POINT_GROUP, exc)
+            continue
+        if not isinstance(spec, AlgorithmSpec):
+            log.error("entry point %s = %s is a %s, not an AlgorithmSpec: skipped", point.name, point.value,
+                      type(spec).__name__)
+            continue
+        _add(spec)
+
+
+def load_plugins(modules: tuple[str, ...] | list[str]) -> None:
+    """Import each plug-in module (which registers its algorithms); an import failure raises
+    ValueError naming the module."""
+    _load_builtins()
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ValueError(f"plugin module {module!r} failed to import: {type(exc).__name__}: {exc}") from exc
+
+
+def algorithm(name: str) -> AlgorithmSpec:
+    """The spec registered under ``name``; raises :class:`UnknownAlgorithm` naming the known ones."""
+    _load_builtins()
+    if name not in _specs:
+        _load_entry_points()
+    if name not in _specs:
+        raise UnknownAlgorithm(f"{name!r} is not a registered algorithm (known: {', '.join(algorithm_names())}; "
+                               "others come from the config's plugins or an installed package's "
+                               f"{ENTRY_POINT_GROUP} entry point)")
+    return _specs[name]
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Names of the algorithms registered so far, sorted (built-ins always included)."""
+    _load_builtins()
+    return tuple(sorted(_specs))
+
+
+def spec_of(section: Any) -> AlgorithmSpec:
+    """The spec whose config class ``section`` is an instance of."""
+    _load_builtins()
+    for spec in _specs.values():
+        if type(section) is spec.config_class:
+            return spec
+    raise UnknownAlgorithm(f"no registered algorithm has the config section {type(section).__name__} "
+                           f"(known: {', '.join(algorithm_names())})")

@@ -3,9 +3,9 @@
 - :class:`OnPolicyFeed` (PPO): chunks queue in a :class:`~surreal_redis.replay.fifo.FIFOReplay`;
   every ``steps_per_update`` env steps make one update; chunks too stale for the published
   parameters are dropped and counted.
-- :class:`OffPolicyFeed` (DDPG): chunks become n-step transitions in a uniform or prioritized
+- :class:`OffPolicyFeed` (DDPG, SAC): chunks become n-step transitions in a uniform or prioritized
   replay; updates are owed at ``updates_per_step`` per transition inserted once the replay can be
-  sampled, and a rate limiter may hold sampling back. Reading pauses while updates are owed, so
+  sampled, or at the rate limiter's ``samples_per_insert`` when it sets the ratio. Reading pauses while updates are owed, so
   the backlog builds up in Redis and agents wait on ``hub.sender.max_lag``.
 
 Both offer ``ingest(chunk)``, ``wants_data()``, ``train(algo, stop)`` (an iterator of per-update
@@ -21,7 +21,7 @@ import abc
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -109,7 +109,7 @@ class Feed(abc.ABC, Generic[TrainerT]):
 
 
 class OnPolicyFeed(Feed[OnPolicyTrainer]):
-    """PPO's feed: one update per ``steps_per_update`` env steps, each chunk used once, in order."""
+    """The on-policy feed: one update per ``steps_per_update`` env steps, each chunk used once, in order."""
 
     def __init__(self, fifo: FIFOReplayConfig, steps_per_update: int) -> None:
         if steps_per_update < 1:
@@ -145,45 +145,74 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
 
 
 @dataclass(frozen=True)
-class OffPolicyFeedConfig:
-    """Settings of :class:`OffPolicyFeed`.
+class ReplayConfig(PrioritizedReplayConfig):
+    """The off-policy replay (YAML ``off_policy.replay``): which selector samples it, with Reverb's
+    names, and its storage. ``alpha``, ``beta0``, ``beta_steps``, ``eps`` and ``kernels`` apply to
+    ``prioritized`` only.
 
     Attributes:
-        n_step, gamma: the n-step returns (see :mod:`surreal_redis.replay.nstep`).
+        selector: ``uniform`` (every stored transition equally likely) or ``prioritized``
+            (proportional to its last TD error: the algorithm's loss is weighted by
+            ``batch.weights`` and the TD errors its update returns become the new priorities).
+    """
+
+    selector: Literal["uniform", "prioritized"] = "uniform"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.selector not in ("uniform", "prioritized"):
+            raise ValueError(f"selector must be 'uniform' or 'prioritized', got {self.selector!r}")
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig:
+    """What every off-policy algorithm shares (YAML ``off_policy``): the batch, the n-step returns,
+    the replay and its selector, when updates start and how many each transition earns.
+
+    Attributes:
         batch_size: transitions per update.
-        prioritized: a prioritized replay (TD errors become priorities), else a uniform one.
-        replay: the replay's capacity and layout (the prioritized fields apply only with ``prioritized``).
-        rate_limiter: when sampling is allowed (Reverb's rules).
+        n_step: rewards summed before bootstrapping (see :mod:`surreal_redis.replay.nstep`).
         learning_starts: transitions in replay before the first update.
-        updates_per_step: updates owed per transition inserted once the replay can be sampled.
+        updates_per_step: updates owed per transition inserted once the replay can be sampled
+            (the replay ratio); null means 1.0, or the rate limiter's ratio when
+            ``rate_limiter.samples_per_insert`` is set (setting both is an error).
+        replay: capacity, layout and selector of the replay.
+        rate_limiter: when sampling is allowed (Reverb's rules); with ``samples_per_insert`` it
+            sets the replay ratio: ``samples_per_insert / batch_size`` updates per transition.
         max_train_s: seconds one :meth:`OffPolicyFeed.train` call may run before handing back to
-            reading; None runs every owed update.
+            reading; null runs every owed update.
         pause_reading_at: reading pauses while at least this many updates are owed.
     """
 
-    n_step: int = 1
-    gamma: float = 0.99
     batch_size: int = 256
-    prioritized: bool = False
-    replay: PrioritizedReplayConfig = field(default_factory=PrioritizedReplayConfig)
-    rate_limiter: RateLimiterConfig = field(default_factory=RateLimiterConfig)
+    n_step: int = 1
     learning_starts: int = 1000
-    updates_per_step: float = 1.0
+    updates_per_step: float | None = None
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    rate_limiter: RateLimiterConfig = field(default_factory=RateLimiterConfig)
     max_train_s: float | None = 0.5
     pause_reading_at: int = 64
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.learning_starts < 0 or self.pause_reading_at < 1:
-            raise ValueError(f"need batch_size >= 1, learning_starts >= 0 and pause_reading_at >= 1, got "
-                             f"{self.batch_size}, {self.learning_starts}, {self.pause_reading_at}")
-        if not self.updates_per_step > 0:
-            raise ValueError(f"updates_per_step must be > 0, got {self.updates_per_step}")
+        if self.batch_size < 1 or self.n_step < 1 or self.learning_starts < 0 or self.pause_reading_at < 1:
+            raise ValueError(f"need batch_size >= 1, n_step >= 1, learning_starts >= 0 and pause_reading_at >= 1, "
+                             f"got {self.batch_size}, {self.n_step}, {self.learning_starts}, {self.pause_reading_at}")
+        if self.updates_per_step is not None and not self.updates_per_step > 0:
+            raise ValueError(f"updates_per_step must be > 0 or null, got {self.updates_per_step}")
+        if self.updates_per_step is not None and self.rate_limiter.samples_per_insert is not None:
+            raise ValueError(f"updates_per_step ({self.updates_per_step}) and rate_limiter.samples_per_insert "
+                             f"({self.rate_limiter.samples_per_insert}) both set the replay ratio: set one")
         if self.max_train_s is not None and self.max_train_s < 0:
-            raise ValueError(f"max_train_s must be >= 0 or None, got {self.max_train_s}")
+            raise ValueError(f"max_train_s must be >= 0 or null, got {self.max_train_s}")
+
+    @property
+    def limiter_sets_ratio(self) -> bool:
+        """Whether the rate limiter, not ``updates_per_step``, decides how many updates are owed."""
+        return self.rate_limiter.samples_per_insert is not None
 
 
 class OffPolicyFeed(Feed[OffPolicyTrainer]):
-    """DDPG's feed: chunks -> n-step transitions -> replay -> sampled batches, at a set replay ratio.
+    """The off-policy feed: chunks -> n-step transitions -> replay -> sampled batches, at a set replay ratio.
 
     Updates are owed only for transitions that came through :meth:`ingest` after the last
     :meth:`train` call that found the replay too small to sample; refilled transitions were
@@ -191,11 +220,12 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
     which :meth:`state_dict` keeps.
     """
 
-    def __init__(self, config: OffPolicyFeedConfig, seed: int = 0) -> None:
+    def __init__(self, config: OffPolicyConfig, gamma: float, seed: int = 0) -> None:
         self.config = config
-        self._prioritized = PrioritizedReplay(config.replay) if config.prioritized else None
+        prioritized = config.replay.selector == "prioritized"
+        self._prioritized = PrioritizedReplay(config.replay) if prioritized else None
         self.replay: UniformReplay = UniformReplay(config.replay) if self._prioritized is None else self._prioritized
-        self.nstep = NStepBuilder(config.n_step, config.gamma)
+        self.nstep = NStepBuilder(config.n_step, gamma)
         self.limiter = config.rate_limiter.make()
         self.rng = np.random.default_rng(seed)
         self.transitions = 0  # inserted by ingest()
@@ -221,9 +251,14 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
         return len(self.replay) >= max(self.config.learning_starts, self.config.batch_size)
 
     def owed_updates(self) -> int:
+        """Updates the data in hand allows now: by the rate limiter's allowance when it sets the
+        replay ratio, else ``updates_per_step`` per transition credited."""
         if not self.ready():
             return 0
-        return int((self.transitions - self._credited_from) * self.config.updates_per_step) - self.updates
+        if self.config.limiter_sets_ratio:
+            return self.limiter.sample_allowance() // self.config.batch_size
+        ratio = 1.0 if self.config.updates_per_step is None else self.config.updates_per_step
+        return int((self.transitions - self._credited_from) * ratio) - self.updates
 
     def wants_data(self) -> bool:
         if not self.ready() or not self.limiter.can_sample(self.config.batch_size):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -66,6 +67,17 @@ class RateLimiter:
             if self._inserts < self.min_size_to_sample:
                 return False
             return self._inserts * self.samples_per_insert - self._samples - n >= self.min_diff
+
+    def sample_allowance(self) -> int:
+        """How many items may be sampled now without leaving the bounds (0 before
+        ``min_size_to_sample`` inserts; ``sys.maxsize`` when nothing bounds sampling)."""
+        with self._lock:
+            if self._inserts < self.min_size_to_sample:
+                return 0
+            allowance = self._inserts * self.samples_per_insert - self._samples - self.min_diff
+        if math.isinf(allowance):
+            return sys.maxsize
+        return max(0, math.floor(allowance))
 
     def can_insert(self, n: int = 1) -> bool:
         """Whether inserting ``n`` more items keeps the ratio in bounds."""

@@ -1,11 +1,12 @@
-"""An in-process off-policy loop: the data path of a distributed DDPG run in one process, no Redis.
+"""An in-process off-policy loop: the data path of a distributed off-policy run (DDPG, SAC) in one
+process, no Redis.
 
-    vector env -> DDPGPolicy.act -> one Chunk per env every ``chunk_steps`` steps (ChunkCollector,
+    vector env -> policy.act -> one Chunk per env every ``chunk_steps`` steps (ChunkCollector,
     as an agent sends them) -> the learner's OffPolicyFeed (n-step builder, replay) ->
-    DDPGAlgorithm.update -> actor_params -> DDPGPolicy.load_params
+    algo.update -> actor_params -> policy.load_params
 
-Updates run between chunks, ``updates_per_step`` per transition inserted once the replay holds
-``learning_starts``, and the policy gets the new parameters after each chunk's updates: transitions
+Updates run between chunks at the replay ratio of ``off_policy`` once the replay holds
+``off_policy.learning_starts``, and the policy gets the new parameters after each chunk's updates: transitions
 reach the replay a chunk late and the policy acts with parameters up to a chunk old, as in the
 distributed run. Used by the learning tests.
 """
@@ -15,16 +16,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 
-from surreal_redis.algos.base import ActMode, AgentPolicy
-from surreal_redis.algos.ddpg import DDPGAlgorithm
+from surreal_redis.algos.base import ActMode, AgentPolicy, Algorithm
 from surreal_redis.envs import step_vector_env
-from surreal_redis.replay.feeds import OffPolicyFeed, OffPolicyFeedConfig
-from surreal_redis.replay.prioritized import PrioritizedReplayConfig
+from surreal_redis.replay.feeds import OffPolicyConfig, OffPolicyFeed, ReplayConfig
 from surreal_redis.testing.local_loop import ChunkCollector, LoopResult
 
 logger = logging.getLogger(__name__)
@@ -36,11 +35,9 @@ class OffPolicyLoopConfig:
     """Environment steps (all envs together) before stopping."""
     chunk_steps: int = 50
     """T: steps per env per chunk (the agents' ``sender.flush_steps``)."""
-    learning_starts: int = 1_000
-    """Transitions in replay before the first update."""
-    updates_per_step: float = 1.0
-    """Gradient updates per transition inserted (the replay ratio)."""
-    replay_capacity: int = 100_000
+    off_policy: OffPolicyConfig = field(default_factory=lambda: OffPolicyConfig(
+        replay=ReplayConfig(capacity=100_000), max_train_s=None))
+    """Batch, n-step returns, replay and replay ratio, as the learner's ``off_policy`` section."""
     return_window: int = 10
     """``LoopResult.mean_return`` is the mean of the last this many training episodes."""
     seed: int = 0
@@ -49,24 +46,17 @@ class OffPolicyLoopConfig:
     """Log progress about every this many environment steps."""
 
     def __post_init__(self) -> None:
-        for name in ("total_steps", "chunk_steps", "replay_capacity", "return_window", "log_every"):
+        for name in ("total_steps", "chunk_steps", "return_window", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_starts < 0 or self.updates_per_step <= 0:
-            raise ValueError(f"need learning_starts >= 0 and updates_per_step > 0, got "
-                             f"{self.learning_starts} and {self.updates_per_step}")
 
 
-def run_offpolicy(algo: DDPGAlgorithm, policy: AgentPolicy, envs: gym.vector.VectorEnv,
-                  config: OffPolicyLoopConfig) -> LoopResult:
-    """Train ``algo`` from ``envs`` (a SAME_STEP vector env, see ``envs.make_vector_env``) stepped by
-    ``policy``; the replay is prioritized when ``algo.config.use_per``. Blocks; returns a summary."""
+def run_offpolicy(algo: Algorithm, policy: AgentPolicy, envs: gym.vector.VectorEnv,
+                  config: OffPolicyLoopConfig, gamma: float) -> LoopResult:
+    """Train off-policy ``algo`` from ``envs`` (a SAME_STEP vector env, see ``envs.make_vector_env``)
+    stepped by ``policy``, with n-step returns discounted by ``gamma``. Blocks; returns a summary."""
     start = time.perf_counter()
-    ddpg = algo.config
-    feed = OffPolicyFeed(OffPolicyFeedConfig(
-        n_step=ddpg.n_step, gamma=ddpg.gamma, batch_size=ddpg.batch_size, prioritized=ddpg.use_per,
-        replay=PrioritizedReplayConfig(capacity=config.replay_capacity), learning_starts=config.learning_starts,
-        updates_per_step=config.updates_per_step, max_train_s=None), seed=config.seed)
+    feed = OffPolicyFeed(config.off_policy, gamma=gamma, seed=config.seed)
     never = threading.Event()
     policy.load_params(algo.actor_params(), 0)
     collector = ChunkCollector(envs, policy, seed=config.seed)

@@ -1,6 +1,6 @@
-"""PPO's agent-side policy in numpy: :class:`~surreal_redis.algos.ppo_policy.PPOPolicy` without torch.
+"""PPO's agent-side policy in numpy: :class:`~surreal_redis.algos.ppo.policy.PPOPolicy` without torch.
 
-The same network (:class:`~surreal_redis.algos.ppo_policy.ActorCritic`'s parameter names, via
+The same network (:class:`~surreal_redis.algos.ppo.policy.ActorCritic`'s parameter names, via
 :mod:`surreal_redis.algos.numpy_nets`), the same distributions and the same extras, so the learner
 cannot tell which one produced a chunk. Feed-forward networks only: an LSTM policy stays on torch.
 """
@@ -14,14 +14,14 @@ import numpy as np
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.numpy_nets import MLP, Encoder, Normalizer, take
-from surreal_redis.algos.ppo_config import PPOConfig, numpy_unsupported, ppo_action_space
+from surreal_redis.algos.ppo.config import PPOConfig, numpy_unsupported, ppo_action_space
 from surreal_redis.codec import Tree
 
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 
 
 class NumpyPPOPolicy(AgentPolicy):
-    """Acts for ``num_envs`` environments like :class:`~surreal_redis.algos.ppo_policy.PPOPolicy`:
+    """Acts for ``num_envs`` environments like :class:`~surreal_redis.algos.ppo.policy.PPOPolicy`:
     training mode samples and returns extras ``logp`` ``[N]`` and ``value`` ``[N]`` (float32), and
     ``raw_action`` ``[N, A]`` (the unclipped Gaussian sample) for Box spaces; eval modes return no
     extras. Actions are ``[N]`` int64 (Discrete) or ``[N, A]`` float32 clipped to the bounds (Box).

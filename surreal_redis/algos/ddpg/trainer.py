@@ -1,15 +1,15 @@
 """DDPG learner (Lillicrap et al. 2016, arXiv:1509.02971) on n-step transitions from replay.
 
-One update, as in CleanRL's ``ddpg_continuous_action.py`` (one actor step per critic step; no TD3
-delay):
+One update, as in CleanRL's ``ddpg_continuous_action.py``, whose actor and targets move every
+``policy_frequency`` (2) critic steps (the delay TD3 introduced; 1 is the paper's DDPG):
 
     critic:  y = R + discount * Q'(s', mu'(s'))       (R, discount from nstep.py: gamma^m or 0)
-             L_Q = mean(w * (y - Q(s, a))^2)            (w: importance weights, ones without PER)
-    actor:   L_mu = -mean(Q(s, mu(s)))
-    targets: soft  theta' <- (1 - tau) theta' + tau theta   after every update
+             L_Q = mean(w * (y - Q(s, a))^2)            (w: importance weights, ones uniformly)
+    actor:   L_mu = -mean(Q(s, mu(s)))                   every ``policy_frequency`` updates
+    targets: soft  theta' <- (1 - tau) theta' + tau theta   with each actor step
              hard  theta' <- theta                           every ``hard_update_every`` updates
 
-Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.ddpg_policy`.
+Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.ddpg.policy`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.base import Algorithm, ParamDict
-from surreal_redis.algos.ddpg_policy import Actor, Critic, DDPGConfig, module_params, obs_to_tensor
+from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig, module_params, obs_to_tensor
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
 from surreal_redis.experience import TransitionBatch
@@ -68,7 +68,8 @@ class DDPGAlgorithm(Algorithm):
                     sum(p.numel() for p in self.critic.parameters()))
 
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
-        """One critic and one actor gradient step on a batch of B transitions.
+        """One critic gradient step on a batch of B transitions, and an actor step every
+        ``policy_frequency`` of them.
 
         Returns:
             ``(stats, td_errors)``: scalar stats under ``losses/``, and float32 ``[B]`` TD errors
@@ -96,28 +97,28 @@ class DDPGAlgorithm(Algorithm):
         critic_grad_norm = _clip_grad(self.critic, self.config.critic_max_grad_norm)
         self.critic_optimizer.step()
 
-        # actor: follow the critic's action gradient
-        actor_loss = -self.critic(obs, self.actor(obs)).mean()
-        self.actor_optimizer.zero_grad()
-        actor_loss.backward()
-        actor_grad_norm = _clip_grad(self.actor, self.config.actor_max_grad_norm)
-        self.actor_optimizer.step()
-
         self.iteration += 1
-        if self.config.target_update == "soft":
-            _soft_update(self.actor_target, self.actor, self.config.tau)
-            _soft_update(self.critic_target, self.critic, self.config.tau)
-        elif self.iteration % self.config.hard_update_every == 0:
+        stats: dict[str, float] = {}
+        if self.iteration % self.config.policy_frequency == 0:
+            # actor: follow the critic's action gradient
+            actor_loss = -self.critic(obs, self.actor(obs)).mean()
+            self.actor_optimizer.zero_grad()
+            actor_loss.backward()
+            stats["losses/actor_grad_norm"] = _clip_grad(self.actor, self.config.actor_max_grad_norm)
+            self.actor_optimizer.step()
+            stats["losses/actor_loss"] = actor_loss.item()
+            if self.config.target_update == "soft":
+                _soft_update(self.actor_target, self.actor, self.config.tau)
+                _soft_update(self.critic_target, self.critic, self.config.tau)
+        if self.config.target_update == "hard" and self.iteration % self.config.hard_update_every == 0:
             self.actor_target.load_state_dict(self.actor.state_dict())
             self.critic_target.load_state_dict(self.critic.state_dict())
 
-        stats = {
+        stats.update({
             "losses/critic_loss": critic_loss.item(),
-            "losses/actor_loss": actor_loss.item(),
             "losses/q_values": q.mean().item(),
             "losses/critic_grad_norm": critic_grad_norm,
-            "losses/actor_grad_norm": actor_grad_norm,
-        }
+        })
         return stats, td_errors.detach().cpu().numpy()
 
     def _preprocess(self, obs: Tree) -> Tree:

@@ -1,7 +1,7 @@
 """DDPG's networks and agent-side policy (Lillicrap et al. 2016, arXiv:1509.02971).
 
 Everything an agent process needs to act lives here (no critic, no optimizer); the learner is in
-:mod:`surreal_redis.algos.ddpg`. As in CleanRL's ``ddpg_continuous_action.py``: a deterministic
+:mod:`surreal_redis.algos.ddpg.trainer`. As in CleanRL's ``ddpg_continuous_action.py``: a deterministic
 actor ``mu(s) = tanh(f(s)) * action_scale + action_bias`` (scale and bias are buffers, so they travel
 with the weights) and a critic ``Q(s, a)`` on the concatenation of the observation features and
 the action, both ReLU MLPs; an optional CNN stem comes with
@@ -19,14 +19,14 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
-from surreal_redis.algos.ddpg_config import DDPGConfig
-from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
-from surreal_redis.algos.noise import (
+from surreal_redis.algos.ddpg.config import DDPGConfig
+from surreal_redis.algos.ddpg.noise import (
     AdaptiveParamNoise,
     GaussianNoise,
     agent_sigma,
     make_action_noise,
 )
+from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_map
@@ -98,7 +98,7 @@ class DDPGPolicy(AgentPolicy):
     """The agent side of DDPG for N envs: ``mu(s)`` plus exploration noise, clipped to the bounds.
 
     Modes: ``training`` adds the action noise (per-env state, reset by :meth:`on_episode_start`;
-    sigma from the per-agent schedule, see :func:`~surreal_redis.algos.noise.agent_sigma`) and, with
+    sigma from the per-agent schedule, see :func:`~surreal_redis.algos.ddpg.noise.agent_sigma`) and, with
     ``noise.param_noise``, acts with a perturbed copy of the actor; ``eval_stochastic`` adds
     Gaussian noise of std ``noise.eval_sigma``; ``eval_deterministic`` returns ``mu(s)``.
     Runs on the CPU. Parameters come from :meth:`DDPGAlgorithm.actor_params` (keys ``actor.*`` and

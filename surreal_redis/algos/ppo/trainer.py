@@ -33,7 +33,7 @@ from torch.distributions import kl_divergence
 
 from surreal_redis.algos.base import Algorithm, ParamDict
 from surreal_redis.algos.normalizer import RewardScaler
-from surreal_redis.algos.ppo_policy import (
+from surreal_redis.algos.ppo.policy import (
     ActorCritic,
     LSTMState,
     PPOConfig,

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from surreal_redis.algos.ddpg_config import NoiseConfig  # torch-free, with DDPGConfig
+from surreal_redis.algos.ddpg.config import NoiseConfig  # torch-free, with DDPGConfig
 
 
 def agent_sigma(config: NoiseConfig, agent_id: int, num_agents: int) -> float:

@@ -1,6 +1,6 @@
 """DDPG's hyperparameters and its exploration settings, without torch: the launcher and the CLI load
 configs without paying for torch's import (seconds on a small machine);
-:mod:`surreal_redis.algos.ddpg_policy` and :mod:`surreal_redis.algos.noise` build from them."""
+:mod:`surreal_redis.algos.ddpg.policy` and :mod:`surreal_redis.algos.ddpg.noise` build from them."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class NoiseConfig:
 
 @dataclass(frozen=True)
 class DDPGConfig:
-    """DDPG hyperparameters; names and defaults follow CleanRL's ``ddpg_continuous_action.py``."""
+    """DDPG hyperparameters; names and defaults follow CleanRL's ``ddpg_continuous_action.py``. The
+    batch, n-step returns, replay and replay ratio are the shared ``off_policy`` section's."""
 
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
@@ -60,9 +61,8 @@ class DDPGConfig:
     """``soft``: Polyak averaging after every update; ``hard``: copy every ``hard_update_every``."""
     hard_update_every: int = 500
     """Updates between hard target copies (SURREAL's default interval)."""
-    batch_size: int = 256
-    n_step: int = 1
-    """Rewards summed before bootstrapping (see nstep.py); SURREAL used 3."""
+    policy_frequency: int = 2
+    """Critic updates per actor update (and target update), as CleanRL's ``policy_frequency``."""
     actor_hidden: tuple[int, ...] = (256, 256)
     critic_hidden: tuple[int, ...] = (256, 256)
     activation: str = "relu"
@@ -73,9 +73,6 @@ class DDPGConfig:
     critic_l2: float = 0.0
     """L2 weight decay of the critic (Lillicrap et al. used 1e-2)."""
     noise: NoiseConfig = field(default_factory=NoiseConfig)
-    use_per: bool = False
-    """Sample from a PrioritizedReplay: the critic loss is weighted by ``batch.weights`` and the
-    learner feeds the TD errors returned by ``update`` back as priorities."""
     normalize_obs: bool = False
     """Whiten non-image observations with a running z-filter (updated by the learner)."""
     obs_clip: float = 10.0
@@ -87,7 +84,7 @@ class DDPGConfig:
             raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
             raise ValueError(f"need gamma in [0, 1] and tau in (0, 1], got {self.gamma} and {self.tau}")
-        for name in ("hard_update_every", "batch_size", "n_step"):
+        for name in ("hard_update_every", "policy_frequency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("actor_max_grad_norm", "critic_max_grad_norm"):

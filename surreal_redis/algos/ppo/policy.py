@@ -1,8 +1,8 @@
 """PPO's actor-critic network and agent-side policy (its configuration is :class:`PPOConfig`, in
-:mod:`surreal_redis.algos.ppo_config`).
+:mod:`surreal_redis.algos.ppo.config`).
 
 Everything an agent process needs to act lives here (no optimizer); the learner is in
-:mod:`surreal_redis.algos.ppo`. The network is CleanRL's: separate Tanh MLPs for the actor and the
+:mod:`surreal_redis.algos.ppo.trainer`. The network is CleanRL's: separate Tanh MLPs for the actor and the
 critic, orthogonal init with gain 0.01 on the policy head and 1 on the value head, a
 state-independent log-std for continuous actions. Optional parts: the z-filter in front
 (:class:`~surreal_redis.algos.normalizer.ObservationNormalizer`), a CNN stem for pixels (inside
@@ -22,7 +22,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
 from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.algos.ppo_config import PPOConfig, ppo_action_space
+from surreal_redis.algos.ppo.config import PPOConfig, ppo_action_space
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_map
 

@@ -1,5 +1,5 @@
 """PPO's hyperparameters, without torch: the launcher and the CLI load configs without paying for
-torch's import (seconds on a small machine); :mod:`surreal_redis.algos.ppo_policy` builds the
+torch's import (seconds on a small machine); :mod:`surreal_redis.algos.ppo.policy` builds the
 network from them."""
 
 from __future__ import annotations
@@ -96,9 +96,7 @@ def ppo_action_space(action_space: gym.Space) -> tuple[bool, int]:
     raise ValueError(f"PPO supports Discrete and 1-d Box action spaces, got {action_space}")
 
 
-def numpy_unsupported(section: object) -> str | None:
-    """Why agents cannot act with numpy for an algorithm's config section (None: they can): the
-    numpy policy runs PPO networks without an LSTM."""
-    if not isinstance(section, PPOConfig):
-        return type(section).__name__
+def numpy_unsupported(section: PPOConfig) -> str | None:
+    """Why agents cannot act with numpy for this section (None: they can): the numpy policy runs
+    PPO networks without an LSTM."""
     return "an LSTM policy" if section.use_lstm else None

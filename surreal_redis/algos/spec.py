@@ -1,0 +1,116 @@
+"""The one declaration an algorithm makes: :class:`AlgorithmSpec`.
+
+Config loading, ``default-config``, the CLI, the chunk check, the agents' policy and the learner's
+trainer and feed all read an algorithm from its spec (see :mod:`surreal_redis.algos.registry`);
+nothing else in the package names an algorithm. A spec is torch-free: it holds the config class and
+functions that import the torch modules only when they build something, so an agent acting with
+numpy never loads torch.
+
+An algorithm's section of the experiment YAML is named after it (``algo: sac`` reads ``sac:``)
+and parsed into ``config_class``, a frozen dataclass. On-policy algorithms train on chunks in
+order (the learner's FIFO feed, ``learner.steps_per_update`` env steps per update, lockstep or
+free production); off-policy algorithms on transitions sampled from replay (the shared
+``off_policy`` section), and their config class needs a ``gamma`` field for the n-step returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+
+from surreal_redis.algos.base import AgentPolicy, Algorithm
+
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+Backend = Literal["numpy", "torch"]
+
+
+@dataclass(frozen=True)
+class ChunkNeeds:
+    """What every chunk must carry for the learner's update, beyond observations, actions,
+    rewards and flags (see :class:`~surreal_redis.chunk_check.ChunkCheck`).
+
+    Attributes:
+        extras: per-step extras by name: ``logp`` and ``value`` are ``[T]``, ``raw_action``
+            ``[T, *action_shape]``, any other name ``[T, ...]``.
+        initial_state: recurrent state in ``extras["initial_state"]``: leaf name -> shape
+            without the time axis; None when the policy has none.
+    """
+
+    extras: tuple[str, ...] = ()
+    initial_state: Mapping[str, tuple[int, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """What an agent, eval or rollout asks of an algorithm's policy builder.
+
+    Attributes:
+        num_envs: N, the env batch size of every ``act`` call.
+        agent_id, num_agents: this agent's place among the training agents (per-agent exploration).
+        seed: seeds the policy's sampling and noise (None: fresh entropy).
+        backend: what the network runs on, already resolved (``numpy`` only when the spec's
+            ``numpy_unsupported`` returned None for the section).
+    """
+
+    num_envs: int
+    agent_id: int = 0
+    num_agents: int = 1
+    seed: int | None = None
+    backend: Backend = "torch"
+
+
+def no_chunk_needs(section: Any, action_space: gym.Space) -> ChunkNeeds:
+    return ChunkNeeds()
+
+
+def numpy_never(section: Any) -> str:
+    return f"{type(section).__name__} (no numpy policy)"
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One algorithm, declared once.
+
+    Attributes:
+        name: the ``algo:`` value and the YAML key of its section (lower case, digits, ``_``).
+        config_class: its section, a frozen dataclass that imports no torch.
+        on_policy: trains on chunks in order (FIFO feed, grants), else on replay samples.
+        make_trainer: ``(section, obs_space, action_space, seed) -> Algorithm``, the learner-side
+            trainer (on-policy: ``update(chunks) -> stats``; off-policy: ``update(batch) ->
+            (stats, td_errors [B])``), on CUDA when the section's device says so.
+        make_policy: ``(section, obs_space, action_space, PolicyRequest) -> AgentPolicy``.
+        chunk_needs: ``(section, action_space) -> ChunkNeeds``: what the update reads from chunks.
+        numpy_unsupported: ``section -> None`` when agents can act with numpy for this section,
+            else a short reason (``agent.inference: auto`` then picks torch).
+        summary: one line for ``default-config`` and the docs.
+    """
+
+    name: str
+    config_class: type
+    on_policy: bool
+    make_trainer: Callable[[Any, gym.Space, gym.Space, int], Algorithm]
+    make_policy: Callable[[Any, gym.Space, gym.Space, PolicyRequest], AgentPolicy]
+    chunk_needs: Callable[[Any, gym.Space], ChunkNeeds] = field(default=no_chunk_needs)
+    numpy_unsupported: Callable[[Any], str | None] = field(default=numpy_never)
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
+            raise ValueError(f"algorithm name {self.name!r} must match {NAME_PATTERN.pattern}")
+        if not (dataclasses.is_dataclass(self.config_class) and isinstance(self.config_class, type)
+                and self.config_class.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+            raise ValueError(f"algorithm {self.name!r}: config_class must be a frozen dataclass, "
+                             f"got {self.config_class!r}")
+        fields = {f.name for f in dataclasses.fields(self.config_class)}
+        if not self.on_policy and "gamma" not in fields:
+            raise ValueError(f"algorithm {self.name!r} is off-policy: {self.config_class.__name__} needs a "
+                             "gamma field (the n-step returns' discount)")
+        for name in ("make_trainer", "make_policy", "chunk_needs", "numpy_unsupported"):
+            if not callable(getattr(self, name)):
+                raise ValueError(f"algorithm {self.name!r}: {name} must be callable")
