@@ -1,5 +1,6 @@
-"""Atari: the CleanRL/SB3 preprocessing stack (on a scripted fake ALE game, exactly, and on real
-ALE games), the hub round trip with frames stored once, PPO updates and an eval game."""
+"""Atari: the CleanRL/SB3 preprocessing stack (on scripted fake ALE games, exactly, and on real
+ALE games, byte for byte against SB3's frames), the hub round trip with frames stored once, PPO
+updates and an eval game."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from surreal_redis.algos.ppo_policy import PPOConfig
 from surreal_redis.envs import AtariConfig, EnvConfig, EnvError, make_env, step_vector_env
-from surreal_redis.envs.atari import EpisodicLife, ResizeFrame, wrap_atari
+from surreal_redis.envs.atari import EpisodicLife, ResizeFrame, rgb_to_gray, wrap_atari
 
 from .family import loaded_policy, obs_keys, play_eval_episode, play_into_hub, ppo_updates, receive_and_check
 
@@ -24,10 +25,10 @@ NO_STICKY = AtariConfig(repeat_action_probability=0.0)
 
 
 class ScriptedGame(gym.Env):
-    """A fake ALE game: 3 lives, a life lost every 8 frames, raw reward 5 per frame; the screen
-    shows the frame number of the current game."""
+    """A fake ALE game: 3 lives, a life lost every 8 frames, raw reward 5 per frame; the RGB screen
+    shows the frame number of the current game in gray."""
 
-    observation_space = gym.spaces.Box(0, 255, (210, 160), np.uint8)
+    observation_space = gym.spaces.Box(0, 255, (210, 160, 3), np.uint8)
     action_space = gym.spaces.Discrete(4)
 
     def __init__(self) -> None:
@@ -44,7 +45,7 @@ class ScriptedGame(gym.Env):
         super().reset(seed=seed)
         self.game_resets += 1
         self.frame, self.lives = 0, 3
-        return np.full((210, 160), 0, np.uint8), {}
+        return np.full((210, 160, 3), 0, np.uint8), {}
 
     def step(self, action):
         self.frame += 1
@@ -52,7 +53,7 @@ class ScriptedGame(gym.Env):
             self.lives -= 1
         if self.lives == 0:
             self.frames_per_game.append(self.frame)
-        return np.full((210, 160), self.frame, np.uint8), 5.0, self.lives == 0, False, {}
+        return np.full((210, 160, 3), self.frame, np.uint8), 5.0, self.lives == 0, False, {}
 
 
 def test_lost_life_terminates_without_resetting_the_game_and_episodes_report_raw_whole_games():
@@ -89,6 +90,118 @@ def test_eval_mode_plays_the_whole_game_with_raw_rewards():
         total += reward
     # the FIRE and RIGHT presses of the reset (2 agent steps of 2 frames) happen inside reset()
     assert game.lives == 0 and total == 5.0 * (game.frames_per_game[0] - 4)
+
+
+class FlickerGame(gym.Env):
+    """A fake ALE game without lives or FIRE whose (84, 84, 3) RGB screens cycle through
+    ``screens``: the reset shows ``screens[0]``, the k-th frame after it ``screens[k % len]``."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, screens: np.ndarray) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, screens.shape[1:], np.uint8)
+        self.ale = SimpleNamespace(lives=lambda: 0)
+        self.screens = screens
+        self.frame = 0
+
+    def get_action_meanings(self) -> list[str]:
+        return ["NOOP", "RIGHT"]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.frame = 0
+        return self.screens[0], {}
+
+    def step(self, action):
+        self.frame += 1
+        return self.screens[self.frame % len(self.screens)], 0.0, False, False, {}
+
+
+def _opencv_gray(rgb: np.ndarray) -> np.ndarray:
+    """OpenCV's RGB2GRAY for 8-bit images as its source defines it (imgproc's color.hpp, 15-bit
+    fixed point), in integers: ``(9798 R + 19235 G + 3735 B + 2**14) >> 15``."""
+    r, g, b = np.moveaxis(rgb.astype(np.uint32), -1, 0)
+    return ((9798 * r + 19235 * g + 3735 * b + 2**14) >> 15).astype(np.uint8)
+
+
+def test_gray_frames_are_the_gray_of_the_max_of_the_last_two_rgb_frames():
+    rng = np.random.default_rng(0)
+    screens = rng.integers(0, 256, (5, 84, 84, 3), dtype=np.uint8)
+    screens[3, 0, 0], screens[4, 0, 0] = (255, 0, 0), (0, 255, 0)  # red and green
+    # 84x84 screens at screen_size 84: ResizeFrame copies them, so the frames are seen as made
+    env = wrap_atari(FlickerGame(screens), AtariConfig(noop_max=0, fire_reset=False))
+    assert env.observation_space == gym.spaces.Box(0, 255, (84, 84), np.uint8)
+    obs, _ = env.reset(seed=0)
+    np.testing.assert_array_equal(obs, _opencv_gray(screens[0]))
+    first, *_ = env.step(0)
+    assert first[0, 0] == 226  # max(red, green): yellow, not max(gray 76, gray 150)
+    second, *_ = env.step(0)
+    for obs, (a, b) in ((first, (3, 4)), (second, (2, 3))):  # frames 1-4, then 5-8 (screens 0-3)
+        expected = _opencv_gray(np.maximum(screens[a], screens[b]))
+        max_of_grays = np.maximum(_opencv_gray(screens[a]), _opencv_gray(screens[b]))
+        assert (expected != max_of_grays).mean() > 0.5  # the two orders disagree on most pixels
+        np.testing.assert_array_equal(obs, expected)
+
+
+def test_gray_needs_rgb_screens():
+    with pytest.raises(EnvError, match=r"GrayFrame needs \(H, W, 3\) RGB frames"):
+        wrap_atari(FlickerGame(np.zeros((1, 84, 84), np.uint8)), AtariConfig(noop_max=0))
+
+
+def _every_color() -> np.ndarray:
+    """All 2**24 RGB colors as one (4096, 4096, 3) uint8 image."""
+    v = np.arange(1 << 24, dtype=np.uint32)
+    return np.stack([v >> 16, (v >> 8) & 255, v & 255], axis=-1).astype(np.uint8).reshape(4096, 4096, 3)
+
+
+def test_gray_is_opencvs_fixed_point_formula_for_every_color():
+    """Against the integer formula of OpenCV's source (:func:`_opencv_gray`), so that it runs
+    without OpenCV too; the next test checks OpenCV itself where it is installed."""
+    colors = _every_color()
+    np.testing.assert_array_equal(rgb_to_gray(colors), _opencv_gray(colors))
+
+
+@needs_cv2
+def test_gray_is_the_same_bytes_as_opencv_rgb2gray():
+    import cv2
+
+    colors = _every_color()
+    np.testing.assert_array_equal(rgb_to_gray(colors), cv2.cvtColor(colors, cv2.COLOR_RGB2GRAY))
+    frames = np.random.default_rng(0).integers(0, 256, (20, 210, 160, 3), dtype=np.uint8)
+    for frame in frames:
+        np.testing.assert_array_equal(rgb_to_gray(frame), cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY))
+
+
+@needs_ale
+@needs_cv2
+def test_pong_frames_are_the_bytes_sb3_makes_from_rgb_screens():
+    """400 agent steps of Pong against SB3's ``AtariWrapper`` computation, on the same seed and
+    actions: ALE RGB screens, the max of the last two of each 4 frames (``MaxAndSkipEnv``), then
+    ``cv2.cvtColor`` RGB2GRAY and ``cv2.resize`` INTER_AREA to 84x84 (``WarpFrame``)."""
+    import ale_py
+    import cv2
+
+    gym.register_envs(ale_py)
+    env = make_env(EnvConfig(env_id="pong", atari=NO_STICKY), seed=0)
+    ale = gym.make("ALE/Pong-v5", frameskip=1, repeat_action_probability=0.0, obs_type="rgb")
+
+    def sb3_step(action: int) -> np.ndarray:
+        last_two = [ale.step(action)[0] for _ in range(4)][2:]
+        gray = cv2.cvtColor(np.maximum(*last_two), cv2.COLOR_RGB2GRAY)
+        return cv2.resize(gray, (84, 84), interpolation=cv2.INTER_AREA)
+
+    obs, _ = env.reset(seed=0)
+    ale.reset(seed=0)
+    for _ in range(ale.unwrapped.np_random.integers(1, 31)):  # the no-op start, same seeded draw
+        ale.step(0)
+    sb3_step(1)  # FIRE, then RIGHT, as the reset does
+    np.testing.assert_array_equal(obs, sb3_step(2))
+    for i, action in enumerate(np.random.default_rng(0).integers(env.action_space.n, size=400)):
+        obs, _, terminated, truncated, _ = env.step(action)
+        assert not (terminated or truncated)  # a Pong game lasts longer than this
+        np.testing.assert_array_equal(obs, sb3_step(action), err_msg=f"agent step {i}")
+    env.close()
+    ale.close()
 
 
 def _wrappers(env):
