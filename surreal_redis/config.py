@@ -323,9 +323,10 @@ class ExperimentConfig:
         if spec is None:
             raise ConfigError(f"algo: expected a string, got {name!r}")
         for other in algorithm_names():
-            if other != spec.name and other in data:
+            if other != spec.name and data.get(other) is not None:
                 raise ConfigError(f"config section {other!r} is for algo {other}, but algo is {spec.name}: "
                                   f"remove it or set algo: {other}")
+        data = {key: value for key, value in data.items() if key not in algorithm_names() or key == spec.name}
         section = from_dict(spec.config_class, data.pop(spec.name, None), spec.name)
         return build_dataclass(cls, {**data, "algo": spec.name, "algo_config": section}, where)
 

@@ -12,8 +12,8 @@ import redis
 
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.base import ActMode, AgentPolicy
-from surreal_redis.algos.ppo import PPOAlgorithm
-from surreal_redis.algos.ppo_policy import PPOConfig, PPOPolicy
+from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
+from surreal_redis.algos.ppo.trainer import PPOAlgorithm
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.envs import EnvConfig, EpisodeResult, make_env, make_vector_env, step_vector_env
 from surreal_redis.evaluator import play_episode

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from surreal_redis.algos.ppo_policy import PPOConfig
+from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.envs import AtariConfig, EnvConfig, EnvError, make_env, step_vector_env
 from surreal_redis.envs.atari import EpisodicLife, ResizeFrame, rgb_to_gray, wrap_atari
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from surreal_redis.algos.networks import ObservationEncoder
-from surreal_redis.algos.ppo_policy import PPOConfig, PPOPolicy
+from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
 from surreal_redis.envs import EnvConfig, PixelConfig, make_env
 
 from .family import loaded_policy, obs_keys, play_eval_episode, play_into_hub, ppo_updates, receive_and_check

@@ -9,9 +9,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.ddpg_policy import DDPGConfig
-from surreal_redis.algos.ppo_policy import PPOConfig
+from surreal_redis.algos.ddpg.policy import DDPGConfig
+from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
+from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.envs import EnvConfig, make_env
 from surreal_redis.experience import TransitionBatch
 from surreal_redis.replay.nstep import NStepBuilder
@@ -43,8 +43,8 @@ def test_ddpg_updates_on_halfcheetah_chunks(fake_redis):
     config = EnvConfig(env_id="HalfCheetah-v5", num_envs=2, max_episode_steps=10)
     played, _ = play_into_hub(fake_redis, config, steps=16, policy_config=PPO)
     chunks = receive_and_check(fake_redis, played, ("logp", "raw_action"))
-    ddpg = DDPGConfig(batch_size=16, n_step=3, normalize_obs=True, device="cpu")
-    builder = NStepBuilder(ddpg.n_step, ddpg.gamma)
+    ddpg = DDPGConfig(normalize_obs=True, device="cpu")
+    builder = NStepBuilder(3, ddpg.gamma)
     batches = [batch for batch in map(builder.add, chunks) if batch is not None and batch.size]
     obs = np.concatenate([b.obs for b in batches])
     size = len(obs)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from surreal_redis.agent import with_final_rows
-from surreal_redis.algos.ppo import PPOAlgorithm
-from surreal_redis.algos.ppo_policy import PPOConfig, PPOPolicy
+from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
+from surreal_redis.algos.ppo.trainer import PPOAlgorithm
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.envs import EnvConfig, make_vector_env, step_vector_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig

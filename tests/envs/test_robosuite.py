@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from surreal_redis.algos.ppo_policy import PPOConfig
+from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.envs import EnvConfig, PixelConfig, RobosuiteConfig, make_env
 from surreal_redis.envs.robosuite_adapter import robosuite_missing
 

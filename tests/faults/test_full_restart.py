@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed, required_extras
+from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
@@ -32,13 +32,9 @@ def cartpole_learner(tmp_path, client) -> Learner:
                                    "hub.retention.max_entries=8", "stop.max_env_steps=null", "stop.max_seconds=null"])
     env = make_env(config.env, seed=0)
     section = config.algo_config
-    settings = FeedSettings(config.replay.fifo, config.replay.off_policy, config.replay.rate_limiter,
-                            config.learner.steps_per_update, config.learner.learning_starts,
-                            config.learner.updates_per_step)
     parts = LearnerParts(make_algorithm(section, env.observation_space, env.action_space, seed=0),
-                         make_feed(section, settings, seed=0),
-                         ChunkCheck(env.observation_space, env.action_space,
-                                    required_extras(section, env.action_space)))
+                         make_feed(section, FeedSettings.of(config), seed=0),
+                         ChunkCheck.for_experiment(config, env.observation_space, env.action_space))
     env.close()
     return Learner(config, client, StopFlag(install_handlers=False), parts)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from surreal_redis.agent import Agent
-from surreal_redis.algos.registry import make_algorithm
+from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.connection import EmbeddedRedis, RedisSettings, connect, find_redis_server
 from surreal_redis.envs import make_env
@@ -94,7 +94,7 @@ def test_off_policy_learner_resumes_and_refills_replay(tmp_path):
         pytest.skip("no redis-server")
     with EmbeddedRedis(maxmemory="256mb") as server:
         overrides = [f"redis.url={server.url}", f"experiment.root={tmp_path}", "tracking.enabled=false",
-                     "ddpg.device=cpu", "learner.learning_starts=200", "stop.max_env_steps=800",
+                     "ddpg.device=cpu", "off_policy.learning_starts=200", "stop.max_env_steps=800",
                      "checkpoint.every_updates=50", "checkpoint.min_interval_s=0", "hub.sender.max_lag=0",
                      "experiment.name=ddpg_resume"]
         config = load_config("ddpg_pendulum", overrides)

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.ddpg_policy import DDPGConfig, DDPGPolicy
+from surreal_redis.algos.ddpg.policy import DDPGConfig, DDPGPolicy
+from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
 from surreal_redis.envs import EnvConfig, make_vector_env
+from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
 from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
 log = logging.getLogger(__name__)
@@ -20,8 +21,8 @@ log = logging.getLogger(__name__)
 # (SURREAL's n_step), 128-unit layers and learning rates of 1e-3 (Fujimoto et al. 2018's DDPG
 # baseline). In this loop CleanRL's own settings (256 units, 3e-4, 1-step) reached -150 training
 # returns after ~7k steps at twice the cost per update; these get there after ~5k.
-PENDULUM = DDPGConfig(n_step=3, actor_hidden=(128, 128), critic_hidden=(128, 128), actor_lr=1e-3,
-                      critic_lr=1e-3, device="cpu")
+PENDULUM = DDPGConfig(actor_hidden=(128, 128), critic_hidden=(128, 128), actor_lr=1e-3, critic_lr=1e-3, device="cpu")
+OFF_POLICY = OffPolicyConfig(n_step=3, replay=ReplayConfig(capacity=100_000), max_train_s=None)
 TOTAL_STEPS = 10_000
 # one episode per env from random starts: those hanging down cost about -250 to -350 even when
 # solved, so the mean needs about 20 episodes to be steady
@@ -36,7 +37,8 @@ def test_ddpg_solves_pendulum():
     envs = make_vector_env(env_config, 1, seed=seed)
     algo = DDPGAlgorithm(PENDULUM, envs.single_observation_space, envs.single_action_space)
     policy = DDPGPolicy(PENDULUM, envs.single_observation_space, envs.single_action_space, 1, seed=seed)
-    result = run_offpolicy(algo, policy, envs, OffPolicyLoopConfig(total_steps=TOTAL_STEPS, seed=seed))
+    result = run_offpolicy(algo, policy, envs, OffPolicyLoopConfig(total_steps=TOTAL_STEPS, off_policy=OFF_POLICY, seed=seed),
+                           gamma=PENDULUM.gamma)
     envs.close()
 
     eval_envs = make_vector_env(env_config, EVAL_EPISODES, seed=seed + 1000, mode="eval")

@@ -9,8 +9,8 @@ import logging
 import pytest
 import torch
 
-from surreal_redis.algos.ppo import PPOAlgorithm, PPOConfig
-from surreal_redis.algos.ppo_numpy_policy import NumpyPPOPolicy
+from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
+from surreal_redis.algos.ppo.trainer import PPOAlgorithm, PPOConfig
 from surreal_redis.envs import EnvConfig, make_vector_env
 from surreal_redis.testing.local_loop import LocalLoopConfig, run_local
 

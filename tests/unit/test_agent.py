@@ -10,7 +10,7 @@ import redis
 
 from surreal_redis import agent as agent_module
 from surreal_redis.agent import Agent, with_final_rows
-from surreal_redis.algos.registry import make_algorithm
+from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig

@@ -33,7 +33,7 @@ def stamp(when: datetime) -> str:
 def test_phases_from_the_learner_log(solve):
     started = datetime(2026, 1, 2, 3, 4, 5, 250_000)
     log_text = "\n".join([
-        f"{stamp(datetime(2026, 1, 2, 3, 4, 9, 0))} INFO MainProcess surreal_redis.algos.ppo: PPO on cpu",
+        f"{stamp(datetime(2026, 1, 2, 3, 4, 9, 0))} INFO MainProcess surreal_redis.algos.ppo.trainer: PPO on cpu",
         f"{stamp(datetime(2026, 1, 2, 3, 4, 11, 500_000))} INFO MainProcess surreal_redis.learner: first update "
         "done (1.2s after the learner was built)",
         f"{stamp(datetime(2026, 1, 2, 3, 4, 40, 0))} INFO MainProcess surreal_redis.runtime: stopping: train return "

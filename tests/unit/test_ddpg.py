@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.ddpg import DDPGAlgorithm
-from surreal_redis.algos.ddpg_policy import DDPGConfig, DDPGPolicy
-from surreal_redis.algos.noise import NoiseConfig
+from surreal_redis.algos.ddpg.noise import NoiseConfig
+from surreal_redis.algos.ddpg.policy import DDPGConfig, DDPGPolicy
+from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
 from surreal_redis.configtools import ConfigError, from_dict
 from surreal_redis.experience import TransitionBatch
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTION_SPACE = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
-SMALL = {"actor_hidden": (8,), "critic_hidden": (8,)}
+SMALL = {"actor_hidden": (8,), "critic_hidden": (8,), "policy_frequency": 1}  # the paper's: an actor step each update
 
 
 def make_algo(seed: int = 0, obs_space: gym.Space = OBS_SPACE, **overrides) -> DDPGAlgorithm:
@@ -76,6 +76,23 @@ def test_actor_loss_uses_the_updated_critic_and_the_actor_before_its_step():
         expected = -algo.critic(obs, actor_before(obs)).mean().item()
     assert stats["losses/actor_loss"] == pytest.approx(expected, rel=1e-5)
     assert any(not torch.equal(a, b) for a, b in zip(params_of(actor_before), params_of(algo.actor)))
+
+
+def test_policy_frequency_delays_the_actor_and_the_targets_as_cleanrl_does():
+    """CleanRL's ``policy_frequency`` 2: the critic steps every update, the actor and the soft
+    targets every second one (the default)."""
+    algo = make_algo(policy_frequency=2)
+    actor, critic, critic_target = (params_of(m) for m in (algo.actor, algo.critic, algo.critic_target))
+    stats, _ = algo.update(make_batch())
+    assert "losses/actor_loss" not in stats
+    assert all(torch.equal(a, b) for a, b in zip(actor, params_of(algo.actor)))
+    assert all(torch.equal(a, b) for a, b in zip(critic_target, params_of(algo.critic_target)))
+    assert any(not torch.equal(a, b) for a, b in zip(critic, params_of(algo.critic)))
+    stats, _ = algo.update(make_batch(seed=1))
+    assert "losses/actor_loss" in stats
+    assert any(not torch.equal(a, b) for a, b in zip(actor, params_of(algo.actor)))
+    assert any(not torch.equal(a, b) for a, b in zip(critic_target, params_of(algo.critic_target)))
+    assert DDPGConfig().policy_frequency == 2
 
 
 def test_soft_target_update_is_polyak_averaging():
@@ -222,28 +239,33 @@ def test_only_bounded_box_actions_are_accepted():
 
 
 def test_config_from_dict_and_validation():
-    config = from_dict(DDPGConfig, {"n_step": 3, "actor_hidden": [64, 64], "critic_max_grad_norm": 5,
+    config = from_dict(DDPGConfig, {"actor_hidden": [64, 64], "critic_max_grad_norm": 5,
                                     "noise": {"kind": "ou", "sigma": 0.2}})
     assert config.actor_hidden == (64, 64) and config.noise.kind == "ou" and config.critic_max_grad_norm == 5.0
     with pytest.raises(ConfigError, match="target_update"):
         from_dict(DDPGConfig, {"target_update": "polyak"})
     with pytest.raises(ConfigError, match="activation"):
         from_dict(DDPGConfig, {"activation": "gelu"})
-    with pytest.raises(ValueError, match="n_step"):
-        DDPGConfig(n_step=0)
+    with pytest.raises(ValueError, match="policy_frequency must be >= 1, got 0"):
+        DDPGConfig(policy_frequency=0)
+    with pytest.raises(ConfigError, match="n_step"):  # a shared off-policy setting: not DDPG's section
+        from_dict(DDPGConfig, {"n_step": 3})
 
 
-@pytest.mark.parametrize("use_per", [False, True])
-def test_offpolicy_loop_feeds_replay_and_updates_at_the_replay_ratio(use_per):
+@pytest.mark.parametrize("selector", ["uniform", "prioritized"])
+def test_offpolicy_loop_feeds_replay_and_updates_at_the_replay_ratio(selector):
     from surreal_redis.envs import EnvConfig, make_vector_env
+    from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
     from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
-    config = DDPGConfig(**SMALL, n_step=3, batch_size=16, use_per=use_per, device="cpu")
+    config = DDPGConfig(**SMALL, device="cpu")
     envs = make_vector_env(EnvConfig(env_id="Pendulum-v1", max_episode_steps=40), 2, seed=0)
     algo = DDPGAlgorithm(config, envs.single_observation_space, envs.single_action_space)
     policy = DDPGPolicy(config, envs.single_observation_space, envs.single_action_space, 2, seed=0)
-    loop = OffPolicyLoopConfig(total_steps=200, chunk_steps=25, learning_starts=90, updates_per_step=0.5)
-    result = run_offpolicy(algo, policy, envs, loop)
+    off_policy = OffPolicyConfig(batch_size=16, n_step=3, learning_starts=90, updates_per_step=0.5, max_train_s=None,
+                                 replay=ReplayConfig(capacity=1000, selector=selector))
+    loop = OffPolicyLoopConfig(total_steps=200, chunk_steps=25, off_policy=off_policy)
+    result = run_offpolicy(algo, policy, envs, loop, gamma=config.gamma)
     envs.close()
     # chunks of 2 x 25 steps; after the second chunk the replay holds 100 - 2 * 2 waiting steps >= 90,
     # then 0.5 updates per step for chunks 2 to 4

@@ -10,9 +10,14 @@ import numpy as np
 import pytest
 
 from surreal_redis.experience import Chunk, TransitionBatch
-from surreal_redis.replay.feeds import ExperienceUse, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
+from surreal_redis.replay.feeds import (
+    ExperienceUse,
+    OffPolicyConfig,
+    OffPolicyFeed,
+    OnPolicyFeed,
+    ReplayConfig,
+)
 from surreal_redis.replay.fifo import FIFOReplayConfig
-from surreal_redis.replay.prioritized import PrioritizedReplayConfig
 from surreal_redis.replay.rate_limiter import RateLimiterConfig
 
 
@@ -61,10 +66,10 @@ class BatchTrainer:
         return {"loss": 0.0}, self.td(batch)
 
 
-def off_policy(**overrides) -> OffPolicyFeed:
+def off_policy(selector: str = "uniform", **overrides) -> OffPolicyFeed:
     settings = dict(n_step=1, batch_size=4, learning_starts=10, updates_per_step=0.5, max_train_s=None,
-                    replay=PrioritizedReplayConfig(capacity=1000))
-    return OffPolicyFeed(OffPolicyFeedConfig(**{**settings, **overrides}), seed=0)
+                    replay=ReplayConfig(capacity=1000, selector=selector))
+    return OffPolicyFeed(OffPolicyConfig(**{**settings, **overrides}), gamma=0.99, seed=0)
 
 
 # ---------------------------------------------------------------- on-policy
@@ -165,16 +170,33 @@ def test_off_policy_feed_pauses_reading_while_updates_are_owed():
 def test_off_policy_feed_samples_only_what_the_rate_limiter_allows():
     # about 4 samples per inserted transition once 10 are in, give or take 8
     limiter = RateLimiterConfig(min_size_to_sample=10, samples_per_insert=4.0, error_buffer=8.0)
-    feed, trainer = off_policy(rate_limiter=limiter, updates_per_step=100.0, pause_reading_at=1), BatchTrainer()
+    feed, trainer = off_policy(rate_limiter=limiter, updates_per_step=None, pause_reading_at=1), BatchTrainer()
     feed.ingest(chunk(0, 0, 6))
     assert list(feed.train(trainer, threading.Event())) == []
     feed.ingest(chunk(0, 6, 6))
     # 12 inserts: sampling 4 more is allowed while 12 * 4 - samples - 4 >= 10 * 4 - 8
     assert len(list(feed.train(trainer, threading.Event()))) == 4
-    assert feed.owed_updates() == 596
-    assert feed.wants_data()  # updates are owed, but only new data lets the limiter sample again
+    assert feed.owed_updates() == 0
+    assert feed.wants_data()  # only new data lets the limiter sample again
     feed.ingest(chunk(0, 12, 1))
     assert len(list(feed.train(trainer, threading.Event()))) == 1
+
+
+@pytest.mark.parametrize("samples_per_insert, batch_size", [(512.0, 256), (64.0, 256), (8.0, 4)])
+def test_the_rate_limiter_sets_the_replay_ratio_above_and_below_one(samples_per_insert, batch_size):
+    """``samples_per_insert / batch_size`` updates per inserted transition, as its docstring says:
+    512 samples per insert at batch 256 is 2 updates per transition (a run made 1.01 when the
+    limiter could only hold back what ``updates_per_step`` allowed)."""
+    limiter = RateLimiterConfig(min_size_to_sample=batch_size, samples_per_insert=samples_per_insert,
+                                error_buffer=max(1.0, samples_per_insert))
+    feed = off_policy(rate_limiter=limiter, updates_per_step=None, batch_size=batch_size, learning_starts=0,
+                      replay=ReplayConfig(capacity=100_000))
+    trainer, stop, steps = BatchTrainer(), threading.Event(), 64
+    for i in range(80):
+        feed.ingest(chunk(0, i * steps, steps))
+        list(feed.train(trainer, stop))
+    inserted = 80 * steps - batch_size  # the ratio holds from min_size_to_sample on
+    assert len(trainer.batches) / inserted == pytest.approx(samples_per_insert / batch_size, rel=0.02)
 
 
 def test_refilled_transitions_earn_no_updates_and_new_ones_do():
@@ -209,7 +231,7 @@ def test_prioritized_feed_turns_td_errors_into_priorities():
             marked.append(int(batch.indices[0]))
         return np.where(batch.indices == marked[0], 1000.0, 0.0)
 
-    feed, trainer = off_policy(prioritized=True, batch_size=16, learning_starts=90, updates_per_step=1.0), \
+    feed, trainer = off_policy("prioritized", batch_size=16, learning_starts=90, updates_per_step=1.0), \
         BatchTrainer(td)
     feed.ingest(chunk(0, 0, 90))
     list(feed.train(trainer, threading.Event()))
@@ -230,8 +252,12 @@ def test_state_dict_restores_the_sampling_sequence():
 
 def test_bad_settings_name_the_value():
     with pytest.raises(ValueError, match="batch_size"):
-        OffPolicyFeedConfig(batch_size=0)
-    with pytest.raises(ValueError, match="updates_per_step must be > 0, got -1"):
-        OffPolicyFeedConfig(updates_per_step=-1)
+        OffPolicyConfig(batch_size=0)
+    with pytest.raises(ValueError, match="updates_per_step must be > 0 or null, got -1"):
+        OffPolicyConfig(updates_per_step=-1)
+    with pytest.raises(ValueError, match="updates_per_step .2.0. and rate_limiter.samples_per_insert .4.0. both"):
+        OffPolicyConfig(updates_per_step=2.0, rate_limiter=RateLimiterConfig(samples_per_insert=4.0, error_buffer=4.0))
+    with pytest.raises(ValueError, match="selector must be 'uniform' or 'prioritized', got 'per'"):
+        ReplayConfig(selector="per")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="steps_per_update must be >= 1, got 0"):
         OnPolicyFeed(FIFOReplayConfig(), 0)

@@ -14,10 +14,11 @@ from collections import Counter
 import pytest
 
 from surreal_redis.agent import with_final_rows
-from surreal_redis.algos.ddpg_policy import DDPGConfig
+from surreal_redis.algos.ddpg.policy import DDPGConfig
+from surreal_redis.algos.learning import FeedSettings, chunk_needs, make_algorithm, make_feed
 from surreal_redis.algos.policies import make_policy
-from surreal_redis.algos.ppo_policy import PPOConfig
-from surreal_redis.algos.registry import FeedSettings, make_algorithm, make_feed, required_extras
+from surreal_redis.algos.ppo.policy import PPOConfig
+from surreal_redis.algos.registry import UnknownAlgorithm
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.envs import make_env, make_vector_env, step_vector_env
@@ -30,10 +31,9 @@ from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
 from surreal_redis.learner import Learner, LearnerParts
 from surreal_redis.learner_metrics import AgentClocks, lag_percentile, use_summary
-from surreal_redis.replay.feeds import Feed, OffPolicyFeed, OffPolicyFeedConfig, OnPolicyFeed
+from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed, ReplayConfig
 from surreal_redis.replay.fifo import FIFOReplayConfig
-from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
-from surreal_redis.replay.rate_limiter import RateLimiterConfig
+from surreal_redis.replay.prioritized import PrioritizedReplay
 from surreal_redis.runtime import StopFlag
 
 
@@ -47,9 +47,9 @@ def ppo_config(tmp_path, *overrides: str) -> ExperimentConfig:
 
 
 def ddpg_config(tmp_path, *overrides: str) -> ExperimentConfig:
-    return ppo_config(tmp_path, "algo=ddpg", "env.env_id=Pendulum-v1", "ddpg.device=cpu",
-                      "ddpg.actor_hidden=[8]", "ddpg.critic_hidden=[8]", "ddpg.batch_size=16",
-                      "ddpg.n_step=1", "learner.learning_starts=32", *overrides)
+    return ppo_config(tmp_path, "algo=ddpg", "ppo=null", "env.env_id=Pendulum-v1", "ddpg.device=cpu",
+                      "ddpg.actor_hidden=[8]", "ddpg.critic_hidden=[8]", "off_policy.batch_size=16",
+                      "off_policy.n_step=1", "off_policy.learning_starts=32", *overrides)
 
 
 def parts(config: ExperimentConfig, feed: Feed | None = None) -> LearnerParts:
@@ -58,12 +58,9 @@ def parts(config: ExperimentConfig, feed: Feed | None = None) -> LearnerParts:
     env.close()
     section = config.algo_config
     if feed is None:
-        settings = FeedSettings(config.replay.fifo, config.replay.off_policy, config.replay.rate_limiter,
-                                config.learner.steps_per_update, config.learner.learning_starts,
-                                config.learner.updates_per_step)
-        feed = make_feed(section, settings, seed=0)
+        feed = make_feed(section, FeedSettings.of(config), seed=0)
     return LearnerParts(make_algorithm(section, obs_space, action_space, seed=0), feed,
-                        ChunkCheck(obs_space, action_space, required_extras(section, action_space)))
+                        ChunkCheck.for_experiment(config, obs_space, action_space))
 
 
 def learner_for(config: ExperimentConfig, client, feed: Feed | None = None) -> Learner:
@@ -134,8 +131,8 @@ def test_chunks_that_do_not_fit_are_set_aside_not_trained_on(fake_redis, tmp_pat
 def test_off_policy_learner_stops_reading_while_updates_are_owed(fake_redis, tmp_path):
     config = ddpg_config(tmp_path)
     # no time to train at first (max_train_s=0), so the owed updates pile up
-    feed = OffPolicyFeed(OffPolicyFeedConfig(batch_size=16, learning_starts=32, pause_reading_at=4, max_train_s=0.0,
-                                             replay=PrioritizedReplayConfig(capacity=10_000)))
+    feed = OffPolicyFeed(OffPolicyConfig(batch_size=16, learning_starts=32, pause_reading_at=4, max_train_s=0.0,
+                                         replay=ReplayConfig(capacity=10_000)), gamma=0.99)
     learner = learner_for(config, fake_redis, feed)
     learner.start()
     send_steps(fake_redis, config, learner, 16)
@@ -224,18 +221,20 @@ def test_resumed_learner_credits_only_evals_of_its_own_parameters(fake_redis, tm
     assert resumed.last_eval == 60.0
 
 
-def test_registry_builds_each_regime_from_its_own_section():
-    settings = FeedSettings(FIFOReplayConfig(), PrioritizedReplayConfig(capacity=100), RateLimiterConfig(),
-                            steps_per_update=64, learning_starts=10, updates_per_step=0.5)
+def test_each_regime_is_built_from_its_spec_and_the_shared_sections():
+    off_policy = OffPolicyConfig(batch_size=8, n_step=3, updates_per_step=0.5,
+                                 replay=ReplayConfig(capacity=100, selector="prioritized"))
+    settings = FeedSettings(FIFOReplayConfig(), steps_per_update=64, off_policy=off_policy)
     assert isinstance(make_feed(PPOConfig(), settings, seed=0), OnPolicyFeed)
-    feed = make_feed(DDPGConfig(use_per=True, n_step=3, batch_size=8), settings, seed=0)
+    feed = make_feed(DDPGConfig(gamma=0.9), settings, seed=0)
     assert isinstance(feed, OffPolicyFeed) and isinstance(feed.replay, PrioritizedReplay)
-    assert (feed.config.n_step, feed.config.batch_size, feed.config.updates_per_step) == (3, 8, 0.5)
+    assert (feed.config.n_step, feed.config.batch_size, feed.config.updates_per_step, feed.nstep.gamma) == \
+        (3, 8, 0.5, 0.9)
     env = make_env(load_config("smoke").env, seed=0)
-    assert required_extras(PPOConfig(), env.action_space) == ("logp",)
-    assert required_extras(DDPGConfig(), env.action_space) == ()
-    with pytest.raises(TypeError, match="FIFOReplayConfig"):
-        make_algorithm(FIFOReplayConfig(), env.observation_space, env.action_space)  # type: ignore[arg-type]
+    assert chunk_needs(PPOConfig(), env.action_space).extras == ("logp",)
+    assert chunk_needs(DDPGConfig(), env.action_space).extras == ()
+    with pytest.raises(UnknownAlgorithm, match="FIFOReplayConfig"):
+        make_algorithm(FIFOReplayConfig(), env.observation_space, env.action_space)
     env.close()
 
 

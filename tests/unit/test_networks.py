@@ -10,7 +10,7 @@ import torch
 
 from surreal_redis.algos.networks import NatureCNN, ObservationEncoder, SmallCNN, channels_first
 from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.algos.ppo_policy import ActorCritic, PPOConfig, PPOPolicy
+from surreal_redis.algos.ppo.policy import ActorCritic, PPOConfig, PPOPolicy
 from surreal_redis.envs.spaces import ImageLayout, image_layout
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from surreal_redis.algos.noise import (
+from surreal_redis.algos.ddpg.noise import (
     AdaptiveParamNoise,
     GaussianNoise,
     NoiseConfig,

@@ -1,4 +1,4 @@
-"""Numpy inference (algos/numpy_nets.py, algos/ppo_numpy_policy.py) against the torch networks it
+"""Numpy inference (algos/numpy_nets.py, algos/ppo/numpy_policy.py) against the torch networks it
 mirrors, on random weights: the same features, logits, values and log-probs, so the learner's
 importance ratios start at 1 whichever backend an agent acted with."""
 
@@ -15,9 +15,9 @@ import torch
 from surreal_redis.algos.base import ActMode
 from surreal_redis.algos.numpy_nets import ParamsMismatch
 from surreal_redis.algos.policies import make_policy, resolved_inference
-from surreal_redis.algos.ppo_config import PPOConfig
-from surreal_redis.algos.ppo_numpy_policy import NumpyPPOPolicy
-from surreal_redis.algos.ppo_policy import ActorCritic, PPOPolicy, params_to_numpy, to_tensors
+from surreal_redis.algos.ppo.config import PPOConfig
+from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
+from surreal_redis.algos.ppo.policy import ActorCritic, PPOPolicy, params_to_numpy, to_tensors
 from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError
 
@@ -185,9 +185,9 @@ def test_auto_picks_numpy_for_vector_ppo_and_torch_otherwise():
     assert resolved_inference(PPOConfig(), vector, "torch") == "torch"
     ddpg = load_config("ddpg_pendulum").algo_config
     assert resolved_inference(ddpg, vector) == "torch"
-    with pytest.raises(ValueError, match="not DDPGConfig"):
+    with pytest.raises(ValueError, match="cannot run DDPGConfig"):
         resolved_inference(ddpg, vector, "numpy")
-    with pytest.raises(ValueError, match="not an LSTM policy"):
+    with pytest.raises(ValueError, match="cannot run an LSTM policy"):
         resolved_inference(PPOConfig(use_lstm=True), vector, "numpy")
     with pytest.raises(ValueError, match="'gpu'"):
         resolved_inference(PPOConfig(), vector, "gpu")
@@ -197,9 +197,9 @@ def test_auto_picks_numpy_for_vector_ppo_and_torch_otherwise():
 
 
 def test_config_refuses_numpy_inference_where_it_cannot_act():
-    with pytest.raises(ConfigError, match="agent.inference=numpy .* not algo=ddpg"):
+    with pytest.raises(ConfigError, match="agent.inference=numpy cannot run DDPGConfig"):
         load_config("ddpg_pendulum", ["agent.inference=numpy"])
-    with pytest.raises(ConfigError, match="not ppo.use_lstm=true"):
+    with pytest.raises(ConfigError, match="agent.inference=numpy cannot run an LSTM policy"):
         load_config("ppo_cartpole", ["agent.inference=numpy", "ppo.use_lstm=true"])
     with pytest.raises(ConfigError, match="inference"):
         load_config("ppo_cartpole", ["agent.inference=cuda"])
