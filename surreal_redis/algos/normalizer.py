@@ -15,6 +15,7 @@ receives; agents only apply it), and both are checkpointed with the networks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping
 
 import gymnasium as gym
@@ -99,9 +100,12 @@ class RewardScaler(nn.Module):
     """Scales rewards by ``1 / sqrt(Var[G] + epsilon)``, G the running discounted return.
 
     G is accumulated per env stream (``G = gamma * G + r``, reset after ``terminated`` or
-    ``truncated``), as in SB3 ``VecNormalize`` and gymnasium ``NormalizeReward``. The statistics
-    of G are buffers; the per-stream accumulators are plain learner memory, not checkpointed:
-    after a restart each stream starts again from G = 0, as at an episode start.
+    ``truncated``), as in SB3 ``VecNormalize`` and gymnasium ``NormalizeReward``; :meth:`scale`
+    does what their ``step`` does for each reward: G takes the reward in, the statistics take G in,
+    and the reward is scaled with those statistics, its own return included. The statistics of G
+    are buffers, and the per-stream accumulators are the module's extra state: both are in
+    ``state_dict()``, so a learner resumed from a checkpoint continues every stream's G (a state
+    saved without them starts each stream again from G = 0, as at an episode start).
     """
 
     def __init__(self, gamma: float, clip: float = 10.0, epsilon: float = 1e-8) -> None:
@@ -113,20 +117,57 @@ class RewardScaler(nn.Module):
         self._returns: dict[Hashable, float] = {}
 
     def forward(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Scaled and clipped rewards, float32, same shape as ``rewards``."""
+        """Rewards scaled with the current statistics and clipped (float32, same shape); changes
+        nothing."""
         std = torch.sqrt(self.return_stats.var + self.epsilon)
         return (rewards.to(torch.float64) / std).clamp(-self.clip, self.clip).to(torch.float32)
 
     @torch.no_grad()
-    def update(self, rewards: torch.Tensor, dones: torch.Tensor, stream: Hashable) -> None:
+    def scale(self, rewards: torch.Tensor, dones: torch.Tensor, stream: Hashable) -> torch.Tensor:
         """Continue stream ``stream``'s discounted return over ``rewards`` ``[T]`` (``dones`` ``[T]``
-        bool: the episode ended at that step) and add the T returns to the statistics."""
+        bool: the episode ended at that step), step by step: G takes ``rewards[t]`` in, the
+        statistics take G in, and ``rewards[t]`` is divided by their std and clipped (SB3
+        ``VecNormalize.step_wait``: ``_update_reward``, then ``normalize_reward``). Returns the T
+        scaled rewards, float32 on the device of ``rewards``."""
+        stats = self.return_stats
+        count, mean, var = stats.count.item(), stats.mean.item(), stats.var.item()
+        m2 = var * count  # sum of squared deviations; var = 1 before any sample counts for nothing
         ret = self._returns.get(stream, 0.0)
-        returns = []
+        scaled = []
         for reward, done in zip(rewards.tolist(), dones.tolist()):
             ret = self.gamma * ret + reward
-            returns.append(ret)
+            # Welford's one-sample step: the same statistics as RunningMeanStd.update([ret])
+            count += 1.0
+            delta = ret - mean
+            mean += delta / count
+            m2 += delta * (ret - mean)
+            var = m2 / count
+            scaled.append(min(max(reward / math.sqrt(var + self.epsilon), -self.clip), self.clip))
             if done:
                 ret = 0.0
         self._returns[stream] = ret
-        self.return_stats.update(torch.tensor(returns, dtype=torch.float64))
+        if scaled:
+            stats.count.fill_(count)
+            stats.mean.fill_(mean)
+            stats.var.fill_(var)
+        return torch.tensor(scaled, dtype=torch.float32, device=rewards.device)
+
+    @torch.no_grad()
+    def update(self, rewards: torch.Tensor, dones: torch.Tensor, stream: Hashable) -> None:
+        """:meth:`scale` without its result: continue stream ``stream``'s return over ``rewards``
+        ``[T]`` and add the T returns to the statistics."""
+        self.scale(rewards, dones, stream)
+
+    def get_extra_state(self) -> dict[Hashable, float]:
+        return dict(self._returns)
+
+    def set_extra_state(self, state: dict[Hashable, float]) -> None:
+        self._returns = dict(state)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        # a state saved before the accumulators were in it restarts every stream at G = 0
+        # (load_state_dict hands its own copy of the dict down, for changes like this one)
+        state_dict.setdefault(prefix + "_extra_state", {})
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)

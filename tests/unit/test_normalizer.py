@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -91,11 +93,48 @@ def test_reward_scaler_tracks_discounted_returns_per_stream():
     torch.testing.assert_close(scaler(torch.tensor([2.0, -4.0])), torch.tensor([2.0 / std, -4.0 / std], dtype=torch.float32))
 
 
+def test_reward_scaler_scales_each_reward_with_its_own_return_in_the_statistics():
+    """``scale`` is SB3 VecNormalize's step: G takes r in, the statistics take G in, then r is
+    divided by their std: each reward's own return (and all before it) is in the std that scales it."""
+    gamma, clip = 0.9, 3.0
+    scaler = RewardScaler(gamma, clip=clip)
+    a1, a1_done = [1.0, 2.0, 3.0], [False, True, False]
+    b1, b1_done = [5.0, -1.0], [False, False]
+    a2, a2_done = [1.0, 1.0], [False, False]
+    out = [scaler.scale(torch.tensor(r), torch.tensor(d), stream=s)
+           for r, d, s in ((a1, a1_done, "a"), (b1, b1_done, "b"), (a2, a2_done, "a"))]
+    assert all(o.dtype == torch.float32 for o in out)
+    ra1 = discounted_returns(a1, a1_done, gamma)
+    returns = ra1 + discounted_returns(b1, b1_done, gamma) + discounted_returns(a2, a2_done, gamma, start=ra1[-1])
+    rewards = a1 + b1 + a2
+    # the first reward sees one return (variance 0): 1 / sqrt(1e-8), clipped
+    expected = [np.clip(r / np.sqrt(np.var(returns[:k + 1]) + 1e-8), -clip, clip) for k, r in enumerate(rewards)]
+    assert expected[0] == clip
+    np.testing.assert_allclose(torch.cat(out).numpy(), expected, rtol=1e-6)
+    assert scaler.return_stats.var.item() == pytest.approx(np.var(returns))
+    assert scaler.return_stats.count.item() == len(returns)
+
+
 def test_reward_scaler_clips_and_round_trips():
     scaler = RewardScaler(0.99, clip=1.0)
-    scaler.update(torch.tensor([0.1, -0.1, 0.2, 0.0]), torch.zeros(4, dtype=torch.bool), stream=0)
+    scaler.update(torch.tensor([0.1, -0.1, 0.2, 0.0]), torch.zeros(4, dtype=torch.bool), stream=(0, 1))
     assert scaler(torch.tensor([1e6])).item() == 1.0
+    buffer = io.BytesIO()
+    torch.save(scaler.state_dict(), buffer)
+    buffer.seek(0)
     copy = RewardScaler(0.99, clip=1.0)
-    copy.load_state_dict(scaler.state_dict())
+    copy.load_state_dict(torch.load(buffer, weights_only=True))
     x = torch.tensor([0.01, -0.02])
     torch.testing.assert_close(copy(x), scaler(x))
+    # the stream's running return travels too: the next chunk of the stream is scaled the same
+    more, no_end = torch.tensor([0.3, -0.2, 0.1]), torch.zeros(3, dtype=torch.bool)
+    torch.testing.assert_close(copy.scale(more, no_end, stream=(0, 1)), scaler.scale(more, no_end, stream=(0, 1)))
+    torch.testing.assert_close(copy.return_stats.var, scaler.return_stats.var)
+    # a state saved without the running returns (older checkpoints) loads: streams restart at G = 0
+    old = {k: v for k, v in scaler.state_dict().items() if k != "_extra_state"}
+    fresh = RewardScaler(0.99, clip=1.0)
+    fresh.load_state_dict(old)
+    torch.testing.assert_close(fresh.return_stats.var, scaler.return_stats.var)
+    restart = RewardScaler(0.99, clip=1.0)
+    restart.return_stats.load_state_dict(scaler.return_stats.state_dict())
+    torch.testing.assert_close(fresh.scale(more, no_end, stream=(0, 1)), restart.scale(more, no_end, stream=(0, 1)))

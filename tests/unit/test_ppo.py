@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.ppo import (
+from surreal_redis.algos.ppo.policy import to_tensors
+from surreal_redis.algos.ppo.trainer import (
     PPOAlgorithm,
     PPOConfig,
     PPOPolicy,
@@ -22,7 +23,6 @@ from surreal_redis.algos.ppo import (
     kl_penalty_loss,
     value_loss,
 )
-from surreal_redis.algos.ppo_policy import to_tensors
 from surreal_redis.envs import EnvConfig, make_vector_env
 from surreal_redis.experience import Chunk
 from surreal_redis.testing.local_loop import ChunkCollector
@@ -355,7 +355,6 @@ def test_pendulum_updates_end_to_end_and_lower_the_losses():
                                     learning_rate=3e-3)
     chunks = collector.collect(32)
     assert any(c.truncated.any() for c in chunks)
-    algo.update_normalizer(chunks)  # warm the reward scale up, so the value targets are O(1)
     stats = [algo.update(chunks) for _ in range(4)]
     assert all(math.isfinite(v) for s in stats for v in s.values())
     # the surrogate starts at -mean(normalized advantages) = 0 on-policy and improves from there
@@ -366,10 +365,94 @@ def test_pendulum_updates_end_to_end_and_lower_the_losses():
     assert actions.shape == (4, 1) and np.all(np.abs(actions) <= 2.0)
 
 
+def sb3_scaled_rewards(steps, gamma: float, clip: float, epsilon: float = 1e-8) -> list[float]:
+    """Reference: SB3 VecNormalize's reward path over ``(stream, reward, done)`` in step order:
+    ``ret = ret * gamma + r``; the return statistics take ``ret`` in; ``r / sqrt(var + eps)``,
+    clipped; ``ret = 0`` after an episode end. (SB3's RunningMeanStd starts from a pseudo-count
+    of 1e-4 at var 1; here the variance is that of the returns seen, from none.)"""
+    returns: dict = {}
+    seen, out = [], []
+    for stream, reward, done in steps:
+        ret = returns.get(stream, 0.0) * gamma + reward
+        seen.append(ret)
+        out.append(float(np.clip(reward / np.sqrt(np.var(seen) + epsilon), -clip, clip)))
+        returns[stream] = 0.0 if done else ret
+    return out
+
+
+def recorded_rewards(monkeypatch) -> list[torch.Tensor]:
+    """The ``[T, B]`` rewards each ``compute_gae`` call of the learner gets (what the loss trains on)."""
+    import surreal_redis.algos.ppo.trainer as ppo_module
+
+    calls: list[torch.Tensor] = []
+
+    def recording(rewards, *args, **kwargs):
+        calls.append(rewards.clone())
+        return compute_gae(rewards, *args, **kwargs)
+
+    monkeypatch.setattr(ppo_module, "compute_gae", recording)
+    return calls
+
+
+def hundredfold(chunks: list[Chunk], rng: np.random.Generator) -> list[Chunk]:
+    """The chunks with rewards ~100 (HalfCheetah-like returns of hundreds over an episode)."""
+    return [c._replace(rewards=rng.normal(100.0, 30.0, c.num_steps).astype(np.float32)) for c in chunks]
+
+
+def test_first_update_trains_on_scaled_rewards():
+    """normalize_reward: the batch's own returns are in the statistics that scale it, so already
+    the first update's value targets are O(1) (the scaler used to start after update 1: ~500 here)."""
+    rng = np.random.default_rng(0)
+    algo, _, collector = setup("continuous_adapt", num_envs=4, update_epochs=1)
+    unscaled, *_ = setup("continuous_adapt", num_envs=4, update_epochs=1, normalize_reward=False)
+    warmed, *_ = setup("continuous_adapt", num_envs=4, update_epochs=1)
+    chunks = hundredfold(collector.collect(32), rng)  # 10-step episodes: returns up to ~950
+    stats = algo.update(chunks)
+    assert 0.0 < stats["return_mean"] < 5.0
+    assert unscaled.update(chunks)["return_mean"] > 300.0
+    # update_normalizer (a warm-up without training) takes the rewards in as update does
+    warmed.update_normalizer(chunks)
+    for key, value in algo.reward_scaler.state_dict().items():
+        assert warmed.reward_scaler.state_dict()[key] == value
+
+
+def test_reward_scaling_matches_sb3_step_by_step(monkeypatch):
+    """The rewards an update trains on are SB3 VecNormalize's, computed step by step over the
+    chunks in arrival order: each (agent, env) stream's return continues across its chunks, over
+    interleaved streams, chunk lengths and updates, and restarts after each episode end."""
+    rng = np.random.default_rng(1)
+    algo, _, collector = setup("continuous_adapt", num_envs=3, update_epochs=1, num_minibatches=1)
+    calls = recorded_rewards(monkeypatch)
+
+    def streams(chunks: list[Chunk]) -> list[Chunk]:  # env 2 relabelled as another agent's env 0
+        return [c._replace(agent_id=1, env_index=0) if c.env_index == 2 else c for c in chunks]
+
+    # 10-step episodes: batch 1 = steps 0-7 then 8-11 of each env (an end at step 9), batch 2 = 12-21
+    batches = [hundredfold(streams(collector.collect(8) + collector.collect(4)), rng),
+               hundredfold(streams(collector.collect(10)), rng)]
+    steps, trained = [], []
+    for chunks in batches:
+        assert any((c.terminated | c.truncated).any() for c in chunks)
+        del calls[:]
+        algo.update(chunks)
+        # the learner groups chunks by length (first-seen order) into [T, B] rollouts
+        lengths = list(dict.fromkeys(c.num_steps for c in chunks))
+        by_chunk = {id(c): call[:, b] for call, n in zip(calls, lengths)
+                    for b, c in enumerate(c for c in chunks if c.num_steps == n)}
+        for c in chunks:
+            steps += [((c.agent_id, c.env_index), float(r), bool(d))
+                      for r, d in zip(c.rewards, c.terminated | c.truncated)]
+            trained += by_chunk[id(c)].tolist()
+    cfg = algo.config
+    expected = sb3_scaled_rewards(steps, cfg.gamma, cfg.reward_clip)
+    assert max(expected) == cfg.reward_clip and 0.0 < min(expected) < 1.0  # clipped at first, then ~0.3
+    np.testing.assert_allclose(trained, expected, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["dict_obs", "continuous_adapt"])
 def test_values_in_feature_slices_match_the_agents(name, monkeypatch):
     """The no-grad encoder pass over a rollout runs in slices (memory); slicing changes no value."""
-    import surreal_redis.algos.ppo as ppo_module
+    import surreal_redis.algos.ppo.trainer as ppo_module
 
     algo, policy, collector = setup(name, update_epochs=1, num_minibatches=1)
     chunks = collector.collect(12)
@@ -384,7 +467,7 @@ def test_values_in_feature_slices_match_the_agents(name, monkeypatch):
 def test_minibatches_in_passes_make_the_same_update(name, monkeypatch):
     """A minibatch over the pass budget goes through the network in passes whose weighted
     gradients add up to the whole minibatch's: the same parameters and loss terms after an update."""
-    import surreal_redis.algos.ppo as ppo_module
+    import surreal_redis.algos.ppo.trainer as ppo_module
 
     results = []
     for budget in (ppo_module.PASS_OBS_BYTES, 1):  # one pass per minibatch, then one row (sequence) per pass

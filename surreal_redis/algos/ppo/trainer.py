@@ -14,6 +14,11 @@ Differences from CleanRL, each on purpose:
   lag, and the LSTM must be re-run anyway); the ratio uses the agents' behaviour log-probs.
 - The z-filter is updated *after* the gradient steps, so the log-probs recomputed here use the
   same statistics as the agents that produced the data (ratio 1 on fresh data).
+- Rewards are scaled by the learner (``normalize_reward``; CleanRL wraps its envs in
+  ``NormalizeReward``) with the rule of that wrapper and SB3's ``VecNormalize``: each step's
+  return joins the statistics, then that step's reward is scaled with them. So, unlike the
+  z-filter, the scaler takes a batch in *before* its gradient steps, and the first update already
+  trains on scaled rewards (no agent uses the reward statistics).
 - ``mode="adapt"`` replaces the clipped surrogate by the KL-penalized one of Schulman et al.
   2017 (section 4), with the KL measured against the network at the start of the update
   (SURREAL's ``ref_target_model``).
@@ -202,8 +207,9 @@ class PPOAlgorithm(Algorithm):
                  sum(p.numel() for p in self.net.parameters()))
 
     # ------------------------------------------------------------------ data
-    def _rollout(self, chunks: list[Chunk]) -> _Rollout:
-        """Tensors, values and advantages for equal-length chunks (no gradients)."""
+    def _rollout(self, chunks: list[Chunk], rewards: list[np.ndarray] | None = None) -> _Rollout:
+        """Tensors, values and advantages for equal-length chunks (no gradients); ``rewards`` (one
+        ``[T]`` array per chunk) replace the chunks' own, e.g. by the scaled ones."""
         cfg, dev = self.config, self.device
         steps, batch = chunks[0].num_steps, len(chunks)
 
@@ -218,11 +224,9 @@ class PPOAlgorithm(Algorithm):
         else:
             actions = stacked([c.actions for c in chunks], torch.int64) - self._action_start
         logp = stacked([c.extras["logp"] for c in chunks], torch.float32)
-        rewards = stacked([c.rewards for c in chunks], torch.float32)
+        rewards = stacked([c.rewards for c in chunks] if rewards is None else rewards, torch.float32)
         terminated = stacked([c.terminated for c in chunks], torch.bool)
         truncated = stacked([c.truncated for c in chunks], torch.bool)
-        if self.reward_scaler is not None:
-            rewards = self.reward_scaler(rewards)
         # the state is reset before the step that follows an episode end: [T+1, B]
         episode_start = torch.zeros(steps + 1, batch, dtype=torch.bool, device=dev)
         episode_start[1:] = terminated | truncated
@@ -330,12 +334,14 @@ class PPOAlgorithm(Algorithm):
 
     # ------------------------------------------------------------------ update
     def update(self, chunks: list[Chunk]) -> dict[str, float]:
-        """One PPO iteration on ``chunks``, then the normalizers take in their data.
+        """One PPO iteration on ``chunks``: the reward scaler takes their rewards in and scales
+        them, the gradient steps run, then the z-filter takes their observations in.
 
         Returns the means over the last epoch's minibatches of ``policy_loss``, ``value_loss``,
         ``entropy``, ``approx_kl``, ``clip_fraction`` (and ``kl``, ``kl_coef`` in adapt mode, the
         coefficient used here; the next update uses the adapted one), plus
-        ``explained_variance``, ``learning_rate``, ``clip_coef`` (both as annealed for this update),
+        ``explained_variance``, ``return_mean`` (of the value targets, in scaled reward units with
+        ``normalize_reward``), ``learning_rate``, ``clip_coef`` (both as annealed for this update),
         ``epochs`` run and ``num_steps``.
         """
         if not chunks:
@@ -348,10 +354,20 @@ class PPOAlgorithm(Algorithm):
         if cfg.anneal_lr:
             self.optimizer.param_groups[0]["lr"] = learning_rate
 
-        by_length: dict[int, list[Chunk]] = {}
-        for chunk in chunks:
-            by_length.setdefault(chunk.num_steps, []).append(chunk)
-        rollouts = [self._rollout(group) for group in by_length.values()]
+        rewards = [c.rewards for c in chunks]
+        if self.reward_scaler is not None:
+            # Chunks in arrival order, each step by step: G runs per (agent, env) stream, so a
+            # stream's chunk continues from where its previous one (this batch or an earlier one)
+            # left off, however the streams' chunks are interleaved; the one variance is shared,
+            # like SB3's across its envs. Scaling before the update puts the batch's own returns
+            # into the statistics that scale it, the first batch included.
+            rewards = [self.reward_scaler.scale(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
+                                                stream=(c.agent_id, c.env_index)).numpy() for c in chunks]
+        by_length: dict[int, list[int]] = {}
+        for i, chunk in enumerate(chunks):
+            by_length.setdefault(chunk.num_steps, []).append(i)
+        rollouts = [self._rollout([chunks[i] for i in group], [rewards[i] for i in group])
+                    for group in by_length.values()]
         # feed-forward: minibatches of steps; LSTM: minibatches of whole chunks
         if self.net.lstm is None:
             rollouts = [_merge_steps(rollouts)]
@@ -372,25 +388,31 @@ class PPOAlgorithm(Algorithm):
                 break
 
         stats = {key: float(np.mean([info[key] for info in epoch_info])) for key in epoch_info[0]}
-        stats["explained_variance"] = explained_variance(
-            torch.cat([r.values.reshape(-1) for r in rollouts]), torch.cat([r.returns.reshape(-1) for r in rollouts]))
+        returns = torch.cat([r.returns.reshape(-1) for r in rollouts])
+        stats["explained_variance"] = explained_variance(torch.cat([r.values.reshape(-1) for r in rollouts]), returns)
+        stats["return_mean"] = returns.mean().item()
         if cfg.mode == "adapt":
             stats["kl_coef"] = self.kl_coef
             self.kl_coef = adapt_kl_coef(self.kl_coef, stats["kl"], cfg.kl_target, cfg.kl_tolerance,
                                          cfg.kl_coef_factor, (cfg.kl_coef_min, cfg.kl_coef_max))
         stats.update(learning_rate=learning_rate, clip_coef=clip_coef, epochs=float(epochs),
                      num_steps=float(sum(c.num_steps for c in chunks)))
-        self.update_normalizer(chunks)
+        self._update_obs_normalizer(chunks)
         self.iteration += 1
         return stats
 
-    def update_normalizer(self, chunks: list[Chunk]) -> None:
+    def _update_obs_normalizer(self, chunks: list[Chunk]) -> None:
         """Add the chunks' observations ``obs[:T]`` (``obs[T]`` is the next chunk's ``obs[0]``) to
-        the z-filter and their rewards to the reward scaler. :meth:`update` calls it after its
-        gradient steps; call it alone only to warm the statistics up without training."""
+        the z-filter; :meth:`update` calls it after its gradient steps."""
         if self.net.obs_normalizer is not None:
             steps = [tree_map(lambda v, n=c.num_steps: v[:n], c.obs) for c in chunks]
             self.net.obs_normalizer.update(to_tensors(tree_stack(np.concatenate, steps), self.device))
+
+    def update_normalizer(self, chunks: list[Chunk]) -> None:
+        """Add the chunks' observations to the z-filter and their rewards to the reward scaler
+        without training, to warm the statistics up (:meth:`update` does both itself: the rewards
+        before its gradient steps, the observations after)."""
+        self._update_obs_normalizer(chunks)
         if self.reward_scaler is not None:
             for c in chunks:
                 self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
