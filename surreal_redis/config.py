@@ -1,10 +1,12 @@
 """The experiment config: one frozen dataclass tree, loaded from YAML and validated.
 
 Naming: a ``*Config`` is the settings of one component or process (``SenderConfig`` in
-hub/experience/sender.py, ``PPOConfig`` in algos/ppo/config.py; the processes' own ``AgentConfig``,
+hub/experience/sender.py, ``OffPolicyConfig`` in replay/feeds.py; the processes' own ``AgentConfig``,
 ``LearnerConfig``, ... live here); a ``*Section`` only groups other configs under one YAML key
 (``hub:``, ``replay:``). This module composes them, and loads/dumps the whole. Unknown keys and
-wrong types are errors naming the key (see :mod:`surreal_redis.configtools`).
+wrong types are errors naming the key (see :mod:`surreal_redis.configtools`). The algorithm's
+section comes from its declaration (:mod:`surreal_redis.algos.registry`): ``algo: sac`` reads
+the ``sac:`` section into the class the SAC package declares.
 """
 
 from __future__ import annotations

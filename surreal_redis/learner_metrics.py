@@ -284,7 +284,8 @@ class LearnerMetrics:
             metrics["hub/lockstep_topups_total"] = float(progress.topups)
         if self.publish_s:
             metrics["hub/publish_delay_ms"] = 1000 * float(np.mean(self.publish_s))
-        metrics.update({f"losses/{k}": float(np.mean(v)) for k, v in self.losses.items() if v})
+        # a trainer's bare names go under losses/; a name with its own group (DDPG's "losses/...") stays
+        metrics.update({k if "/" in k else f"losses/{k}": float(np.mean(v)) for k, v in self.losses.items() if v})
         metrics.update({f"system/replay_{k}": float(v) for k, v in replay_stats.items()})
         for numbers in (self._agent_numbers, self._hub_numbers):
             try:

@@ -67,7 +67,9 @@ class AgentPolicy(abc.ABC):
 
 
 class Algorithm(abc.ABC):
-    """Learner-side trainer. ``update`` consumes data and returns scalar stats for logging."""
+    """Learner-side trainer. ``update`` consumes data and returns scalar stats for logging: a bare
+    name (``policy_loss``) is logged as ``losses/<name>``, a name with a group (``losses/q_values``,
+    ``charts/alpha``) as it is."""
 
     #: Number of gradient updates done so far.
     iteration: int = 0
