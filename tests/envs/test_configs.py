@@ -35,5 +35,5 @@ def test_atari_configs_say_their_budget_unit_and_anneal():
         config = load_config(name)
         text = (resource_dir("configs") / f"{name}.yaml").read_text()
         assert "Budget unit: agent steps" in text and "40M" in text
-        assert config.ppo.anneal_lr and config.ppo.total_updates * config.learner.steps_per_update >= 9_999_000
+        assert config.algo_config.anneal_lr and config.algo_config.total_updates * config.learner.steps_per_update >= 9_999_000
         assert config.env.frame_stack == 4 and config.env.atari.repeat_action_probability == 0.0
