@@ -1,0 +1,161 @@
+"""SAC's networks and torch agent-side policy (Haarnoja et al. 2018, arXiv:1801.01290).
+
+As in CleanRL's ``sac_continuous_action.py``: a squashed Gaussian actor (a torso, then a mean
+head and a log-std head; ``u = mean + std * eps``, ``a = tanh(u) * action_scale + action_bias``,
+scale and bias are buffers so they travel with the weights) and twin critics ``Q1, Q2(s, a)`` on
+the concatenation of the observation features and the action, all MLPs; an optional CNN stem per
+network comes with :class:`~surreal_redis.algos.networks.ObservationEncoder`. The learner is in
+:mod:`surreal_redis.algos.sac.trainer`; :mod:`surreal_redis.algos.sac.numpy_policy` runs the same
+actor without torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
+from surreal_redis.algos.ddpg.policy import load_module_params, obs_to_tensor
+from surreal_redis.algos.networks import ObservationEncoder, layer_init, mlp
+from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.algos.sac.config import SACConfig, sac_action_space
+from surreal_redis.codec import Tree
+
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+TANH_EPS = 1e-6
+"""Inside the log of the tanh correction, as CleanRL (keeps it finite where tanh(u) rounds to +-1)."""
+
+
+class Actor(nn.Module):
+    """``pi(a|s)``: observations (leaves ``[B, ...]``, already normalized) -> the Gaussian's mean and
+    log-std ``[B, A]`` before squashing; :meth:`sample` draws actions inside the bounds and their
+    log-probabilities.
+
+    Parameter names (what agents download under ``actor.``): ``encoder.*``, ``trunk.{0,2,..}.*``,
+    ``mean.*``, ``log_std.*``, buffers ``action_scale`` and ``action_bias``.
+    """
+
+    action_scale: torch.Tensor
+    action_bias: torch.Tensor
+
+    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        box = sac_action_space(action_space)
+        action_dim = box.shape[0]
+        self.encoder = ObservationEncoder(obs_space)
+        self.trunk = mlp(self.encoder.out_dim, config.actor_hidden, None, config.activation)
+        last = config.actor_hidden[-1] if config.actor_hidden else self.encoder.out_dim
+        # small heads: initial means near the middle of the bounds, log-stds near the middle of theirs
+        self.mean = layer_init(nn.Linear(last, action_dim), std=0.01)
+        self.log_std = layer_init(nn.Linear(last, action_dim), std=0.01)
+        self.log_std_min, self.log_std_max = config.log_std_min, config.log_std_max
+        low, high = torch.as_tensor(box.low, dtype=torch.float32), torch.as_tensor(box.high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, obs: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(self.encoder(obs))
+        # log-std squashed into [log_std_min, log_std_max] (CleanRL, from SpinningUp / Denis Yarats)
+        log_std = torch.tanh(self.log_std(h))
+        log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1)
+        return self.mean(h), log_std
+
+    def squash(self, u: torch.Tensor) -> torch.Tensor:
+        """``tanh(u) * action_scale + action_bias``: a pre-squash sample (or the mean) -> an action."""
+        return torch.tanh(u) * self.action_scale + self.action_bias
+
+    def sample(self, obs: Tree, noise: torch.Tensor | None = None,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterized actions ``[B, A]`` and their log-probabilities ``[B]``.
+
+        ``noise`` is the standard normal ``eps`` ``[B, A]`` (drawn with ``generator`` when None).
+        """
+        mean, log_std = self(obs)
+        if noise is None:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        # reparameterization, u = f(eps; s) = mean + std * eps (arXiv:1801.01290 eq. 11)
+        u = mean + log_std.exp() * noise
+        y = torch.tanh(u)
+        # log pi(a|s) = log N(u; mean, std) - sum_i log(scale_i (1 - tanh(u_i)^2))
+        # (arXiv:1801.01290 appendix C eq. 21, with CleanRL's action scale and + 1e-6)
+        gaussian = -0.5 * noise.square() - log_std - LOG_SQRT_2PI
+        log_prob = (gaussian - torch.log(self.action_scale * (1 - y.square()) + TANH_EPS)).sum(-1)
+        return y * self.action_scale + self.action_bias, log_prob
+
+
+class Critic(nn.Module):
+    """``Q(s, a)``: observations (leaves ``[B, ...]``, normalized) and actions ``[B, A]`` -> ``[B]``."""
+
+    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        box = sac_action_space(action_space)
+        self.encoder = ObservationEncoder(obs_space)
+        self.mlp = mlp(self.encoder.out_dim + box.shape[0], config.critic_hidden, 1, config.activation)
+
+    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)
+
+
+class TwinCritic(nn.Module):
+    """Two independent critics ``q1``, ``q2`` (clipped double Q, arXiv:1812.05905 section 5)."""
+
+    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+        super().__init__()
+        self.q1 = Critic(config, obs_space, action_space)
+        self.q2 = Critic(config, obs_space, action_space)
+
+    def forward(self, obs: Tree, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q1(obs, actions), self.q2(obs, actions)
+
+
+class SACPolicy(AgentPolicy):
+    """The agent side of SAC for N envs, on torch (CPU): ``training`` and ``eval_stochastic`` sample
+    ``a = tanh(mean + std * eps) * scale + bias``, ``eval_deterministic`` returns
+    ``tanh(mean) * scale + bias``; no extras. Parameters come from
+    :meth:`~surreal_redis.algos.sac.trainer.SACAlgorithm.actor_params` (keys ``actor.*`` and
+    ``obs_normalizer.*``). :class:`~surreal_redis.algos.sac.numpy_policy.NumpySACPolicy` is the
+    same without torch.
+
+    Args:
+        config: the learner's SAC config (network shapes).
+        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
+        num_envs: N, the env batch size of every ``act`` call.
+        seed: seeds the sampling (None: fresh entropy).
+    """
+
+    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
+                 seed: int | None = None) -> None:
+        self.config = config
+        self.action_space = sac_action_space(action_space)
+        self.num_envs = num_envs
+        self.device = torch.device("cpu")
+        self.actor = Actor(config, obs_space, action_space)
+        self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def load_params(self, params: ParamDict, version: int) -> None:
+        load_module_params(self.actor, "actor.", params)
+        if self.obs_normalizer is not None:
+            load_module_params(self.obs_normalizer, "obs_normalizer.", params)
+        self.version = version
+
+    @torch.no_grad()
+    def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
+        """Actions ``[N, A]`` (the action space's dtype) for observation leaves ``[N, ...]``."""
+        x = obs_to_tensor(obs, self.device)
+        if self.obs_normalizer is not None:
+            x = self.obs_normalizer(x)
+        if mode is ActMode.EVAL_DETERMINISTIC:
+            actions = self.actor.squash(self.actor(x)[0])
+        else:
+            actions, _ = self.actor.sample(x, generator=self.generator)
+        actions = np.clip(actions.numpy(), self.action_space.low, self.action_space.high)
+        return ActionOutput(actions.astype(self.action_space.dtype), {})

@@ -1,0 +1,211 @@
+"""SAC learner (Haarnoja et al. 2018: arXiv:1801.01290; the version with twin Q and a learned
+temperature, arXiv:1812.05905) on n-step transitions from replay.
+
+One update, top to bottom as CleanRL's ``sac_continuous_action.py`` (R and discount from
+nstep.py: the n-step reward sum and gamma^m, 0 after a termination; w: importance weights, ones
+for uniform replay; eq. numbers are arXiv:1812.05905's):
+
+    target:  a' ~ pi(.|s'),  V'(s') = min_i Q'_i(s', a') - alpha log pi(a'|s')       (eq. 3, clipped double Q)
+             y = R + discount * V'(s')
+    critics: L_Q = mean(w (Q_1(s, a) - y)^2) + mean(w (Q_2(s, a) - y)^2)           (eq. 5, without its 1/2)
+    actor:   every ``policy_frequency`` updates, ``policy_frequency`` times:
+             a~ = f(eps; s),  L_pi = mean(alpha log pi(a~|s) - min_i Q_i(s, a~))      (eq. 7 with eq. 8, i.e. eq. 9)
+    alpha:   after each actor step, with a fresh a~ from the new actor (``autotune``):
+             L_alpha = -mean(log_alpha (log pi(a~|s) + target_entropy))            (eq. 18, in log_alpha)
+    targets: every ``target_network_frequency`` updates  Q'_i <- (1 - tau) Q'_i + tau Q_i
+
+The temperature loss is SB3's (and softlearning's) form, which differentiates in ``log_alpha``:
+its gradient is eq. 18's divided by alpha > 0, so both move alpha the same way and stop at the
+same place; CleanRL multiplies by ``log_alpha.exp()`` instead.
+
+Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.sac.policy`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from surreal_redis.algos.base import Algorithm, ParamDict
+from surreal_redis.algos.ddpg.policy import module_params, obs_to_tensor
+from surreal_redis.algos.ddpg.trainer import resolve_device
+from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.algos.sac.config import SACConfig, sac_action_space
+from surreal_redis.algos.sac.policy import Actor, TwinCritic
+from surreal_redis.codec import Tree
+from surreal_redis.experience import TransitionBatch
+
+logger = logging.getLogger(__name__)
+
+
+class SACAlgorithm(Algorithm):
+    """Learner-side SAC: the actor, twin critics and their targets, ``log_alpha``, Adam optimizers.
+
+    Args:
+        config: hyperparameters.
+        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
+        device: overrides ``config.device`` (e.g. ``"cpu"`` in tests); None uses the config.
+        seed: seeds the update's own sampling noise (``generator``, on the learner's device).
+    """
+
+    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space,
+                 device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.config = config
+        self.device = resolve_device(config.device if device is None else device)
+        box = sac_action_space(action_space)
+        self.actor = Actor(config, obs_space, action_space).to(self.device)
+        self.critic = TwinCritic(config, obs_space, action_space).to(self.device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
+                               if config.normalize_obs else None)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
+        self.target_entropy = (-float(box.shape[0]) if config.target_entropy is None
+                               else float(config.target_entropy))
+        initial = config.init_alpha if config.autotune else max(config.alpha, 1e-30)
+        self.log_alpha = torch.full((1,), math.log(initial), device=self.device, requires_grad=config.autotune)
+        self.alpha_optimizer = (torch.optim.Adam([self.log_alpha], lr=config.alpha_lr) if config.autotune
+                                else None)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.iteration = 0
+        logger.info("SAC on %s: actor %d, critics %d parameters, target entropy %g", self.device,
+                    sum(p.numel() for p in self.actor.parameters()),
+                    sum(p.numel() for p in self.critic.parameters()), self.target_entropy)
+
+    @property
+    def alpha(self) -> float:
+        """The temperature the next update uses (``config.alpha`` when not ``autotune``)."""
+        return float(self.log_alpha.exp().item()) if self.config.autotune else self.config.alpha
+
+    def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
+        """One critic step on a batch of B transitions; every ``policy_frequency`` updates,
+        ``policy_frequency`` actor (and temperature) steps on it.
+
+        Returns:
+            ``(stats, td_errors)``: scalar stats under ``losses/``, and float32 ``[B]`` TD errors
+            from before the step, the mean of the two critics' ``y - Q_i(s, a)`` (for
+            ``PrioritizedReplay.update_priorities``).
+        """
+        config = self.config
+        if self.obs_normalizer is not None:
+            # statistics of the sampled observations: the replay's distribution, not the newest data
+            self.obs_normalizer.update(obs_to_tensor(batch.obs, self.device))
+        obs = self._preprocess(batch.obs)
+        next_obs = self._preprocess(batch.next_obs)
+        actions = torch.as_tensor(batch.actions, dtype=torch.float32, device=self.device)
+        rewards = torch.as_tensor(batch.rewards, dtype=torch.float32, device=self.device)
+        discounts = torch.as_tensor(batch.discounts, dtype=torch.float32, device=self.device)
+        weights = torch.as_tensor(batch.weights, dtype=torch.float32, device=self.device)
+        alpha = self.alpha
+
+        # soft target, eq. 3: the soft value of s' under the current policy, with the smaller target critic
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor.sample(next_obs, generator=self.generator)
+            next_q1, next_q2 = self.critic_target(next_obs, next_actions)
+            next_value = torch.min(next_q1, next_q2) - alpha * next_log_prob
+            target_q = rewards + discounts * next_value  # discount 0 after a termination: no bootstrap
+        # critics, eq. 5: regress both on the same target, weighted for prioritized replay
+        q1, q2 = self.critic(obs, actions)
+        td1, td2 = target_q - q1, target_q - q2
+        q1_loss = (weights * td1.square()).mean()
+        q2_loss = (weights * td2.square()).mean()
+        critic_loss = q1_loss + q2_loss
+        self.critic_optimizer.zero_grad()
+        critic_loss.backward()
+        self.critic_optimizer.step()
+
+        self.iteration += 1
+        stats: dict[str, float] = {}
+        if self.iteration % config.policy_frequency == 0:
+            # CleanRL's delayed actor: as many steps as updates were skipped, all on this batch
+            for _ in range(config.policy_frequency):
+                # actor, eq. 9: reparameterized actions against the smaller (updated) critic
+                pi, log_prob = self.actor.sample(obs, generator=self.generator)
+                q1_pi, q2_pi = self.critic(obs, pi)
+                actor_loss = (alpha * log_prob - torch.min(q1_pi, q2_pi)).mean()
+                self.actor_optimizer.zero_grad()
+                actor_loss.backward()
+                self.actor_optimizer.step()
+                stats["losses/actor_loss"] = actor_loss.item()
+                stats["losses/entropy"] = -log_prob.mean().item()
+                if self.alpha_optimizer is not None:
+                    # temperature, eq. 18: alpha grows while the entropy is below target_entropy
+                    with torch.no_grad():
+                        _, log_prob = self.actor.sample(obs, generator=self.generator)
+                    alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
+                    self.alpha_optimizer.zero_grad()
+                    alpha_loss.backward()
+                    self.alpha_optimizer.step()
+                    alpha = self.alpha
+                    stats["losses/alpha_loss"] = alpha_loss.item()
+        if self.iteration % config.target_network_frequency == 0:
+            _soft_update(self.critic_target, self.critic, config.tau)
+
+        stats.update({
+            "losses/qf1_loss": q1_loss.item(),
+            "losses/qf2_loss": q2_loss.item(),
+            "losses/critic_loss": critic_loss.item(),
+            "losses/q_values": (0.5 * (q1 + q2)).mean().item(),
+            "losses/alpha": alpha,
+        })
+        td_errors = 0.5 * (td1 + td2)
+        return stats, td_errors.detach().to(torch.float32).cpu().numpy()
+
+    def _preprocess(self, obs: Tree) -> Tree:
+        x = obs_to_tensor(obs, self.device)
+        return self.obs_normalizer(x) if self.obs_normalizer is not None else x
+
+    def actor_params(self) -> ParamDict:
+        params = module_params("actor.", self.actor)
+        if self.obs_normalizer is not None:
+            params.update(module_params("obs_normalizer.", self.obs_normalizer))
+        return params
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "generator": self.generator.get_state(),
+            "iteration": self.iteration,
+        }
+        if self.alpha_optimizer is not None:
+            state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
+        if self.obs_normalizer is not None:
+            state["obs_normalizer"] = self.obs_normalizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        if self.alpha_optimizer is not None:
+            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.load_state_dict(state["obs_normalizer"])
+        if "generator" in state:
+            self.generator.set_state(state["generator"].cpu())
+        self.iteration = int(state["iteration"])
+
+
+@torch.no_grad()
+def _soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging ``target <- (1 - tau) target + tau online``; buffers are copied."""
+    for target_param, param in zip(target.parameters(), online.parameters()):
+        target_param.lerp_(param, tau)
+    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
+        target_buffer.copy_(buffer)
