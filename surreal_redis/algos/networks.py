@@ -1,5 +1,6 @@
-"""Network building blocks shared by PPO and DDPG: MLP torsos, CNN pixel stems, and an
-observation encoder for Box (vector or image), frame-tuple and Dict observation spaces.
+"""Network building blocks shared by the torch algorithms: MLP torsos, CNN pixel stems, an
+observation encoder for Box (vector or image), frame-tuple and Dict observation spaces, and the
+moves between numpy and torch (devices, observation trees, parameter dicts).
 
 Images (see :mod:`surreal_redis.envs.spaces`): every uint8 Box of shape ``(H, W)``, ``(H, W, C)``
 or ``(C, H, W)``, and every frame tuple, goes through a CNN stem, scaled by 1/255 (never
@@ -19,11 +20,13 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.network_config import NATURE_MIN_SIZE
-from surreal_redis.codec import ParamDict
+from surreal_redis.codec import ParamDict, Tree
 from surreal_redis.envs.spaces import ImageLayout, image_layout, is_frame_tuple, is_image_space
+from surreal_redis.trees import tree_map
 
 __all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "channels_first",
-           "is_frame_tuple", "is_image_space", "layer_init", "mlp", "params_as_tensors", "pixel_stem"]
+           "is_frame_tuple", "is_image_space", "layer_init", "load_module_params", "mlp", "module_params",
+           "obs_to_tensor", "params_as_tensors", "pixel_stem", "resolve_device"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -37,6 +40,31 @@ def params_as_tensors(params: ParamDict, prefix: str = "") -> dict[str, torch.Te
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return {name[len(prefix):]: torch.from_numpy(np.asarray(value))
                 for name, value in params.items() if name.startswith(prefix)}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else as torch understands it."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def obs_to_tensor(obs: Tree, device: torch.device) -> Tree:
+    """numpy observation tree -> tensors on ``device`` (float64 becomes float32, uint8 stays)."""
+    def convert(x: np.ndarray) -> torch.Tensor:
+        x = np.asarray(x)
+        return torch.as_tensor(x.astype(np.float32) if x.dtype == np.float64 else x, device=device)
+    return tree_map(convert, obs)
+
+
+def module_params(prefix: str, module: nn.Module) -> ParamDict:
+    """``module``'s state as CPU numpy arrays, keys ``prefix + name``."""
+    return {prefix + name: value.detach().cpu().numpy().copy() for name, value in module.state_dict().items()}
+
+
+def load_module_params(module: nn.Module, prefix: str, params: ParamDict) -> None:
+    """Inverse of :func:`module_params` (strict: every key of ``module`` must be present)."""
+    module.load_state_dict(params_as_tensors(params, prefix))
 
 
 def layer_init(layer: nn.Module, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:

@@ -227,7 +227,7 @@ def test_numpy_actor_matches_the_torch_actor_on_random_weights(space_name, norma
     randomize(algo.actor, seed=5, gain=0.7)
     rng = np.random.default_rng(0)
     if normalize_obs:
-        from surreal_redis.algos.ddpg.policy import obs_to_tensor
+        from surreal_redis.algos.networks import obs_to_tensor
         algo.obs_normalizer.update(obs_to_tensor(sample_obs(space, 50, rng), torch.device("cpu")))
     params = algo.actor_params()
     numpy_policy = NumpySACPolicy(config, space, ACTION_SPACE, num_envs=6, seed=11)

@@ -26,10 +26,9 @@ from surreal_redis.algos.ddpg.noise import (
     agent_sigma,
     make_action_noise,
 )
-from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
+from surreal_redis.algos.networks import ObservationEncoder, load_module_params, mlp, obs_to_tensor
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
-from surreal_redis.trees import tree_map
 
 
 def check_action_space(space: gym.Space) -> gym.spaces.Box:
@@ -74,24 +73,6 @@ class Critic(nn.Module):
 
     def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
         return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)
-
-
-def obs_to_tensor(obs: Tree, device: torch.device) -> Tree:
-    """numpy observation tree -> tensors on ``device`` (float64 becomes float32, uint8 stays)."""
-    def convert(x: np.ndarray) -> torch.Tensor:
-        x = np.asarray(x)
-        return torch.as_tensor(x.astype(np.float32) if x.dtype == np.float64 else x, device=device)
-    return tree_map(convert, obs)
-
-
-def module_params(prefix: str, module: nn.Module) -> ParamDict:
-    """``module``'s state as CPU numpy arrays, keys ``prefix + name``."""
-    return {prefix + name: value.detach().cpu().numpy().copy() for name, value in module.state_dict().items()}
-
-
-def load_module_params(module: nn.Module, prefix: str, params: ParamDict) -> None:
-    """Inverse of :func:`module_params` (strict: every key of ``module`` must be present)."""
-    module.load_state_dict(params_as_tensors(params, prefix))
 
 
 class DDPGPolicy(AgentPolicy):

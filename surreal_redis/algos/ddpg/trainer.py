@@ -24,19 +24,13 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.base import Algorithm, ParamDict
-from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig, module_params, obs_to_tensor
+from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig
+from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
 from surreal_redis.experience import TransitionBatch
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else as torch understands it."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class DDPGAlgorithm(Algorithm):

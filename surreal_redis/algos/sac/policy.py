@@ -19,8 +19,13 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
-from surreal_redis.algos.ddpg.policy import load_module_params, obs_to_tensor
-from surreal_redis.algos.networks import ObservationEncoder, layer_init, mlp
+from surreal_redis.algos.networks import (
+    ObservationEncoder,
+    layer_init,
+    load_module_params,
+    mlp,
+    obs_to_tensor,
+)
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.sac.config import SACConfig, sac_action_space
 from surreal_redis.codec import Tree

@@ -34,8 +34,7 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.base import Algorithm, ParamDict
-from surreal_redis.algos.ddpg.policy import module_params, obs_to_tensor
-from surreal_redis.algos.ddpg.trainer import resolve_device
+from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.sac.config import SACConfig, sac_action_space
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
