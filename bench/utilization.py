@@ -1,0 +1,136 @@
+"""Does a run use the machine and the experience at once? Whole launches of each production mode,
+side by side in one run: ``python bench/utilization.py [--envs cartpole,halfcheetah] [--seconds 60]
+[--modes lockstep,overlap,free,appo] [--solve]``.
+
+Per env and mode, ``surreal-redis launch`` of the shipped config (PPO: ``ppo_<env>.yaml`` with
+``learner.on_policy_sync`` set to the mode; ``appo``: ``appo_<env>.yaml`` as shipped) runs for
+``--seconds`` of learner time with no return target and eval off. Reported per case:
+
+- ``machine_used``: CPU-seconds of every process of the launch (Redis, learner, MLflow, agents;
+  ``getrusage(RUSAGE_CHILDREN)`` around it: every process is waited for by its parent) over
+  ``wall_s x cores``: start-up and shutdown included, as a user pays them;
+- ``updates``, ``env_steps``, ``mean_return`` (the last ``stop.return_window`` training
+  episodes), and from the learner's whole-run status: ``used`` (the fraction of env steps that
+  reached an update), ``policy_lag_p90``, ``learner_busy``, ``agents_idle``;
+- ratios against lockstep in the same run: ``updates_vs_lockstep``, ``env_steps_vs_lockstep``.
+
+``--solve`` adds CartPole time to the 475 target (whole process, ``stop.max_seconds`` 300) for
+lockstep, overlap and appo, and ``solve_s_vs_lockstep``. The last line of stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench.utilization")
+
+MODES = ("lockstep", "overlap", "free", "appo")
+TOTALS = re.compile(r"(?P<steps>\d+) env steps, (?P<updates>\d+) updates, mean return (?P<mean>\S+), "
+                    r"last eval (?P<eval>\S+)")
+USE = re.compile(r"experience used (?P<used>[\d.]+|-)%?.*?, policy lag p90 (?P<lag>\S+), "
+                 r"learner busy (?P<busy>[\d.]+|-)%?, agents idle (?P<idle>[\d.]+|-)%?")
+SOLVED = re.compile(r"learner stopped \((?P<reason>[^)]*)\)")
+
+
+def _number(text: str) -> float | None:
+    text = text.strip(",%")
+    return None if text in ("-", "") else float(text)
+
+
+def case_args(env: str, mode: str) -> list[str]:
+    """The config and overrides of one (env, mode) case."""
+    if mode == "appo":
+        return [str(ROOT / "configs" / f"appo_{env}.yaml")]
+    return [str(ROOT / "configs" / f"ppo_{env}.yaml"), "-o", f"learner.on_policy_sync={mode}"]
+
+
+def parse_summary(stderr: str) -> dict[str, float | None]:
+    """The launch summary's totals and whole-run use line."""
+    totals, use = TOTALS.search(stderr), USE.search(stderr)
+    if totals is None or use is None:
+        raise ValueError(f"no launch summary in:\n{stderr[-2000:]}")
+    percent = {key: (None if (v := _number(use[key])) is None else v / 100) for key in ("used", "busy", "idle")}
+    return {"env_steps": int(totals["steps"]), "updates": int(totals["updates"]), "mean_return": _number(totals["mean"]),
+            "used": percent["used"], "policy_lag_p90": _number(use["lag"]), "learner_busy": percent["busy"],
+            "agents_idle": percent["idle"]}
+
+
+def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s: float) -> dict:
+    """One whole launch; its wall time, summary and the CPU-seconds of all its processes."""
+    name = f"{env}_{mode}_{len(list(workdir.iterdir()))}"
+    args = [sys.executable, "-m", "surreal_redis.cli", "launch", *case_args(env, mode), "-o", f"experiment.root={workdir}",
+            "-o", f"experiment.name={name}", "-o", "eval.enabled=false"]
+    for override in overrides:
+        args += ["-o", override]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"{env} {mode}: launch exited {done.returncode}:\n{done.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+              "machine_used": round(cpu / (wall * (os.cpu_count() or 1)), 3), **parse_summary(done.stderr)}
+    solved = SOLVED.search((workdir / name / "logs" / "learner.log").read_text(errors="replace"))
+    result["solved"] = bool(solved and "target_return" in solved["reason"])
+    log.info("%s %s: %s", env, mode, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", default="cartpole,halfcheetah")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--seconds", type=float, default=60.0, help="learner seconds per case")
+    parser.add_argument("--solve", action="store_true", help="also CartPole time to 475 per mode")
+    options = parser.parse_args(argv)
+    envs, modes = options.envs.split(","), options.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"unknown mode {unknown[0]!r} (known: {', '.join(MODES)})")
+    if options.seconds <= 0:
+        parser.error(f"--seconds must be > 0, got {options.seconds}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    result: dict[str, object] = {"cores": os.cpu_count(), "seconds": options.seconds, "load_before": os.getloadavg()[0]}
+    fixed = [f"stop.max_seconds={options.seconds}", "stop.target_return=null", "stop.max_env_steps=null"]
+    with tempfile.TemporaryDirectory(prefix="surreal-utilization-") as tmp:
+        workdir = Path(tmp)
+        for env in envs:
+            cases = {mode: run_case(env, mode, fixed, workdir, options.seconds + 300) for mode in modes}
+            base = cases.get("lockstep")
+            for case in cases.values():
+                if base and base["updates"]:
+                    case["updates_vs_lockstep"] = round(case["updates"] / base["updates"], 2)
+                    case["env_steps_vs_lockstep"] = round(case["env_steps"] / base["env_steps"], 2)
+            result[env] = cases
+        if options.solve:
+            solve = [f"stop.max_seconds={300}", "stop.max_env_steps=null"]
+            times = {}
+            for mode in [m for m in modes if m != "free"]:
+                case = run_case("cartpole", mode, solve, workdir, 600)
+                times[mode] = {"solve_s": case["wall_s"] if case["solved"] else None, "env_steps": case["env_steps"],
+                               "machine_used": case["machine_used"]}
+            base_s = times.get("lockstep", {}).get("solve_s")
+            for case in times.values():
+                if base_s and case["solve_s"]:
+                    case["solve_s_vs_lockstep"] = round(case["solve_s"] / base_s, 2)
+            result["cartpole_solve"] = times
+    result["load_after"] = os.getloadavg()[0]
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
