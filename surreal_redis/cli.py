@@ -20,7 +20,7 @@ import redis
 
 from surreal_redis.configtools import ConfigError
 from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server, resolve_url
-from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag, setup_logging
+from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag, lower_priority, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,7 @@ def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_ur
     from surreal_redis.agent import Agent
 
     config = _load(config_path, overrides, redis_url, run_name)
+    lower_priority(config.agent.nice)
     agent_process = Agent(config, _client(config), agent_id, StopFlag())
     _single_threaded_torch()
     _exit_process(agent_process.run())
@@ -230,6 +231,7 @@ def eval_cmd(mode: str | None, eval_id: int, config_path: str | None, run_name: 
     from surreal_redis.evaluator import Evaluator
 
     config = _load(config_path, overrides, redis_url, run_name)
+    lower_priority(config.agent.nice)
     evaluator = Evaluator(config, _client(config), StopFlag(), mode=mode, eval_id=eval_id)
     _single_threaded_torch()
     _exit_process(evaluator.run())

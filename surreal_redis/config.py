@@ -115,6 +115,9 @@ class AgentConfig:
     without images or an LSTM, torch otherwise (a Pong act of 4 envs: torch ~3.1 ms, numpy ~4.2)."""
     fetch_every_steps: int = 64
     fetch_every_episodes: int | None = None
+    nice: int = 0
+    """Agents and evals lower their CPU priority by this much (``os.nice``, 0-19) when they start,
+    so a learner sharing their cores keeps the CPU its updates need while they produce freely."""
     heartbeat_every_s: float = 2.0
     heartbeat_ttl_s: float = 30.0
     restart_on_crash: bool = True
@@ -132,6 +135,8 @@ class AgentConfig:
             raise ValueError("need 0 < heartbeat_every_s < heartbeat_ttl_s")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"nice must be in 0..19, got {self.nice}")
 
 
 @dataclass(frozen=True)

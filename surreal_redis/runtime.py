@@ -20,6 +20,14 @@ BLAS thread pool per process (numpy's OpenBLAS starts one per core) only makes t
 when numpy is first imported; a user's own setting wins."""
 
 
+def lower_priority(increment: int) -> None:
+    """Make this process ``increment`` nicer (0: unchanged); the scheduler then favours the
+    processes that kept priority 0 (the learner) when every core is busy."""
+    if increment:
+        os.nice(increment)
+        log.info("CPU priority lowered by %d (nice %d)", increment, os.getpriority(os.PRIO_PROCESS, 0))
+
+
 class StopFlag:
     """Set by the first SIGINT/SIGTERM (or by code); the second signal exits immediately with
     code 130. ``wait(timeout)`` sleeps but wakes as soon as a stop is requested."""

@@ -53,3 +53,21 @@ def test_activation_names_match_the_networks():
     from surreal_redis.algos.networks import ACTIVATIONS
 
     assert sorted(ACTIVATION_NAMES) == sorted(ACTIVATIONS)
+
+
+def test_agent_nice_lowers_the_priority_of_the_process_that_reads_it():
+    from surreal_redis.config import load_config
+    from surreal_redis.configtools import ConfigError
+
+    code = ("import os; from surreal_redis.runtime import lower_priority; before = os.getpriority(os.PRIO_PROCESS, 0); "
+            "lower_priority(0); same = os.getpriority(os.PRIO_PROCESS, 0); lower_priority(7); "
+            "print(same - before, os.getpriority(os.PRIO_PROCESS, 0) - before)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "7"]
+    assert load_config(None, ["agent.nice=5"]).agent.nice == 5
+    try:
+        load_config(None, ["agent.nice=20"])
+    except ConfigError as exc:
+        assert "nice must be in 0..19, got 20" in str(exc)
+    else:
+        raise AssertionError("agent.nice=20 was accepted")
