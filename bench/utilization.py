@@ -11,7 +11,8 @@ Per env and mode, ``surreal-redis launch`` of the shipped config (PPO: ``ppo_<en
   ``wall_s x cores``: start-up and shutdown included, as a user pays them;
 - ``updates``, ``env_steps``, ``mean_return`` (the last ``stop.return_window`` training
   episodes), and from the learner's whole-run status: ``used`` (the fraction of env steps that
-  reached an update), ``policy_lag_p90``, ``learner_busy``, ``agents_idle``;
+  reached an update), ``policy_lag_p90``, ``rho_clipped`` (APPO: samples whose importance weight
+  V-trace clipped, last update), ``learner_busy``, ``agents_idle``;
 - ratios against lockstep in the same run: ``updates_vs_lockstep``, ``env_steps_vs_lockstep``.
 
 ``--solve`` adds CartPole time to the 475 target (whole process, ``stop.max_seconds`` 300) for
@@ -38,8 +39,8 @@ log = logging.getLogger("bench.utilization")
 MODES = ("lockstep", "overlap", "free", "appo")
 TOTALS = re.compile(r"(?P<steps>\d+) env steps, (?P<updates>\d+) updates, mean return (?P<mean>\S+), "
                     r"last eval (?P<eval>\S+)")
-USE = re.compile(r"experience used (?P<used>[\d.]+|-)%?.*?, policy lag p90 (?P<lag>\S+), "
-                 r"learner busy (?P<busy>[\d.]+|-)%?, agents idle (?P<idle>[\d.]+|-)%?")
+USE = re.compile(r"experience used (?P<used>[\d.]+|-)%?.*?, policy lag p90 (?P<lag>[\d.]+|-)[^,]*"
+                 r"(?:, rho clipped (?P<rho>[\d.]+|-)%)?, learner busy (?P<busy>[\d.]+|-)%?, agents idle (?P<idle>[\d.]+|-)%?")
 SOLVED = re.compile(r"learner stopped \((?P<reason>[^)]*)\)")
 
 
@@ -63,7 +64,7 @@ def parse_summary(stderr: str) -> dict[str, float | None]:
     percent = {key: (None if (v := _number(use[key])) is None else v / 100) for key in ("used", "busy", "idle")}
     return {"env_steps": int(totals["steps"]), "updates": int(totals["updates"]), "mean_return": _number(totals["mean"]),
             "used": percent["used"], "policy_lag_p90": _number(use["lag"]), "learner_busy": percent["busy"],
-            "agents_idle": percent["idle"]}
+            "agents_idle": percent["idle"], "rho_clipped": None if use["rho"] is None else _number(use["rho"]) / 100}
 
 
 def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s: float) -> dict:

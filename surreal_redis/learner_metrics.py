@@ -9,7 +9,11 @@ How the run uses its experience (on-policy feeds), over the whole run:
   entries). Steps held for the next update are not settled yet; at the stop they are reported
   apart (``experience_unused_at_stop``: the last, partial batch).
 - ``hub/policy_lag_p50`` / ``_p90`` / ``_max``: learner version minus the version that produced
-  each step, when it arrived (``hub/policy_staleness_*`` are the same over the last flush window).
+  each step, when it arrived (``hub/policy_staleness_*`` are the same over the last flush window);
+  ``hub/policy_lag_share_<bucket>``: the whole run's lag histogram, the share of steps per bucket
+  of :data:`LAG_BUCKETS` (also in the status and the summary line).
+- ``losses/rho_clipped_fraction`` (importance-corrected updates, APPO's V-trace): the share of an
+  update's samples whose importance weight was clipped at rho-bar; in the status and summary too.
 - ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (flush window;
   the status also keeps the whole-run figure).
 - ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env
@@ -62,6 +66,21 @@ class LearnerProgress(NamedTuple):
     """What the feed did with the steps it took in (None: an off-policy feed)."""
     topups: int = 0
     """Lockstep grants the learner topped up (see :mod:`surreal_redis.learner`)."""
+
+
+LAG_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, None))
+"""Policy-lag histogram buckets, inclusive (None: no upper end)."""
+
+
+def lag_shares(histogram: Counter[int]) -> dict[str, float]:
+    """The share of counted steps per :data:`LAG_BUCKETS` bucket, by label (``0``, ``3-4``, ``9+``)."""
+    total = sum(histogram.values())
+    shares = {}
+    for low, high in LAG_BUCKETS:
+        label = str(low) if high == low else f"{low}+" if high is None else f"{low}-{high}"
+        count = sum(n for lag, n in histogram.items() if lag >= low and (high is None or lag <= high))
+        shares[label] = count / total if total else 0.0
+    return shares
 
 
 def lag_percentile(histogram: Counter[int], q: float) -> int:
@@ -278,6 +297,8 @@ class LearnerMetrics:
             metrics.update({"hub/policy_lag_p50": float(lag_percentile(self.lags, 50)),
                             "hub/policy_lag_p90": float(lag_percentile(self.lags, 90)),
                             "hub/policy_lag_max": float(max(self.lags))})
+            metrics.update({f"hub/policy_lag_share_{label.replace('+', '_up').replace('-', '_')}": share
+                            for label, share in lag_shares(self.lags).items()})
         metrics["system/learner_busy_fraction"] = self.busy_s / dt if dt > 0 else 0.0
         metrics.update(self._experience_numbers(progress.use))
         if progress.use is not None:
@@ -304,6 +325,8 @@ class LearnerMetrics:
                   "experience_unused_at_stop": self.unused_at_stop,
                   "policy_lag_p50": metrics.get("hub/policy_lag_p50"), "policy_lag_p90": metrics.get("hub/policy_lag_p90"),
                   "policy_lag_max": metrics.get("hub/policy_lag_max"),
+                  "policy_lag_shares": lag_shares(self.lags) if self.lags else None,
+                  "rho_clipped_fraction": metrics.get("losses/rho_clipped_fraction", self._status.get("rho_clipped_fraction")),
                   "learner_busy": metrics["system/learner_busy_fraction"],
                   "learner_busy_total": self.busy_total_s / max(now - self.started, 1e-9),
                   "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total(),
@@ -345,5 +368,9 @@ def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
     busy = status.get("learner_busy_total" if whole_run else "learner_busy")
     idle = status.get("agent_idle_total" if whole_run else "agent_idle")
     sync = f" [{status['sync']}]" if status.get("sync") else ""
-    return (f"{line}, policy lag p90 {'-' if lag is None else f'{lag:.0f}'}, learner busy {_percent(busy)}, "
-            f"agents idle {_percent(idle)}{sync}")
+    shares = status.get("policy_lag_shares")
+    histogram = "" if not shares else " (" + " ".join(f"{k}:{_percent(v)}" for k, v in shares.items() if v) + ")"
+    clipped = status.get("rho_clipped_fraction")
+    rho = "" if clipped is None else f", rho clipped {_percent(clipped)}"
+    return (f"{line}, policy lag p90 {'-' if lag is None else f'{lag:.0f}'}{histogram}{rho}, "
+            f"learner busy {_percent(busy)}, agents idle {_percent(idle)}{sync}")

@@ -99,7 +99,7 @@ def test_launch_status_restart_stop_then_resume(tmp_path, server):
     metrics, run = mlflow_metrics(experiment)
     assert run.info.status == "FINISHED"
     for key in ("charts/env_steps", "charts/episode_return_mean", "losses/policy_loss", "hub/stream_unread",
-                "hub/policy_staleness_p50"):
+                "hub/policy_staleness_p50", "hub/policy_lag_share_0", "hub/policy_lag_share_9_up"):
         assert key in metrics, f"{key} not logged (have {sorted(metrics)})"
     assert run.data.params["algo"] == "ppo" and run.data.params["ppo.learning_rate"] == "0.001"
     last_iteration = int(checkpoints[-1].stem.split("-")[1])

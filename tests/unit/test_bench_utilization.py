@@ -22,15 +22,19 @@ def utilization(request):
 
 def test_the_summary_the_launcher_prints_is_parsed(utilization):
     status = {"experience_used_fraction": 0.987, "experience_unused_at_stop": 64, "policy_lag_p90": 3.0,
+              "policy_lag_shares": {"0": 0.5, "1": 0.25, "2": 0.25, "3-4": 0.0}, "rho_clipped_fraction": 0.125,
               "learner_busy_total": 0.81, "agent_idle_total": 0.07, "sync": "free"}
     text = (f"run 'x' finished (max_seconds)\n  5120 env steps, 20 updates, mean return 41.5, last eval -\n"
             f"  {use_summary(status, whole_run=True)}\n")
     parsed = utilization.parse_summary(text)
     assert parsed == {"env_steps": 5120, "updates": 20, "mean_return": 41.5, "used": pytest.approx(0.987),
-                      "policy_lag_p90": 3.0, "learner_busy": pytest.approx(0.81), "agents_idle": pytest.approx(0.07)}
+                      "policy_lag_p90": 3.0, "learner_busy": pytest.approx(0.81), "agents_idle": pytest.approx(0.07),
+                      "rho_clipped": pytest.approx(0.12)}
+    assert "policy lag p90 3 (0:50% 1:25% 2:25%), rho clipped 12%, learner busy 81%" in text
     unknown = utilization.parse_summary("  0 env steps, 0 updates, mean return -, last eval -\n  "
                                         + use_summary({}, whole_run=True))
     assert unknown["used"] is None and unknown["learner_busy"] is None and unknown["mean_return"] is None
+    assert unknown["rho_clipped"] is None
     with pytest.raises(ValueError, match="no launch summary"):
         utilization.parse_summary("Traceback ...")
 

@@ -381,7 +381,9 @@ def test_learner_reports_experience_use_lag_busy_and_idle(fake_redis, tmp_path):
     status = RunControl(fake_redis, config.run).learner_status()
     assert status["experience_unused_at_stop"] == 16 and status["state"] == "stopped"
     summary = use_summary(status, whole_run=True)
-    assert summary.startswith("experience used 66.7% (+16 steps unused at the stop), policy lag p90 0, learner busy ")
+    assert summary.startswith("experience used 66.7% (+16 steps unused at the stop), policy lag p90 0 (0:100%), "
+                              "learner busy ")
+    assert status["policy_lag_shares"] == {"0": 1.0, "1": 0.0, "2": 0.0, "3-4": 0.0, "5-8": 0.0, "9+": 0.0}
     assert summary.endswith("agents idle 50% [lockstep]")
 
 
@@ -531,3 +533,12 @@ def test_a_restarted_learner_continues_its_mlflow_run(tmp_path):
     assert again.run_id == first.run_id
     (tmp_path / "exp" / "mlflow_run_id").write_text("0" * 32)  # a run the store does not have
     assert Tracker(tmp_path / "exp", "exp", "exp", tracking_uri=uri).run_id not in (first.run_id, "0" * 32)
+
+
+def test_lag_shares_bucket_the_whole_runs_histogram():
+    from surreal_redis.learner_metrics import lag_shares
+
+    shares = lag_shares(Counter({0: 5, 1: 2, 3: 1, 4: 1, 7: 0, 12: 1}))
+    assert shares == {"0": 0.5, "1": 0.2, "2": 0.0, "3-4": 0.2, "5-8": 0.0, "9+": 0.1}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert set(lag_shares(Counter()).values()) == {0.0}
