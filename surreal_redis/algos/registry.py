@@ -25,7 +25,8 @@ from surreal_redis.algos.spec import AlgorithmSpec
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "surreal_redis.algorithms"
-BUILTIN_MODULES = ("surreal_redis.algos.ppo", "surreal_redis.algos.ddpg", "surreal_redis.algos.sac")
+BUILTIN_MODULES = ("surreal_redis.algos.ppo", "surreal_redis.algos.ddpg", "surreal_redis.algos.sac",
+                   "surreal_redis.algos.appo")
 
 _specs: dict[str, AlgorithmSpec] = {}
 _builtins_loaded = False

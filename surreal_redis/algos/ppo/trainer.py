@@ -22,6 +22,9 @@ Differences from CleanRL, each on purpose:
 - ``mode="adapt"`` replaces the clipped surrogate by the KL-penalized one of Schulman et al.
   2017 (section 4), with the KL measured against the network at the start of the update
   (SURREAL's ``ref_target_model``).
+
+What the update trains towards is one method, :meth:`PPOAlgorithm._targets` (here GAE): a
+subclass replaces it and keeps the rest (APPO's V-trace, :mod:`surreal_redis.algos.appo`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn, optim
-from torch.distributions import kl_divergence
+from torch.distributions import Distribution, kl_divergence
 
 from surreal_redis.algos.base import Algorithm, ParamDict
 from surreal_redis.algos.normalizer import RewardScaler
@@ -50,7 +53,7 @@ from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
-__all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "adapt_kl_coef", "clipped_surrogate_loss",
+__all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "Targets", "adapt_kl_coef", "clipped_surrogate_loss",
            "compute_gae", "explained_variance", "kl_penalty_loss", "resolve_device", "value_loss"]
 
 log = logging.getLogger(__name__)
@@ -138,6 +141,16 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
+class Targets(NamedTuple):
+    """What an update trains towards, time-major ``[T, B]``: the policy-gradient ``advantages``,
+    the value targets ``returns``, and per-step ``diagnostics`` by name (``[T, B]`` each, e.g. a
+    0/1 flag) whose means over the update's steps join its stats (PPO: none)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    diagnostics: dict[str, torch.Tensor]
+
+
 class _Rollout(NamedTuple):
     """Training data of B equal-length sequences, time-major ``[T, B, ...]``.
 
@@ -152,6 +165,7 @@ class _Rollout(NamedTuple):
     values: torch.Tensor
     ref_head: torch.Tensor  # policy head of the network at the start of the update, [T, B, A]
     episode_start: torch.Tensor
+    diagnostics: dict[str, torch.Tensor]  # Targets.diagnostics, [T, B] each
     initial_state: LSTMState | None  # [B, H] each
 
     def select(self, idx: torch.Tensor) -> _Rollout:
@@ -210,7 +224,7 @@ class PPOAlgorithm(Algorithm):
     def _rollout(self, chunks: list[Chunk], rewards: list[np.ndarray] | None = None) -> _Rollout:
         """Tensors, values and advantages for equal-length chunks (no gradients); ``rewards`` (one
         ``[T]`` array per chunk) replace the chunks' own, e.g. by the scaled ones."""
-        cfg, dev = self.config, self.device
+        dev = self.device
         steps, batch = chunks[0].num_steps, len(chunks)
 
         def stacked(arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
@@ -242,6 +256,7 @@ class PPOAlgorithm(Algorithm):
             z, states = self.net.core(self._features_no_grad(_flatten_time(obs)), state, episode_start)
             all_values = self.net.value(z).reshape(steps + 1, batch)
             ref_head = self.net.policy_head(z).reshape(steps + 1, batch, -1)[:steps]
+            _, target_logp = self._distribution(_flatten_time(ref_head), actions)
             next_values = all_values[1:].clone()
             # episodes that ended inside the chunk: bootstrap from their true final observation,
             # continuing the LSTM from the state after step t (before the reset)
@@ -254,10 +269,23 @@ class PPOAlgorithm(Algorithm):
                 no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
                 z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
                 next_values[t_idx, b_idx] = self.net.value(z_final)
-            advantages, returns = compute_gae(rewards, all_values[:steps], next_values, terminated, truncated,
-                                              cfg.gamma, cfg.gae_lambda)
-        return _Rollout(tree_map(lambda v: v[:steps], obs), actions, logp, advantages, returns,
-                        all_values[:steps], ref_head, episode_start[:steps], state)
+            targets = self._targets(rewards, all_values[:steps], next_values, terminated, truncated, logp,
+                                    target_logp.reshape(steps, batch))
+        return _Rollout(tree_map(lambda v: v[:steps], obs), actions, logp, targets.advantages, targets.returns,
+                        all_values[:steps], ref_head, episode_start[:steps], targets.diagnostics, state)
+
+    def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+                 terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
+                 target_logp: torch.Tensor) -> Targets:
+        """Advantages and value targets of a rollout, all ``[T, B]`` (no gradients): ``values``
+        V(obs[t]) and ``next_values`` (V of the true final observation where an episode ended, of
+        obs[T] at the chunk's end) by the network at the start of the update, ``behaviour_logp``
+        the agents' log-probs of the actions and ``target_logp`` the network's at the start of the
+        update. PPO: GAE(lambda) (:func:`compute_gae`), which reads neither log-prob."""
+        cfg = self.config
+        advantages, returns = compute_gae(rewards, values, next_values, terminated, truncated, cfg.gamma,
+                                          cfg.gae_lambda)
+        return Targets(advantages, returns, {})
 
     def _features_no_grad(self, flat_obs: Tree) -> torch.Tensor:
         """``net.features`` of ``[N, ...]`` leaves in slices of about :data:`PASS_OBS_BYTES` of
@@ -268,6 +296,12 @@ class PPOAlgorithm(Algorithm):
             return self.net.features(flat_obs)
         return torch.cat([self.net.features(tree_map(lambda v, i=i: v[i:i + rows], flat_obs))
                           for i in range(0, total, rows)])
+
+    def _distribution(self, head: torch.Tensor, actions: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        """The action distribution of policy-head outputs ``[N, A]`` (with the current log-std)
+        and its log-probs ``[N]`` of ``actions`` ``[T, B, ...]`` (N = T*B)."""
+        dist = self.net.distribution(head)
+        return dist, dist.log_prob(_flatten_time(actions))
 
     # ------------------------------------------------------------------ loss
     def _minibatch_step(self, rollout: _Rollout, idx: torch.Tensor, ref_log_std: torch.Tensor | None,
@@ -303,8 +337,7 @@ class PPOAlgorithm(Algorithm):
         the advantages (None: used as they are)."""
         cfg = self.config
         z, _ = self.net.core(self.net.features(_flatten_time(mb.obs)), mb.initial_state, mb.episode_start)
-        dist = self.net.distribution(self.net.policy_head(z))
-        new_logp = dist.log_prob(_flatten_time(mb.actions))
+        dist, new_logp = self._distribution(self.net.policy_head(z), mb.actions)
         entropy = dist.entropy().mean()
         new_values = self.net.value(z)
         logratio = new_logp - mb.logp.reshape(-1)
@@ -342,7 +375,7 @@ class PPOAlgorithm(Algorithm):
         coefficient used here; the next update uses the adapted one), plus
         ``explained_variance``, ``return_mean`` (of the value targets, in scaled reward units with
         ``normalize_reward``), ``learning_rate``, ``clip_coef`` (both as annealed for this update),
-        ``epochs`` run and ``num_steps``.
+        ``epochs`` run and ``num_steps``, and the means of :meth:`_targets`' diagnostics.
         """
         if not chunks:
             raise ValueError("update needs at least one chunk")
@@ -391,6 +424,8 @@ class PPOAlgorithm(Algorithm):
         returns = torch.cat([r.returns.reshape(-1) for r in rollouts])
         stats["explained_variance"] = explained_variance(torch.cat([r.values.reshape(-1) for r in rollouts]), returns)
         stats["return_mean"] = returns.mean().item()
+        for key in rollouts[0].diagnostics:
+            stats[key] = torch.cat([r.diagnostics[key].reshape(-1) for r in rollouts]).float().mean().item()
         if cfg.mode == "adapt":
             stats["kl_coef"] = self.kl_coef
             self.kl_coef = adapt_kl_coef(self.kl_coef, stats["kl"], cfg.kl_target, cfg.kl_tolerance,

@@ -1,0 +1,30 @@
+"""APPO, asynchronous PPO (as Sample Factory's and RLlib's APPO), declared once: agents produce
+without pause with the newest parameters they have (``learner.on_policy_sync: free``), the
+learner trains on whatever arrives within ``replay.fifo.max_policy_lag`` versions, and corrects
+for the lag with V-trace (Espeholt et al. 2018, arXiv:1802.01561): V-trace value targets and
+policy-gradient advantages under PPO's clipped surrogate. ``config`` (torch-free section),
+``trainer`` (V-trace and :class:`~surreal_redis.algos.appo.trainer.APPOAlgorithm`); the
+network, the agents' policies and the chunks' extras are PPO's."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from surreal_redis.algos.appo.config import APPOConfig
+from surreal_redis.algos.base import Algorithm
+from surreal_redis.algos.ppo import SPEC as PPO_SPEC
+from surreal_redis.algos.spec import AlgorithmSpec
+
+
+def _trainer(section: APPOConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Algorithm:
+    from surreal_redis.algos.appo.trainer import APPOAlgorithm
+
+    return APPOAlgorithm(section, obs_space, action_space, seed=seed)
+
+
+SPEC = AlgorithmSpec(
+    name="appo", config_class=APPOConfig, on_policy=True, make_trainer=_trainer,
+    make_policy=PPO_SPEC.make_policy, chunk_needs=PPO_SPEC.chunk_needs,
+    numpy_unsupported=PPO_SPEC.numpy_unsupported,
+    summary="APPO: PPO's clipped surrogate on V-trace advantages, for agents that run ahead of the learner "
+            "(learner.on_policy_sync: free); PPO's network and agents")

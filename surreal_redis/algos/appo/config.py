@@ -1,0 +1,32 @@
+"""APPO's hyperparameters, without torch: PPO's section (:class:`PPOConfig`) plus V-trace's two
+truncation levels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from surreal_redis.algos.ppo.config import PPOConfig
+
+
+@dataclass(frozen=True)
+class APPOConfig(PPOConfig):
+    """APPO: PPO's settings, with V-trace (Espeholt et al. 2018, arXiv:1802.01561, section 4.1)
+    in place of GAE. ``gae_lambda`` is V-trace's lambda (``c_i = lambda * min(c_bar, pi/mu)``);
+    ``gamma`` its discount. Without lag (pi = mu) and with both levels >= 1 the value targets are
+    GAE's lambda-returns."""
+
+    vtrace_rho_bar: float = 1.0
+    """rho_bar: truncates the importance weight rho_t = min(rho_bar, pi/mu) of each TD error and of
+    the policy-gradient advantage; it sets the fixed point the value function learns (larger: nearer
+    the value of the learner's policy pi, with more variance; towards 0: the agents' mu). The
+    paper's default 1."""
+    vtrace_c_bar: float = 1.0
+    """c_bar: truncates the trace coefficients c_i = lambda * min(c_bar, pi/mu), which bound how far
+    a TD error is carried back (speed of contraction, not the fixed point; the paper's default 1)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("vtrace_rho_bar", "vtrace_c_bar"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{name} must be > 0, got {value!r}")

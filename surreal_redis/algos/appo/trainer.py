@@ -1,0 +1,96 @@
+"""APPO learner: PPO's update (:class:`~surreal_redis.algos.ppo.trainer.PPOAlgorithm`) with V-trace
+targets in place of GAE.
+
+V-trace is Espeholt et al. 2018 (IMPALA, arXiv:1802.01561): section 4.1, eq. (1), for the value
+targets, section 4.2 for the policy-gradient advantage; the clipped surrogate on those
+advantages, its ratio pi_theta / mu against the agents' behaviour log-probs, is Sample Factory's
+and RLlib's APPO. Written like CleanRL: time-major ``[T, B]`` tensors, one backward loop.
+
+Episode ends stay apart, as in PPO's GAE: a terminated step bootstraps from 0, a truncated one from
+V of its true final observation, the chunk's last step from V(obs[T]); the trace stops at all three.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from surreal_redis.algos.appo.config import APPOConfig
+from surreal_redis.algos.ppo.trainer import PPOAlgorithm, Targets
+
+__all__ = ["APPOAlgorithm", "APPOConfig", "VTrace", "vtrace"]
+
+# A ratio pi/mu counts as clipped by rho_bar (the rho_clipped_fraction stat) when it exceeds rho_bar
+# by more than this fraction. On fresh data pi = mu up to float noise (the agents' numpy network and
+# the learner's torch one agree to ~1e-6 in log-prob), which would put half the ratios a hair above
+# rho_bar = 1; the clipping itself is exact.
+RHO_CLIPPED_TOLERANCE = 1e-4
+
+
+class VTrace(NamedTuple):
+    """:func:`vtrace`'s results, ``[T, B]`` each."""
+
+    vs: torch.Tensor  # v_s, the value targets
+    pg_advantages: torch.Tensor  # rho_s (r_s + gamma v_{s+1} - V(x_s))
+    rhos: torch.Tensor  # rho_s = min(rho_bar, pi/mu)
+    rho_clipped: torch.Tensor  # bool: pi/mu > rho_bar (beyond RHO_CLIPPED_TOLERANCE)
+
+
+@torch.no_grad()
+def vtrace(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
+           truncated: torch.Tensor, log_rhos: torch.Tensor, gamma: float, lam: float = 1.0,
+           rho_bar: float = 1.0, c_bar: float = 1.0) -> VTrace:
+    """V-trace targets and advantages over T steps, time-major ``[T, B]`` (or ``[T]``).
+
+    ``values[t]`` is V(x_t); ``next_values[t]`` V of the observation that followed action t (the
+    true final observation where an episode ended at t, obs[t+1] otherwise, obs[T] at the chunk's
+    end), as for :func:`~surreal_redis.algos.ppo.trainer.compute_gae`; ``terminated`` and
+    ``truncated`` are bool; ``log_rhos`` is log pi(a_t|x_t) - log mu(a_t|x_t) (target minus
+    behaviour). Eq. (1) of Espeholt et al. 2018, with lambda in the traces as section 4.1 allows
+    (``c_i = lambda * min(c_bar, pi/mu)``; lambda = 1 is eq. (1) itself)::
+
+        v_s = V(x_s) + sum_{t>=s} gamma^{t-s} (prod_{i=s}^{t-1} c_i) delta_t V
+
+    computed backwards as ``v_s - V(x_s) = delta_s V + gamma c_s (v_{s+1} - V(x_{s+1}))``, the sum
+    ending at each episode end and at the chunk's end (``v_T = V(x_T)``).
+    """
+    not_terminated = 1.0 - terminated.to(rewards.dtype)
+    not_done = 1.0 - (terminated | truncated).to(rewards.dtype)
+    ratios = log_rhos.exp()  # pi(a_t|x_t) / mu(a_t|x_t)
+    rhos = ratios.clamp(max=rho_bar)  # rho_t = min(rho_bar, pi/mu)
+    cs = lam * ratios.clamp(max=c_bar)  # c_i = lambda * min(c_bar, pi/mu)
+    # delta_t V = rho_t (r_t + gamma V(x_{t+1}) - V(x_t)), V(x_{t+1}) = 0 after a termination
+    deltas = rhos * (rewards + gamma * not_terminated * next_values - values)
+    vs_minus_v = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])  # v_T - V(x_T) = 0: the chunk's end
+    for t in reversed(range(rewards.shape[0])):
+        # v_t - V(x_t) = delta_t V + gamma c_t (v_{t+1} - V(x_{t+1})); the trace stops at episode ends
+        last = deltas[t] + gamma * cs[t] * not_done[t] * last
+        vs_minus_v[t] = last
+    vs = values + vs_minus_v  # v_s
+    # v_{s+1} inside an episode; at its end the bootstrap: V(true final obs) after a truncation,
+    # V(obs[T]) at the chunk's end (after a termination it is multiplied by 0 below)
+    next_vs = next_values + not_done * torch.cat([vs_minus_v[1:], torch.zeros_like(vs_minus_v[:1])])
+    # section 4.2: the policy gradient's advantage rho_s (r_s + gamma v_{s+1} - V(x_s))
+    pg_advantages = rhos * (rewards + gamma * not_terminated * next_vs - values)
+    return VTrace(vs, pg_advantages, rhos, ratios > rho_bar * (1.0 + RHO_CLIPPED_TOLERANCE))
+
+
+class APPOAlgorithm(PPOAlgorithm):
+    """Learner side of APPO: :class:`PPOAlgorithm` (the same network, minibatches, clipped
+    surrogate with the ratio against the behaviour log-probs, value loss, reward scaling and
+    z-filter) with :func:`vtrace` targets: ``returns`` are v_s, ``advantages`` the policy-gradient
+    advantages, both for the network at the start of the update. The update's stats add
+    ``rho_clipped_fraction`` (share of steps whose pi/mu exceeded ``vtrace_rho_bar``) and
+    ``rho_mean`` (mean of the truncated weights rho_t; 1 without lag)."""
+
+    config: APPOConfig
+
+    def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+                 terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
+                 target_logp: torch.Tensor) -> Targets:
+        cfg = self.config
+        out = vtrace(rewards, values, next_values, terminated, truncated, target_logp - behaviour_logp,
+                     cfg.gamma, cfg.gae_lambda, cfg.vtrace_rho_bar, cfg.vtrace_c_bar)
+        return Targets(out.pg_advantages, out.vs, {"rho_clipped_fraction": out.rho_clipped, "rho_mean": out.rhos})
