@@ -6,9 +6,10 @@ Per env and mode, ``surreal-redis launch`` of the shipped config (PPO: ``ppo_<en
 ``learner.on_policy_sync`` set to the mode; ``appo``: ``appo_<env>.yaml`` as shipped) runs for
 ``--seconds`` of learner time with no return target and eval off. Reported per case:
 
-- ``machine_used``: CPU-seconds of every process of the launch (Redis, learner, MLflow, agents;
-  ``getrusage(RUSAGE_CHILDREN)`` around it: every process is waited for by its parent) over
-  ``wall_s x cores``: start-up and shutdown included, as a user pays them;
+- ``machine_used``: CPU-seconds of every process of the launch (Redis, learner, MLflow, agents,
+  eval; ``/proc/<pid>/stat`` of its process tree every ``POLL_S``, each process's last reading,
+  so at most ``POLL_S`` of each is missed: ``getrusage`` would miss the processes the launcher
+  does not reap) over ``wall_s x cores``: start-up and shutdown included, as a user pays them;
 - ``updates``, ``env_steps``, ``mean_return`` (the last ``stop.return_window`` training
   episodes), and from the learner's whole-run status: ``used`` (the fraction of env steps that
   reached an update), ``policy_lag_p90``, ``rho_clipped`` (APPO: samples whose importance weight
@@ -26,14 +27,18 @@ import json
 import logging
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import process_tree  # noqa: E402  (bench/ is not a package)
+from throughput import cpu_seconds  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
+POLL_S = 0.25
 log = logging.getLogger("bench.utilization")
 
 MODES = ("lockstep", "overlap", "free", "appo")
@@ -74,16 +79,27 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
             "-o", f"experiment.name={name}", "-o", "eval.enabled=false"]
     for override in overrides:
         args += ["-o", override]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=timeout_s)
-    wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise RuntimeError(f"{env} {mode}: launch exited {done.returncode}:\n{done.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-              "machine_used": round(cpu / (wall * (os.cpu_count() or 1)), 3), **parse_summary(done.stderr)}
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        cpu_by_pid: dict[int, float] = {}
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                proc.kill()
+                raise RuntimeError(f"{env} {mode}: launch still running after {timeout_s} s")
+            for pid in process_tree(proc.pid):
+                seconds = cpu_seconds(pid)
+                if seconds is not None:
+                    cpu_by_pid[pid] = seconds
+            time.sleep(POLL_S)
+        wall = time.monotonic() - started
+        stderr.seek(0)
+        text = stderr.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{env} {mode}: launch exited {proc.returncode}:\n{text[-3000:]}")
+    cpu = sum(cpu_by_pid.values())
+    result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "processes": len(cpu_by_pid),
+              "machine_used": round(cpu / (wall * (os.cpu_count() or 1)), 3), **parse_summary(text)}
     solved = SOLVED.search((workdir / name / "logs" / "learner.log").read_text(errors="replace"))
     result["solved"] = bool(solved and "target_return" in solved["reason"])
     log.info("%s %s: %s", env, mode, result)
