@@ -26,7 +26,7 @@ from surreal_redis.trees import tree_map
 
 __all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "channels_first",
            "is_frame_tuple", "is_image_space", "layer_init", "load_module_params", "mlp", "module_params",
-           "obs_to_tensor", "params_as_tensors", "pixel_stem", "resolve_device"]
+           "obs_to_tensor", "params_as_tensors", "pixel_stem", "resolve_device", "soft_update"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -65,6 +65,15 @@ def module_params(prefix: str, module: nn.Module) -> ParamDict:
 def load_module_params(module: nn.Module, prefix: str, params: ParamDict) -> None:
     """Inverse of :func:`module_params` (strict: every key of ``module`` must be present)."""
     module.load_state_dict(params_as_tensors(params, prefix))
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging of target networks ``target <- (1 - tau) target + tau online``; buffers are copied."""
+    for target_param, param in zip(target.parameters(), online.parameters()):
+        target_param.lerp_(param, tau)
+    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
+        target_buffer.copy_(buffer)
 
 
 def layer_init(layer: nn.Module, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:

@@ -25,7 +25,7 @@ from torch import nn
 
 from surreal_redis.algos.base import Algorithm, ParamDict
 from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig
-from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device
+from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device, soft_update
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
 from surreal_redis.experience import TransitionBatch
@@ -102,8 +102,8 @@ class DDPGAlgorithm(Algorithm):
             self.actor_optimizer.step()
             stats["losses/actor_loss"] = actor_loss.item()
             if self.config.target_update == "soft":
-                _soft_update(self.actor_target, self.actor, self.config.tau)
-                _soft_update(self.critic_target, self.critic, self.config.tau)
+                soft_update(self.actor_target, self.actor, self.config.tau)
+                soft_update(self.critic_target, self.critic, self.config.tau)
         if self.config.target_update == "hard" and self.iteration % self.config.hard_update_every == 0:
             self.actor_target.load_state_dict(self.actor.state_dict())
             self.critic_target.load_state_dict(self.critic.state_dict())
@@ -155,12 +155,3 @@ def _clip_grad(module: nn.Module, max_norm: float | None) -> float:
     """Clip to ``max_norm`` if set; return the gradient's global norm before clipping."""
     limit = float("inf") if max_norm is None else max_norm
     return float(nn.utils.clip_grad_norm_(module.parameters(), limit))
-
-
-@torch.no_grad()
-def _soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging ``target <- (1 - tau) target + tau online``; buffers are copied."""
-    for target_param, param in zip(target.parameters(), online.parameters()):
-        target_param.lerp_(param, tau)
-    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
-        target_buffer.copy_(buffer)

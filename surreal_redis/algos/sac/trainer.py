@@ -31,10 +31,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from surreal_redis.algos.base import Algorithm, ParamDict
-from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device
+from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device, soft_update
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.sac.config import SACConfig, sac_action_space
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
@@ -145,7 +144,7 @@ class SACAlgorithm(Algorithm):
                     alpha = self.alpha
                     stats["losses/alpha_loss"] = alpha_loss.item()
         if self.iteration % config.target_network_frequency == 0:
-            _soft_update(self.critic_target, self.critic, config.tau)
+            soft_update(self.critic_target, self.critic, config.tau)
 
         stats.update({
             "losses/qf1_loss": q1_loss.item(),
@@ -199,12 +198,3 @@ class SACAlgorithm(Algorithm):
         if "generator" in state:
             self.generator.set_state(state["generator"].cpu())
         self.iteration = int(state["iteration"])
-
-
-@torch.no_grad()
-def _soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging ``target <- (1 - tau) target + tau online``; buffers are copied."""
-    for target_param, param in zip(target.parameters(), online.parameters()):
-        target_param.lerp_(param, tau)
-    for target_buffer, buffer in zip(target.buffers(), online.buffers()):
-        target_buffer.copy_(buffer)
