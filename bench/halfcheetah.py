@@ -1,20 +1,28 @@
-"""Wall-clock learning race on PPO HalfCheetah-v5: ``python bench/halfcheetah.py [--budget-s 600]
-[--agents N] [--skip-sb3] [-o key=value ...]``.
+"""Wall-clock learning race on HalfCheetah-v5, PPO or SAC: ``python bench/halfcheetah.py
+[--algo ppo|sac] [--budget-s 600] [--agents N] [--skip-sb3] [--keep DIR] [-o key=value ...]``.
 
 Both sides get the same wall-clock budget, as whole processes (start-up and imports count):
 
-- ours: ``surreal-redis launch configs/ppo_halfcheetah.yaml`` with ``stop.max_seconds`` = budget
-  (its clock starts with the learner, so the launch's start-up comes on top: ``wall_s`` says how
-  much); scores from the launch summary: the mean of the last ``--window`` training episodes (raw
-  rewards) and the last eval (deterministic, ``eval.episodes``, at most ``eval.every_s`` old);
-- stable-baselines3 PPO with rl-baselines3-zoo's MuJoCo settings (``hyperparams/ppo.yml``,
-  HalfCheetah-v4 entry, here on v5): VecNormalize of observations and rewards (gamma 0.98),
-  1 env, MlpPolicy pi/vf [256, 256] ReLU, log_std_init -2, no orthogonal init, n_steps 512,
-  batch 64, 20 epochs, lr 2.0633e-05, gamma 0.98, gae_lambda 0.92, clip 0.1, ent 0.000401762,
-  vf 0.58096, max_grad_norm 0.8; one torch thread (as our learner). It trains until the budget
-  (counted from its interpreter's start) runs out; scores: the mean of its last ``--window``
-  training episodes (Monitor, raw rewards) and ``--eval-episodes`` deterministic episodes
-  afterwards (normalization frozen; not counted in the budget).
+- ours: ``surreal-redis launch configs/<algo>_halfcheetah.yaml`` with ``stop.max_seconds`` =
+  budget (its clock starts with the learner, so the launch's start-up comes on top: ``wall_s``
+  says how much); scores from the launch summary: the mean of the last ``--window`` training
+  episodes (raw rewards) and the last eval (deterministic, ``eval.episodes``, at most
+  ``eval.every_s`` old);
+- stable-baselines3 with rl-baselines3-zoo's MuJoCo settings (HalfCheetah-v4 entries, here on
+  v5), one env, one torch thread (our learner: the config's learner.torch_threads, 1 for PPO, 2 for
+  SAC, whose agents leave the second of 2 cores idle):
+
+  - ``--algo ppo`` (``hyperparams/ppo.yml``): VecNormalize of observations and rewards (gamma
+    0.98), MlpPolicy pi/vf [256, 256] ReLU, log_std_init -2, no orthogonal init, n_steps 512,
+    batch 64, 20 epochs, lr 2.0633e-05, gamma 0.98, gae_lambda 0.92, clip 0.1, ent 0.000401762,
+    vf 0.58096, max_grad_norm 0.8;
+  - ``--algo sac`` (``hyperparams/sac.yml``): learning_starts 10000, otherwise SB3 SAC's defaults
+    (MlpPolicy [256, 256], lr 3e-4, batch 256, buffer 1e6, tau 0.005, gamma 0.99, one gradient
+    step per env step, ent_coef 'auto'); no normalization.
+
+  It trains until the budget (counted from its interpreter's start) runs out; scores: the mean
+  of its last ``--window`` training episodes (Monitor, raw rewards) and ``--eval-episodes``
+  deterministic episodes afterwards (PPO's normalization frozen; not counted in the budget).
 
 Target: ours >= SB3 on both. Training means lag the policy (its noise, and a window that reaches
 back), deterministic evals do not, so ``eval_ours_minus_sb3`` is the headline. The last line of
@@ -32,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 PROCESS_STARTED = time.monotonic()  # the SB3 run's clock starts with its interpreter
@@ -40,17 +49,25 @@ log = logging.getLogger("bench.halfcheetah")
 
 SUMMARY = re.compile(r"(?P<steps>\d+) env steps, (?P<updates>\d+) updates, mean return (?P<mean>\S+), "
                      r"last eval (?P<eval>\S+)")
+USE = re.compile(r"experience used .*")  # the summary's line on how the run used its time
 
-ZOO_HALFCHEETAH = dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
-                       clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096)
+# rl-baselines3-zoo's HalfCheetah-v4 entries (hyperparams/ppo.yml, hyperparams/sac.yml); what an entry
+# leaves out takes SB3's defaults; both train for n_timesteps 1e6, which the budget cuts short
+ZOO_HALFCHEETAH = {
+    "ppo": dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+                clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096),
+    "sac": dict(learning_starts=10_000),
+}
+N_TIMESTEPS = 1_000_000
+CONFIGS = {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml"}
 
 
 def _number(text: str) -> float | None:
     return None if text.strip(",") == "-" else float(text.strip(","))
 
 
-def run_ours(budget_s: float, window: int, agents: int | None, overrides: list[str], workdir: Path) -> dict:
-    args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / "ppo_halfcheetah.yaml"),
+def run_ours(algo: str, budget_s: float, window: int, agents: int | None, overrides: list[str], workdir: Path) -> dict:
+    args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / CONFIGS[algo]),
             "-o", f"experiment.root={workdir}", "-o", f"stop.max_seconds={budget_s}", "-o", f"stop.return_window={window}"]
     if agents is not None:
         args += ["--agents", str(agents)]
@@ -64,41 +81,58 @@ def run_ours(budget_s: float, window: int, agents: int | None, overrides: list[s
         raise RuntimeError(f"launch exited {done.returncode}:\n{done.stderr[-3000:]}")
     result = {"wall_s": round(wall, 1), "env_steps": int(summary["steps"]), "updates": int(summary["updates"]),
               "train_return": _number(summary["mean"]), "eval_return": _number(summary["eval"])}
-    log.info("ours: %s", result)
+    use = USE.search(done.stderr)
+    log.info("ours: %s; %s", result, use[0] if use else "-")
     return result
 
 
-def sb3_case(budget_s: float, window: int, eval_episodes: int, started: float) -> dict:
-    """SB3 PPO with the zoo's settings until ``budget_s`` seconds after ``started``."""
-    import gymnasium as gym
-    import numpy as np
+def sb3_model(algo: str):
+    """SB3 PPO or SAC with the zoo's settings on HalfCheetah-v5, and the observation transform its
+    deterministic eval applies (PPO's VecNormalize, frozen; none for SAC)."""
     import torch
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    torch.set_num_threads(1)  # same as our learner (learner.torch_threads)
+    env = make_vec_env("HalfCheetah-v5", n_envs=1, seed=1)
+    if algo == "sac":
+        return SAC("MlpPolicy", env, seed=1, **ZOO_HALFCHEETAH["sac"]), lambda obs: obs
+    env = VecNormalize(env, gamma=ZOO_HALFCHEETAH["ppo"]["gamma"])
+    policy_kwargs = dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
+                         net_arch=dict(pi=[256, 256], vf=[256, 256]))
+    model = PPO("MlpPolicy", env, seed=1, policy_kwargs=policy_kwargs, **ZOO_HALFCHEETAH["ppo"])
+
+    def normalized(obs):
+        env.training, env.norm_reward = False, False
+        return env.normalize_obs(obs)
+
+    return model, normalized
+
+
+def sb3_case(algo: str, budget_s: float, window: int, eval_episodes: int, started: float) -> dict:
+    """SB3 ``algo`` with the zoo's settings until ``budget_s`` seconds after ``started``."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    torch.set_num_threads(1)  # one process, one thread (ours: learner.torch_threads)
 
     class Budget(BaseCallback):
         def _on_step(self) -> bool:
             return time.monotonic() - started < budget_s
 
-    env = VecNormalize(make_vec_env("HalfCheetah-v5", n_envs=1, seed=1), gamma=ZOO_HALFCHEETAH["gamma"])
-    policy_kwargs = dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
-                         net_arch=dict(pi=[256, 256], vf=[256, 256]))
-    model = PPO("MlpPolicy", env, seed=1, policy_kwargs=policy_kwargs, **ZOO_HALFCHEETAH)
-    model.learn(total_timesteps=1_000_000, callback=Budget())  # the zoo's n_timesteps
+    model, transform = sb3_model(algo)
+    model.learn(total_timesteps=N_TIMESTEPS, callback=Budget())  # the zoo's n_timesteps
     wall = time.monotonic() - started
     episodes = [info["r"] for info in list(model.ep_info_buffer)[-window:]]
-    env.training, env.norm_reward = False, False
     eval_env = gym.make("HalfCheetah-v5")
     returns = []
     for episode in range(eval_episodes):
         obs, _ = eval_env.reset(seed=10_000 + episode)
         total, done = 0.0, False
         while not done:
-            action, _ = model.predict(env.normalize_obs(obs[None]), deterministic=True)
+            action, _ = model.predict(transform(obs[None]), deterministic=True)
             obs, reward, terminated, truncated, _ = eval_env.step(action[0])
             total, done = total + float(reward), terminated or truncated
         returns.append(total)
@@ -107,29 +141,32 @@ def sb3_case(budget_s: float, window: int, eval_episodes: int, started: float) -
             "eval_return": float(np.mean(returns)) if returns else None}
 
 
-def run_sb3(budget_s: float, window: int, eval_episodes: int) -> dict | None:
+def run_sb3(algo: str, budget_s: float, window: int, eval_episodes: int) -> dict | None:
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         log.warning("stable-baselines3 is not installed (pip install -e '.[bench]'): skipping SB3")
         return None
-    args = [sys.executable, __file__, "--sb3-case", "--budget-s", str(budget_s), "--window", str(window),
-            "--eval-episodes", str(eval_episodes)]
+    args = [sys.executable, __file__, "--sb3-case", "--algo", algo, "--budget-s", str(budget_s),
+            "--window", str(window), "--eval-episodes", str(eval_episodes)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=budget_s + 600)
     if done.returncode != 0:
         raise RuntimeError(f"SB3 run exited {done.returncode}:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    log.info("SB3 (zoo settings): %s", result)
+    log.info("SB3 %s (zoo settings): %s", algo.upper(), result)
     return result
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algo", choices=list(CONFIGS), default="ppo", help="configs/<algo>_halfcheetah.yaml "
+                        "against SB3's <algo> with the zoo's settings")
     parser.add_argument("--budget-s", type=float, default=600.0, help="wall seconds for each side")
     parser.add_argument("--agents", type=int, default=None, help="agents for ours (default: the config's)")
     parser.add_argument("--window", type=int, default=10, help="training episodes averaged on each side")
     parser.add_argument("--eval-episodes", type=int, default=5, help="deterministic episodes after SB3's budget")
     parser.add_argument("--skip-sb3", action="store_true")
+    parser.add_argument("--keep", type=Path, default=None, help="a folder for our run (logs), kept; default: a temporary one")
     parser.add_argument("-o", "--override", action="append", default=[], help="config override for our launch")
     parser.add_argument("--sb3-case", action="store_true", help=argparse.SUPPRESS)  # internal: the SB3 process
     options = parser.parse_args(argv)
@@ -141,21 +178,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--window must be >= 1, got {options.window}")
     if options.eval_episodes < 1:
         parser.error(f"--eval-episodes must be >= 1, got {options.eval_episodes}")
+    if options.keep is not None:
+        options.keep = options.keep.resolve()  # our launch runs in it: experiment.root must be absolute
+        options.keep.mkdir(parents=True, exist_ok=True)
     return options
 
 
 def main(argv: list[str] | None = None) -> dict:
     options = parse_args(argv)
     if options.sb3_case:
-        result = sb3_case(options.budget_s, options.window, options.eval_episodes, PROCESS_STARTED)
+        result = sb3_case(options.algo, options.budget_s, options.window, options.eval_episodes, PROCESS_STARTED)
         print(json.dumps(result))
         return result
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    result: dict[str, object] = {"cores": os.cpu_count(), "budget_s": options.budget_s}
-    with tempfile.TemporaryDirectory(prefix="surreal-halfcheetah-") as tmp:
-        result["ours"] = run_ours(options.budget_s, options.window, options.agents, options.override, Path(tmp))
+    result: dict[str, object] = {"algo": options.algo, "cores": os.cpu_count(), "budget_s": options.budget_s}
+    with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-halfcheetah-")) as tmp:
+        result["ours"] = run_ours(options.algo, options.budget_s, options.window, options.agents, options.override, Path(tmp))
     if not options.skip_sb3:
-        result["sb3_zoo"] = run_sb3(options.budget_s, options.window, options.eval_episodes)
+        result["sb3_zoo"] = run_sb3(options.algo, options.budget_s, options.window, options.eval_episodes)
     ours, theirs = result.get("ours"), result.get("sb3_zoo")
     if isinstance(ours, dict) and isinstance(theirs, dict):
         # returns can be negative early on: differences, not ratios

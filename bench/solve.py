@@ -2,7 +2,7 @@
 stable-baselines3, with rl-baselines3-zoo's tuned settings and with its defaults, on the same
 machine, in the same run.
 
-    python bench/solve.py [--budget-s 900] [--only ppo|ddpg] [--skip-sb3]
+    python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--skip-sb3] [--keep DIR]
 
 - PPO CartPole-v1 (2 and 4 agents): wall seconds from ``launch`` until the learner stops because
   the mean of the last 100 training-episode returns reached 475; SB3 PPO: until its
@@ -10,10 +10,19 @@ machine, in the same run.
 - DDPG Pendulum-v1: ours stops when a complete eval (20 deterministic episodes) averages >= -200;
   SB3 DDPG (no action noise by default, so its training episodes are deterministic too): when
   the mean of its last 20 training episodes is >= -200.
+- SAC Pendulum-v1 (``configs/sac_pendulum.yaml``, 2 agents): ours stops as DDPG's does, on a
+  complete deterministic eval >= -200; SB3 SAC when the mean of its last 20 training episodes is
+  >= -200. SAC's training episodes sample from the policy, so they score below its deterministic
+  mean action, and the window reaches 20 episodes (4000 steps) back: a policy that would already
+  pass our eval keeps SB3 running, which favours ours. What favours SB3: its check is free and
+  comes with every episode's end, ours waits for the next complete eval (``eval.every_s``, 20
+  episodes in the eval process). The log gives SB3's deterministic eval (20 episodes) at its stop,
+  not counted in its time, to show how far past the target its policy already was.
 
 Both wall times are whole processes, as a user waits for them: ours from ``launch`` (process
 start-up, the embedded Redis, MLflow) and SB3's from its interpreter's start (imports included). A case that misses the target within the budget reports null. The last line of output is
-one JSON object. Ours is also split, from the learner's log: ``*_startup_s`` from ``launch`` to the
+one JSON object, with ``<case>_time_ratio_vs_sb3_<zoo|defaults>`` (ours / SB3's; target <= 1).
+Ours is also split, from the learner's log: ``*_startup_s`` from ``launch`` to the
 learner's first update, ``*_shutdown_s`` from the learner's stop (target reached) to ``launch``'s exit.
 """
 
@@ -27,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -39,6 +49,7 @@ STOPPED = re.compile(r"learner stopped \((?P<reason>.*)\): (?P<updates>\d+) upda
 STAMP = r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"  # runtime.setup_logging's format
 FIRST_UPDATE = re.compile(STAMP + "first update done", re.MULTILINE)
 STOPPING = re.compile(STAMP + "surreal_redis.runtime: stopping: ", re.MULTILINE)
+USE = re.compile(r"experience used .*")  # the launch summary's line on how the run used its time
 
 
 class Phases(NamedTuple):
@@ -75,38 +86,90 @@ def run_launch(config: str, agents: int, budget_s: float, workdir: Path) -> tupl
         return None, None, split
     steps = int(match.group("steps"))
     reached = "target_return" in match.group("reason")
-    log.info("%s, %d agents: %s after %.0fs, %d env steps (start-up %s s, shutdown %s s)", config, agents,
+    use = USE.search(done.stderr)
+    log.info("%s, %d agents: %s after %.0fs, %d env steps (start-up %s s, shutdown %s s); %s", config, agents,
              "solved" if reached else f"NOT solved ({match.group('reason')})", wall, steps,
-             *(f"{value:.1f}" if value is not None else "?" for value in split))
+             *(f"{value:.1f}" if value is not None else "?" for value in split), use[0] if use else "-")
     return (wall if reached else None), steps, split
 
 
-# rl-baselines3-zoo's tuned settings (hyperparams/ppo.yml CartPole-v1, hyperparams/ddpg.yml Pendulum-v1).
+# rl-baselines3-zoo's tuned settings (hyperparams/ppo.yml CartPole-v1, hyperparams/ddpg.yml and
+# hyperparams/sac.yml Pendulum-v1; what an entry leaves out takes SB3's defaults). ``n_timesteps``
+# is the zoo's budget: PPO's linear schedules anneal over it, the off-policy runs stop at the
+# target or the wall budget instead (their learning rates are constants).
 ZOO = {
-    "ppo": dict(n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
-                learning_rate="lin_0.001", clip_range="lin_0.2"),
-    "ddpg": dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, noise_std=0.1, gradient_steps=1,
-                 train_freq=1, learning_rate=1e-3, net_arch=[400, 300]),
+    "ppo": dict(n_timesteps=100_000, n_envs=8, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate="lin_0.001", clip_range="lin_0.2"),
+    "ddpg": dict(n_timesteps=20_000, gamma=0.98, buffer_size=200_000, learning_starts=10_000, noise_std=0.1,
+                 gradient_steps=1, train_freq=1, learning_rate=1e-3, net_arch=[400, 300]),
+    "sac": dict(n_timesteps=20_000, learning_rate=1e-3),
 }
+# the env, the target and how many of the last training episodes SB3's check averages
+TASKS = {"ppo": ("CartPole-v1", 475.0, 100), "ddpg": ("Pendulum-v1", -200.0, 20), "sac": ("Pendulum-v1", -200.0, 20)}
+# ours: (JSON key, config, agents) for each launch; the first one's key names the case
+LAUNCHES = {
+    "ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2), ("ppo_cartpole_4_agents", "ppo_cartpole.yaml", 4)),
+    "ddpg": (("ddpg_pendulum", "ddpg_pendulum.yaml", 2),),
+    "sac": (("sac_pendulum", "sac_pendulum.yaml", 2),),
+}
+UNTIL_STOPPED = 10_000_000  # total_timesteps where the target or the budget ends the run
 
 
 def _linear(start: float):
     return lambda progress_remaining: progress_remaining * start
 
 
-def sb3_case(algo: str, settings: str, budget_s: float, started: float) -> dict:
-    """One SB3 run in this process; seconds are counted from ``started`` (the process start, so
-    imports count as they do for ``launch``)."""
+def sb3_model(algo: str, settings: str):
+    """The SB3 model for ``algo`` with the zoo's ``settings`` or SB3's ``defaults``, and the
+    ``total_timesteps`` its ``learn`` gets."""
     import gymnasium as gym
     import numpy as np
-    import torch
-    from stable_baselines3 import DDPG, PPO
-    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3 import DDPG, PPO, SAC
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.noise import NormalActionNoise
 
+    env_id = TASKS[algo][0]
+    if settings == "defaults":
+        return {"ppo": PPO, "ddpg": DDPG, "sac": SAC}[algo]("MlpPolicy", gym.make(env_id), seed=1), UNTIL_STOPPED
+    z = dict(ZOO[algo])
+    n_timesteps = z.pop("n_timesteps")
+    if algo == "ppo":
+        env = make_vec_env(env_id, n_envs=z.pop("n_envs"), seed=1)
+        z["learning_rate"], z["clip_range"] = _linear(1e-3), _linear(0.2)
+        return PPO("MlpPolicy", env, seed=1, **z), n_timesteps
+    if algo == "ddpg":
+        noise = NormalActionNoise(np.zeros(1), z.pop("noise_std") * np.ones(1))
+        return DDPG("MlpPolicy", gym.make(env_id), seed=1, action_noise=noise,
+                    policy_kwargs={"net_arch": z.pop("net_arch")}, **z), UNTIL_STOPPED
+    return SAC("MlpPolicy", gym.make(env_id), seed=1, **z), UNTIL_STOPPED
+
+
+def deterministic_eval(model, env_id: str, episodes: int) -> float:
+    """Mean return of ``episodes`` deterministic episodes from seeded random starts."""
+    import gymnasium as gym
+
+    env, returns = gym.make(env_id), []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=10_000 + episode)
+        total, done = 0.0, False
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    return sum(returns) / len(returns)
+
+
+def sb3_case(algo: str, settings: str, budget_s: float, started: float) -> dict:
+    """One SB3 run in this process; seconds are counted from ``started`` (the process start, so
+    imports count as they do for ``launch``). Off-policy runs also report a deterministic eval of
+    as many episodes as the window at their stop, and its seconds, which ``run_sb3`` takes off."""
+    import numpy as np
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
     torch.set_num_threads(1)  # same as our learner (learner.torch_threads)
-    target, window, env_id = (475.0, 100, "CartPole-v1") if algo == "ppo" else (-200.0, 20, "Pendulum-v1")
+    env_id, target, window = TASKS[algo]
 
     class StopAtTarget(BaseCallback):
         solved_at: float | None = None
@@ -118,25 +181,15 @@ def sb3_case(algo: str, settings: str, budget_s: float, started: float) -> dict:
                 return False
             return time.monotonic() - started < budget_s
 
-    if algo == "ppo" and settings == "zoo":
-        z = dict(ZOO["ppo"])
-        env = make_vec_env(env_id, n_envs=z.pop("n_envs"), seed=1)
-        z["learning_rate"], z["clip_range"] = _linear(1e-3), _linear(0.2)
-        model = PPO("MlpPolicy", env, seed=1, **z)
-        total = 100_000  # the zoo's budget: the linear schedules anneal over it
-    elif algo == "ppo":
-        model, total = PPO("MlpPolicy", gym.make(env_id), seed=1), 10_000_000
-    elif settings == "zoo":
-        z = dict(ZOO["ddpg"])
-        env = gym.make(env_id)
-        noise = NormalActionNoise(np.zeros(1), z.pop("noise_std") * np.ones(1))
-        model = DDPG("MlpPolicy", env, seed=1, action_noise=noise, policy_kwargs={"net_arch": z.pop("net_arch")}, **z)
-        total = 10_000_000
-    else:
-        model, total = DDPG("MlpPolicy", gym.make(env_id), seed=1), 10_000_000
+    model, total = sb3_model(algo, settings)
     callback = StopAtTarget()
     model.learn(total_timesteps=total, callback=callback)
-    return {"seconds": callback.solved_at, "steps": model.num_timesteps}
+    result = {"seconds": callback.solved_at, "steps": model.num_timesteps}
+    if algo != "ppo":
+        evaluating = time.monotonic()
+        result["eval_at_stop"] = deterministic_eval(model, env_id, window)
+        result["eval_s"] = time.monotonic() - evaluating  # taken off the whole process's time
+    return result
 
 
 def run_sb3(algo: str, settings: str, budget_s: float) -> tuple[float | None, int | None]:
@@ -149,55 +202,67 @@ def run_sb3(algo: str, settings: str, budget_s: float) -> tuple[float | None, in
     args = [sys.executable, __file__, "--sb3-case", f"{algo}:{settings}", "--budget-s", str(budget_s)]
     started = time.monotonic()
     done = subprocess.run(args, capture_output=True, text=True, timeout=budget_s + 300)
-    wall = time.monotonic() - started
     if done.returncode != 0:
         log.error("SB3 %s (%s) failed:\n%s", algo, settings, done.stderr[-3000:])
         return None, None
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    wall = time.monotonic() - started - result.get("eval_s", 0.0)
     solved = result["seconds"] is not None
-    log.info("SB3 %s (%s settings): %s, %d steps", algo.upper(), settings,
-             f"solved, {wall:.0f}s whole process" if solved else "NOT solved", result["steps"])
+    evaluated = f", deterministic eval at the stop {result['eval_at_stop']:.1f}" if "eval_at_stop" in result else ""
+    log.info("SB3 %s (%s settings): %s, %d steps%s", algo.upper(), settings,
+             f"solved, {wall:.0f}s whole process" if solved else "NOT solved", result["steps"], evaluated)
     return (wall if solved else None), result["steps"]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=900.0, help="per case")
-    parser.add_argument("--only", choices=["ppo", "ddpg"], default=None)
+    parser.add_argument("--only", choices=list(LAUNCHES), default=None)
     parser.add_argument("--skip-sb3", action="store_true")
+    parser.add_argument("--keep", type=Path, default=None, help="a folder for our runs (logs), kept; default: a temporary one")
     parser.add_argument("--sb3-case", default=None, help=argparse.SUPPRESS)  # internal: one SB3 run
-    options = parser.parse_args()
-    if options.sb3_case:
-        algo, settings = options.sb3_case.split(":")
-        print(json.dumps(sb3_case(algo, settings, options.budget_s, PROCESS_STARTED)))
-        return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    result: dict[str, float | int | None] = {}
-    with tempfile.TemporaryDirectory(prefix="surreal-solve-") as tmp:
-        workdir = Path(tmp)
-        if options.only in (None, "ppo"):
-            for case, agents in (("ppo_cartpole", 2), ("ppo_cartpole_4_agents", 4)):
-                result[f"{case}_s"], result[f"{case}_steps"], split = run_launch(
-                    "ppo_cartpole.yaml", agents, options.budget_s, workdir)
-                result[f"{case}_startup_s"], result[f"{case}_shutdown_s"] = split
-            if not options.skip_sb3:
-                for settings in ("zoo", "defaults"):
-                    result[f"sb3_{settings}_ppo_cartpole_s"], result[f"sb3_{settings}_ppo_cartpole_steps"] = run_sb3(
-                        "ppo", settings, options.budget_s)
-        if options.only in (None, "ddpg"):
-            result["ddpg_pendulum_s"], result["ddpg_pendulum_steps"], split = run_launch(
-                "ddpg_pendulum.yaml", 2, options.budget_s, workdir)
-            result["ddpg_pendulum_startup_s"], result["ddpg_pendulum_shutdown_s"] = split
-            if not options.skip_sb3:
-                for settings in ("zoo", "defaults"):
-                    result[f"sb3_{settings}_ddpg_pendulum_s"], result[f"sb3_{settings}_ddpg_pendulum_steps"] = run_sb3(
-                        "ddpg", settings, options.budget_s)
-    for case in ("ppo_cartpole", "ddpg_pendulum"):
+    options = parser.parse_args(argv)
+    if options.budget_s <= 0:
+        parser.error(f"--budget-s must be > 0, got {options.budget_s}")
+    if options.keep is not None:
+        options.keep = options.keep.resolve()  # our launches run in it: experiment.root must be absolute
+        options.keep.mkdir(parents=True, exist_ok=True)
+    return options
+
+
+def add_ratios(result: dict) -> None:
+    """``<case>_time_ratio_vs_sb3_<settings>``: ours / SB3's wall seconds, where both solved."""
+    for launches in LAUNCHES.values():
+        case = launches[0][0]
         for settings in ("zoo", "defaults"):
             ours, theirs = result.get(f"{case}_s"), result.get(f"sb3_{settings}_{case}_s")
             if ours and theirs:
                 result[f"{case}_time_ratio_vs_sb3_{settings}"] = ours / theirs
+
+
+def main(argv: list[str] | None = None) -> dict:
+    options = parse_args(argv)
+    if options.sb3_case:
+        algo, settings = options.sb3_case.split(":")
+        print(json.dumps(sb3_case(algo, settings, options.budget_s, PROCESS_STARTED)))
+        return {}
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    result: dict[str, float | int | None] = {}
+    with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-solve-")) as tmp:
+        for algo, launches in LAUNCHES.items():
+            if options.only not in (None, algo):
+                continue
+            for key, config, agents in launches:
+                result[f"{key}_s"], result[f"{key}_steps"], split = run_launch(config, agents, options.budget_s, Path(tmp))
+                result[f"{key}_startup_s"], result[f"{key}_shutdown_s"] = split
+            if not options.skip_sb3:
+                case = launches[0][0]
+                for settings in ("zoo", "defaults"):
+                    result[f"sb3_{settings}_{case}_s"], result[f"sb3_{settings}_{case}_steps"] = run_sb3(
+                        algo, settings, options.budget_s)
+    add_ratios(result)
     print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the /proc readers they measure with, and a tiny plain loop (seconds; no launches
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,57 @@ def test_other_benches_refuse_bad_arguments_by_name(bench, capsys, module, argv,
 def test_halfcheetah_defaults_are_the_issue_budget(bench):
     options = bench["halfcheetah"].parse_args([])
     assert options.budget_s == 600.0 and options.agents is None and not options.skip_sb3
+    assert options.algo == "ppo"  # as before --algo came
+
+
+def test_halfcheetah_algo_picks_our_config_and_refuses_others(bench, capsys):
+    halfcheetah = bench["halfcheetah"]
+    assert halfcheetah.parse_args(["--algo", "sac"]).algo == "sac"
+    assert halfcheetah.CONFIGS == {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml"}
+    assert all((BENCH.parent / "configs" / config).is_file() for config in halfcheetah.CONFIGS.values())
+    with pytest.raises(SystemExit):
+        halfcheetah.parse_args(["--algo", "ddpg"])
+    assert "invalid choice: 'ddpg'" in capsys.readouterr().err
+
+
+def test_halfcheetah_sb3_settings_are_the_zoos(bench):
+    """rl-baselines3-zoo HalfCheetah-v4 entries: hyperparams/sac.yml n_timesteps 1e6, MlpPolicy,
+    learning_starts 10000 (SB3 SAC's defaults otherwise); hyperparams/ppo.yml as before."""
+    zoo = bench["halfcheetah"].ZOO_HALFCHEETAH
+    assert zoo["sac"] == {"learning_starts": 10_000} and bench["halfcheetah"].N_TIMESTEPS == 1_000_000
+    assert zoo["ppo"] == dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+                              clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096)
+
+
+def test_halfcheetah_sb3_sac_model_is_sb3s_defaults_but_learning_starts(bench):
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("mujoco")
+    model, transform = bench["halfcheetah"].sb3_model("sac")
+    assert type(model).__name__ == "SAC" and transform("obs") == "obs"  # no normalization
+    assert (model.learning_starts, model.learning_rate, model.batch_size, model.buffer_size) == (10_000, 3e-4, 256, 1_000_000)
+    assert (model.gamma, model.tau, model.ent_coef, model.gradient_steps) == (0.99, 0.005, "auto", 1)
+    assert model.policy.net_arch == [256, 256] and model.env.num_envs == 1
+
+
+def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_scores(bench, monkeypatch, capsys):
+    halfcheetah, calls = bench["halfcheetah"], []
+
+    def fake_ours(algo, budget_s, window, agents, overrides, workdir):
+        calls.append(("ours", algo, budget_s))
+        return {"wall_s": 610.0, "env_steps": 50_000, "updates": 45_000, "train_return": 2500.0, "eval_return": 3000.0}
+
+    def fake_sb3(algo, budget_s, window, eval_episodes):
+        calls.append(("sb3", algo, budget_s))
+        return {"wall_s": 600.0, "env_steps": 40_000, "train_return": 2000.0, "eval_return": 3100.0}
+
+    monkeypatch.setattr(halfcheetah, "run_ours", fake_ours)
+    monkeypatch.setattr(halfcheetah, "run_sb3", fake_sb3)
+    result = halfcheetah.main(["--algo", "sac", "--budget-s", "600"])
+    assert calls == [("ours", "sac", 600.0), ("sb3", "sac", 600.0)]
+    assert {key: result[key] for key in ("algo", "budget_s", "eval_ours_minus_sb3", "train_ours_minus_sb3")} == {
+        "algo": "sac", "budget_s": 600.0, "eval_ours_minus_sb3": -100.0, "train_ours_minus_sb3": 500.0}
+    assert set(result) == {"algo", "cores", "budget_s", "ours", "sb3_zoo", "eval_ours_minus_sb3", "train_ours_minus_sb3"}
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
 
 
 def test_halfcheetah_reads_the_launch_summary(bench):

@@ -5,6 +5,7 @@ runtime.setup_logging writes."""
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import sys
 from datetime import datetime
@@ -44,3 +45,67 @@ def test_phases_from_the_learner_log(solve):
     assert split.startup_s == pytest.approx(6.25)
     assert split.shutdown_s == pytest.approx(1.25)
     assert solve.phases("no stamps", 0.0, 1.0) == (None, None)
+
+
+def test_only_names_each_case_and_sac_is_in_the_default_set(solve, capsys):
+    assert solve.parse_args(["--only", "sac"]).only == "sac"
+    assert solve.parse_args([]).only is None and set(solve.LAUNCHES) == {"ppo", "ddpg", "sac"}
+    assert solve.LAUNCHES["sac"] == (("sac_pendulum", "sac_pendulum.yaml", 2),)
+    with pytest.raises(SystemExit):
+        solve.parse_args(["--only", "td3"])
+    with pytest.raises(SystemExit):
+        solve.parse_args(["--budget-s", "0"])
+    assert "--budget-s must be > 0, got 0.0" in capsys.readouterr().err
+
+
+def test_sb3_settings_are_the_zoos(solve):
+    """rl-baselines3-zoo hyperparams/sac.yml Pendulum-v1: n_timesteps 20000, MlpPolicy, learning_rate
+    1e-3, nothing else (SB3's defaults); the stop is SB3's last 20 training episodes >= -200."""
+    assert solve.ZOO["sac"] == {"n_timesteps": 20_000, "learning_rate": 1e-3}
+    assert solve.TASKS["sac"] == ("Pendulum-v1", -200.0, 20) == solve.TASKS["ddpg"]
+
+
+def test_sb3_sac_models_take_the_zoos_learning_rate_over_sb3s_defaults(solve):
+    pytest.importorskip("stable_baselines3")
+    zoo, total = solve.sb3_model("sac", "zoo")
+    defaults, _ = solve.sb3_model("sac", "defaults")
+    assert total == solve.UNTIL_STOPPED  # a constant rate: the target or the budget ends the run
+    assert type(zoo).__name__ == type(defaults).__name__ == "SAC"
+    assert zoo.learning_rate == 1e-3 and defaults.learning_rate == 3e-4
+    for model in (zoo, defaults):
+        assert (model.learning_starts, model.batch_size, model.gamma, model.tau) == (100, 256, 0.99, 0.005)
+        assert model.ent_coef == "auto" and model.policy.net_arch == [256, 256]
+
+
+def test_our_sac_pendulum_stops_on_a_complete_eval(solve):
+    from surreal_redis.config import load_config
+
+    stop = load_config("sac_pendulum").stop
+    assert (stop.target_metric, stop.target_return) == ("eval", -200.0)
+
+
+def test_the_sac_case_writes_its_times_and_the_ratio_to_sb3(solve, monkeypatch, capsys):
+    launched, sb3 = [], []
+
+    def fake_launch(config, agents, budget_s, workdir):
+        launched.append((config, agents, budget_s))
+        return 30.0, 6000, solve.Phases(5.0, 1.0)
+
+    def fake_sb3(algo, settings, budget_s):
+        sb3.append((algo, settings))
+        return {"zoo": 60.0, "defaults": 40.0}[settings], 9000
+
+    monkeypatch.setattr(solve, "run_launch", fake_launch)
+    monkeypatch.setattr(solve, "run_sb3", fake_sb3)
+    result = solve.main(["--only", "sac", "--budget-s", "600"])
+    assert launched == [("sac_pendulum.yaml", 2, 600.0)] and sb3 == [("sac", "zoo"), ("sac", "defaults")]
+    assert result == {
+        "sac_pendulum_s": 30.0, "sac_pendulum_steps": 6000, "sac_pendulum_startup_s": 5.0,
+        "sac_pendulum_shutdown_s": 1.0, "sb3_zoo_sac_pendulum_s": 60.0, "sb3_zoo_sac_pendulum_steps": 9000,
+        "sb3_defaults_sac_pendulum_s": 40.0, "sb3_defaults_sac_pendulum_steps": 9000,
+        "sac_pendulum_time_ratio_vs_sb3_zoo": 0.5, "sac_pendulum_time_ratio_vs_sb3_defaults": 0.75,
+    }
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    launched.clear()
+    assert "sac_pendulum_s" in solve.main(["--skip-sb3"]) and [c for c, _, _ in launched] == [
+        "ppo_cartpole.yaml", "ppo_cartpole.yaml", "ddpg_pendulum.yaml", "sac_pendulum.yaml"]
