@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
 SUMMARY = re.compile(r"experience used (?P<used>[\d.]+)% \(\+(?P<unused>\d+) steps unused at the stop\), policy lag "
-                     r"p90 (?P<lag>\d+), learner busy (?P<busy>\d+)%, agents idle (?P<idle>\d+)% \[(?P<sync>\w+)\]")
+                     r"p90 (?P<lag>\d+) \((?P<shares>[^)]*)\), learner busy (?P<busy>\d+)%, agents idle (?P<idle>\d+)% \[(?P<sync>\w+)\]")
 
 
 def final_metrics(experiment: Path) -> dict[str, float]:
@@ -39,6 +39,7 @@ def launch_smoke(tmp_path: Path, sync: str) -> tuple[re.Match, dict[str, float]]
 def test_a_lockstep_launch_uses_nearly_every_step_and_drops_none_as_stale(tmp_path):
     summary, metrics = launch_smoke(tmp_path, "lockstep")
     assert float(summary["used"]) >= 95.0 and int(summary["lag"]) == 0
+    assert summary["shares"].startswith("0:"), summary["shares"]  # the lag histogram: nearly all at 0
     assert 0 < int(summary["busy"]) <= 100 and 0 < int(summary["idle"]) <= 100
     assert metrics["hub/experience_used_fraction"] >= 0.95
     assert metrics["system/replay_dropped_stale_steps"] == 0 and metrics["hub/experience_wasted_steps_total"] == 0
