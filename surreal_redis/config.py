@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from surreal_redis.algos.registry import UnknownAlgorithm, algorithm, algorithm_names, load_plugins
 from surreal_redis.algos.spec import AlgorithmSpec
 from surreal_redis.checkpoint import CheckpointConfig
@@ -25,6 +23,7 @@ from surreal_redis.configtools import (
     ConfigError,
     apply_overrides,
     build_dataclass,
+    dump_yaml,
     from_dict,
     load_yaml,
     to_dict,
@@ -307,7 +306,7 @@ class ExperimentConfig:
         return from_dict(ExperimentConfig, apply_overrides(to_dict(self), overrides))
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(to_dict(self), sort_keys=False)
+        return dump_yaml(to_dict(self), sort_keys=False)
 
     # configtools hooks: the algorithm's section lives under its own name, not under algo_config
     @classmethod

@@ -3,11 +3,18 @@
 Every component defines its own frozen dataclass of settings; :func:`from_dict` builds one from a
 mapping, rejecting unknown keys and wrong types with an error that names the dotted key, and
 :func:`apply_overrides` applies ``a.b=c`` command-line overrides (values parsed as YAML).
+
+YAML is read with :class:`ConfigLoader` and written with :class:`ConfigDumper`: YAML 1.1 (PyYAML)
+reads ``1e-3``, ``1E9`` and ``1.0e3`` as strings (its floats need a dot and a signed exponent);
+these read them as the numbers a user wrote (YAML 1.2's floats), in files and overrides alike,
+and quote strings that would now read as numbers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -20,6 +27,34 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config value or key is invalid; the message names the dotted key."""
+
+
+# YAML 1.2 floats that YAML 1.1 leaves as strings: a dot or an exponent (an unsigned one too).
+# Checked after PyYAML's own resolvers, so ints, YAML 1.1 floats and .inf/.nan keep their meaning.
+_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$")
+_FLOAT_FIRST = list("-+0123456789.")
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that reads ``1e-3``, ``1E9``, ``-.5`` and ``1.0e3`` as floats."""
+
+
+class ConfigDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes strings :class:`ConfigLoader` would read as floats."""
+
+
+for _yaml_class in (ConfigLoader, ConfigDumper):
+    _yaml_class.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, _FLOAT_FIRST)
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` read as YAML with :class:`ConfigLoader`."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    """``data`` as YAML that :func:`parse_yaml` reads back unchanged."""
+    return yaml.dump(data, Dumper=ConfigDumper, **options)
 
 
 def _type_name(tp: Any) -> str:
@@ -117,8 +152,10 @@ def build_dataclass(cls: type[T], data: Mapping[str, Any] | None, where: str = "
     unknown = sorted(set(data) - set(fields))
     if unknown:
         name = f"{where}.{unknown[0]}" if where else unknown[0]
+        close = difflib.get_close_matches(unknown[0], fields, n=1)
+        hint = f": did you mean {close[0]!r}?" if close else ""
         raise ConfigError(
-            f"unknown config key {name!r} (known keys{' of ' + where if where else ''}: "
+            f"unknown config key {name!r}{hint} (known keys{' of ' + where if where else ''}: "
             f"{', '.join(sorted(fields))})"
         )
     kwargs = {}
@@ -159,7 +196,8 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Return a deep copy of ``data`` with each ``"a.b.c=value"`` applied (value parsed as YAML)."""
+    """Return a deep copy of ``data`` with each ``"a.b.c=value"`` applied (value parsed as YAML,
+    by :func:`parse_yaml`)."""
     result = _deep_copy(data)
     for item in overrides:
         if "=" not in item:
@@ -169,7 +207,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
         if not all(parts):
             raise ConfigError(f"override {item!r} has an empty key")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = parse_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from exc
         node = result
@@ -192,7 +230,7 @@ def load_yaml(path: str) -> dict[str, Any]:
     """Read a YAML mapping from ``path``; errors name the file."""
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = parse_yaml(fh.read())
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except yaml.YAMLError as exc:
