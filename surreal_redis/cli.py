@@ -378,6 +378,24 @@ def rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...
                            "mean": round(sum(result.returns) / len(result.returns), 3)}))
 
 
+@main.command()
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True,
+                type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("curves_overlay.png"),
+              show_default=True, help="The PNG to write.")
+@click.option("--x", "x_axis", type=click.Choice(["steps", "time"]), default=None,
+              help="One x axis: env steps or the learner's wall seconds (default: both, side by side).")
+def plot(run_dirs: tuple[Path, ...], out: Path, x_axis: str | None) -> None:
+    """Overlay the train and eval return curves of runs (seeds, configs) from their folders' MLflow stores."""
+    from surreal_redis.plots import AXES, PlotError, plot_runs
+
+    try:
+        path = plot_runs(run_dirs, out, (x_axis,) if x_axis else tuple(AXES))
+    except PlotError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(str(path))
+
+
 @main.group()
 def bench() -> None:
     """Benchmarks (each prints a JSON object as its last line)."""

@@ -40,6 +40,7 @@ from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.learner_metrics import use_summary
+from surreal_redis.plots import CURVES_FILE
 from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag
 
 log = logging.getLogger(__name__)
@@ -479,6 +480,8 @@ class Launcher:
         lines.append(f"  logs: {self.dir / 'logs'}")
         if self.config.tracking.enabled:
             lines.append(f"  MLflow: mlflow ui --backend-store-uri sqlite:///{self.dir / 'mlflow.db'}")
+            curves = self.dir / CURVES_FILE
+            lines.append(f"  curves: {curves}" if curves.exists() else "  curves: none drawn (no return logged)")
         self.progress("\n".join(lines))
 
     def _stop_server(self) -> None:

@@ -54,6 +54,7 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
 from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
 from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
+from surreal_redis.plots import CURVES_FILE
 from surreal_redis.replay.feeds import Feed
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess
@@ -114,7 +115,8 @@ class Learner:
         self.publisher = ParameterPublisher(client, cfg.run, cfg.hub.publisher)
         self.receiver = ExperienceReceiver(client, cfg.hub.receiver, cfg.run, cfg.redis.num_shards,
                                            settings=cfg.redis.settings())
-        self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards, cfg.hub.receiver)
+        self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards, cfg.hub.receiver,
+                                  dead_letters=self.receiver.count_dead_letters)
         self.quota = ProductionQuota(client, cfg.run) if cfg.lockstep and self.feed.steps_needed() is not None else None
         self.overlap = cfg.learner.on_policy_sync == "overlap"
         self.control = RunControl(client, cfg.run)
@@ -310,6 +312,8 @@ class Learner:
                 self.tracker.open()
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
+            if self.tracker is not None:  # drawn by the tracker from its store, off this thread
+                self.tracker.draw_curves(self.config.experiment_dir / CURVES_FILE)
         version = self.param_version
         if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
             self._publish()
@@ -519,6 +523,7 @@ class Learner:
         if self.tracker is not None:
             for path in self._checkpoints_to_keep():
                 self.tracker.log_artifact(path, "checkpoints")
+            self.tracker.draw_curves(self.config.experiment_dir / CURVES_FILE)  # with the final metrics
             self.tracker.finish("KILLED" if status == "FINISHED" and self.stop.reason.startswith("signal") else status)
         log.info("learner stopped (%s): %d updates, %d env steps, %.0fs, pid %d", self.stop.reason or status,
                  self.algo.iteration, self.env_steps, self.elapsed(), os.getpid())

@@ -64,6 +64,7 @@ class Tracker:
             id_file.write_text(run_id)
         self.run_id = run_id
         self.experiment_id = experiment_id
+        self._curves: Any = None  # a plots.CurvesFile, made at the first draw_curves
 
     def _continue(self, run_id: str) -> bool:
         """Mark ``run_id`` running again; False (logged) when the store does not have it."""
@@ -98,6 +99,15 @@ class Tracker:
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def draw_curves(self, path: Path) -> None:
+        """Redraw the run's return curves from this store into ``path`` (:mod:`surreal_redis.plots`);
+        a failure is logged, never raised."""
+        from surreal_redis.plots import CurvesFile
+
+        if self._curves is None:
+            self._curves = CurvesFile(self.client, self.run_id, self.client.get_run(self.run_id).info.run_name)
+        self._curves.redraw(Path(path))
 
     def finish(self, status: str = "FINISHED") -> None:
         """Mark the run FINISHED, FAILED or KILLED."""
@@ -160,6 +170,9 @@ class TrackerProcess:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._call("log_artifact", str(path), artifact_path)
 
+    def draw_curves(self, path: Path) -> None:
+        self._call("draw_curves", str(path))
+
     def finish(self, status: str = "FINISHED") -> None:
         """Mark the run, then close the child's stdin and wait for it to exit."""
         self._call("finish", status)
@@ -169,7 +182,7 @@ class TrackerProcess:
             raise TrackingError(f"the MLflow tracking process exited with code {self.process.returncode}")
 
 
-SERVED = ("log_params", "log_metrics", "log_artifact", "finish")
+SERVED = ("log_params", "log_metrics", "log_artifact", "draw_curves", "finish")
 
 
 def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
@@ -258,6 +271,9 @@ class BackgroundTracker:
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._submit(lambda tracker: tracker.log_artifact(path, artifact_path))
+
+    def draw_curves(self, path: Path) -> None:
+        self._submit(lambda tracker: tracker.draw_curves(path))
 
     def finish(self, status: str = "FINISHED") -> None:
         """Mark the run FINISHED, FAILED or KILLED once everything before is written; blocks until

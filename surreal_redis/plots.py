@@ -1,0 +1,250 @@
+"""Pictures of learning: return curves read from a run's MLflow store, and the bench figures.
+
+Two steps, each testable on its own:
+
+1. read: :func:`read_curves` turns a run's metric history (``charts/episode_return_mean``, the
+   training return; ``charts/eval_return``, the last complete eval; each paired with
+   ``charts/env_steps`` and ``system/elapsed_s`` of the same flush) into :class:`Series`;
+2. draw: :func:`draw_curves` and :func:`draw_bars` return a matplotlib ``Figure`` (Agg, no
+   pyplot state), :func:`save_figure` writes it as a PNG.
+
+``<run>/curves.png`` is redrawn at each checkpoint by the process that writes the run's MLflow
+store (:meth:`surreal_redis.tracking.Tracker.draw_curves`), from that store: the history
+survives a learner restarted from a checkpoint, and none of it is held in the learner. matplotlib
+is imported inside the drawing functions only, so processes that never draw do not load it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+
+CURVES_FILE = "curves.png"
+"""The figure in each run folder."""
+TRAIN_RETURN = "charts/episode_return_mean"
+EVAL_RETURN = "charts/eval_return"
+ENV_STEPS = "charts/env_steps"
+ELAPSED_S = "system/elapsed_s"
+TARGET_PARAM = "stop.target_return"
+AXES = {"steps": ("env_steps", "env steps"), "time": ("wall_s", "wall seconds (learner)")}
+"""x axis name -> (Series field, axis label)."""
+DPI = 100
+
+
+class PlotError(ValueError):
+    """A run folder or store without what a figure needs (the message names it)."""
+
+
+class Series(NamedTuple):
+    """One return curve: points in logging order, each with both x coordinates."""
+
+    name: str
+    """The run (a folder name, or 'SB3 zoo' in a bench)."""
+    kind: str
+    """'train' or 'eval'."""
+    env_steps: tuple[float, ...]
+    wall_s: tuple[float, ...]
+    returns: tuple[float, ...]
+
+
+class RunCurves(NamedTuple):
+    """What :func:`read_curves` found for one run."""
+
+    name: str
+    series: tuple[Series, ...]
+    """Train first, then eval; only those with points."""
+    target: float | None
+    """``stop.target_return`` of the run's config, if it had one."""
+
+
+class Bars(NamedTuple):
+    """One bar panel of a bench figure: a value (None: not measured) per label."""
+
+    title: str
+    labels: tuple[str, ...]
+    values: tuple[float | None, ...]
+
+
+# ---------------------------------------------------------------- reading
+def _finite(value: Any) -> bool:
+    return value is not None and math.isfinite(float(value))
+
+
+def series_from_history(name: str, kind: str, history: Iterable[Any], env_steps: Iterable[Any],
+                        elapsed: Iterable[Any]) -> Series:
+    """Pair each metric record of ``history`` (objects with ``value``, ``step``, ``timestamp``:
+    MLflow's ``Metric``) with the env-steps and elapsed records of the same flush, which the
+    learner logs in the same batch (same step, same timestamp). Records without both partners
+    are left out."""
+    steps_at = {(m.step, m.timestamp): float(m.value) for m in env_steps}
+    seconds_at = {(m.step, m.timestamp): float(m.value) for m in elapsed}
+    points = sorted((m.timestamp, m.step, steps_at[key], seconds_at[key], float(m.value)) for m in history
+                    if _finite(m.value) and (key := (m.step, m.timestamp)) in steps_at and key in seconds_at)
+    return Series(name, kind, tuple(p[2] for p in points), tuple(p[3] for p in points), tuple(p[4] for p in points))
+
+
+def read_curves(client: Any, run_id: str, name: str) -> RunCurves:
+    """The train and eval return series of MLflow run ``run_id`` (``client``: an ``MlflowClient``).
+    PlotError when the run has no return points yet."""
+    history = {key: client.get_metric_history(run_id, key) for key in (TRAIN_RETURN, EVAL_RETURN, ENV_STEPS, ELAPSED_S)}
+    series = tuple(s for kind, key in (("train", TRAIN_RETURN), ("eval", EVAL_RETURN))
+                   if (s := series_from_history(name, kind, history[key], history[ENV_STEPS], history[ELAPSED_S])).returns)
+    if not series:
+        raise PlotError(f"MLflow run {run_id} of {name} has no return metrics yet ({TRAIN_RETURN}, {EVAL_RETURN})")
+    target = client.get_run(run_id).data.params.get(TARGET_PARAM)
+    try:
+        target_return = float(target) if target not in (None, "None") else None
+    except ValueError:
+        target_return = None  # a config without a numeric target: no line
+    return RunCurves(name, series, target_return)
+
+
+def read_run(run_dir: Path, name: str | None = None) -> RunCurves:
+    """:func:`read_curves` of the run a launch left in ``run_dir``: its ``mlflow.db`` store and
+    the run id in ``mlflow_run_id`` (as :class:`surreal_redis.tracking.Tracker` keeps them)."""
+    run_dir = Path(run_dir)
+    store, id_file = run_dir / "mlflow.db", run_dir / "mlflow_run_id"
+    if not store.is_file():
+        raise PlotError(f"{run_dir}: no mlflow.db (not a run folder, or its run had tracking off)")
+    if not id_file.is_file():
+        raise PlotError(f"{run_dir}: no mlflow_run_id beside its mlflow.db")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store.resolve()}")
+    run_id = id_file.read_text().strip()
+    try:
+        return read_curves(client, run_id, name or run_dir.name)
+    except MlflowException as exc:
+        raise PlotError(f"{run_dir}: cannot read MLflow run {run_id!r} from mlflow.db: {exc.message}") from None
+
+
+def run_labels(run_dirs: Sequence[Path]) -> list[str]:
+    """Folder names, or the paths where two folders share a name (seeds under different roots)."""
+    names = [Path(d).name for d in run_dirs]
+    return [name if names.count(name) == 1 else str(d) for name, d in zip(names, run_dirs)]
+
+
+# ---------------------------------------------------------------- drawing
+def _figure(panels: int, width: float = 5.0, height: float = 3.6) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width * panels, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)  # Agg by construction: no display, no pyplot figure registry
+    return figure
+
+
+def draw_curves(runs: Sequence[RunCurves], axes: Sequence[str] = ("steps", "time"), title: str = "") -> Figure:
+    """Return against each x axis of ``axes`` ('steps', 'time'), a panel each: one color per run,
+    train solid, eval dashed (a step line: the last eval holds until the next one), each run's
+    target dotted. Legend labels are the kinds for one run, 'run kind' for several."""
+    unknown = [axis for axis in axes if axis not in AXES]
+    if unknown or not axes:
+        raise ValueError(f"x axis {unknown[0] if unknown else axes!r} is not one of {', '.join(AXES)}")
+    figure = _figure(len(axes))
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    for index, axis in enumerate(axes):
+        field, label = AXES[axis]
+        ax = figure.add_subplot(1, len(axes), index + 1)
+        for run, color in zip(runs, colors):
+            for series in run.series:
+                eval_line = series.kind == "eval"
+                ax.plot(getattr(series, field), series.returns, color=color, linestyle="--" if eval_line else "-",
+                        drawstyle="steps-post" if eval_line else "default", linewidth=1.5,
+                        label=series.kind if len(runs) == 1 else f"{series.name} {series.kind}")
+            if run.target is not None:
+                ax.axhline(run.target, color=color, linestyle=":", linewidth=1, label=f"target {run.target:g}")
+        ax.set_xlabel(label)
+        ax.set_ylabel("episode return")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def draw_bars(panels: Sequence[Bars], title: str = "", columns: int = 3) -> Figure:
+    """A bar panel per :class:`Bars`, ``columns`` to a row; an unmeasured value is drawn as a
+    zero-height bar marked 'n/a'."""
+    if not panels:
+        raise ValueError("draw_bars needs at least one panel")
+    columns = min(columns, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure = _figure(columns, width=4.0, height=3.2 * rows)
+    for index, panel in enumerate(panels):
+        ax = figure.add_subplot(rows, columns, index + 1)
+        heights = [0.0 if v is None else float(v) for v in panel.values]
+        bars = ax.bar(panel.labels, heights, color=[f"C{i % 10}" for i in range(len(heights))])
+        ax.bar_label(bars, labels=["n/a" if v is None else f"{v:.3g}" for v in panel.values], fontsize="small")
+        ax.set_title(panel.title, fontsize="medium")
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.grid(axis="y", alpha=0.3)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def save_figure(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` as a PNG at ``path`` atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    figure.savefig(partial, format="png", dpi=DPI)
+    os.replace(partial, path)
+    return path
+
+
+def plot_runs(run_dirs: Sequence[Path], out: Path, axes: Sequence[str] = ("steps", "time")) -> Path:
+    """``surreal-redis plot``: the runs' curves overlaid in one PNG at ``out``."""
+    runs = [read_run(Path(d), label) for d, label in zip(run_dirs, run_labels(run_dirs))]
+    return save_figure(draw_curves(runs, axes), out)
+
+
+class CurvesFile:
+    """Redraws one run's ``curves.png`` from its MLflow store (see
+    :meth:`surreal_redis.tracking.Tracker.draw_curves`). A failure is logged with a warning the
+    first time, at debug level after, and never raised: a figure must not stop a run."""
+
+    def __init__(self, client: Any, run_id: str, name: str) -> None:
+        self.client, self.run_id, self.name = client, run_id, name
+        self.failed = False
+
+    def redraw(self, path: Path) -> bool:
+        """True when ``path`` was written; False when there is nothing to draw yet or it failed."""
+        try:
+            curves = read_curves(self.client, self.run_id, self.name)
+        except PlotError as exc:
+            log.debug("no curves yet: %s", exc)
+            return False
+        except Exception as exc:  # the store's errors: logged, see the class docstring
+            return self._failed(path, exc)
+        try:
+            save_figure(draw_curves([curves], title=self.name), path)
+        except Exception as exc:  # matplotlib or disk: logged, see the class docstring
+            return self._failed(path, exc)
+        return True
+
+    def _failed(self, path: Path, exc: Exception) -> bool:
+        if not self.failed:
+            log.warning("return curves not drawn into %s (%s: %s); training goes on, later failures are logged "
+                        "at debug level", path, type(exc).__name__, exc)
+        else:
+            log.debug("return curves not drawn into %s: %r", path, exc)
+        self.failed = True
+        return False
+
+
+def result_panels(cases: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, str]) -> list[Bars]:
+    """One :class:`Bars` per metric key of ``metrics`` (key -> title), a bar per case."""
+    labels = tuple(cases)
+    return [Bars(title, labels, tuple(case.get(key) for case in cases.values())) for key, title in metrics.items()]
