@@ -145,25 +145,28 @@ def _figure(panels: int, width: float = 5.0, height: float = 3.6) -> Figure:
 
 
 def draw_curves(runs: Sequence[RunCurves], axes: Sequence[str] = ("steps", "time"), title: str = "") -> Figure:
-    """Return against each x axis of ``axes`` ('steps', 'time'), a panel each: one color per run,
-    train solid, eval dashed (a step line: the last eval holds until the next one), each run's
-    target dotted. Legend labels are the kinds for one run, 'run kind' for several."""
+    """Return against each x axis of ``axes`` ('steps', 'time'), a panel each: train solid, eval
+    dashed (a step line: the last eval holds until the next one), each run's target dotted. One
+    run: a color per kind, legend labels the kinds; several: a color per run, labels 'run kind'."""
     unknown = [axis for axis in axes if axis not in AXES]
     if unknown or not axes:
         raise ValueError(f"x axis {unknown[0] if unknown else axes!r} is not one of {', '.join(AXES)}")
     figure = _figure(len(axes))
-    colors = [f"C{i % 10}" for i in range(len(runs))]
+    single = len(runs) == 1
     for index, axis in enumerate(axes):
         field, label = AXES[axis]
         ax = figure.add_subplot(1, len(axes), index + 1)
-        for run, color in zip(runs, colors):
+        for number, run in enumerate(runs):
+            color = f"C{number % 10}"
             for series in run.series:
                 eval_line = series.kind == "eval"
-                ax.plot(getattr(series, field), series.returns, color=color, linestyle="--" if eval_line else "-",
+                ax.plot(getattr(series, field), series.returns, linestyle="--" if eval_line else "-",
+                        color=("C1" if eval_line else "C0") if single else color,
                         drawstyle="steps-post" if eval_line else "default", linewidth=1.5,
-                        label=series.kind if len(runs) == 1 else f"{series.name} {series.kind}")
+                        label=series.kind if single else f"{series.name} {series.kind}")
             if run.target is not None:
-                ax.axhline(run.target, color=color, linestyle=":", linewidth=1, label=f"target {run.target:g}")
+                ax.axhline(run.target, color="gray" if single else color, linestyle=":", linewidth=1,
+                           label=f"target {run.target:g}")
         ax.set_xlabel(label)
         ax.set_ylabel("episode return")
         ax.grid(alpha=0.3)

@@ -100,6 +100,7 @@ def test_one_run_is_labelled_by_kind_and_one_axis_can_be_chosen():
     figure = plots.draw_curves(two_runs()[:1], axes=("time",))
     (ax,) = figure.axes
     assert [line.get_label() for line in ax.get_lines()] == ["train", "eval", "target 475"]
+    assert len({line.get_color() for line in ax.get_lines()}) == 3
     assert tuple(ax.get_lines()[0].get_xdata()) == (0.5, 1.0)
     with pytest.raises(ValueError, match="x axis 'steps_per_s' is not one of steps, time"):
         plots.draw_curves(two_runs(), axes=("steps_per_s",))
