@@ -6,7 +6,8 @@
 --   sender's lowest seq whose fate it does not know yet (floor <= seq < floor + 1024), ARGV[4] m =
 --   number of chunks (1..64), ARGV[5] u = number of uploaded observations, ARGV[6..5+u] their encoded
 --   bytes (KEYS order)
--- ARGV[6+u..] m x (agent id, env index, digests csv, payload): the stream fields a, e, o, d
+-- ARGV[6+u..] m x (agent id, env index, digests csv, payload): the stream fields a, e, o, d; a
+--   chunk's digests are comma-separated, each at most once (so at most 256), each one of KEYS
 -- returns {"OK"} (queued) | {"MISSING", digest ...}; nothing is written unless "OK" (all checks run
 -- before the first write, so an OOM refusal also writes nothing).
 -- Runs as the agent, whose ACL user may only append to the inbox: it queues the batch there as one
@@ -16,6 +17,8 @@
 -- again and dropped there). Uploads are stored with SETNX, never SET: the agent user may not
 -- overwrite an observation (acl.py).
 local MAX_CHUNKS, MAX_OBS, WINDOW = 64, 256, 1024
+-- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
+local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
 local uuid, seq, floor = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local m, u = tonumber(ARGV[4]), tonumber(ARGV[5])
 if not string.match(uuid, '^%x+$') or #uuid > 64
@@ -39,9 +42,9 @@ end
 local known = {}
 local missing = {'MISSING'}
 for i = 3, #KEYS do
-  local digest = string.match(KEYS[i], ':obs:(%x+)$')
-  if not digest then
-    return redis.error_reply('insert: KEYS[' .. i .. '] is not an obs key')
+  local digest = string.match(KEYS[i], ':obs:([^:]*)$')
+  if not digest or not string.match(digest, DIGEST) then
+    return redis.error_reply('insert: KEYS[' .. i .. '] is not an obs key with a digest of 32 lower-case hex digits')
   end
   if known[digest] then
     return redis.error_reply('insert: obs key ' .. digest .. ' listed twice')
@@ -56,10 +59,20 @@ if #missing > 1 then
 end
 local referenced = {}
 for c = 1, m do
-  for digest in string.gmatch(ARGV[base + 4 * c - 1], '[^,]+') do
+  local refs = ARGV[base + 4 * c - 1]
+  if string.find(refs, ',,', 1, true) or string.sub(refs, 1, 1) == ',' or string.sub(refs, -1) == ',' then
+    return redis.error_reply('insert: chunk ' .. c .. ' has an empty digest in its list')
+  end
+  local in_chunk = {}
+  for digest in string.gmatch(refs, '[^,]+') do
     if not known[digest] then
-      return redis.error_reply('insert: chunk ' .. c .. ' references ' .. digest .. ' missing from KEYS')
+      return redis.error_reply('insert: chunk ' .. c .. ' references ' .. string.sub(digest, 1, 64) ..
+        ' missing from KEYS')
     end
+    if in_chunk[digest] then
+      return redis.error_reply('insert: chunk ' .. c .. ' references ' .. digest .. ' more than once')
+    end
+    in_chunk[digest] = true
     referenced[digest] = true
   end
 end

@@ -3,12 +3,17 @@
 -- ARGV[1] most inbox items to move (1..256), ARGV[2] how long a sender's dedup window is kept after
 --   its last batch (ms), ARGV[3] dead-letter stream MAXLEN (approximate), ARGV[4] byte budget: no
 --   item is taken once the items taken hold this many bytes (the first always is)
--- returns {items taken, entries added, duplicate items, malformed items, items left in the inbox}
+-- returns {items taken, entries added, duplicate items, malformed items, items left in the inbox,
+--   items whose storing failed (set aside with the error)}
 -- Runs as the learner: moves the oldest batches agents queued with insert.lua into the stream, in
 -- order, each batch once per (sender uuid, seq). An item that is not a well-formed batch (an agent
 -- may push anything to the inbox) goes to the dead-letter stream with its reason, so nothing an
--- agent queues can stop the move. Runs under maxmemory (OOM) too, adding about what it frees: its
--- first write is the LTRIM that takes the items, which Redis allows under OOM, and once a script
+-- agent queues can stop the move or cost another agent's batch: every item taken is parsed and
+-- checked before the first write (a chunk names at most 256 digests, each once, each of 32
+-- lower-case hex digits, keys.py's grammar), and an error while one item is stored (pcall) sets
+-- that item aside with the error and the move goes on. A learner key of the wrong type refuses
+-- the whole call before anything is written. Runs under maxmemory (OOM) too, adding about what it
+-- frees: its first write is the LTRIM that takes the items, which Redis allows under OOM, and once a script
 -- has written Redis lets it finish (it cannot stop in the middle); so a learner restarted into a
 -- Redis the agents filled can move their batches, and its janitor then trims and collects them.
 -- Dedup window (per sender, the field of KEYS[4]): "<ms>:<floor>,<seq>,<seq>,...," - when its last
@@ -19,7 +24,9 @@
 -- random fields checked per call.
 -- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest; once the
 -- inbox is empty no batch references a pin, so the pinned set is dropped.
-local MAX_ITEMS, MAX_CHUNKS, WINDOW, SLOTS = 256, 64, 1024, 1024
+local MAX_ITEMS, MAX_CHUNKS, MAX_REFS, WINDOW, SLOTS = 256, 64, 256, 1024, 1024
+-- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
+local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
 local count, ttl, dead_maxlen, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if not count or count < 1 or count > MAX_ITEMS or count % 1 ~= 0 or not ttl or ttl < 1
     or not dead_maxlen or dead_maxlen < 1 or not budget or budget < 1 then
@@ -35,11 +42,12 @@ while #items < count and bytes < budget do
   items[#items + 1] = item
   bytes = bytes + #item
 end
-if #items > 0 then
-  redis.call('LTRIM', KEYS[1], #items, -1)
+for i, expected in pairs({[2] = 'stream', [3] = 'zset', [4] = 'hash', [5] = 'set', [6] = 'stream'}) do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= expected and kind ~= 'none' then
+    return redis.error_reply('move: KEYS[' .. i .. '] holds a ' .. kind .. ', not a ' .. expected)
+  end
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 -- netstrings "<len>:<bytes>" -> list of at most `limit` strings, or nil and why
 local function split(item, limit)
@@ -84,11 +92,21 @@ local function parse(item)
   end
   local chunks = {}
   for c = 1, m do
-    local refs = {}
-    for digest in string.gmatch(f[4 * c + 3], '[^,]+') do
-      if not string.match(digest, '^%x+$') or #digest > 64 then
-        return nil, 'bad digest in chunk ' .. c
+    local refs, seen_refs, text = {}, {}, f[4 * c + 3]
+    if string.find(text, ',,', 1, true) or string.sub(text, 1, 1) == ',' or string.sub(text, -1) == ',' then
+      return nil, 'empty digest in chunk ' .. c
+    end
+    for digest in string.gmatch(text, '[^,]+') do
+      if not string.match(digest, DIGEST) then
+        return nil, 'bad digest in chunk ' .. c .. ' (not 32 lower-case hex digits)'
       end
+      if seen_refs[digest] then
+        return nil, 'chunk ' .. c .. ' references ' .. digest .. ' more than once'
+      end
+      if #refs == MAX_REFS then
+        return nil, 'chunk ' .. c .. ' references more than ' .. MAX_REFS .. ' digests'
+      end
+      seen_refs[digest] = true
       refs[#refs + 1] = digest
     end
     chunks[c] = {f[4 * c + 1], f[4 * c + 2], f[4 * c + 3], f[4 * c + 4], refs}
@@ -96,51 +114,85 @@ local function parse(item)
   return {uuid = uuid, seq = seq, floor = floor, chunks = chunks}
 end
 
-local added, duplicates, malformed = 0, 0, 0
-for _, item in ipairs(items) do
-  local batch, why = parse(item)
-  if not batch then
-    malformed = malformed + 1
-    redis.call('XADD', KEYS[6], 'MAXLEN', '~', dead_maxlen, '*', 'id', 'inbox', 'reason', 'malformed_batch',
-      'detail', why, 'f.raw', string.sub(item, 1, 1024))
-  else
-    local state = redis.call('HGET', KEYS[4], batch.uuid)
-    local known_floor, stored = 0, ','
-    if state then
-      local f, rest = string.match(state, '^%d+:(%d+)(,[%d,]*)$')
-      if f then  -- written by this script only; anything else is treated as no window
-        known_floor, stored = tonumber(f), rest
+-- Every item is parsed before the first write; a Lua error while parsing makes the item malformed.
+local batches = {}
+for i, item in ipairs(items) do
+  local ok, batch, why = pcall(parse, item)
+  if not ok then
+    batch, why = nil, 'parse error: ' .. tostring(batch)
+  end
+  batches[i] = batch or why
+end
+if #items > 0 then
+  redis.call('LTRIM', KEYS[1], #items, -1)
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+-- the stream entries of one batch, its obsref scores and its dedup window; returns entries added
+local function store(batch)
+  local state = redis.call('HGET', KEYS[4], batch.uuid)
+  local known_floor, stored = 0, ','
+  if state then
+    local f, rest = string.match(state, '^%d+:(%d+)(,[%d,]*)$')
+    if f then  -- written by this script only; anything else is treated as no window
+      known_floor, stored = tonumber(f), rest
+    end
+  end
+  if batch.seq < known_floor or string.find(stored, ',' .. string.format('%d', batch.seq) .. ',', 1, true) then
+    return nil
+  end
+  local added = 0
+  for _, chunk in ipairs(batch.chunks) do
+    local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3], 'd', chunk[4])
+    added = added + 1
+    if #chunk[5] > 0 then
+      local ms, sq = string.match(id, '^(%d+)-(%d+)$')
+      local score = string.format('%.0f', tonumber(ms) * SLOTS + math.min(tonumber(sq), SLOTS - 1))
+      local args = {}
+      for _, digest in ipairs(chunk[5]) do
+        args[#args + 1] = score
+        args[#args + 1] = digest
+      end
+      redis.call('ZADD', KEYS[3], 'GT', unpack(args))
+    end
+  end
+  if batch.floor > known_floor then
+    local kept = {''}
+    for s in string.gmatch(stored, '%d+') do
+      if tonumber(s) >= batch.floor then
+        kept[#kept + 1] = s
       end
     end
-    if batch.seq < known_floor or string.find(stored, ',' .. string.format('%d', batch.seq) .. ',', 1, true) then
+    kept[#kept + 1] = ''
+    known_floor, stored = batch.floor, table.concat(kept, ',')
+  end
+  redis.call('HSET', KEYS[4], batch.uuid, string.format('%.0f:%d', now, known_floor) .. stored ..
+    string.format('%d', batch.seq) .. ',')
+  return added
+end
+
+local function set_aside(item, reason, detail)
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', dead_maxlen, '*', 'id', 'inbox', 'reason', reason,
+    'detail', string.sub(detail, 1, 1000), 'f.raw', string.sub(item, 1, 1024))
+end
+
+local added, duplicates, malformed, failed = 0, 0, 0, 0
+for i, item in ipairs(items) do
+  local batch = batches[i]
+  if type(batch) ~= 'table' then
+    malformed = malformed + 1
+    set_aside(item, 'malformed_batch', batch)
+  else
+    local ok, result = pcall(store, batch)
+    if not ok then
+      -- redis.call raises a table {err = ...}; a Lua error is a string
+      failed = failed + 1
+      set_aside(item, 'script_error', type(result) == 'table' and tostring(result.err) or tostring(result))
+    elseif result == nil then
       duplicates = duplicates + 1
     else
-      for _, chunk in ipairs(batch.chunks) do
-        local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3], 'd', chunk[4])
-        added = added + 1
-        if #chunk[5] > 0 then
-          local ms, sq = string.match(id, '^(%d+)-(%d+)$')
-          local score = string.format('%.0f', tonumber(ms) * SLOTS + math.min(tonumber(sq), SLOTS - 1))
-          local args = {}
-          for _, digest in ipairs(chunk[5]) do
-            args[#args + 1] = score
-            args[#args + 1] = digest
-          end
-          redis.call('ZADD', KEYS[3], 'GT', unpack(args))
-        end
-      end
-      if batch.floor > known_floor then
-        local kept = {''}
-        for s in string.gmatch(stored, '%d+') do
-          if tonumber(s) >= batch.floor then
-            kept[#kept + 1] = s
-          end
-        end
-        kept[#kept + 1] = ''
-        known_floor, stored = batch.floor, table.concat(kept, ',')
-      end
-      redis.call('HSET', KEYS[4], batch.uuid, string.format('%.0f:%d', now, known_floor) .. stored ..
-        string.format('%d', batch.seq) .. ',')
+      added = added + result
     end
   end
 end
@@ -155,4 +207,4 @@ for _, sender in ipairs(type(sample) == 'table' and sample or {}) do
     redis.call('HDEL', KEYS[4], sender)
   end
 end
-return {#items, added, duplicates, malformed, left}
+return {#items, added, duplicates, malformed, left, failed}

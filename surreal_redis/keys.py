@@ -33,7 +33,12 @@ from redis.crc import key_slot
 PREFIX = "sr"
 CONSUMER_GROUP = "learner"
 _RUN_NAME = re.compile(r"[A-Za-z0-9_\-]{1,100}")
-_DIGEST = re.compile(r"[0-9a-f]{8,64}")
+# The one grammar of observation digests (codec.digest: blake2b-128 in lower-case hex). The Lua
+# scripts that read digests (insert, move, gc) carry the same pattern in their DIGEST line;
+# tests/faults/test_hostile_agents.py checks that both agree on the real server.
+DIGEST_CHARS = 32
+_DIGEST = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")
+_PUBLISHER_ID = re.compile(r"[0-9a-f]{8,64}")
 CLUSTER_SLOTS = 16384
 # (first, last) slot of shard N's target window: the middle half of cell N of a 12-point Steinhaus
 # sequence (the first n cells lie in distinct intervals [k/n, (k+1)/n) of the slot space, n <= 12;
@@ -43,6 +48,11 @@ SHARD_SLOT_WINDOWS: tuple[tuple[int, int], ...] = (
     (7633, 8006), (12008, 12195), (3754, 3982), (14116, 14263), (1877, 1991), (9411, 9508), (6004, 6097),
     (15360, 16042), (341, 1023), (10550, 10798), (4740, 4856), (13182, 13330),
 )
+
+
+def is_digest(text: str) -> bool:
+    """Whether ``text`` is an observation digest: exactly DIGEST_CHARS lower-case hex digits."""
+    return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
 
 
 def validate_run_name(run: str) -> str:
@@ -178,7 +188,7 @@ class ParamKeys:
     def staging(self, publisher_id: str) -> str:
         """Where one publisher uploads a blob before the publish script renames it to ``blob:<v>``
         (so a stale publisher can never overwrite a published blob)."""
-        if not _DIGEST.fullmatch(publisher_id):
+        if not _PUBLISHER_ID.fullmatch(publisher_id):
             raise ValueError(f"invalid publisher id {publisher_id!r} (need 8-64 lowercase hex characters)")
         return f"{self.tag}:staging:{publisher_id}"
 

@@ -9,7 +9,7 @@ import pytest
 from surreal_redis.hub.experience import payload as pl
 from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
-from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
+from surreal_redis.hub.experience.retention import HubJanitor, JanitorStats, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
 from surreal_redis.hub.experience.wire import WireError, parse_entry
 from surreal_redis.keys import RunKeys
@@ -318,7 +318,7 @@ def test_janitor_trims_by_count_counts_unread_and_collects_obs(fake_redis):
     stored = {keys.digest_of(k.decode()) for k in fake_redis.keys(keys.obs_prefix + "*")}
     assert stored == referenced and len(stored) == 3
     assert {m.decode() for m in fake_redis.zrange(keys.obsref, 0, -1)} == referenced
-    assert janitor.run_once()._replace(calls=0) == (0, 0, 0, 0, 0, 0)
+    assert janitor.run_once()._replace(calls=0) == (0,) * len(JanitorStats._fields)
 
 
 def test_janitor_age_trim_keeps_unread_and_pending(fake_redis):

@@ -12,13 +12,20 @@ from surreal_redis.scripts import Scripts
 
 class Moved(NamedTuple):
     """What one ``move.lua`` call did: inbox items taken, stream entries added, items dropped as
-    copies of a stored batch, malformed items set aside, items left in the inbox."""
+    copies of a stored batch, malformed items set aside, items left in the inbox, items set aside
+    because storing them failed (the error is their dead letter's detail)."""
 
     taken: int
     added: int
     duplicates: int
     malformed: int
     left: int
+    failed: int
+
+    @property
+    def set_aside(self) -> dict[str, int]:
+        """Dead letters this call wrote, by reason (for the receiver's counts)."""
+        return {reason: n for reason, n in (("malformed_batch", self.malformed), ("script_error", self.failed)) if n}
 
 
 MOVE_BYTES = 4 << 20  # a move.lua call takes no more items once it holds this many bytes
@@ -34,7 +41,8 @@ def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = MOVE_ITEMS, s
     stopping early once ``MOVE_BYTES`` are taken (needs the learner's rights); malformed items go to the shard's dead-letter stream (approximate
     cap ``dead_maxlen``); a sender's dedup window is kept ``seen_ttl_s`` after its last batch. One
     round trip; it runs in a full Redis too (it frees about what it adds). Connection errors
-    propagate (the call may have run: a later one moves the rest, and drops nothing twice)."""
+    propagate (the call may have run: a later one moves the rest, and drops nothing twice); a
+    refusal (ScriptError: bad arguments, or a learner key of the wrong type) has written nothing."""
     reply = scripts.call("move", [keys.inbox, keys.exp, keys.obsref, keys.seen, keys.pinned, keys.dead],
                          [max_items, seen_ttl_s * 1000, dead_maxlen, MOVE_BYTES])
     return Moved(*(int(value) for value in reply))

@@ -44,7 +44,7 @@ from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
 from surreal_redis.hub.experience.inbox import DEAD_MAXLEN, MOVE_ITEMS, SEEN_TTL_S, move_inbox
 from surreal_redis.hub.experience.wire import parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
-from surreal_redis.scripts import Scripts
+from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,8 @@ class ReceiverStats(NamedTuple):
     :meth:`~ExperienceReceiver.read_retained`; ``cached_bytes`` (a gauge): decoded observations
     in the cache now; ``moved``/``duplicates``: agents' batches moved from the inbox into the
     stream / dropped there as copies of a stored one (resent after a lost reply); malformed inbox
-    items are set aside (``dead``, reason ``malformed_batch``)."""
+    items are set aside (``dead``, reason ``malformed_batch``, or ``script_error`` when storing one
+    failed); ``move_errors``: move.lua calls refused as a whole (logged; reading goes on)."""
 
     chunks: int
     steps: int
@@ -144,6 +145,7 @@ class ReceiverStats(NamedTuple):
     cached_bytes: int = 0
     moved: int = 0
     duplicates: int = 0
+    move_errors: int = 0
 
 
 class ExperienceReceiver:
@@ -193,6 +195,13 @@ class ExperienceReceiver:
         self._next_claim = 0.0
         self._cluster = is_cluster(client)
         self._rotation = itertools.cycle(list(self._keys))  # the shard whose inbox the next wait watches
+
+    def count_dead_letters(self, reason: str, shard: int, count: int) -> None:
+        """Count ``count`` records another mover of this run (the janitor's ``move.lua`` calls)
+        wrote to ``shard``'s dead-letter stream, so ``dead`` covers every entry set aside. Safe
+        from any thread."""
+        with self._lock:
+            self._dead.count_written(reason, shard, count)
 
     @property
     def dead_by_reason(self) -> dict[str, int]:
@@ -488,15 +497,23 @@ class ExperienceReceiver:
     def _move_inboxes(self) -> None:
         """Move every shard's queued batches into its stream (``move.lua``, ``move_items`` per
         call, until the inbox is empty or ``MOVE_CALLS`` calls per shard). It runs in a full
-        Redis too. Script errors raise ScriptError."""
+        Redis too. A call the script refuses (it wrote nothing) is counted and logged, and
+        reading goes on: what is already in the streams still reaches the learner."""
         cfg = self.config
         for shard, keys in self._keys.items():
             for _ in range(MOVE_CALLS):
-                moved = move_inbox(self._scripts, keys, cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen)
-                self._counts["moved"] += moved.taken - moved.duplicates - moved.malformed
+                try:
+                    moved = move_inbox(self._scripts, keys, cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen)
+                except ScriptError as exc:
+                    errors = self._counts["move_errors"] = self._counts["move_errors"] + 1
+                    log.log(logging.ERROR if errors % 1000 == 1 else logging.DEBUG,
+                            "shard %d: moving the inbox failed (%d calls so far), its batches stay queued: %s",
+                            shard, errors, exc)
+                    break
+                self._counts["moved"] += moved.taken - moved.duplicates - moved.malformed - moved.failed
                 self._counts["duplicates"] += moved.duplicates
-                if moved.malformed:
-                    self._dead.count_written("malformed_batch", shard, moved.malformed)
+                for reason, count in moved.set_aside.items():
+                    self._dead.count_written(reason, shard, count)
                 if not moved.left:
                     break
 

@@ -9,6 +9,7 @@ only free memory, so they run while Redis refuses writes for ``maxmemory`` (OOM)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -18,8 +19,8 @@ from surreal_redis.connection import node_client
 from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ReceiverConfig
 from surreal_redis.hub.experience.wire import id_score
-from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
-from surreal_redis.scripts import Scripts
+from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys, is_digest
+from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,12 @@ class RetentionConfig:
 class JanitorStats(NamedTuple):
     """What one :meth:`HubJanitor.run_once` did, summed over shards. ``unread_dropped``: entries
     trimmed before the learner's group was given them (counted atomically with the trim);
-    ``orphans_deleted``: obs keys no entry could reach (included in ``obs_deleted``); ``moved``:
-    queued batches moved into the streams first (so a Redis the agents filled while no learner
-    read can be trimmed; malformed ones are set aside in the dead-letter stream)."""
+    ``obs_deleted``: obs keys deleted (each counted once, when DEL removed it); ``orphans_deleted``:
+    those no entry could reach (included in ``obs_deleted``); ``moved``: queued batches taken from
+    the inboxes first (so a Redis the agents filled while no learner read can be trimmed);
+    ``set_aside``: those of them written to the dead-letter stream instead (malformed, or storing
+    failed); ``malformed_removed``: obsref members that are no digest (removed); ``obs_skipped``:
+    obs keys the sweep met whose name holds no digest (an agent's SETNX; left alone)."""
 
     trimmed: int
     unread_dropped: int
@@ -72,6 +76,9 @@ class JanitorStats(NamedTuple):
     calls: int
     orphans_deleted: int = 0
     moved: int = 0
+    set_aside: int = 0
+    malformed_removed: int = 0
+    obs_skipped: int = 0
 
 
 class HubJanitor:
@@ -80,14 +87,20 @@ class HubJanitor:
     ``unread_dropped_total``: entries trimmed before the learner's group was given them, since
     construction. Works in a full Redis (maxmemory reached): it only reads and frees memory.
     Connection errors propagate (nothing is retried blindly: a lost trim reply would lose its count).
+    ``dead_letters(reason, shard, count)`` is told of every inbox item its moves set aside (the
+    learner passes its receiver's :meth:`~ExperienceReceiver.count_dead_letters`, so
+    ``hub/dead_entries_total`` counts them). A move refused as a whole (ScriptError, nothing
+    written) is logged and the trim and gc go on.
     """
 
     def __init__(self, client: redis.Redis, config: RetentionConfig, run: str, num_shards: int,
-                 receiver: ReceiverConfig = ReceiverConfig()) -> None:
+                 receiver: ReceiverConfig = ReceiverConfig(),
+                 dead_letters: Callable[[str, int, int], None] | None = None) -> None:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.client, self.config = client, config
         self._receiver = receiver  # its move settings: both movers keep the same dedup windows
+        self._dead_letters = dead_letters
         self._shards = RunKeys(run).shards(num_shards)
         self._scripts = Scripts(client)
         self._scan_cursors = dict.fromkeys(range(num_shards), 0)
@@ -115,14 +128,21 @@ class HubJanitor:
     def _run_shard(self, keys: ShardKeys, now_ms: int | None) -> JanitorStats:
         cfg = self.config
         rc = self._receiver
-        trimmed = dropped = calls = moved = 0
+        trimmed = dropped = calls = moved = set_aside = 0
         while calls < cfg.max_calls:
-            result = move_inbox(self._scripts, keys, rc.move_items, rc.seen_ttl_s, rc.dead_maxlen)
             calls += 1
+            try:
+                result = move_inbox(self._scripts, keys, rc.move_items, rc.seen_ttl_s, rc.dead_maxlen)
+            except ScriptError as exc:
+                log.error("shard %d: moving the inbox failed, its batches stay queued: %s", keys.shard, exc)
+                break
             moved += result.taken
-            if result.malformed:
-                log.warning("shard %d: %d inbox items were not batches; set aside in the dead-letter stream",
-                            keys.shard, result.malformed)
+            for reason, count in result.set_aside.items():
+                set_aside += count
+                log.warning("shard %d: %d inbox items set aside in the dead-letter stream (%s)", keys.shard, count,
+                            reason)
+                if self._dead_letters is not None:
+                    self._dead_letters(reason, keys.shard, count)
             if not result.left:
                 break
         first: bytes | None = None
@@ -146,30 +166,43 @@ class HubJanitor:
         if not passes:
             head = self.client.xrange(keys.exp, count=1)
             first = head[0][0] if head else None
-        deleted, gc_calls = self._collect(keys, first, cfg.max_calls - calls)
-        orphans = self._sweep_orphans(keys)
-        return JanitorStats(trimmed, dropped, deleted + orphans, calls + gc_calls, orphans, moved)
+        deleted, gc_calls, malformed = self._collect(keys, first, cfg.max_calls - calls)
+        swept, orphans, skipped = self._sweep_orphans(keys)
+        return JanitorStats(trimmed, dropped, deleted + swept, calls + gc_calls, orphans, moved, set_aside,
+                            malformed, skipped)
 
-    def _collect(self, keys: ShardKeys, first_id: bytes | None, budget: int) -> tuple[int, int]:
-        """gc until no obsref member scores below the first entry; returns (deleted, calls)."""
+    def _collect(self, keys: ShardKeys, first_id: bytes | None, budget: int) -> tuple[int, int, int]:
+        """One pass over the obsref members that score below the first entry, ``gc_batch`` per
+        gc call, paging past the candidates gc spares (pinned, or referenced again meanwhile), so
+        each is fetched once a run. Members that are no digest (which no entry can reference) are
+        removed here. Returns (obs keys deleted, gc calls, malformed members removed)."""
         upper = f"({id_score(first_id)}" if first_id else "+inf"
-        deleted = calls = 0
+        deleted = calls = malformed = spared = 0
         while calls < budget:
-            digests = self.client.zrangebyscore(keys.obsref, "-inf", upper, start=0, num=self.config.gc_batch)
-            if not digests:
-                return deleted, calls
-            obs_keys = [keys.obs(d.decode()) for d in digests]
-            deleted += self._scripts.call("gc", [keys.exp, keys.obsref, keys.pinned, *obs_keys], [])[0]
-            calls += 1
+            members = self.client.zrangebyscore(keys.obsref, "-inf", upper, start=spared, num=self.config.gc_batch)
+            if not members:
+                return deleted, calls, malformed
+            digests = [m.decode("utf-8", "replace") for m in members]
+            bad = [m for m, d in zip(members, digests) if not is_digest(d)]
+            if bad:
+                malformed += self.client.zrem(keys.obsref, *bad)
+                log.warning("shard %d: removed %d obsref members that are not digests (e.g. %r)", keys.shard, len(bad),
+                            bad[0][:80])
+            good = [d for d in digests if is_digest(d)]
+            if good:
+                reply = self._scripts.call("gc", [keys.exp, keys.obsref, keys.pinned, *keys.obs_keys(good)], [])
+                deleted, spared = deleted + reply[0], spared + reply[3]
+                calls += 1
         log.warning("shard %d: gc stopped after %d calls (retention.max_calls) with candidates left",
                     keys.shard, calls)
-        return deleted, calls
+        return deleted, calls, malformed
 
-    def _sweep_orphans(self, keys: ShardKeys) -> int:
+    def _sweep_orphans(self, keys: ShardKeys) -> tuple[int, int, int]:
         """One SCAN page of this shard's obs keys through gc.lua, which deletes the orphans among
-        them (and any the gc above would have). The cursor carries over to the next run."""
+        them (and any the gc above would have) and skips keys whose name holds no digest. The
+        cursor carries over to the next run. Returns (deleted, orphans among them, skipped)."""
         if not self.config.orphan_scan_count or self._scan_denied:
-            return 0
+            return 0, 0, 0
         try:
             # the shard's keys share one slot: SCAN the server that owns it (a cluster's SCAN spans nodes)
             cursor, names = node_client(self.client, keys.exp).scan(
@@ -178,13 +211,16 @@ class HubJanitor:
             # The learner's ACL user may not SCAN (it would list other runs' key names).
             self._scan_denied = True
             log.warning("orphan sweep off: %s (only insert.lua's own uploads are guaranteed referenced)", exc)
-            return 0
+            return 0, 0, 0
         self._scan_cursors[keys.shard] = cursor
-        orphans = 0
+        deleted = orphans = skipped = 0
         batch = self.config.gc_batch
         for start in range(0, len(names), batch):
-            orphans += self._scripts.call("gc", [keys.exp, keys.obsref, keys.pinned, *names[start:start + batch]], [])[1]
+            reply = self._scripts.call("gc", [keys.exp, keys.obsref, keys.pinned, *names[start:start + batch]], [])
+            deleted, orphans, skipped = deleted + reply[0], orphans + reply[1], skipped + reply[2]
         if orphans:
             log.warning("shard %d: deleted %d observation keys no entry references (written around "
                         "insert.lua)", keys.shard, orphans)
-        return orphans
+        if skipped:
+            log.warning("shard %d: %d obs keys hold no digest in their name (left alone)", keys.shard, skipped)
+        return deleted, orphans, skipped

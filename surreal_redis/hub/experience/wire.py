@@ -6,7 +6,9 @@ writes the fields in this fixed order (so Redis stores field names once per stre
 - ``a``: agent id, ``e``: env index inside the agent's vectorized env (each a non-negative
   decimal integer below 2**31, without sign, spaces or leading zeros);
 - ``o``: the digests of every observation leaf the chunk references, comma-separated, each once
-  (empty when all leaves are inline), at most 256;
+  (empty when all leaves are inline), at most 256, each :func:`surreal_redis.keys.is_digest`; the
+  template's referenced leaves use every one of them (an entry naming a digest its template never
+  uses, which would keep that blob alive for nothing, is refused);
 - ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays).
 
 The obsref sorted set scores a digest with :func:`id_score` of the newest entry referencing it, so
@@ -23,13 +25,14 @@ import numpy as np
 
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience import payload as pl
+from surreal_redis.keys import is_digest
 
 FIELDS = (b"a", b"e", b"o", b"d")
 INITIAL_STATE = "initial_state"
 # Entry ids are <ms>-<seq>; the score keeps the order of ids exactly while seq < SEQ_SLOTS - 1 and
 # stays monotonic beyond (ms * 1024 < 2**53 until the year 2248, so doubles hold it exactly).
 SEQ_SLOTS = 1024
-_DIGESTS = re.compile(rb"^[0-9a-f]{32}(?:,[0-9a-f]{32}){0,255}$")
+MAX_REFS = 256  # digests per entry: a referenced leaf indexes them with uint8 (insert.lua, move.lua agree)
 _ID = re.compile(r"^(\d+)-(\d+)$")
 _INDEX = re.compile(rb"0|[1-9][0-9]{0,9}")
 
@@ -81,12 +84,30 @@ def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] |
         ids.append(int(value))
     agent_id, env_index = ids
     refs = fields[b"o"]
-    if refs and not _DIGESTS.match(refs):
+    digests = refs.decode("ascii", "replace").split(",") if refs else []
+    if len(digests) > MAX_REFS or not all(map(is_digest, digests)):
         raise WireError(f"bad observation digest list {refs[:100]!r}")
-    digests = refs.decode().split(",") if refs else []
+    if len(set(digests)) != len(digests):
+        raise WireError("the observation digest list names a digest twice")
     decoded = pl.decode(fields[b"d"], {} if layouts is None else layouts)
+    _check_references(decoded, len(digests))
     nbytes = sum(len(v) for v in fields.values())
     return ParsedEntry(agent_id, env_index, digests, decoded, nbytes)
+
+
+def _check_references(p: pl.Decoded, count: int) -> None:
+    """WireError unless the referenced leaves' indices use each of the ``count`` digests."""
+    used: set[int] = set()
+    for members in p.layout.ref_groups:
+        for group in (pl.OBS, pl.FINAL):
+            for i in members:
+                used.update(np.unique(p.arrays[group, i]).tolist())
+    if used and max(used) >= count:
+        raise WireError(f"observation index {max(used)} outside the {count} digests")
+    if len(used) != count:
+        unused = sorted(set(range(count)) - used)
+        raise WireError(f"the digest list names {len(unused)} observations the template never uses "
+                        f"(positions {unused[:8]})")
 
 
 def expected_frames(entry: ParsedEntry) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
