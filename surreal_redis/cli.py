@@ -76,17 +76,15 @@ def _load(config_path: str | None, overrides: tuple[str, ...], redis_url: str | 
     if run_name is None:
         config = load_config(config_path, overrides)
     else:
-        import yaml
-
         from surreal_redis.config import ExperimentConfig
-        from surreal_redis.configtools import apply_overrides, from_dict
+        from surreal_redis.configtools import apply_overrides, from_dict, parse_yaml
         from surreal_redis.hub.run.control import RunControl
 
         url = _require_url(redis_url)
         stored = RunControl(connect(url), run_name).stored_config()
         if stored is None:
             raise ConfigError(f"no config stored in Redis for run {run_name!r} at {url} (start it with launch, or pass --config)")
-        config = from_dict(ExperimentConfig, apply_overrides(yaml.safe_load(stored), list(overrides)))
+        config = from_dict(ExperimentConfig, apply_overrides(parse_yaml(stored), list(overrides)))
     if redis_url:
         config = config.with_overrides([f"redis.url={redis_url}"])
     return config
@@ -188,13 +186,20 @@ def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: 
 @_fail_cleanly
 def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_url: str | None,
           overrides: tuple[str, ...]) -> None:
-    """Run one stateless agent."""
+    """Run one stateless agent of a run: --run NAME takes the config its launcher stored in Redis,
+    --config FILE a config file (whose experiment.name is the run)."""
+    if (config_path is None) == (run_name is None):
+        # With neither, built-in defaults would wait forever for a run named 'default'.
+        raise click.UsageError("agent needs --run NAME (the config its launcher stored in Redis) or --config FILE, "
+                               "not " + ("both" if config_path else "neither"))
     _one_blas_thread()
     from surreal_redis.agent import Agent
 
     config = _load(config_path, overrides, redis_url, run_name)
     lower_priority(config.agent.nice)
-    agent_process = Agent(config, _client(config), agent_id, StopFlag())
+    client = _client(config)
+    log.info("agent %d of run %r: waiting for its learner's first parameters", agent_id, config.run)
+    agent_process = Agent(config, client, agent_id, StopFlag())
     _single_threaded_torch()
     _exit_process(agent_process.run())
 
@@ -219,19 +224,27 @@ def learner(config_path: str | None, run_name: str | None, redis_url: str | None
 @click.option("--mode", type=click.Choice(["deterministic", "stochastic"]), default=None,
               help="Eval policy mode (default: eval.mode of the config).")
 @click.option("--id", "eval_id", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--checkpoint", "checkpoint_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="Score this checkpoint file once instead (launch's final eval): "
+                                 "eval.final_episodes episodes within eval.final_max_s seconds, their mean entered "
+                                 "among its folder's best-k; prints the result as JSON. Needs no Redis.")
 @config_option
 @run_option
 @url_option
 @override_option
 @_fail_cleanly
-def eval_cmd(mode: str | None, eval_id: int, config_path: str | None, run_name: str | None,
-             redis_url: str | None, overrides: tuple[str, ...]) -> None:
+def eval_cmd(mode: str | None, eval_id: int, checkpoint_path: Path | None, config_path: str | None,
+             run_name: str | None, redis_url: str | None, overrides: tuple[str, ...]) -> None:
     """Evaluate the latest parameters repeatedly; sends no experience."""
     _one_blas_thread()
-    from surreal_redis.evaluator import Evaluator
+    from surreal_redis.evaluator import Evaluator, score_checkpoint
 
     config = _load(config_path, overrides, redis_url, run_name)
     lower_priority(config.agent.nice)
+    if checkpoint_path is not None:
+        result = score_checkpoint(config, checkpoint_path, StopFlag(), mode)
+        click.echo(json.dumps({**result._asdict(), "score": result.score}))
+        _exit_process(0)
     evaluator = Evaluator(config, _client(config), StopFlag(), mode=mode, eval_id=eval_id)
     _single_threaded_torch()
     _exit_process(evaluator.run())
@@ -239,16 +252,38 @@ def eval_cmd(mode: str | None, eval_id: int, config_path: str | None, run_name: 
 
 # ---------------------------------------------------------------- operating a run
 
+def _found_run(run_name: str | None, redis_url: str | None, runs_dir: Path) -> tuple[str, str]:
+    """(run, URL) of the run ``status``/``stop``/``gc`` act on; see :func:`surreal_redis.status.find_run`."""
+    from surreal_redis.status import RunNotFound, find_run
+
+    try:
+        return find_run(run_name, resolve_url(redis_url), runs_dir)
+    except RunNotFound as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+run_name_option = click.option(
+    "--run", "run_name", default=None,
+    help="Run (experiment.name). Default: the only live run launched under --runs-dir (on --redis-url when "
+         "given); with a URL and no live local run on it, 'default'.")
+runs_dir_option = click.option(
+    "--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
+    help="Where runs launched on this machine live (experiment.root): a live launch's hub.json there gives "
+         "its Redis URL when no --redis-url is given.")
+
+
 @main.command()
-@click.option("--run", "run_name", default="default", show_default=True, help="Run (experiment.name).")
+@run_name_option
 @url_option
+@runs_dir_option
 @click.option("--watch", is_flag=True, help="Refresh every 2 seconds until Ctrl-C.")
 @_fail_cleanly
-def status(run_name: str, redis_url: str | None, watch: bool) -> None:
+def status(run_name: str | None, redis_url: str | None, runs_dir: Path, watch: bool) -> None:
     """Agents, learner, stream lag, Redis memory and dedup of a run."""
     from surreal_redis.status import render_status
 
-    client = connect(_require_url(redis_url))
+    run_name, url = _found_run(run_name, redis_url, runs_dir)
+    client = connect(url)
     stop = StopFlag() if watch else None
     while True:
         click.echo(render_status(client, run_name))
@@ -258,30 +293,37 @@ def status(run_name: str, redis_url: str | None, watch: bool) -> None:
 
 
 @main.command()
-@click.option("--run", "run_name", default="default", show_default=True)
+@run_name_option
 @url_option
+@runs_dir_option
 @_fail_cleanly
-def stop(run_name: str, redis_url: str | None) -> None:
+def stop(run_name: str | None, redis_url: str | None, runs_dir: Path) -> None:
     """Ask every process of a run to stop cleanly."""
     from surreal_redis.hub.run.control import RunControl
 
-    RunControl(connect(_require_url(redis_url)), run_name).request_stop("surreal-redis stop")
-    click.echo(f"stop requested for run {run_name!r}")
+    run_name, url = _found_run(run_name, redis_url, runs_dir)
+    RunControl(connect(url), run_name).request_stop("surreal-redis stop")
+    click.echo(f"stop requested for run {run_name!r} at {url}")
 
 
 @main.command()
-@click.option("--run", "run_name", default="default", show_default=True)
+@run_name_option
 @url_option
+@runs_dir_option
 @config_option
 @override_option
 @click.option("--drop", is_flag=True, help="Delete every key of the run instead.")
 @_fail_cleanly
-def gc(run_name: str, redis_url: str | None, config_path: str | None, overrides: tuple[str, ...], drop: bool) -> None:
+def gc(run_name: str | None, redis_url: str | None, runs_dir: Path, config_path: str | None,
+       overrides: tuple[str, ...], drop: bool) -> None:
     """Apply retention and collect unreferenced observations now (or --drop the run)."""
     from surreal_redis.hub.experience.retention import HubJanitor
     from surreal_redis.hub.run.control import RunControl
 
-    client = connect(_require_url(redis_url))
+    if drop and run_name is None:
+        raise click.UsageError("gc --drop deletes every key of a run: name it with --run")
+    run_name, url = _found_run(run_name, redis_url, runs_dir)
+    client = connect(url)
     if drop:
         click.echo(f"deleted {RunControl(client, run_name).drop()} keys of run {run_name!r}")
         return

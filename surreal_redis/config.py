@@ -194,12 +194,22 @@ class EvalConfig:
     """Episodes per eval of a parameter version; their mean is the score (best-k checkpoints)."""
     every_s: float = 10.0
     """Seconds between evals (an eval runs only for a new parameter version)."""
+    final_episodes: int = 10
+    """``launch`` (with eval enabled) ends a run that stopped by its stop condition or
+    ``surreal-redis stop`` (not Ctrl-C) by playing the final checkpoint for this many episodes; their
+    mean is its score among the best-k checkpoints and in the summary. 0: no final eval."""
+    final_max_s: float = 60.0
+    """The final eval plays at most this many seconds; its score is the mean of the episodes finished by then."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
         if self.every_s <= 0:
             raise ValueError(f"every_s must be > 0 seconds, got {self.every_s}")
+        if self.final_episodes < 0:
+            raise ValueError(f"final_episodes must be >= 0, got {self.final_episodes}")
+        if self.final_max_s <= 0:
+            raise ValueError(f"final_max_s must be > 0 seconds, got {self.final_max_s}")
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,26 @@
 """The eval process: plays episodes with the latest parameters in an eval mode, sends no
 experience, and reports every episode (mode ``eval``) to the episodes stream, where the learner
-turns complete evals into ``charts/eval_return`` and best-k checkpoints."""
+turns complete evals into ``charts/eval_return`` and best-k checkpoints.
+
+:func:`score_checkpoint` is the final eval ``launch`` ends a run with (``eval --checkpoint``): the
+parameters of one checkpoint file, played for ``eval.final_episodes`` episodes within
+``eval.final_max_s`` seconds, their mean entered into that folder's best-k (``best.json``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import redis
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.policies import make_policy
+from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.policies import AgentPolicy, make_policy
+from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.envs import make_env
@@ -45,6 +54,91 @@ def play_episode(env, policy, mode: ActMode, seed: int | None, stop: StopFlag | 
             break
     policy.on_episode_end(0, total, length)
     return total, length
+
+
+def checkpoint_policy(config: ExperimentConfig, path: Path, env) -> tuple[AgentPolicy, int, dict]:
+    """The policy (acting as agents do) with the actor parameters of checkpoint ``path``, the
+    checkpoint's learner update count and its state dict; CheckpointError for another algo's file."""
+    state = CheckpointManager.load(path)
+    if state.get("algo") != config.algo:
+        raise CheckpointError(f"checkpoint {path} is for algo {state.get('algo')!r}, the config says {config.algo!r}")
+    on_cpu = [f"{config.algo}.device=cpu"] if hasattr(config.algo_config, "device") else []
+    algo = make_algorithm(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
+    algo.load_state_dict(state["algorithm"])
+    policy = make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
+                         num_agents=config.agent.num_agents, seed=config.experiment.seed,
+                         inference=config.agent.inference)
+    policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
+    return policy, int(algo.iteration), state
+
+
+class Deadline:
+    """Truthy once ``stop`` is set or ``seconds`` have passed. ``play_episode`` tests it before each
+    step only, so ``cut`` (it was found truthy) tells an episode it ended from one that finished."""
+
+    def __init__(self, stop: StopFlag, seconds: float) -> None:
+        self.stop, self.at = stop, time.monotonic() + seconds
+        self.cut = False
+
+    def __bool__(self) -> bool:
+        self.cut |= bool(self.stop) or time.monotonic() >= self.at
+        return self.cut
+
+
+class CheckpointScore(NamedTuple):
+    """A final eval: the checkpoint file and its update count, the returns of the episodes that
+    finished (of ``episodes`` asked) in ``seconds``, and whether it entered the best-k. ``interrupted``:
+    a signal ended it, and nothing was recorded."""
+
+    checkpoint: str
+    iteration: int
+    returns: list[float]
+    episodes: int
+    seconds: float
+    interrupted: bool
+    kept: bool
+
+    @property
+    def score(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns and not self.interrupted else None
+
+
+def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode: str | None = None) -> CheckpointScore:
+    """Play checkpoint ``path`` (in ``<experiment>/checkpoints``) for ``eval.final_episodes``
+    episodes, stopping at ``eval.final_max_s`` seconds of play (an episode cut there does not
+    count), and enter the mean of those finished into the folder's best-k under the checkpoint's
+    update count. A stop signal ends it with nothing recorded."""
+    mode = mode or config.eval.mode
+    if mode not in EVAL_MODES:
+        raise ValueError(f"eval mode {mode!r} is not one of {sorted(EVAL_MODES)}")
+    path = Path(path).resolve()
+    manager = CheckpointManager(path.parent, config.checkpoint)
+    env = make_env(config.env, seed=config.experiment.seed + 40_000, mode="eval")
+    policy, iteration, _ = checkpoint_policy(config, path, env)
+    if manager.path_for(iteration) != path:
+        raise CheckpointError(f"checkpoint {path} holds update {iteration}: its best-k entry would name "
+                              f"{manager.path_for(iteration).name}")
+    started = time.monotonic()
+    until = Deadline(stop, config.eval.final_max_s)
+    returns: list[float] = []
+    for episode in range(config.eval.final_episodes):
+        total, _ = play_episode(env, policy, EVAL_MODES[mode], config.experiment.seed + 40_000 + episode, until)
+        if until.cut:
+            break
+        returns.append(total)
+    env.close()
+    seconds = time.monotonic() - started
+    interrupted = bool(stop)
+    kept = bool(returns) and not interrupted and manager.record_score(iteration, float(np.mean(returns)))
+    result = CheckpointScore(str(path), iteration, returns, config.eval.final_episodes, seconds, interrupted, kept)
+    log.info("final eval of update %d: %s over %d of %d episodes in %.1fs%s", iteration,
+             "interrupted" if interrupted else _fmt_score(result.score), len(returns), result.episodes, seconds,
+             ", kept among the best" if kept else "")
+    return result
+
+
+def _fmt_score(score: float | None) -> str:
+    return "no score" if score is None else f"mean return {score:.2f}"
 
 
 class Evaluator:

@@ -13,7 +13,13 @@ The launcher shows progress and supervises:
 - a Redis outage is ridden out like the children ride it out, and a Redis that came back empty
   gets the run's config and control state again;
 - everything stops cleanly on Ctrl-C, on ``surreal-redis stop``, or when the learner reports that
-  a stop condition was met.
+  a stop condition was met;
+- then, unless it was Ctrl-C or a failure, a final eval scores the learner's final checkpoint
+  (``eval.final_episodes`` episodes within ``eval.final_max_s`` seconds, in a child process) into the
+  best-k checkpoints and the summary. A Ctrl-C during it ends it with nothing recorded.
+
+While it lives, the launcher announces the run in ``<experiment>/hub.json`` (its Redis URL), so
+``status`` and ``stop`` find it by name (:func:`surreal_redis.status.find_run`).
 
 A new run never shares an experiment folder with an earlier one. Without ``--resume`` the launch
 is refused, unless ``fresh`` asks to move the earlier run aside first.
@@ -21,7 +27,9 @@ is refused, unless ``fresh`` asks to move the earlier run aside first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import os
 import subprocess
@@ -33,7 +41,7 @@ from pathlib import Path
 
 import redis
 
-from surreal_redis.checkpoint import CheckpointManager
+from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS, EmbeddedRedis, OutageGuard, connect, die_with_parent
 from surreal_redis.hub.params import ParameterClient
@@ -42,6 +50,7 @@ from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.learner_metrics import use_summary
 from surreal_redis.plots import CURVES_FILE
 from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag
+from surreal_redis.status import remove_hub_file, write_hub_file
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,8 @@ STOP_GRACE_S = 60.0  # the learner writes a final checkpoint and closes its MLfl
 RESTART_DELAY_S = 1.0  # before the first restart of a child; doubles with each restart
 RESTART_DELAY_CAP_S = 30.0
 SUPERVISE_EVERY_S = 0.5
+FINAL_EVAL_START_S = 60.0  # the final eval's process may take this long to start (torch, env) on top of
+# eval.final_max_s of play before it is killed
 
 
 class LaunchError(RuntimeError):
@@ -158,6 +169,8 @@ class Launcher:
         self.children: list[Child] = []
         self.url = ""
         self.ending = ""  # why the run ended, for the summary
+        self.signalled = ""  # the signal that ended the run (not one that came during the final eval)
+        self.final_eval = ""  # the summary's line on it
 
     # ---------------------------------------------------------------- set-up
     def _command(self, *role: str) -> list[str]:
@@ -215,6 +228,7 @@ class Launcher:
             if dropped:
                 log.info("removed %d keys left by an earlier run named %r", dropped, cfg.run)
         self._write_run_state(control)
+        write_hub_file(self.dir, cfg.run, self.url)
         return client
 
     def _write_run_state(self, control: RunControl) -> None:
@@ -254,11 +268,16 @@ class Launcher:
             raise
         code = 1
         try:
-            code = self._supervise(client)
+            try:
+                code = self._supervise(client)
+            finally:
+                self._shutdown(client)
+            self.signalled = self.stop.reason if self.stop.reason.startswith("signal") else ""
+            self.final_eval = self._final_eval(client, code)
+            self._summary(client, code)
         finally:
-            self._shutdown(client)
-        self._summary(client, code)
-        self._stop_server()
+            remove_hub_file(self.dir)
+            self._stop_server()
         return code
 
     def _supervise(self, client: redis.Redis) -> int:
@@ -459,11 +478,74 @@ class Launcher:
         if self.children:
             self._note_learner_exit(client, self.children[0])
 
+    def _final_eval(self, client: redis.Redis, code: int) -> str:
+        """Score the learner's final checkpoint (see the module docstring); returns the summary's
+        line on it, '' when none is due (eval disabled, eval.final_episodes 0, a failed run)."""
+        cfg = self.config.eval
+        if not cfg.enabled or cfg.final_episodes == 0 or code != 0:
+            return ""
+        if self.signalled:
+            return f"  final eval: skipped ({self.signalled})"
+        try:
+            status = RunControl(client, self.config.run).learner_status()
+        except redis.RedisError as exc:
+            return f"  final eval: skipped (the learner's last report is unreadable: {exc})"
+        try:
+            path = CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).resolve("latest")
+        except CheckpointError:
+            return "  final eval: skipped (no checkpoint: the learner made no update)"
+        iteration = int(path.stem.split("-")[1])
+        if status.get("state") != "stopped" or status.get("iteration") != iteration:
+            # E.g. killed STOP_GRACE_S after the stop, before it saved: the latest is not the final parameters.
+            return (f"  final eval: skipped (the learner left no final checkpoint: it reported update "
+                    f"{status.get('iteration', '-')}, {status.get('state', 'no state')}; the latest is {iteration})")
+        self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
+                      f"(Ctrl-C skips it)")
+        log_path = self.dir / "logs" / "final-eval.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as err:
+            # In a process group of its own (die_with_parent): a terminal's Ctrl-C reaches the launcher
+            # only, which passes on one SIGTERM (a second signal would end the child without its result).
+            process = subprocess.Popen(self._command("eval", "--checkpoint", str(path)), stdout=subprocess.PIPE,
+                                       stderr=err, stdin=subprocess.DEVNULL, cwd=log_path.parent,
+                                       preexec_fn=die_with_parent, env=child_env(actor=True))
+        deadline = time.monotonic() + cfg.final_max_s + FINAL_EVAL_START_S
+        terminated = killed = False
+        while process.poll() is None:
+            if self.stop and not terminated:
+                terminated = True
+                process.terminate()
+            if time.monotonic() >= deadline and not killed:
+                killed = True
+                log.error("the final eval still runs %.0fs after it started; killing it",
+                          cfg.final_max_s + FINAL_EVAL_START_S)
+                process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=0.2)
+        with process.stdout:
+            out = process.stdout.read().decode(errors="replace").strip().splitlines()
+        if process.returncode != 0 or not out:
+            if terminated:  # stopped before it could say so (still starting, say)
+                return "  final eval: interrupted, nothing recorded"
+            why = f"killed after {cfg.final_max_s + FINAL_EVAL_START_S:.0f}s" if killed else \
+                f"exit code {process.returncode}"
+            return f"  final eval: FAILED ({why}; see {log_path})\n{log_tail(log_path, 5)}"
+        result = json.loads(out[-1])
+        if result["interrupted"]:
+            return "  final eval: interrupted, nothing recorded"
+        if result["score"] is None:
+            return f"  final eval: no episode finished within eval.final_max_s={cfg.final_max_s:g}s, nothing recorded"
+        best = ", ".join(f"update {i} ({s:.1f})" for s, i in
+                         CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).best()) or "none kept"
+        return (f"  final eval of update {iteration} (the final checkpoint): mean return {result['score']:.1f} over "
+                f"{len(result['returns'])} of {result['episodes']} episodes in {result['seconds']:.0f}s; "
+                f"best checkpoints: {best}")
+
     def _headline(self, code: int) -> str:
         if code != 0:
             return f"FAILED ({self.ending})" if self.ending else "FAILED"
-        if self.stop.reason.startswith("signal"):
-            return f"interrupted ({self.stop.reason}; MLflow marks it KILLED)"
+        if self.signalled:
+            return f"interrupted ({self.signalled}; MLflow marks it KILLED)"
         return f"finished ({self.ending})" if self.ending else "finished"
 
     def _summary(self, client: redis.Redis, code: int) -> None:
@@ -476,6 +558,8 @@ class Launcher:
             lines.append(f"  {status['env_steps']} env steps, {status['iteration']} updates, "
                          f"mean return {_fmt(status['mean_return'])}, last eval {_fmt(status['eval_return'])}")
             lines.append(f"  {use_summary(status, whole_run=True)}")
+        if self.final_eval:
+            lines.append(self.final_eval)
         lines.append(f"  checkpoints: {self.dir / 'checkpoints'}")
         lines.append(f"  logs: {self.dir / 'logs'}")
         if self.config.tracking.enabled:

@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.learning import make_algorithm
-from surreal_redis.algos.policies import make_policy
 from surreal_redis.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.configtools import ConfigError
 from surreal_redis.envs import make_env
-from surreal_redis.evaluator import play_episode
+from surreal_redis.evaluator import checkpoint_policy, play_episode
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +51,12 @@ def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str,
     """Play ``episodes`` episodes with the checkpoint's policy (blocks until they are done)."""
     path, config = locate(checkpoint, config_path, overrides)
     path = path.resolve()
-    state = CheckpointManager.load(path)
-    if state.get("algo") != config.algo:
-        raise CheckpointError(f"checkpoint {path} is for algo {state.get('algo')!r}, the config says {config.algo!r}")
     render = {"render_mode": "rgb_array"} if video_dir is not None else {}
     if render:
         config = config.with_overrides([f"env.kwargs={dict(config.env.kwargs, **render)}"])
     env = make_env(config.env, seed=config.experiment.seed + 30_000, mode="eval")
-    on_cpu = [f"{config.algo}.device=cpu"] if hasattr(config.algo_config, "device") else []
-    algo = make_algorithm(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
-    algo.load_state_dict(state["algorithm"])
-    iteration = int(algo.iteration)
+    policy, iteration, state = checkpoint_policy(config, path, env)
     log.info("loaded checkpoint %s (update %d, %d env steps)", path, iteration, int(state.get("env_steps", 0)))
-    policy = make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
-                         num_agents=config.agent.num_agents, seed=config.experiment.seed,
-                         inference=config.agent.inference)
-    policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
     returns = []
     for episode in range(episodes):
         frames: list = []

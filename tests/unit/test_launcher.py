@@ -104,3 +104,85 @@ def test_agents_and_evals_get_one_blas_thread_unless_the_user_set_it(monkeypatch
     assert agent["OPENBLAS_NUM_THREADS"] == "1" and agent["OMP_NUM_THREADS"] == "3"
     assert agent["MALLOC_MMAP_THRESHOLD_"] == learner["MALLOC_MMAP_THRESHOLD_"] == "16777216"
     assert "OPENBLAS_NUM_THREADS" not in learner and learner["OMP_NUM_THREADS"] == "3"
+
+
+# ---------------------------------------------------------------- the run's announcement and final eval
+
+def test_a_launch_announces_its_redis_in_the_run_folder_while_it_lives(tmp_path, monkeypatch):
+    from surreal_redis.connection import find_redis_server
+    from surreal_redis.status import live_local_runs
+
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    launcher = make_launcher(tmp_path, "eval.enabled=false")
+    seen = []
+
+    def supervise(client):  # stands in for the children: what `status` sees while the run lives
+        seen.extend(live_local_runs(tmp_path))
+        return 0
+
+    monkeypatch.setattr(launcher, "_supervise", supervise)
+    assert launcher.run() == 0
+    assert [(run.name, run.url, run.folder) for run in seen] == [("smoke", launcher.url, tmp_path / "smoke")]
+    assert launcher.url.startswith("unix://") and not (tmp_path / "smoke" / "hub.json").exists()
+
+
+def final_eval_launcher(tmp_path, fake_redis, *overrides, reported: int = 10):
+    """A launcher whose learner stopped at update ``reported`` with checkpoints 5 (scored -1 by an
+    early eval) and 10 (its final one) in the run folder, as the run leaves them."""
+    from surreal_redis.checkpoint import CheckpointManager
+    from surreal_redis.hub.run.control import RunControl
+    from tests.unit.test_final_eval import write_checkpoint
+
+    launcher = make_launcher(tmp_path, "eval.final_episodes=2", *overrides)
+    launcher.url = "redis://127.0.0.1:1/0"  # the final eval needs no Redis
+    launcher.dir.mkdir(parents=True)
+    (launcher.dir / "config.yaml").write_text(launcher.config.to_yaml())
+    write_checkpoint(launcher.config, 5, seed=1)
+    CheckpointManager(launcher.dir / "checkpoints", launcher.config.checkpoint).record_score(5, -1.0)
+    write_checkpoint(launcher.config, 10, seed=2)
+    RunControl(fake_redis, "smoke").write_learner_status(
+        {"iteration": reported, "state": "stopped", "env_steps": 2560, "mean_return": 30.0, "eval_return": -1.0},
+        ttl_s=60)
+    return launcher, CheckpointManager(launcher.dir / "checkpoints", launcher.config.checkpoint)
+
+
+def test_a_finished_run_ends_with_an_eval_of_its_final_checkpoint(tmp_path, fake_redis):
+    launcher, manager = final_eval_launcher(tmp_path, fake_redis)
+    lines = []
+    launcher.progress = lines.append
+    line = launcher._final_eval(fake_redis, 0)
+    (score, iteration), = manager.best()  # checkpoint.keep_best: 1 in smoke.yaml
+    assert iteration == 10 and score >= 1 and manager.resolve("best") == manager.path_for(10)
+    assert line == (f"  final eval of update 10 (the final checkpoint): mean return {score:.1f} over 2 of 2 episodes "
+                    f"in {line.split(' episodes in ')[1].split('s;')[0]}s; best checkpoints: update 10 ({score:.1f})")
+    assert lines == ["final eval of update 10: 2 episodes, at most 60s (Ctrl-C skips it)"]
+    assert "final eval of update 10" in (launcher.dir / "logs" / "final-eval.log").read_text()
+    launcher.final_eval = line
+    launcher.ending = "reached 8000 env steps"
+    launcher._summary(fake_redis, 0)
+    summary = lines[-1].splitlines()
+    assert summary[0] == f"run 'smoke' finished (reached 8000 env steps); results in {launcher.dir}"
+    assert summary[1] == "  2560 env steps, 10 updates, mean return 30.0, last eval -1.0" and summary[3] == line
+
+
+@pytest.mark.parametrize("case, message", [
+    ("ctrl-c", "  final eval: skipped (signal SIGINT)"),
+    ("no final checkpoint", "  final eval: skipped (the learner left no final checkpoint: it reported update 12, "
+                            "stopped; the latest is 10)"),
+    ("failed", ""),
+    ("disabled", ""),
+])
+def test_no_final_eval_after_ctrl_c_a_failure_or_without_its_checkpoint(tmp_path, fake_redis, case, message):
+    launcher, manager = final_eval_launcher(tmp_path, fake_redis, *(["eval.final_episodes=0"] * (case == "disabled")),
+                                            reported=12 if case == "no final checkpoint" else 10)
+    launcher.signalled = "signal SIGINT" if case == "ctrl-c" else ""
+    assert launcher._final_eval(fake_redis, 1 if case == "failed" else 0) == message
+    assert manager.best() == [(-1.0, 5)] and not (launcher.dir / "logs" / "final-eval.log").exists()
+
+
+def test_a_ctrl_c_during_the_final_eval_ends_it_with_nothing_recorded(tmp_path, fake_redis):
+    launcher, manager = final_eval_launcher(tmp_path, fake_redis)
+    launcher.progress = lambda line: launcher.stop.set("signal SIGINT")  # Ctrl-C as it starts
+    assert launcher._final_eval(fake_redis, 0) == "  final eval: interrupted, nothing recorded"
+    assert manager.best() == [(-1.0, 5)]

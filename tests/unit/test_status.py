@@ -81,3 +81,115 @@ def test_heartbeats_carry_idle_time_and_refuse_negative_seconds(fake_redis):
     assert (agent.idle_s, agent.running_s, agent.idle_fraction) == (1.5, 6.0, 0.25)
     with pytest.raises(ValueError, match="-1.0"):
         beat.beat(10, 0, 1, idle_s=-1.0, running_s=6.0)
+
+
+# ---------------------------------------------------------------- finding a local run by name
+
+def announce(root, run, url, pid=None, pid_start="same"):
+    """A hub.json as a launcher of ``run`` writes it (this test process stands in for the launcher)."""
+    import json
+    import os
+
+    from surreal_redis.status import _process_start, write_hub_file
+
+    folder = root / run
+    folder.mkdir(parents=True, exist_ok=True)
+    path = write_hub_file(folder, run, url)
+    if pid is not None or pid_start != "same":
+        data = json.loads(path.read_text())
+        data["pid"] = os.getpid() if pid is None else pid
+        data["pid_start"] = _process_start(os.getpid()) if pid_start == "same" else pid_start
+        path.write_text(json.dumps(data))
+    return folder
+
+
+def dead_pid():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_live_local_runs_skip_files_of_launchers_that_are_gone(tmp_path):
+    from surreal_redis.status import live_local_runs
+
+    announce(tmp_path, "alive", "unix:///a.sock")
+    announce(tmp_path, "killed", "unix:///b.sock", pid=dead_pid())
+    announce(tmp_path, "reused", "unix:///c.sock", pid_start="1")  # our pid now, but another process's start
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "hub.json").write_text("{not json")
+    assert [(run.name, run.url) for run in live_local_runs(tmp_path)] == [("alive", "unix:///a.sock")]
+
+
+def test_find_run_takes_the_url_a_live_launcher_of_that_run_announced(tmp_path):
+    from surreal_redis.status import RunNotFound, find_run
+
+    assert find_run(None, "redis://h:1/0", tmp_path) == ("default", "redis://h:1/0")  # nothing local: as before
+    with pytest.raises(RunNotFound, match=r"no live local runs under .* \(none\): pass --run NAME --redis-url URL"):
+        find_run(None, None, tmp_path)
+    announce(tmp_path, "ppo_cartpole", "unix:///tmp/x/redis.sock")
+    assert find_run(None, None, tmp_path) == ("ppo_cartpole", "unix:///tmp/x/redis.sock")
+    assert find_run("ppo_cartpole", None, tmp_path) == ("ppo_cartpole", "unix:///tmp/x/redis.sock")
+    assert find_run(None, "unix:///tmp/x/redis.sock", tmp_path) == ("ppo_cartpole", "unix:///tmp/x/redis.sock")
+    assert find_run("other", "redis://h:1/0", tmp_path) == ("other", "redis://h:1/0")
+    with pytest.raises(RunNotFound, match=r"no live local run named 'other' .*live: ppo_cartpole \(unix:///tmp/x"):
+        find_run("other", None, tmp_path)
+    announce(tmp_path, "ddpg", "unix:///tmp/y/redis.sock")
+    with pytest.raises(RunNotFound, match=r"2 live local runs under .*ddpg \(unix:///tmp/y/redis.sock\), "
+                                          r"ppo_cartpole \(unix:///tmp/x/redis.sock\)\): pass --run NAME$"):
+        find_run(None, None, tmp_path)
+    assert find_run("ddpg", None, tmp_path) == ("ddpg", "unix:///tmp/y/redis.sock")
+
+
+def test_a_hub_file_is_removed_by_its_own_launcher_only(tmp_path):
+    import json
+
+    from surreal_redis.status import remove_hub_file
+
+    folder = announce(tmp_path, "r", "unix:///a.sock", pid=dead_pid())  # a later launcher's file
+    remove_hub_file(folder)
+    assert (folder / "hub.json").exists()
+    data = json.loads((folder / "hub.json").read_text())
+    announce(tmp_path, "r", "unix:///a.sock")
+    remove_hub_file(folder)
+    assert not (folder / "hub.json").exists() and data["run"] == "r"
+    remove_hub_file(folder)  # gone already: nothing to do
+
+
+def test_status_of_a_run_this_redis_does_not_hold_says_so(fake_redis, monkeypatch):
+    monkeypatch.setattr(fake_redis, "info", lambda section: {"used_memory_human": "1M"})
+    text = render_status(fake_redis, "default")
+    assert "state: unknown: no run of that name in this Redis (--run takes the experiment.name)" in text
+    RunControl(fake_redis, "default").store_config("algo: ppo\n")
+    assert "state: unknown\n" in render_status(fake_redis, "default")
+
+
+def test_status_and_stop_reach_the_only_live_local_run_by_its_folder(tmp_path, redis_server, real_redis,
+                                                                     monkeypatch):
+    """No --run, no URL: the quick start's case (an embedded Redis, a run named after its config)."""
+    from click.testing import CliRunner
+
+    from surreal_redis.cli import main
+
+    monkeypatch.delenv("SURREAL_REDIS_URL", raising=False)
+    control = RunControl(real_redis, "ppo_cartpole")
+    control.start()
+    control.write_learner_status({"iteration": 40, "version": 57, "env_steps": 10240, "steps_per_s": 900.0,
+                                  "updates_per_s": 3.5, "mean_return": 120.0, "eval_return": None, "pid": 4242,
+                                  "time": time.time(), "state": "running"}, ttl_s=60)
+    announce(tmp_path / "runs", "ppo_cartpole", redis_server.url)
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    shown = runner.invoke(main, ["status"])
+    assert shown.exit_code == 0, shown.output
+    assert "run 'ppo_cartpole'" in shown.output and "learner: pid 4242, update 40, params v57" in shown.output
+    stopped = runner.invoke(main, ["stop"])
+    assert stopped.exit_code == 0 and f"stop requested for run 'ppo_cartpole' at {redis_server.url}" in stopped.output
+    assert control.stopping() == (True, "surreal-redis stop")
+    missing = runner.invoke(main, ["status", "--run", "other"])
+    assert missing.exit_code == 2 and "no live local run named 'other'" in missing.output
+    dropped = runner.invoke(main, ["gc", "--drop"])
+    assert dropped.exit_code == 2 and "name it with --run" in dropped.output
+    assert real_redis.exists(RunKeys("ppo_cartpole").control)
