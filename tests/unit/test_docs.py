@@ -235,7 +235,10 @@ def check_shown_command(command: ShownCommand) -> None:
     config_path = params.get("config_path")
     if config_path is None:
         return
-    config_file = _resolve_shown_config(config_path)
+    try:
+        config_file = _resolve_shown_config(config_path)
+    except AssertionError as exc:
+        raise AssertionError(f"{command.where}: {command.line!r}: {exc}") from None
     if config_file is None:
         return
     overrides = list(params.get("overrides", ()))
