@@ -134,15 +134,15 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
     return rules
 
 
-def _set_users(node: redis.Redis, run: str, names: Mapping[str, str], passwords: Mapping[str, str],
+def _set_users(node: RedisClient, run: str, names: Mapping[Role, str], passwords: Mapping[Role, str],
                num_shards: int | None) -> None:
     for role, name in names.items():
         node.execute_command("ACL", "SETUSER", name, "reset", "on", f">{passwords[role]}",
                              *acl_rules(run, role, num_shards))
 
 
-def create_users(client: RedisClient, run: str, passwords: Mapping[str, str],
-                 num_shards: int | None = None) -> dict[str, str]:
+def create_users(client: RedisClient, run: str, passwords: Mapping[Role, str],
+                 num_shards: int | None = None) -> dict[Role, str]:
     """Create (or reset) the users of ``run``, enabled, with ``passwords`` (role -> password, one
     for each of :data:`ROLES`).
 

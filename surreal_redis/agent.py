@@ -33,7 +33,7 @@ from surreal_redis.algos.policies import make_policy
 from surreal_redis.codec import Tree
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
-from surreal_redis.connection import Backoff, OutageGuard
+from surreal_redis.connection import Backoff, OutageGuard, RedisClient
 from surreal_redis.envs import make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError
 from surreal_redis.hub.params import ParameterClient, connect_replicas
@@ -85,7 +85,7 @@ def with_final_rows(obs: Tree, final_obs: dict[int, Tree]) -> Tree | None:
 class Agent:
     """One agent process (``surreal-redis agent --id K``); :meth:`run` blocks until stopped."""
 
-    def __init__(self, config: ExperimentConfig, client: redis.Redis, agent_id: int, stop: StopFlag) -> None:
+    def __init__(self, config: ExperimentConfig, client: RedisClient, agent_id: int, stop: StopFlag) -> None:
         if agent_id < 0:
             raise ValueError(f"agent id must be >= 0, got {agent_id}")
         self.config, self.client, self.agent_id, self.stop = config, client, agent_id, stop

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypedDict, TypeVar, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -47,6 +47,49 @@ OUTAGE_ERRORS = (*CONNECTION_ERRORS, redis.exceptions.BusyLoadingError, redis.ex
 
 RedisClient = redis.Redis | RedisCluster
 """What :func:`connect` returns: a standalone client, or a cluster client for ``redis+cluster://``."""
+
+
+class _ClientOptions(TypedDict):
+    """The options :func:`connect` gives both kinds of client."""
+
+    protocol: int
+    decode_responses: bool
+    socket_timeout: float
+    socket_connect_timeout: float
+    retry: Retry
+    health_check_interval: float
+
+
+StreamEntry = tuple[bytes, dict[bytes, bytes]]
+"""One stream entry as a client from :func:`connect` (RESP2, bytes replies) returns it: (id, fields)."""
+StreamRead = list[tuple[bytes, list[StreamEntry]]]
+"""An XREAD / XREADGROUP reply of such a client: (stream name, entries) per stream with entries."""
+
+
+def stream_entries(reply: object) -> list[StreamEntry]:
+    """An XRANGE / XREVRANGE reply, typed as :func:`connect`'s clients return it (redis-py types
+    every reply for any protocol and decoding, so ids as bytes, str or None). None: ``[]``."""
+    return cast(list[StreamEntry], reply or [])
+
+
+def stream_read(reply: object) -> StreamRead:
+    """An XREAD / XREADGROUP reply (see :func:`stream_entries`); None (nothing new): ``[]``."""
+    return cast(StreamRead, reply or [])
+
+
+def string_list(reply: object) -> list[bytes]:
+    """An array of strings (ZRANGE without scores, SMEMBERS, ...; see :func:`stream_entries`)."""
+    return cast(list[bytes], reply or [])
+
+
+def as_text(reply: bytes | str, errors: str = "strict") -> str:
+    """A reply as text. Clients from :func:`connect` reply bytes; redis-py types replies as either."""
+    return reply.decode(errors=errors) if isinstance(reply, bytes) else reply
+
+
+def as_bytes(reply: bytes | str) -> bytes:
+    """A reply as bytes (see :func:`as_text`)."""
+    return reply if isinstance(reply, bytes) else reply.encode()
 
 
 @dataclass(frozen=True)
@@ -94,10 +137,11 @@ def connect(url: str, settings: RedisSettings | None = None) -> RedisClient:
     Raises ``ValueError`` naming the URL when its scheme is not supported.
     """
     settings = settings or RedisSettings()
-    common = dict(protocol=2, decode_responses=False, socket_timeout=settings.socket_timeout,
-                  socket_connect_timeout=settings.connect_timeout,
-                  retry=Retry(NoBackoff(), 0),  # redis-py's default would repeat every command 3 times
-                  health_check_interval=settings.health_check_interval)
+    common = _ClientOptions(
+        protocol=2, decode_responses=False, socket_timeout=settings.socket_timeout,
+        socket_connect_timeout=settings.connect_timeout,
+        retry=Retry(NoBackoff(), 0),  # redis-py's default would repeat every command 3 times
+        health_check_interval=settings.health_check_interval)
     if url.startswith(CLUSTER_SCHEMES):
         address = parse_cluster_url(url)
         return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address.nodes],

@@ -33,6 +33,7 @@ import numpy as np
 import redis
 
 from surreal_redis.configtools import flatten, to_dict
+from surreal_redis.connection import RedisClient
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.experience.receiver import ReceiverStats
@@ -124,7 +125,7 @@ class AgentClocks:
 class LearnerMetrics:
     """Accumulates between flushes; :meth:`maybe_flush` writes every ``learner.metrics_every_s``."""
 
-    def __init__(self, client: redis.Redis, config: ExperimentConfig, tracker: Tracker | None) -> None:
+    def __init__(self, client: RedisClient, config: ExperimentConfig, tracker: Tracker | None) -> None:
         self.client, self.config, self.tracker = client, config, tracker
         self.control = RunControl(client, config.run)
         self.losses: dict[str, list[float]] = defaultdict(list)

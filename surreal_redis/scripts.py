@@ -9,6 +9,7 @@ from functools import cache
 import redis
 from redis.commands.core import Script
 
+from surreal_redis.connection import RedisClient
 from surreal_redis.resources import resource_dir
 
 
@@ -28,7 +29,7 @@ def script_source(name: str) -> str:
 class Scripts:
     """The project's Lua scripts registered on one client: ``scripts.get("insert")(keys, args)``."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.client = client
         self._registered: dict[str, Script] = {}
 

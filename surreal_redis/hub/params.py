@@ -49,7 +49,15 @@ import redis
 import xxhash
 
 from surreal_redis.codec import CodecError, ParamDict, decode_tree, encode_tree
-from surreal_redis.connection import OUTAGE_ERRORS, Backoff, RedisSettings, connect, node_client
+from surreal_redis.connection import (
+    OUTAGE_ERRORS,
+    Backoff,
+    RedisClient,
+    RedisSettings,
+    as_text,
+    connect,
+    node_client,
+)
 from surreal_redis.keys import ParamKeys, RunKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -216,7 +224,7 @@ class ParameterPublisher:
     One publisher per run: a second one makes the script refuse with a version error.
     """
 
-    def __init__(self, client: redis.Redis, run: str, config: PublisherConfig) -> None:
+    def __init__(self, client: RedisClient, run: str, config: PublisherConfig) -> None:
         self._client = client
         self._keys: ParamKeys = RunKeys(run).params
         self._config = config
@@ -372,7 +380,7 @@ class ParameterPublisher:
                 time.sleep(delay)
 
 
-def connect_replicas(urls: Sequence[str], settings: RedisSettings) -> list[redis.Redis]:
+def connect_replicas(urls: Sequence[str], settings: RedisSettings) -> list[RedisClient]:
     """Clients of parameter read replicas (``redis.param_read_urls``) for :class:`ParameterClient`,
     one per URL, built like :func:`~surreal_redis.connection.connect` (which connects on first use:
     an unreachable replica costs nothing here). Raises ``ValueError`` naming a bad URL."""
@@ -393,8 +401,8 @@ class ParameterClient:
     replica is loaded only if it is above the one held. The caller owns (and closes) all clients.
     """
 
-    def __init__(self, client: redis.Redis, run: str, config: ParameterClientConfig,
-                 replicas: Sequence[redis.Redis] = ()) -> None:
+    def __init__(self, client: RedisClient, run: str, config: ParameterClientConfig,
+                 replicas: Sequence[RedisClient] = ()) -> None:
         self._client = client
         self._keys: ParamKeys = RunKeys(run).params
         self._config = config
@@ -480,7 +488,7 @@ class ParameterClient:
         HGETALL; Redis errors propagate, malformed metadata raises :class:`ParamFetchError`."""
         return _parse_meta(self._client.hgetall(self._keys.meta))[0]
 
-    def _poll(self, force: bool, at_least: int) -> tuple[redis.Redis, int]:
+    def _poll(self, force: bool, at_least: int) -> tuple[RedisClient, int]:
         """(the server to download from, the version published there; 0: none). A replica's
         answer counts only when it is at least the version held, at least ``at_least`` and not 0;
         else (or when the primary is due, or ``force``) the primary is asked."""
@@ -502,7 +510,7 @@ class ParameterClient:
         raw = self._client.hget(self._keys.meta, "version")
         return self._client, 0 if raw is None else _parse_version(raw)
 
-    def _download_from(self, source: redis.Redis, version: int) -> tuple[ParamDict, ParamInfo]:
+    def _download_from(self, source: RedisClient, version: int) -> tuple[ParamDict, ParamInfo]:
         """Download ``version`` (or a newer one published since) from ``source``; from a replica,
         only a version at least ``version``, else the primary's."""
         if source is not self._client:
@@ -528,7 +536,7 @@ class ParameterClient:
         self._replica = (self._replica + 1) % len(self._replicas)
         log.warning("parameter replica %d failed (%s); reading the primary for %.1fs", failing, exc, delay)
 
-    def _download(self, source: redis.Redis, version: int, floor: int = 0) -> tuple[ParamDict, ParamInfo]:
+    def _download(self, source: RedisClient, version: int, floor: int = 0) -> tuple[ParamDict, ParamInfo]:
         """Read, verify and decode the version ``source``'s meta names (polled: ``version``);
         raises :class:`ParamFetchError` if that is below ``floor``."""
         # The meta read carries the first max_in_flight pieces of the polled version as one range
@@ -608,7 +616,7 @@ class ParameterClient:
             self._failures = 0
 
 
-def _parse_version(raw: bytes) -> int:
+def _parse_version(raw: bytes | str) -> int:
     try:
         version = int(raw)
     except ValueError:
@@ -618,12 +626,12 @@ def _parse_version(raw: bytes) -> int:
     return version
 
 
-def _parse_meta(meta: dict[bytes, bytes]) -> tuple[ParamInfo, int, str]:
+def _parse_meta(meta: dict[bytes | str, bytes | str]) -> tuple[ParamInfo, int, str]:
     """(info, read piece size, codec) from a raw meta hash; empty meta gives version 0."""
     if not meta:
         return ParamInfo.nothing(), 0, ""
     try:
-        fields = {k.decode(): v.decode() for k, v in meta.items()}
+        fields = {as_text(k): as_text(v) for k, v in meta.items()}
         info = ParamInfo(version=int(fields["version"]), iteration=int(fields["iteration"]),
                          time=float(fields["time"]), digest=fields["digest"], nbytes=int(fields["nbytes"]))
         piece, codec = int(fields["piece"]), fields["codec"]

@@ -27,18 +27,22 @@ from typing import Literal, NamedTuple
 
 import redis
 
-from surreal_redis.connection import refresh_topology
+from surreal_redis.connection import RedisClient, refresh_topology
 from surreal_redis.keys import ParamKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)
 
 
+ClaimStatus = Literal["OK", "STALE", "WAIT"]
+_CLAIM_STATUSES: dict[str, ClaimStatus] = {"OK": "OK", "STALE": "STALE", "WAIT": "WAIT"}
+
+
 class Claim(NamedTuple):
     """The answer to a claim: ``status`` OK / STALE / WAIT (see ``lua/claim.lua``), the env
     steps granted (0 unless OK) and the live parameter version."""
 
-    status: Literal["OK", "STALE", "WAIT"]
+    status: ClaimStatus
     granted: int
     live_version: int
 
@@ -52,7 +56,7 @@ class ProductionQuota:
     """The quota of one run. Learner: :meth:`grant`; agents: :meth:`claim`. Each call is one
     round trip and does not block otherwise."""
 
-    def __init__(self, client: redis.Redis, run: str) -> None:
+    def __init__(self, client: RedisClient, run: str) -> None:
         self.client = client
         self.keys = ParamKeys(run)
         self._scripts = Scripts(client)
@@ -90,7 +94,10 @@ class ProductionQuota:
             if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
                 raise ClaimScriptMissing(f"claim.lua is not loaded and this user may not load it ({exc})") from exc
             raise
-        return Claim(status.decode() if isinstance(status, bytes) else status, int(granted), int(live))
+        text = status.decode() if isinstance(status, bytes) else str(status)
+        if text not in _CLAIM_STATUSES:
+            raise ScriptError(f"claim.lua replied status {text!r}, not one of {', '.join(_CLAIM_STATUSES)}")
+        return Claim(_CLAIM_STATUSES[text], int(granted), int(live))
 
     def load_script(self) -> None:
         """Load ``claim.lua`` for agents whose ACL user may run scripts but not load them."""
@@ -114,7 +121,7 @@ class QuotaNews:
     Subscribes on first use, on its own connection. A connection error propagates (the caller
     backs off) and drops the subscription; the next call subscribes again. Not thread-safe."""
 
-    def __init__(self, client: redis.Redis, run: str) -> None:
+    def __init__(self, client: RedisClient, run: str) -> None:
         self.client = client
         self.channel = ParamKeys(run).notify
         self._pubsub: redis.client.PubSub | None = None

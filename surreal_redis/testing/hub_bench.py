@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-import redis
 
-from surreal_redis.connection import EmbeddedRedis, connect
+from surreal_redis.connection import EmbeddedRedis, RedisClient, connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import (
@@ -76,7 +75,7 @@ class BenchSizes:
 
 # ---------------------------------------------------------------- sender processes
 
-def _send_naive(client: redis.Redis, run: str, traj: Trajectory) -> int:
+def _send_naive(client: RedisClient, run: str, traj: Trajectory) -> int:
     """One XADD per transition (obs, next_obs, action, reward, done flags), pipelined."""
     key = RunKeys(run).shard(0).exp
     first = traj.steps[0]
@@ -98,7 +97,7 @@ def _send_naive(client: redis.Redis, run: str, traj: Trajectory) -> int:
     return sent
 
 
-def _send_hub(client: redis.Redis, run: str, agent_id: int, traj: Trajectory) -> int:
+def _send_hub(client: RedisClient, run: str, agent_id: int, traj: Trajectory) -> int:
     sender = ExperienceSender(client, SenderConfig(), run, agent_id, num_shards=SENDERS)
     for step in traj.steps:
         sender.add(step.obs, step.actions, step.rewards, step.terminated, step.truncated,
@@ -158,7 +157,7 @@ def run_senders(mode: str, url: str, run: str, kind: str, size: KindSize) -> Sen
 
 # ---------------------------------------------------------------- measurements
 
-def used_memory(client: redis.Redis, timeout_s: float = 5.0) -> int:
+def used_memory(client: RedisClient, timeout_s: float = 5.0) -> int:
     """Redis ``used_memory`` less client buffers, read once only this client is connected and two
     readings 0.15 s apart agree: the server frees closed connections and resizes client buffers
     in its 10 Hz cron, and those bytes are not data."""
@@ -174,7 +173,7 @@ def used_memory(client: redis.Redis, timeout_s: float = 5.0) -> int:
         time.sleep(0.15)
 
 
-def warm_up(client: redis.Redis, kind: str) -> None:
+def warm_up(client: RedisClient, kind: str) -> None:
     """Send a little of ``kind`` both ways, then FLUSHALL: first-use allocations in the server
     (script cache, Lua, stream internals) must not count as the first measured mode's data."""
     traj = synthetic_trajectory(kind, num_envs=1, steps=40, seed=0)
@@ -183,7 +182,7 @@ def warm_up(client: redis.Redis, kind: str) -> None:
     client.flushall()
 
 
-def receive_all(client: redis.Redis, run: str, expected: int) -> float:
+def receive_all(client: RedisClient, run: str, expected: int) -> float:
     """Transitions per second the learner-side receiver reads, resolves, decodes and acks until it
     has seen ``expected`` transitions."""
     receiver = ExperienceReceiver(client, ReceiverConfig(), run, num_shards=SENDERS)
@@ -198,13 +197,13 @@ def receive_all(client: redis.Redis, run: str, expected: int) -> float:
     return got / (time.monotonic() - start)
 
 
-def server_cpu_s(client: redis.Redis) -> float:
+def server_cpu_s(client: RedisClient) -> float:
     """CPU seconds redis-server has used so far (user + system)."""
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure_kind(client: redis.Redis, url: str, kind: str, size: KindSize) -> dict[str, float]:
+def measure_kind(client: RedisClient, url: str, kind: str, size: KindSize) -> dict[str, float]:
     """Hub then naive ingestion of the same transitions, and the receive rate, for one kind.
 
     Besides the wall-clock rates it reports CPU microseconds per transition of the senders and of
@@ -244,7 +243,7 @@ def mlp_params(megabytes: int, seed: int = 0) -> dict[str, np.ndarray]:
     return params
 
 
-def measure_params(client: redis.Redis, sizes: BenchSizes) -> dict[str, float]:
+def measure_params(client: RedisClient, sizes: BenchSizes) -> dict[str, float]:
     """Poll latency (µs, next to a PING's) and full fetch time (s: poll, meta, GETRANGE pieces,
     digest check, decode) versus one raw GET of the same blob: medians and bests over
     ``fetch_repeats`` (each fetch followed by its GET), and ``fetch_<n>m_ratio`` of the bests."""

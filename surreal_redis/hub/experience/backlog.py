@@ -9,6 +9,7 @@ import numpy as np
 import redis
 
 from surreal_redis.codec import CodecError
+from surreal_redis.connection import RedisClient, stream_entries
 from surreal_redis.hub.experience.wire import WireError, parse_entry, parse_id, referenced_slots
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
 
@@ -30,7 +31,7 @@ class Backlog(NamedTuple):
     queued: int = 0
 
 
-def read_backlog(client: redis.Redis, keys: ShardKeys, max_count: int = 10_000) -> Backlog:
+def read_backlog(client: RedisClient, keys: ShardKeys, max_count: int = 10_000) -> Backlog:
     """One round trip (XINFO GROUPS, XLEN, first entry id, LLEN of the inbox); blocks only for
     that round trip.
 
@@ -63,8 +64,7 @@ def read_backlog(client: redis.Redis, keys: ShardKeys, max_count: int = 10_000) 
     elif isinstance(group.get("lag"), int):
         unread = min(group["lag"], length)
     else:
-        after = client.xrange(keys.exp, min=b"(" + last, count=max_count)
-        unread = len(after)
+        unread = len(stream_entries(client.xrange(keys.exp, min=b"(" + last, count=max_count)))
     return Backlog(length, unread + queued, first_id, last, queued)
 
 
@@ -73,7 +73,7 @@ def _obs_slots(fields: dict) -> int:
     return referenced_slots(parse_entry(fields))
 
 
-def dedup_ratio(client: redis.Redis, keys: ShardKeys, length: int) -> tuple[float | None, int]:
+def dedup_ratio(client: RedisClient, keys: ShardKeys, length: int) -> tuple[float | None, int]:
     """(observation slots referenced by the retained entries / observation blobs stored, blobs).
 
     The slots per entry are estimated from the newest ``DEDUP_SAMPLE`` entries; None when the

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
-from surreal_redis.connection import RedisClient, is_cluster, node_client, refresh_topology
+from surreal_redis.connection import RedisClient, node_client, refresh_topology
 from surreal_redis.scripts import ScriptError
 
 SEQ_WINDOW = 1024  # insert.lua takes seqs below floor + SEQ_WINDOW only (it remembers that many)
@@ -58,9 +59,8 @@ def split_batches(chunks: list[tuple[tuple[bytes, ...], list[str]]], max_chunks:
                 current = set()
             batch = batches[-1]
             new = [d for d in dict.fromkeys(digests) if d not in current]
-            sizes = {d: upload_size(d) for d in new if d not in uploaded}
-            ups = [d for d, n in sizes.items() if n is not None]
-            nbytes = size + sum(sizes[d] for d in ups)
+            ups = {d: n for d in new if d not in uploaded and (n := upload_size(d)) is not None}
+            nbytes = size + sum(ups.values())
             fits = (len(batch.chunks) < max_chunks and len(batch.digests) + len(new) <= max_obs
                     and (not batch.chunks or batch.nbytes + nbytes <= max_bytes))
             if fits:
@@ -94,10 +94,13 @@ def send_commands(client: RedisClient, commands: list[bytes], key: str | None = 
 
     On Redis Cluster every command must touch ``key``'s slot: they go to the primary serving it
     (a MOVED reply or a connection error refreshes the client's slot map for the next call)."""
-    cluster = is_cluster(client)
-    if cluster and key is None:
-        raise ValueError("send_commands on a cluster needs the key whose slot the commands touch")
-    node = node_client(client, key) if cluster else client
+    cluster = isinstance(client, RedisCluster)
+    if isinstance(client, RedisCluster):
+        if key is None:
+            raise ValueError("send_commands on a cluster needs the key whose slot the commands touch")
+        node = node_client(client, key)
+    else:
+        node = client
     pool = node.connection_pool
     try:
         conn = pool.get_connection()  # connects (and may fail) here

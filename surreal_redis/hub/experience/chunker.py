@@ -80,7 +80,8 @@ class ChunkBuffer:
         self.agent_id, self.flush_steps, self.max_obs = agent_id, flush_steps, max_obs
         self.dedup_min_bytes, self.compress_min_bytes = dedup_min_bytes, compress_min_bytes
         self.steps = 0  # steps stored in the current chunks
-        self._spec: _StepSpec | None = None
+        self._spec: _StepSpec | None = None  # set by the first add()
+        self._state: Tree | None = None  # the recurrent state at step 0 of the current chunks
         self._carry = False  # whether row 0 of the current chunks holds the previous chunks' last row
         self._blobs: dict[str, bytes] = {}  # digest -> encoded observation, until release()
         self._sent: dict[str, Frame] = {}  # digest -> its reference, for every chunk returned since release()
@@ -95,9 +96,7 @@ class ChunkBuffer:
         chunks this step completed (its obs is their last row), else ``[]``."""
         leaves = [np.asarray(leaf) for leaf in tree_leaves(obs)]
         extras = extras or {}
-        if self._spec is None:
-            self._allocate(obs, leaves, actions, extras)
-        spec = self._spec
+        spec = self._spec if self._spec is not None else self._allocate(obs, leaves, actions, extras)
         T = self.flush_steps
         if len(leaves) != len(spec.leaf_specs):
             raise ValueError(f"obs has {len(leaves)} leaves, expected {len(spec.leaf_specs)}")
@@ -163,7 +162,7 @@ class ChunkBuffer:
         blob = self._blobs.get(key)
         if blob is None:
             leaf, raw, _ = self._sent[key]
-            leaf_spec = self._spec.leaf_specs[leaf]
+            leaf_spec = self._step_spec().leaf_specs[leaf]
             blob = self._blobs[key] = encode_raw(raw, leaf_spec.dtype, leaf_spec.shape, self.compress_min_bytes)
         return blob
 
@@ -174,13 +173,21 @@ class ChunkBuffer:
 
     # ------------------------------------------------------------ buffers
 
-    def _allocate(self, obs: Tree, leaves: list[np.ndarray], actions: Any, extras: dict[str, Any]) -> None:
+    def _step_spec(self) -> _StepSpec:
+        if self._spec is None:
+            raise RuntimeError("no step added yet: the first add() fixes the chunk layout")
+        return self._spec
+
+    def _allocate(self, obs: Tree, leaves: list[np.ndarray], actions: Any,
+                  extras: dict[str, Any]) -> _StepSpec:
         if not leaves or any(leaf.ndim < 1 for leaf in leaves):
             raise ValueError("every obs leaf needs a leading env dimension N")
         n = leaves[0].shape[0]
         if any(leaf.shape[0] != n for leaf in leaves):
             raise ValueError(f"obs leaves disagree on N: {[leaf.shape for leaf in leaves]}")
-        specs, frame_class, classes = [], [], {}
+        specs: list[pl.Leaf] = []
+        frame_class: list[int] = []
+        classes: dict[tuple[str, tuple[int, ...]], int] = {}
         for i, leaf in enumerate(leaves):
             dtype = _wire_dtype(leaf.dtype, f"obs leaf {i}")
             referenced = leaf.nbytes // max(n, 1) >= self.dedup_min_bytes
@@ -205,7 +212,7 @@ class ChunkBuffer:
             self._extras[name] = np.zeros((n, T, *value.shape[1:]), _wire_dtype(value.dtype, f"extras[{name!r}]"))
         # env -> step -> (referenced row, {inline leaf ordinal: copy}) of the true final observation
         self._final: list[dict[int, tuple[Row, dict[int, np.ndarray]]]] = [{} for _ in range(n)]
-        self._state: Tree | None = None
+        self._state = None
         self._spec = _StepSpec(n, obs, specs, inline, referenced, frame_class, names, frozenset(names),
                                frozenset((*names, INITIAL_STATE)), (self._actions.dtype, act.shape[1:]))
         # what _put checks each step against: [N, ...] without the time axis, per buffer
@@ -213,10 +220,11 @@ class ChunkBuffer:
                    *self._extras.values())
         self._row_shapes = {id(b): b.shape[:1] + b.shape[2:] for b in buffers}
         self._payloads: dict[Any, pl.Layout] = {}
+        return self._spec
 
     def _payload_layout(self) -> pl.Layout:
         """The payload layout of the current chunks (one per recurrent-state signature)."""
-        spec, state = self._spec, self._state
+        spec, state = self._step_spec(), self._state
         key = None
         if state is not None:
             key = (repr(tree_structure(state)), tuple((x.dtype.str, x.shape[1:]) for x in tree_leaves(state)))
@@ -237,7 +245,7 @@ class ChunkBuffer:
     def _store_obs(self, leaves: list[np.ndarray], t: int, inline_only: bool = False) -> None:
         """Copy the inline leaves into row ``t`` and identify the referenced ones (row ``t`` of
         ``self._rows``, compared with row ``t - 1``)."""
-        spec = self._spec
+        spec = self._step_spec()
         n = spec.num_envs
         for i, (leaf, leaf_spec) in enumerate(zip(leaves, spec.leaf_specs)):
             if leaf.shape != (n, *leaf_spec.shape):
@@ -256,7 +264,7 @@ class ChunkBuffer:
         candidates (frame stacks shift by one leaf per step: leaf k of this row is leaf k+1 of
         ``prev``; an unchanged screen; a reset stack of equal frames) takes its digest; any
         other is encoded and hashed."""
-        spec = self._spec
+        spec = self._step_spec()
         frame_class, specs = spec.frame_class, spec.leaf_specs
         row: Row = []
         last = len(prev) - 1
@@ -283,14 +291,14 @@ class ChunkBuffer:
         payload = self._payload_layout()
         ended_all = self._terminated[:, :steps] | self._truncated[:, :steps]
         chunks = []
-        for env in range(self._spec.num_envs):
+        for env in range(self._step_spec().num_envs):
             ended = np.flatnonzero(ended_all[env]).tolist()  # add() holds a final obs for each
             chunks.append(self._chunk_fields(payload, env, steps, ended))
             self._final[env].clear()
         return chunks
 
     def _chunk_fields(self, payload: pl.Layout, env: int, steps: int, ended: list[int]) -> EncodedChunk:
-        spec = self._spec
+        spec = self._step_spec()
         rows = self._rows[env][: steps + 1]
         finals = self._final[env]
         final_rows = [finals[t][0] for t in ended]
@@ -315,7 +323,7 @@ class ChunkBuffer:
                              f"{self.max_obs} one insert takes: lower sender.flush_steps (now {self.flush_steps})")
         versions = self._versions[env, :steps]
         one_version = bool((versions == versions[0]).all())
-        state = None if self._state is None else tree_leaves(self._state)
+        state = [] if self._state is None else tree_leaves(self._state)  # STATE slots exist only with a state
         per_step = {pl.ACTIONS: self._actions, pl.REWARDS: self._rewards, pl.TERMINATED: self._terminated,
                     pl.TRUNCATED: self._truncated}
 

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 
 import redis
+from redis.typing import EncodableT, FieldT
 
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient
 from surreal_redis.hub.experience.decoding import Failure
 from surreal_redis.keys import ShardKeys
 
@@ -29,7 +30,7 @@ class DeadLetters:
     the receiver's, held while entries move. ``retries``: attempts Redis refused.
     """
 
-    def __init__(self, client: redis.Redis, keys: Mapping[int, ShardKeys], maxlen: int, backoff: Backoff,
+    def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], maxlen: int, backoff: Backoff,
                  ack: Callable[[dict[int, set[bytes]]], int], lock: threading.RLock) -> None:
         self.client, self.keys, self.maxlen = client, keys, maxlen
         self._backoff, self._ack, self._lock = backoff, ack, lock
@@ -54,7 +55,8 @@ class DeadLetters:
             waiting, self._waiting = self._waiting, []
             pipe = self.client.pipeline(transaction=False)
             for reason, detail, shard, entry_id, fields in waiting:
-                record = {b"id": entry_id, b"reason": reason, b"detail": detail[:1000]}
+                record: dict[FieldT, EncodableT] = {b"id": entry_id, b"reason": reason,
+                                                    b"detail": detail[:1000]}
                 record.update({b"f." + bytes(k): v for k, v in fields.items()})
                 pipe.xadd(self.keys[shard].dead, record, maxlen=self.maxlen, approximate=True)
             try:

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
-import redis
 
 from surreal_redis.codec import CodecError, array_header, decode_array, digest
+from surreal_redis.connection import RedisClient
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.payload import Layout
 from surreal_redis.hub.experience.wire import (
@@ -41,12 +41,17 @@ Decoded = tuple[Entry, Chunk, int]  # (entry, chunk, entry bytes)
 
 
 class DecodingLimits(Protocol):
-    """What :class:`EntryDecoder` reads of the receiver's config (sizes in bytes)."""
+    """What :class:`EntryDecoder` reads of the receiver's config (sizes in bytes); read-only, so
+    a frozen config satisfies it."""
 
-    verify_digests: bool
-    cache_entries: int
-    cache_bytes: int
-    max_obs_bytes: int
+    @property
+    def verify_digests(self) -> bool: ...
+    @property
+    def cache_entries(self) -> int: ...
+    @property
+    def cache_bytes(self) -> int: ...
+    @property
+    def max_obs_bytes(self) -> int: ...
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -69,7 +74,7 @@ class EntryDecoder:
     ``cached_bytes``: decoded observations in the cache now. Not thread-safe.
     """
 
-    def __init__(self, client: redis.Redis, keys: Mapping[int, ShardKeys], limits: DecodingLimits) -> None:
+    def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], limits: DecodingLimits) -> None:
         self.client, self.keys, self.limits = client, keys, limits
         self._layouts: dict[bytes, Layout] = {}  # parsed chunk templates, one per sender layout
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()

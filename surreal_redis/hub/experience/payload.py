@@ -68,7 +68,7 @@ class Slot(NamedTuple):
     position), dtype and per-row shape, and its bytes per row."""
 
     group: int
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(), which nothing calls on a Slot
     dtype: np.dtype
     shape: tuple[int, ...]
     row_bytes: int
@@ -254,7 +254,7 @@ def encode(layout: Layout, steps: int, finals: int, arrays: Callable[[Slot], np.
     """The payload of one chunk: ``arrays(slot)`` gives each slot's array, C-contiguous, of the
     slot's dtype and ``rows x shape``. The body is lz4-compressed when it is at least
     ``compress_min_bytes`` (None: never) and that shrinks it."""
-    body = b"".join([arrays(slot) for slot in layout.slots])  # TypeError if one is not contiguous
+    body = b"".join([arrays(slot).data for slot in layout.slots])  # TypeError if one is not contiguous
     expected = layout.nbytes(steps, finals, one_version)
     if len(body) != expected:
         raise ValueError(f"chunk body has {len(body)} bytes, its layout needs {expected}")

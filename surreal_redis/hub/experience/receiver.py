@@ -31,13 +31,25 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import redis
+from redis.typing import KeyT, StreamIdT
 
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisSettings, block_ms, is_cluster
+from surreal_redis.connection import (
+    CONNECTION_ERRORS,
+    Backoff,
+    RedisClient,
+    RedisSettings,
+    StreamRead,
+    as_bytes,
+    block_ms,
+    is_cluster,
+    stream_entries,
+    stream_read,
+)
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.dead_letters import DeadLetters
 from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
@@ -148,6 +160,14 @@ class ReceiverStats(NamedTuple):
     move_errors: int = 0
 
 
+def _message_id(entry: Mapping[str, object]) -> bytes:
+    """An XPENDING entry's id (bytes from our clients; redis-py types it bytes, str or int)."""
+    value = entry["message_id"]
+    if not isinstance(value, (bytes, str)):
+        raise TypeError(f"XPENDING entry id {value!r} is not a stream id")
+    return as_bytes(value)
+
+
 class ExperienceReceiver:
     """Reads experience chunks of some shards of one run.
 
@@ -162,7 +182,7 @@ class ExperienceReceiver:
     recovers. Out-of-memory replies never do: they are waited out.
     """
 
-    def __init__(self, client: redis.Redis, config: ReceiverConfig, run: str, num_shards: int,
+    def __init__(self, client: RedisClient, config: ReceiverConfig, run: str, num_shards: int,
                  shards: Sequence[int] | None = None, settings: RedisSettings | None = None) -> None:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
@@ -331,7 +351,7 @@ class ExperienceReceiver:
         memory the entry stays pending and is set aside later (by :meth:`receive`); never raises
         for that. Two round trips."""
         keys = self._keys[item.shard]
-        entries = self.client.xrange(keys.exp, item.entry_id, item.entry_id)
+        entries = stream_entries(self.client.xrange(keys.exp, item.entry_id, item.entry_id))
         self._dead.add([(reason, detail, item.shard, item.entry_id, entries[0][1] if entries else {})])
         self._dead.flush(force=True)
 
@@ -393,7 +413,7 @@ class ExperienceReceiver:
             last = last if isinstance(last, bytes) else str(last).encode()
             window[shard] = min(end, last, key=parse_id)
             entries = self.client.xpending_range(key, CONSUMER_GROUP, min="-", max=window[shard], count=100_000)
-            pending[shard] = {e["message_id"] for e in entries}
+            pending[shard] = {_message_id(e) for e in entries}
         return window, pending
 
     # ------------------------------------------------------------ taking entries
@@ -431,7 +451,8 @@ class ExperienceReceiver:
         delivered) for every shard still being re-read."""
         count = self.config.claim_count
         with self._lock:
-            streams = {self._keys[s].exp: cursor for s, cursor in self._own_cursor.items()}
+            streams: dict[KeyT, StreamIdT] = {self._keys[s].exp: cursor
+                                              for s, cursor in self._own_cursor.items()}
             reply = self._xreadgroup(streams, count)
             pages = {self._shard_of[bytes(name)]: entries for name, entries in reply or []}
             for shard in list(self._own_cursor):
@@ -474,7 +495,7 @@ class ExperienceReceiver:
         """Move the inboxes into the streams, then read new entries without blocking; while that
         finds nothing and ``wait_ms`` are not over, wait for a batch in the next shard's inbox
         and go again."""
-        streams = {keys.exp: ">" for keys in self._keys.values()}
+        streams: dict[KeyT, StreamIdT] = {keys.exp: ">" for keys in self._keys.values()}
         count = -(-max_chunks // len(streams))
         block = block_ms(wait_ms, self.settings) if wait_ms > 0 else 0
         deadline = time.monotonic() + block / 1000
@@ -489,7 +510,9 @@ class ExperienceReceiver:
             inbox = self._keys[next(self._rotation)].inbox
             slice_ms = left_ms if len(self._keys) == 1 else min(left_ms, BLOCK_SLICE_MS)
             # LMOVE of a list's last item onto its own tail changes nothing: it only wakes us
-            self.client.blmove(inbox, inbox, max(1, slice_ms) / 1000, "RIGHT", "RIGHT")
+            # BLMOVE takes fractional seconds (Redis >= 6); redis-py types the timeout as int
+            timeout_s = max(1, slice_ms) / 1000
+            self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
         with self._lock:
             for name, entries in reply:
                 self._take(self._shard_of[bytes(name)], entries)
@@ -517,15 +540,16 @@ class ExperienceReceiver:
                 if not moved.left:
                     break
 
-    def _xreadgroup(self, streams: dict[str, str | bytes], count: int) -> list:
+    def _xreadgroup(self, streams: dict[KeyT, StreamIdT], count: int) -> StreamRead:
         """XREADGROUP without blocking; on a cluster one call per stream (one slot per call).
         Returns [(stream, entries), ...] for the streams that had entries."""
         consumer = self.config.consumer
         if not self._cluster or len(streams) == 1:
-            return self.client.xreadgroup(CONSUMER_GROUP, consumer, streams, count=count) or []
-        reply = []
+            return stream_read(self.client.xreadgroup(CONSUMER_GROUP, consumer, streams, count=count))
+        reply: StreamRead = []
         for name, cursor in streams.items():
-            reply += self.client.xreadgroup(CONSUMER_GROUP, consumer, {name: cursor}, count=count) or []
+            one = self.client.xreadgroup(CONSUMER_GROUP, consumer, {name: cursor}, count=count)
+            reply += stream_read(one)
         return reply
 
     def _count_trimmed(self, shard: int, count: int) -> None:
@@ -573,7 +597,8 @@ class ExperienceReceiver:
         """Entries of one shard up to ``end`` (inclusive), oldest first, one XRANGE per batch."""
         key, start = self._keys[shard].exp, b"-"
         while True:
-            entries = self.client.xrange(key, min=start, max=end, count=self.config.retained_batch)
+            entries = stream_entries(
+                self.client.xrange(key, min=start, max=end, count=self.config.retained_batch))
             for entry_id, fields in entries:
                 yield shard, entry_id, fields
             if len(entries) < self.config.retained_batch or entries[-1][0] == end:
@@ -599,7 +624,7 @@ class ExperienceReceiver:
     def _process(self, entries: list[Entry]) -> list[ReceivedChunk]:
         """Decode held entries: good ones are returned (held until acked), malformed ones set
         aside, ones trimmed while pending counted and acked."""
-        gone = {}
+        gone: dict[int, set[bytes]] = {}
         for shard, entry_id, fields in entries:
             if not fields:
                 gone.setdefault(shard, set()).add(entry_id)

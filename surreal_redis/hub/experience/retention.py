@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import redis
 
-from surreal_redis.connection import node_client
+from surreal_redis.connection import RedisClient, node_client, stream_entries, string_list
 from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ReceiverConfig
 from surreal_redis.hub.experience.wire import id_score
@@ -93,7 +93,7 @@ class HubJanitor:
     written) is logged and the trim and gc go on.
     """
 
-    def __init__(self, client: redis.Redis, config: RetentionConfig, run: str, num_shards: int,
+    def __init__(self, client: RedisClient, config: RetentionConfig, run: str, num_shards: int,
                  receiver: ReceiverConfig = ReceiverConfig(),
                  dead_letters: Callable[[str, int, int], None] | None = None) -> None:
         if num_shards < 1:
@@ -147,7 +147,7 @@ class HubJanitor:
                 break
         first: bytes | None = None
         passes: list[tuple[str, str | int]] = []
-        if now_ms is not None:
+        if now_ms is not None and cfg.max_age_s is not None:
             passes.append(("AGE", f"{max(0, now_ms - int(cfg.max_age_s * 1000))}-0"))
         if cfg.max_entries is not None:
             passes.append(("CAP", cfg.max_entries))
@@ -164,7 +164,7 @@ class HubJanitor:
             log.warning("shard %d: %d entries trimmed before the learner read them (retention.max_entries"
                         "=%s reached; the learner is too slow or absent)", keys.shard, dropped, cfg.max_entries)
         if not passes:
-            head = self.client.xrange(keys.exp, count=1)
+            head = stream_entries(self.client.xrange(keys.exp, count=1))
             first = head[0][0] if head else None
         deleted, gc_calls, malformed = self._collect(keys, first, cfg.max_calls - calls)
         swept, orphans, skipped = self._sweep_orphans(keys)
@@ -179,7 +179,8 @@ class HubJanitor:
         upper = f"({id_score(first_id)}" if first_id else "+inf"
         deleted = calls = malformed = spared = 0
         while calls < budget:
-            members = self.client.zrangebyscore(keys.obsref, "-inf", upper, start=spared, num=self.config.gc_batch)
+            members = string_list(self.client.zrangebyscore(keys.obsref, "-inf", upper, start=spared,
+                                                            num=self.config.gc_batch))
             if not members:
                 return deleted, calls, malformed
             digests = [m.decode("utf-8", "replace") for m in members]

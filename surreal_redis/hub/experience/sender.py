@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import redis
 
 from surreal_redis.codec import Tree
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff, Waiter
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter
 from surreal_redis.hub.experience.backlog import read_backlog
 from surreal_redis.hub.experience.batching import (
     SEQ_WINDOW,
@@ -124,7 +124,7 @@ class ExperienceSender:
     backoff while Redis is out of memory or unreachable.
     """
 
-    def __init__(self, client: redis.Redis, config: SenderConfig, run: str, agent_id: int,
+    def __init__(self, client: RedisClient, config: SenderConfig, run: str, agent_id: int,
                  num_shards: int, stop: Waiter | None = None) -> None:
         if agent_id < 0:
             raise ValueError(f"agent_id must be >= 0, got {agent_id}")
@@ -143,7 +143,8 @@ class ExperienceSender:
         self._stored_old: dict[str, None] = {}
         self._buffer = ChunkBuffer(agent_id, config.flush_steps, config.dedup_min_bytes,
                                    config.compress_min_bytes, config.max_obs_per_insert)
-        self._counts = dict.fromkeys(SenderStats._fields, 0)
+        self._counts = dict.fromkeys((f for f in SenderStats._fields if f != "backpressure_wait_s"), 0)
+        self._backpressure_wait_s = 0.0
         self._unsent: dict[int, EncodedChunk] = {}  # id(fields) -> chunk, while a flush is being sent
 
     # ------------------------------------------------------------ public API
@@ -183,7 +184,7 @@ class ExperienceSender:
         return len(chunks)
 
     def stats(self) -> SenderStats:
-        return SenderStats(**self._counts)
+        return SenderStats(**self._counts, backpressure_wait_s=self._backpressure_wait_s)
 
     # ------------------------------------------------------------ sending
 
@@ -282,7 +283,8 @@ class ExperienceSender:
         commands = []
         for batch in batches:
             obs_keys = keys.obs_keys(batch.keys_order())
-            args = [self.uuid, batch.seq, floor, len(batch.chunks), len(batch.upload)]
+            args: list[bytes | str | int] = [self.uuid, batch.seq, floor, len(batch.chunks),
+                                             len(batch.upload)]
             args += [blob(d) for d in batch.upload]
             for fields in batch.chunks:
                 args += fields
@@ -356,4 +358,4 @@ class ExperienceSender:
                 time.sleep(backoff.next_delay())
             else:
                 stop.wait(backoff.next_delay())
-        self._counts["backpressure_wait_s"] += time.monotonic() - start
+        self._backpressure_wait_s += time.monotonic() - start

@@ -114,7 +114,8 @@ def expected_frames(entry: ParsedEntry) -> dict[str, tuple[np.dtype, tuple[int, 
     """digest -> (dtype, shape) the entry's template gives every observation it uses by digest
     (indices past the digest list are left to :func:`build_chunk` to refuse). What a fetched blob
     must declare before it is decompressed."""
-    p, digests, out = entry.payload, entry.digests, {}
+    p, digests = entry.payload, entry.digests
+    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
     for members in p.layout.ref_groups:
         leaf = p.layout.leaves[members[0]]
         spec = (leaf.dtype, leaf.shape)
@@ -149,7 +150,8 @@ def _resolve_refs(p: pl.Decoded, digests: list[str], arrays: Mapping[str, np.nda
             if frame.dtype != leaf.dtype or frame.shape != leaf.shape:
                 raise WireError(f"observation {digests[k]} is {frame.dtype}{frame.shape}, the template "
                                 f"says {leaf.dtype}{leaf.shape}")
-        table = np.frombuffer(bytearray().join(frames), leaf.dtype).reshape((len(used), *leaf.shape))
+        table = np.frombuffer(bytearray().join([f.data for f in frames]), leaf.dtype)
+        table = table.reshape((len(used), *leaf.shape))
         table.setflags(write=False)
         position = None if used == list(range(len(used))) else {k: n for n, k in enumerate(used)}
         for key, column in columns.items():

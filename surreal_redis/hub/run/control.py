@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from surreal_redis.connection import OUTAGE_ERRORS
+from surreal_redis.connection import OUTAGE_ERRORS, RedisClient, as_text
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import StopFlag
 
@@ -25,7 +25,7 @@ EXITED_TTL_S = 3600
 class RunControl:
     """The state of run ``run``: ``control`` hash, ``learner`` status string, ``config`` hash."""
 
-    def __init__(self, client: redis.Redis, run: str) -> None:
+    def __init__(self, client: RedisClient, run: str) -> None:
         self.client, self.run = client, run
         self.keys = RunKeys(run)
 
@@ -39,7 +39,7 @@ class RunControl:
     def stopping(self) -> tuple[bool, str]:
         """(whether a stop was requested, its reason)."""
         state, reason = self.client.hmget(self.keys.control, ["state", "reason"])
-        return state == STOPPING.encode(), (reason or b"").decode()
+        return state == STOPPING.encode(), as_text(reason or b"")
 
     # ---------------------------------------------------------------- learner status
     def write_learner_status(self, status: dict[str, Any], ttl_s: int) -> None:
@@ -76,7 +76,10 @@ class RunControl:
             pipe.set(self.keys.learner, json.dumps(status), ex=EXITED_TTL_S)
             return True
 
-        return self.client.transaction(mark, self.keys.learner, value_from_callable=True)
+        # redis-py types the callable as returning None, but value_from_callable returns its value
+        changed = self.client.transaction(mark, self.keys.learner,  # type: ignore[arg-type]
+                                          value_from_callable=True)
+        return bool(changed)
 
     # ---------------------------------------------------------------- stored config
     def store_config(self, yaml_text: str) -> None:
@@ -86,7 +89,7 @@ class RunControl:
     def stored_config(self) -> str | None:
         """The YAML that :meth:`store_config` wrote, or None."""
         raw = self.client.hget(self.keys.config, "yaml")
-        return None if raw is None else raw.decode()
+        return None if raw is None else as_text(raw)
 
     # ---------------------------------------------------------------- dropping
     def drop(self) -> int:

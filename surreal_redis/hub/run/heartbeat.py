@@ -15,8 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-import redis
-
+from surreal_redis.connection import RedisClient, as_bytes, as_text
 from surreal_redis.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ class Heartbeat:
     of ``ttl_s`` has passed since the last write, so a live agent is never seen as stale.
     """
 
-    def __init__(self, client: redis.Redis, run: str, agent_id: int | str, ttl_s: float) -> None:
+    def __init__(self, client: RedisClient, run: str, agent_id: int | str, ttl_s: float) -> None:
         self._client = client
         self._key = RunKeys(run).agents
         self._field = _agent_field(agent_id)
@@ -112,7 +111,7 @@ class Heartbeat:
         self._last_write = None
 
 
-def _parse(agent_id: str, raw: bytes, now: float, ttl_s: float) -> AgentStatus:
+def _parse(agent_id: str, raw: bytes | str, now: float, ttl_s: float) -> AgentStatus:
     entry = json.loads(raw)
     if not isinstance(entry, dict) or any(name not in entry for name in _FIELDS):
         raise ValueError(f"missing fields (need {', '.join(_FIELDS)})")
@@ -125,14 +124,14 @@ def _parse(agent_id: str, raw: bytes, now: float, ttl_s: float) -> AgentStatus:
                        chunks_dropped=int(entry.get("chunks_dropped", 0)), claimed=int(entry.get("claimed", 0)))
 
 
-def read_agents(client: redis.Redis, run: str, ttl_s: float, include_stale: bool = True) -> list[AgentStatus]:
+def read_agents(client: RedisClient, run: str, ttl_s: float, include_stale: bool = True) -> list[AgentStatus]:
     """All agents' heartbeats, sorted by agent id, stale ones marked (or left out when
     ``include_stale`` is false). One HGETALL. An unreadable entry is logged and left out."""
     ttl_s = _check_ttl(ttl_s)
     now = time.time()
     agents = []
     for field, raw in client.hgetall(RunKeys(run).agents).items():
-        agent_id = field.decode(errors="replace")
+        agent_id = as_text(field, errors="replace")
         try:
             status = _parse(agent_id, raw, now, ttl_s)
         except (ValueError, TypeError) as exc:
@@ -143,7 +142,7 @@ def read_agents(client: redis.Redis, run: str, ttl_s: float, include_stale: bool
     return sorted(agents, key=lambda s: (len(s.agent_id), s.agent_id))
 
 
-def prune_stale(client: redis.Redis, run: str, ttl_s: float) -> list[str]:
+def prune_stale(client: RedisClient, run: str, ttl_s: float) -> list[str]:
     """Delete the entries of agents silent for more than ``ttl_s`` seconds (and unreadable ones)
     and return their ids. One HGETALL plus one HDEL.
 
@@ -153,15 +152,15 @@ def prune_stale(client: redis.Redis, run: str, ttl_s: float) -> list[str]:
     ttl_s = _check_ttl(ttl_s)
     key = RunKeys(run).agents
     now = time.time()
-    doomed = []
+    doomed: list[bytes] = []
     for field, raw in client.hgetall(key).items():
         try:
-            stale = _parse(field.decode(errors="replace"), raw, now, ttl_s).stale
+            stale = _parse(as_text(field, errors="replace"), raw, now, ttl_s).stale
         except (ValueError, TypeError) as exc:
             log.warning("pruning malformed heartbeat of agent %r: %s", field, exc)
             stale = True
         if stale:
-            doomed.append(field)
+            doomed.append(as_bytes(field))
     if doomed:
         client.hdel(key, *doomed)
         log.info("pruned %d stale agent heartbeat(s): %s", len(doomed), b", ".join(doomed).decode(errors="replace"))
