@@ -313,4 +313,16 @@ def test_the_readme_is_a_front_door_whose_links_exist():
     for link in links:
         if re.match(r"[a-z]+://", link) or link.startswith("#"):
             continue
-        assert (ROOT / link.split("#")[0]).exists(), f"README links to {link}, which does not exist"
+        target, _, anchor = link.partition("#")
+        assert (ROOT / target).exists(), f"README links to {link}, which does not exist"
+        if anchor:
+            assert anchor in _heading_ids((ROOT / target).read_text()), f"README links to {link}: no such heading"
+
+
+def _heading_ids(text: str) -> set[str]:
+    """The anchors MkDocs' toc gives a page's headings (its default slugify)."""
+    ids = set()
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        words = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+        ids.add(re.sub(r"[-\s]+", "-", words))
+    return ids
