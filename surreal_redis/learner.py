@@ -490,10 +490,13 @@ class Learner:
             if self.last_eval is not None and self.last_eval >= stop.target_return:
                 return f"eval return {self.last_eval:.1f} reached stop.target_return={stop.target_return}"
             return ""
-        score = self.train_returns.stop_score()  # one agent's records alone cannot reach it
+        # one agent's records alone cannot reach it: a window per agent id, over the agents that heartbeat
+        live = [a.agent_id for a in read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s,
+                                                include_stale=False)]
+        score = self.train_returns.stop_score(live)
         if score is not None and score >= stop.target_return:
-            return (f"train return {score:.1f} (lower median over agents of their mean over the last "
-                    f"{stop.return_window} episodes) reached stop.target_return={stop.target_return}")
+            return (f"train return {score:.1f} (lower median over agents of each one's mean over its share of "
+                    f"the last {stop.return_window} episodes) reached stop.target_return={stop.target_return}")
         return ""
 
     def _checkpoints_to_keep(self) -> list[Path]:

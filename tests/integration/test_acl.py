@@ -256,7 +256,7 @@ def test_only_the_eval_user_writes_eval_results(redis_server, real_redis):
     # training records are the agents': one agent's cannot reach the train-return target alone
     EpisodeLog(agent, RUN).record([EpisodeRecord("0", "train", 1e9, 10, 1, now)] * 10
                                   + [EpisodeRecord(str(i), "train", 10.0 + i, 10, 1, now) for i in (1, 2)] * 5)
-    returns = TrainReturns(window=20)
+    returns = TrainReturns(window=15)  # 3 agents: the last 5 of each
     returns.add(reader.read_new())
     assert returns.mean() > 1e8 and returns.stop_score() == 12.0  # not 1e9: two of three agents are at <= 12
     with pytest.raises(redis.exceptions.NoPermissionError):

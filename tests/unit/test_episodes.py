@@ -1,9 +1,12 @@
 """Episode records: training and eval streams, and the train-return stop score (the ACL side is in
 tests/integration/test_acl.py)."""
 
+import queue
+
 import pytest
 
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord, TrainReturns
+from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
 
 RUN = "eps"
@@ -54,11 +57,14 @@ def test_stop_score_is_the_lower_median_of_the_agents_means():
     returns = TrainReturns(window=6)
     returns.add([record("0", "train", 1e9)] * 3 + [record("eval-0", "eval", 1e9)])
     assert returns.stop_score() is None and len(returns) == 3  # eval records do not count; window not full
+    assert returns.stop_score({"0", "1"}) is None  # agent 1 heartbeats, has sent nothing: not there yet
     returns.add([record("1", "train", 10.0), record("1", "train", 20.0), record("2", "train", 12.0)])
+    assert returns.stop_score() is None  # 3 agents: the last 2 of each, 5 episodes of 6 so far
+    returns.add([record("2", "train", 12.0)])
     assert returns.stop_score() == 15.0  # means 1e9, 15, 12: one agent's records cannot lift it further
-    assert returns.mean() == pytest.approx((3e9 + 42) / 6)
-    returns.add([record("2", "train", 12.0)] * 5)  # the window keeps the last 6 only
-    assert returns.stop_score() == 12.0 and returns.mean() == 12.0
+    assert returns.mean() == pytest.approx((2e9 + 54) / 6)  # charts: the last 6 of all agents
+    returns.add([record("2", "train", 12.0)] * 5)
+    assert returns.stop_score() == 15.0 and returns.mean() == 12.0  # agent 2's flood fills its own window only
     two = TrainReturns(window=2)
     two.add([record("0", "train", 1e9), record("1", "train", 3.0)])
     assert two.stop_score() == 3.0  # of two agents, both must reach a target
@@ -79,3 +85,50 @@ def test_queued_records_that_do_not_parse_are_counted_and_skipped(fake_redis):
     got = reader.read_new()
     assert [r.episode_return for r in got] == [1.0, 2.0] and reader.malformed == len(junk)
     assert not fake_redis.exists(inbox)
+
+
+def test_a_flooding_agent_cannot_push_the_others_out_of_the_stop_window():
+    """Each agent id keeps its own window: 1000 records at 500 under one id (the issue's run
+    stopped as solved after 18 updates) leave the lower median at the other agents' mean."""
+    returns = TrainReturns(window=100)
+    for _ in range(25):
+        returns.add([record(agent, "train", 20.0) for agent in ("0", "1", "2", "3")])
+    returns.add([record("3", "train", 500.0)] * 1000)
+    live = {"0", "1", "2", "3"}
+    assert returns.stop_score(live) == 20.0 and returns.stop_score() == 20.0
+    # records under ids no agent heartbeats with are left out (with live agents known)
+    returns.add([record(f"fake-{i}", "train", 500.0) for i in range(50) for _ in range(25)])
+    assert returns.stop_score(live) == 20.0
+    # agents that heartbeat and have sent nothing count as not reaching it: the flooder and two
+    # silent agents give no score
+    assert returns.stop_score({"3", "4", "5"}) is None
+
+
+def test_the_stop_window_fills_per_agent():
+    returns = TrainReturns(window=4)  # with 2 agents: the last 2 episodes of each
+    returns.add([record("0", "train", 1e9)] * 10)
+    assert returns.stop_score({"0", "1"}) is None  # agent 1 has sent nothing: no score yet
+    returns.add([record("1", "train", 5.0), record("1", "train", 7.0), record("1", "train", 9.0)])
+    assert returns.stop_score({"0", "1"}) == 8.0  # agent 1's last 2; both must reach a target
+    assert returns.stop_score({"1"}) is None  # alone: a window of 4, 3 episodes so far
+
+
+def test_a_flooding_agent_does_not_stop_the_learner(fake_redis, tmp_path):
+    """The issue's run: one agent wrote 1000 records at 492.5 under its id and the learner
+    stopped as solved; the other three agents' windows keep it running until they reach it."""
+    from .test_learner import episode, learner_for, ppo_config
+
+    config = ppo_config(tmp_path, "stop.target_return=475", "stop.return_window=100")
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    for agent in range(4):
+        Heartbeat(fake_redis, config.run, agent, config.agent.heartbeat_ttl_s).beat(0, 0, 0, force=True)
+    log = EpisodeLog(fake_redis, config.run)
+    log.record([episode("train", 20.0, 1, str(agent)) for agent in range(4) for _ in range(25)])
+    log.record([episode("train", 492.5, 1, "3")] * 1000)
+    learner.iterate(queue.Queue())
+    assert not learner.stop and learner.mean_return() == 492.5  # the charts' window is the flooder's
+    log.record([episode("train", 480.0, 1, str(agent)) for agent in (0, 1) for _ in range(25)])
+    learner._next_housekeeping = 0.0  # the next round's housekeeping, without waiting a second
+    learner.iterate(queue.Queue())
+    assert learner.stop and "train return 480.0" in learner.stop.reason  # 3 of 4 agents reached it

@@ -6,15 +6,16 @@ episodes to ``sr:{run}:evals``, a stream only its own ACL user may write. The le
 from, so no agent can put a score into the eval results.
 
 Agents all write as one Redis user, so nothing tells one agent's records from another's: the
-train-return stop rule therefore uses :class:`TrainReturns`, which one agent's records alone
-cannot drive (see there)."""
+train-return stop rule therefore uses :class:`TrainReturns`, a window per agent id, which one
+agent's records under its own id cannot drive, however many it writes (see there)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import deque
-from collections.abc import Iterable
+import math
+from collections import OrderedDict, deque
+from collections.abc import Collection, Iterable
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -159,39 +160,65 @@ def parse_episode(fields: dict[bytes, bytes], mode: EpisodeMode) -> EpisodeRecor
 
 
 class TrainReturns:
-    """The last ``window`` training episode returns, for charts and the train-return stop rule.
+    """Training episode returns, for charts (:meth:`mean`: the last ``window`` of all agents) and
+    the train-return stop rule (:meth:`stop_score`: a window per agent id).
 
-    :meth:`stop_score` is the lower median, over the agents that reported in the window, of each
-    agent's mean return there. With n >= 2 agents reporting it reaches a target only when more
-    than half of them (2 of 2, 2 of 3, 3 of 4) reach it, so one agent's records alone cannot stop
-    the run however high the returns it writes. An agent writing records under other agents' ids
-    still can (they share one Redis user); ``stop.target_metric: eval`` stops only on eval
-    results, which agents cannot write.
+    The stop score is the lower median, over the agents (the ids that heartbeat, when the caller
+    knows them), of each one's mean over its own last ``ceil(window / n)`` episodes, n the agents
+    among them that reported; an agent without records counts as not reaching the target. So it
+    reaches a target only when more than half of the agents (2 of 2, 2 of 3, 3 of 4) do, however
+    many records one agent writes under its own id: a flood fills only its own window (it used to
+    push the others out of one shared window of the last ``window`` records). An agent that writes
+    records under other agents' ids, or heartbeats under made-up ones, still can (agents share one
+    Redis user); ``stop.target_metric: eval`` stops only on eval results, which agents cannot
+    write. At most ``MAX_AGENT_IDS`` ids are kept (the longest silent is forgotten first).
     """
+
+    MAX_AGENT_IDS = 4096
 
     def __init__(self, window: int) -> None:
         if window < 1:
             raise ValueError(f"return window must be >= 1 episodes, got {window}")
         self.window = window
-        self._recent: deque[tuple[str, float]] = deque(maxlen=window)
+        self._recent: deque[float] = deque(maxlen=window)
+        self._by_agent: OrderedDict[str, deque[float]] = OrderedDict()
 
     def add(self, records: Iterable[EpisodeRecord]) -> None:
         """Keep the training records among ``records`` (eval records are left out)."""
-        self._recent.extend((r.agent, r.episode_return) for r in records if r.mode == "train")
+        by_agent = self._by_agent
+        for r in records:
+            if r.mode != "train":
+                continue
+            self._recent.append(r.episode_return)
+            own = by_agent.get(r.agent)
+            if own is None:
+                own = by_agent[r.agent] = deque(maxlen=self.window)
+                if len(by_agent) > self.MAX_AGENT_IDS:
+                    by_agent.popitem(last=False)
+            else:
+                by_agent.move_to_end(r.agent)
+            own.append(r.episode_return)
 
     def __len__(self) -> int:
         return len(self._recent)
 
     def mean(self) -> float | None:
-        """Mean return of the window (None before the first episode)."""
-        return float(np.mean([value for _, value in self._recent])) if self._recent else None
+        """Mean return of the last ``window`` episodes of all agents (None before the first)."""
+        return float(np.mean(self._recent)) if self._recent else None
 
-    def stop_score(self) -> float | None:
-        """Lower median over agents of their mean return; None until ``window`` episodes came."""
-        if len(self._recent) < self.window:
+    def stop_score(self, agents: Collection[str] | None = None) -> float | None:
+        """Lower median over ``agents`` (default, or when empty: every id with records) of each
+        one's mean return over its last ``ceil(window / n)`` episodes, n the agents that reported;
+        None until those windows hold ``window`` episodes together, or while the median agent has
+        none."""
+        ids = set(agents) if agents else set(self._by_agent)
+        reporting = [self._by_agent[a] for a in ids if a in self._by_agent]
+        if not reporting:
             return None
-        by_agent: dict[str, list[float]] = {}
-        for agent, value in self._recent:
-            by_agent.setdefault(agent, []).append(value)
-        means = sorted(float(np.mean(values)) for values in by_agent.values())
-        return means[(len(means) - 1) // 2]
+        per_agent = math.ceil(self.window / len(reporting))
+        if sum(min(len(values), per_agent) for values in reporting) < self.window:
+            return None
+        means = sorted(float(np.mean(list(values)[-per_agent:])) for values in reporting)
+        means = [-math.inf] * (len(ids) - len(reporting)) + means
+        score = means[(len(means) - 1) // 2]
+        return None if score == -math.inf else score
