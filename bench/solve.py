@@ -2,7 +2,7 @@
 stable-baselines3, with rl-baselines3-zoo's tuned settings and with its defaults, on the same
 machine, in the same run.
 
-    python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--skip-sb3] [--keep DIR]
+    python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--skip-sb3] [--keep DIR] [--json PATH]
 
 - PPO CartPole-v1 (2 and 4 agents): wall seconds from ``launch`` until the learner stops because
   the mean of the last 100 training-episode returns reached 475; SB3 PPO: until its
@@ -24,6 +24,12 @@ start-up, the embedded Redis, MLflow) and SB3's from its interpreter's start (im
 one JSON object, with ``<case>_time_ratio_vs_sb3_<zoo|defaults>`` (ours / SB3's; target <= 1).
 Ours is also split, from the learner's log: ``*_startup_s`` from ``launch`` to the
 learner's first update, ``*_shutdown_s`` from the learner's stop (target reached) to ``launch``'s exit.
+
+``--json PATH`` also writes that object to PATH and the learning curves beside it (PATH with
+``.png``; :mod:`surreal_redis.plots`): a row per algorithm, return against env steps and against
+seconds, ours from each launch's MLflow store (the train return's window mean and the evals) on
+the launch's clock, SB3's from its process start (the mean of its stop check's window at each
+episode end; the deterministic eval at its stop as one point).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
+from surreal_redis import plots  # light: matplotlib and MLflow load when a figure is made
+
 PROCESS_STARTED = time.monotonic()  # an SB3 case's clock starts with its interpreter
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench.solve")
@@ -48,6 +56,7 @@ log = logging.getLogger("bench.solve")
 STOPPED = re.compile(r"learner stopped \((?P<reason>.*)\): (?P<updates>\d+) updates, (?P<steps>\d+) env steps")
 STAMP = r"^(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"  # runtime.setup_logging's format
 FIRST_UPDATE = re.compile(STAMP + "first update done", re.MULTILINE)
+BUILT_BEFORE = re.compile(r"first update done \((?P<seconds>[\d.]+)s after the learner was built\)")
 STOPPING = re.compile(STAMP + "surreal_redis.runtime: stopping: ", re.MULTILINE)
 USE = re.compile(r"experience used .*")  # the launch summary's line on how the run used its time
 
@@ -69,9 +78,46 @@ def phases(learner_log: str, started: float, ended: float) -> Phases:
     return Phases(None if first is None else first - started, None if stop is None else ended - stop)
 
 
+def launch_name(config: str, agents: int) -> str:
+    """experiment.name of one launch (its folder under the work folder)."""
+    return f"{Path(config).stem}_{agents}a"
+
+
+def launch_curves(run_dir: Path, label: str, startup_s: float | None) -> plots.RunCurves | None:
+    """A launch's return curves from its MLflow store, on the launch's clock: the learner's
+    elapsed seconds plus the time from ``launch`` to the learner's build (start-up minus what the
+    learner's log says the build took to its first update). None (logged) when unreadable."""
+    try:
+        curves = plots.read_run(run_dir, label)
+    except plots.PlotError as exc:
+        log.warning("no curves for %s: %s", label, exc)
+        return None
+    built = BUILT_BEFORE.search((run_dir / "logs" / "learner.log").read_text(errors="replace"))
+    if startup_s is None or built is None:
+        return curves
+    return plots.shift_time(curves, startup_s - float(built["seconds"]))
+
+
+def sb3_curves(label: str, algo: str, result: dict) -> plots.RunCurves | None:
+    """An SB3 case's curve (``sb3_case``'s ``curve``, ``eval_at_stop``) as RunCurves; None without points."""
+    if not result.get("curve"):
+        return None
+    series = [plots.series_from_points(label, "train", result["curve"])]
+    if "eval_at_stop" in result:
+        series.append(plots.series_from_points(label, "eval", [(result["steps"], result["stopped_s"],
+                                                                 result["eval_at_stop"])]))
+    return plots.RunCurves(label, tuple(series), TASKS[algo][1])
+
+
+def solve_figure(rows: list[tuple[str, list[plots.RunCurves]]]):
+    """The ``--json`` figure: a row per algorithm that has curves."""
+    return plots.draw_curve_rows([row for row in rows if row[1]], title="time to solve: ours against SB3",
+                                 xlabels={"time": "seconds (ours: from launch; SB3: from its process start)"})
+
+
 def run_launch(config: str, agents: int, budget_s: float, workdir: Path) -> tuple[float | None, int | None, Phases]:
     """Wall seconds and env steps to the target ((None, steps) when it was not reached), and the phases."""
-    name = f"{Path(config).stem}_{agents}a"
+    name = launch_name(config, agents)
     args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / config),
             "--agents", str(agents), "-o", f"experiment.root={workdir}", "-o", f"experiment.name={name}",
             "-o", f"stop.max_seconds={budget_s}"]
@@ -172,10 +218,18 @@ def sb3_case(algo: str, settings: str, budget_s: float, started: float) -> dict:
     env_id, target, window = TASKS[algo]
 
     class StopAtTarget(BaseCallback):
-        solved_at: float | None = None
+        def __init__(self) -> None:
+            super().__init__()
+            self.solved_at: float | None = None
+            self.curve: list[tuple[int, float, float]] = []  # (env steps, seconds, window mean) at episode ends
 
         def _on_step(self) -> bool:
             episodes = [info["r"] for info in list(self.model.ep_info_buffer)[-window:]]
+            # SB3 adds the episodes that end at this step to its buffer after this call: the curve takes them now
+            ended = [info["episode"]["r"] for info in self.locals.get("infos", ()) if "episode" in info]
+            if ended:
+                self.curve.append((self.model.num_timesteps, round(time.monotonic() - started, 3),
+                                   float(np.mean((episodes + ended)[-window:]))))
             if len(episodes) >= window and float(np.mean(episodes)) >= target:
                 self.solved_at = time.monotonic() - started
                 return False
@@ -184,7 +238,8 @@ def sb3_case(algo: str, settings: str, budget_s: float, started: float) -> dict:
     model, total = sb3_model(algo, settings)
     callback = StopAtTarget()
     model.learn(total_timesteps=total, callback=callback)
-    result = {"seconds": callback.solved_at, "steps": model.num_timesteps}
+    result = {"seconds": callback.solved_at, "steps": model.num_timesteps, "curve": callback.curve,
+              "stopped_s": time.monotonic() - started}
     if algo != "ppo":
         evaluating = time.monotonic()
         result["eval_at_stop"] = deterministic_eval(model, env_id, window)
@@ -192,26 +247,26 @@ def sb3_case(algo: str, settings: str, budget_s: float, started: float) -> dict:
     return result
 
 
-def run_sb3(algo: str, settings: str, budget_s: float) -> tuple[float | None, int | None]:
-    """Wall seconds of a whole SB3 process (interpreter start to target) and its env steps."""
+def run_sb3(algo: str, settings: str, budget_s: float) -> tuple[float | None, int | None, plots.RunCurves | None]:
+    """Wall seconds of a whole SB3 process (interpreter start to target), its env steps and its curves."""
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         log.warning("stable-baselines3 is not installed (pip install -e '.[bench]'): skipping SB3 %s", algo)
-        return None, None
+        return None, None, None
     args = [sys.executable, __file__, "--sb3-case", f"{algo}:{settings}", "--budget-s", str(budget_s)]
     started = time.monotonic()
     done = subprocess.run(args, capture_output=True, text=True, timeout=budget_s + 300)
     if done.returncode != 0:
         log.error("SB3 %s (%s) failed:\n%s", algo, settings, done.stderr[-3000:])
-        return None, None
+        return None, None, None
     result = json.loads(done.stdout.strip().splitlines()[-1])
     wall = time.monotonic() - started - result.get("eval_s", 0.0)
     solved = result["seconds"] is not None
     evaluated = f", deterministic eval at the stop {result['eval_at_stop']:.1f}" if "eval_at_stop" in result else ""
     log.info("SB3 %s (%s settings): %s, %d steps%s", algo.upper(), settings,
              f"solved, {wall:.0f}s whole process" if solved else "NOT solved", result["steps"], evaluated)
-    return (wall if solved else None), result["steps"]
+    return (wall if solved else None), result["steps"], sb3_curves(f"SB3 {settings}", algo, result)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -220,6 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", choices=list(LAUNCHES), default=None)
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="a folder for our runs (logs), kept; default: a temporary one")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the JSON object here, and the learning curves beside it (.png)")
     parser.add_argument("--sb3-case", default=None, help=argparse.SUPPRESS)  # internal: one SB3 run
     options = parser.parse_args(argv)
     if options.budget_s <= 0:
@@ -248,20 +305,30 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result: dict[str, float | int | None] = {}
+    rows: list[tuple[str, list[plots.RunCurves]]] = []  # the figure's: a row per algorithm
     with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-solve-")) as tmp:
         for algo, launches in LAUNCHES.items():
             if options.only not in (None, algo):
                 continue
+            curves = []
             for key, config, agents in launches:
                 result[f"{key}_s"], result[f"{key}_steps"], split = run_launch(config, agents, options.budget_s, Path(tmp))
                 result[f"{key}_startup_s"], result[f"{key}_shutdown_s"] = split
+                if options.json:
+                    curves.append(launch_curves(Path(tmp) / launch_name(config, agents), key, split.startup_s))
             if not options.skip_sb3:
                 case = launches[0][0]
                 for settings in ("zoo", "defaults"):
-                    result[f"sb3_{settings}_{case}_s"], result[f"sb3_{settings}_{case}_steps"] = run_sb3(
+                    result[f"sb3_{settings}_{case}_s"], result[f"sb3_{settings}_{case}_steps"], sb3 = run_sb3(
                         algo, settings, options.budget_s)
+                    curves.append(sb3)
+            rows.append((f"{algo.upper()} {TASKS[algo][0]}", [c for c in curves if c is not None]))
     add_ratios(result)
     print(json.dumps(result))
+    if options.json:
+        options.json.write_text(json.dumps(result, indent=1) + "\n")
+        if any(curves for _, curves in rows):
+            log.info("curves: %s", plots.save_beside(solve_figure(rows), options.json))
     return result
 
 

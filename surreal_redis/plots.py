@@ -92,6 +92,17 @@ def series_from_history(name: str, kind: str, history: Iterable[Any], env_steps:
     return Series(name, kind, tuple(p[2] for p in points), tuple(p[3] for p in points), tuple(p[4] for p in points))
 
 
+def series_from_points(name: str, kind: str, points: Iterable[Sequence[float]]) -> Series:
+    """A :class:`Series` from ``(env steps, seconds, return)`` triples (a bench's peer)."""
+    rows = [(float(steps), float(seconds), float(value)) for steps, seconds, value in points]
+    return Series(name, kind, tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows))
+
+
+def shift_time(curves: RunCurves, seconds: float) -> RunCurves:
+    """``curves`` with ``seconds`` added to every wall-time coordinate (another clock's zero)."""
+    return curves._replace(series=tuple(s._replace(wall_s=tuple(t + seconds for t in s.wall_s)) for s in curves.series))
+
+
 def read_curves(client: Any, run_id: str, name: str) -> RunCurves:
     """The train and eval return series of MLflow run ``run_id`` (``client``: an ``MlflowClient``).
     PlotError when the run has no return points yet."""
@@ -146,31 +157,44 @@ def _figure(panels: int, width: float = 5.0, height: float = 3.6) -> Figure:
 
 def draw_curves(runs: Sequence[RunCurves], axes: Sequence[str] = ("steps", "time"), title: str = "") -> Figure:
     """Return against each x axis of ``axes`` ('steps', 'time'), a panel each: train solid, eval
-    dashed (a step line: the last eval holds until the next one), each run's target dotted. One
-    run: a color per kind, legend labels the kinds; several: a color per run, labels 'run kind'."""
+    dashed (a step line: the last eval holds until the next one), each distinct target once,
+    dotted gray. One run: a color per kind, legend labels the kinds; several: a color per run,
+    labels 'run kind'."""
+    return draw_curve_rows([("", runs)], axes, title)
+
+
+def draw_curve_rows(rows: Sequence[tuple[str, Sequence[RunCurves]]], axes: Sequence[str] = ("steps", "time"),
+                    title: str = "", xlabels: Mapping[str, str] | None = None) -> Figure:
+    """:func:`draw_curves` of several groups of runs (a bench's cases), a row of panels each,
+    each row's panels titled with its name; ``xlabels`` replaces :data:`AXES`' axis labels (a
+    bench whose sides count time from different starts says so)."""
     unknown = [axis for axis in axes if axis not in AXES]
     if unknown or not axes:
         raise ValueError(f"x axis {unknown[0] if unknown else axes!r} is not one of {', '.join(AXES)}")
-    figure = _figure(len(axes))
-    single = len(runs) == 1
-    for index, axis in enumerate(axes):
-        field, label = AXES[axis]
-        ax = figure.add_subplot(1, len(axes), index + 1)
-        for number, run in enumerate(runs):
-            color = f"C{number % 10}"
-            for series in run.series:
-                eval_line = series.kind == "eval"
-                ax.plot(getattr(series, field), series.returns, linestyle="--" if eval_line else "-",
-                        color=("C1" if eval_line else "C0") if single else color,
-                        drawstyle="steps-post" if eval_line else "default", linewidth=1.5,
-                        label=series.kind if single else f"{series.name} {series.kind}")
-            if run.target is not None:
-                ax.axhline(run.target, color="gray" if single else color, linestyle=":", linewidth=1,
-                           label=f"target {run.target:g}")
-        ax.set_xlabel(label)
-        ax.set_ylabel("episode return")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+    if not rows:
+        raise ValueError("draw_curve_rows needs at least one row")
+    figure = _figure(len(axes), height=3.6 * len(rows))
+    for row, (name, runs) in enumerate(rows):
+        single = len(runs) == 1
+        for index, axis in enumerate(axes):
+            field, label = AXES[axis]
+            ax = figure.add_subplot(len(rows), len(axes), row * len(axes) + index + 1)
+            for number, run in enumerate(runs):
+                for series in run.series:
+                    eval_line = series.kind == "eval"
+                    ax.plot(getattr(series, field), series.returns, linestyle="--" if eval_line else "-",
+                            color=("C1" if eval_line else "C0") if single else f"C{number % 10}",
+                            drawstyle="steps-post" if eval_line else "default", linewidth=1.5,
+                            marker="o" if len(series.returns) == 1 else "",  # a lone point shows too
+                            label=series.kind if single else f"{series.name} {series.kind}")
+            for target in sorted({run.target for run in runs if run.target is not None}):
+                ax.axhline(target, color="gray", linestyle=":", linewidth=1, label=f"target {target:g}")
+            ax.set_xlabel((xlabels or {}).get(axis, label))
+            ax.set_ylabel("episode return")
+            if name:
+                ax.set_title(name, fontsize="medium")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
     if title:
         figure.suptitle(title)
     return figure
@@ -205,6 +229,11 @@ def save_figure(figure: Figure, path: Path) -> Path:
     figure.savefig(partial, format="png", dpi=DPI)
     os.replace(partial, path)
     return path
+
+
+def save_beside(figure: Figure, json_path: Path) -> Path:
+    """A bench's figure as a PNG beside its JSON result file (same name, ``.png``)."""
+    return save_figure(figure, Path(json_path).with_suffix(".png"))
 
 
 def plot_runs(run_dirs: Sequence[Path], out: Path, axes: Sequence[str] = ("steps", "time")) -> Path:

@@ -93,7 +93,7 @@ def test_the_sac_case_writes_its_times_and_the_ratio_to_sb3(solve, monkeypatch, 
 
     def fake_sb3(algo, settings, budget_s):
         sb3.append((algo, settings))
-        return {"zoo": 60.0, "defaults": 40.0}[settings], 9000
+        return {"zoo": 60.0, "defaults": 40.0}[settings], 9000, None
 
     monkeypatch.setattr(solve, "run_launch", fake_launch)
     monkeypatch.setattr(solve, "run_sb3", fake_sb3)
@@ -109,3 +109,52 @@ def test_the_sac_case_writes_its_times_and_the_ratio_to_sb3(solve, monkeypatch, 
     launched.clear()
     assert "sac_pendulum_s" in solve.main(["--skip-sb3"]) and [c for c, _, _ in launched] == [
         "ppo_cartpole.yaml", "ppo_cartpole.yaml", "ddpg_pendulum.yaml", "sac_pendulum.yaml"]
+
+
+def test_json_writes_the_result_and_the_learning_curves_beside_it(solve, monkeypatch, tmp_path):
+    """Ours from each launch's real MLflow store, moved onto the launch's clock (start-up 6.0 s, of
+    which the learner took 1.5 s from its build to its first update); SB3's from its callback's
+    points, its deterministic eval at the stop as one point."""
+    from surreal_redis.tracking import Tracker
+
+    def fake_launch(config, agents, budget_s, workdir):
+        run_dir = workdir / solve.launch_name(config, agents)
+        tracker = Tracker(run_dir, "exp", run_dir.name)
+        tracker.log_params({"stop.target_return": -200.0})
+        for update, (steps, seconds, train, evaluated) in enumerate([(1000, 4.0, -1100.0, -900.0),
+                                                                     (2000, 8.0, -400.0, -150.0)], 1):
+            tracker.log_metrics({"charts/env_steps": steps, "system/elapsed_s": seconds,
+                                 "charts/episode_return_mean": train, "charts/eval_return": evaluated}, update)
+        tracker.finish()
+        (run_dir / "logs").mkdir()
+        (run_dir / "logs" / "learner.log").write_text(
+            "2026-01-02 03:04:05,000 INFO MainProcess surreal_redis.learner: first update done (1.5s after the "
+            "learner was built)\n")
+        return 30.0, 2000, solve.Phases(6.0, 1.0)
+
+    def fake_sb3(algo, settings, budget_s):
+        points = {"steps": 3000, "stopped_s": 59.0, "eval_at_stop": -180.0,
+                  "curve": [[200, 10.0, -1200.0], [3000, 59.0, -190.0]]}
+        return 60.0, 3000, solve.sb3_curves(f"SB3 {settings}", algo, points)
+
+    monkeypatch.setattr(solve, "run_launch", fake_launch)
+    monkeypatch.setattr(solve, "run_sb3", fake_sb3)
+    out = tmp_path / "solve.json"
+    result = solve.main(["--only", "sac", "--json", str(out), "--keep", str(tmp_path / "runs")])
+    assert json.loads(out.read_text()) == result and result["sac_pendulum_s"] == 30.0
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+    ours = solve.launch_curves(tmp_path / "runs" / "sac_pendulum_2a", "sac_pendulum", 6.0)
+    assert [(s.kind, s.env_steps, s.wall_s, s.returns) for s in ours.series] == [
+        ("train", (1000.0, 2000.0), (8.5, 12.5), (-1100.0, -400.0)),
+        ("eval", (1000.0, 2000.0), (8.5, 12.5), (-900.0, -150.0))]
+    sb3 = fake_sb3("sac", "zoo", 600)[2]
+    figure = solve.solve_figure([("SAC Pendulum-v1", [ours, sb3]), ("PPO CartPole-v1", [])])
+    steps_ax, time_ax = figure.axes  # the row without curves is left out
+    lines = {line.get_label(): line for line in time_ax.get_lines()}
+    assert set(lines) == {"sac_pendulum train", "sac_pendulum eval", "SB3 zoo train", "SB3 zoo eval", "target -200"}
+    assert tuple(lines["SB3 zoo train"].get_xdata()) == (10.0, 59.0)
+    assert tuple(lines["SB3 zoo eval"].get_ydata()) == (-180.0,)
+    assert tuple(lines["sac_pendulum eval"].get_xdata()) == (8.5, 12.5)
+    assert time_ax.get_xlabel().startswith("seconds (ours: from launch") and steps_ax.get_title() == "SAC Pendulum-v1"
+    assert solve.sb3_curves("SB3 zoo", "sac", {"steps": 0, "curve": []}) is None
