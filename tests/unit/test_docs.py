@@ -269,6 +269,45 @@ def test_every_command_the_pages_show_parses_and_its_config_loads():
     assert problems == []
 
 
+def shown_overrides(paths: list[Path] | None = None) -> list[tuple[str, str]]:
+    """(where, KEY=VALUE) of every ``-o KEY=VALUE`` the pages show, in commands or in prose."""
+    found = []
+    for path in paths or [ROOT / "README.md", *PAGES]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found += [(f"{path.name}:{number}", m) for m in re.findall(r"-o ([a-z_][\w.]*=[^\s`)]*)", line)]
+    return found
+
+
+def test_every_override_the_pages_show_names_a_config_key():
+    """Overrides in prose (``-o env.pixels.enabled=true``) too: applied to the default config of the
+    algorithm their key names (PPO's otherwise). A compose ``$VARIABLE`` takes its value in
+    compose/.env.example."""
+    from surreal_redis.algos.registry import algorithm_names
+
+    example = dict(line.split("=", 1) for line in (ROOT / "compose" / ".env.example").read_text().splitlines()
+                   if re.match(r"[A-Z_]+=", line))
+    shown = shown_overrides()
+    assert len(shown) >= 5
+    problems = []
+    for where, override in shown:
+        override = re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: example[m.group(1)], override)
+        section = override.split(".", 1)[0]
+        algo = section if section in algorithm_names() else "ppo"
+        try:
+            load_config(None, [f"algo={algo}", override])
+        except ValueError as exc:
+            problems.append(f"{where}: -o {override}: {exc}")
+    assert problems == []
+
+
+def test_a_wrong_override_in_prose_fails(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Try `-o env.pixel.enabled=true` for camera frames.\n")
+    (where, override), = shown_overrides([page])
+    with pytest.raises(ValueError, match="pixel"):
+        load_config(None, ["algo=ppo", override])
+
+
 @pytest.mark.parametrize("line, message", [
     ("surreal-redis launch configs/ppo_cartpole.yaml --agent 4", "No such option"),
     ("surreal-redis launch configs/ppo_cartpol.yaml", "not a file in the repository"),
