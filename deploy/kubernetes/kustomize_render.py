@@ -37,6 +37,7 @@ _GENERATOR_FIELDS = {"name", "behavior", "literals", "files", "envs", "type"}
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
               "volumeMounts": "mountPath"}
 SCALABLE_KINDS = ("Deployment", "StatefulSet", "ReplicaSet", "ReplicationController")
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when PyYAML has it: ~10x faster
 
 
 class RenderError(ValueError):
@@ -54,18 +55,32 @@ class Rendered:
 
 def strategic_merge(target: Any, patch: Any) -> Any:
     """``target`` with ``patch`` merged in (neither is changed), as described in the module docstring."""
+    _refuse_directives(patch)
+    return _merge(target, patch)
+
+
+def _refuse_directives(value: Any) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and key.startswith("$"):
+                raise RenderError(f"strategic-merge directive {key!r} is not implemented here")
+            _refuse_directives(item)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_directives(item)
+
+
+def _merge(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict) or not isinstance(target, dict):
         return copy.deepcopy(patch)
     merged = copy.deepcopy(target)
     for key, value in patch.items():
-        if isinstance(key, str) and key.startswith("$"):
-            raise RenderError(f"strategic-merge directive {key!r} is not implemented here")
         if value is None:
             merged.pop(key, None)
         elif key in MERGE_KEYS and isinstance(value, list) and isinstance(merged.get(key), list):
             merged[key] = _merge_list(merged[key], value, MERGE_KEYS[key], key)
         elif key in merged:
-            merged[key] = strategic_merge(merged[key], value)
+            merged[key] = _merge(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -83,7 +98,7 @@ def _merge_list(target: list[Any], patch: list[Any], merge_key: str, field_name:
         if not isinstance(item, dict) or merge_key not in item:
             raise RenderError(f"an item of {field_name} in a patch has no {merge_key!r}: {item!r}")
         if item[merge_key] in by_key:
-            merged.append(strategic_merge(by_key[item[merge_key]], item))
+            merged.append(_merge(by_key[item[merge_key]], item))
         else:
             merged.append(copy.deepcopy(item))
     patched = {item[merge_key] for item in patch}
@@ -266,7 +281,7 @@ def _render(folder: Path, visiting: tuple[Path, ...]) -> Rendered:
     if folder in visiting:
         raise RenderError(f"{folder}: a kustomization includes itself")
     path = kustomization_file(folder)
-    kustomization = yaml.safe_load(path.read_text()) or {}
+    kustomization = yaml.load(path.read_text(), Loader=_LOADER) or {}
     unknown = set(kustomization) - _KNOWN_FIELDS
     if unknown:
         raise RenderError(f"{path}: {', '.join(sorted(unknown))} not implemented here")
@@ -278,7 +293,7 @@ def _render(folder: Path, visiting: tuple[Path, ...]) -> Rendered:
             rendered.objects += below.objects
             rendered.generated.update(below.generated)
         else:
-            rendered.objects += [doc for doc in yaml.safe_load_all(target.read_text()) if doc is not None]
+            rendered.objects += [doc for doc in yaml.load_all(target.read_text(), Loader=_LOADER) if doc is not None]
     for kind, generators in (("ConfigMap", "configMapGenerator"), ("Secret", "secretGenerator")):
         for spec in kustomization.get(generators) or []:
             obj = _generated(kind, spec, folder)
@@ -300,7 +315,7 @@ def _render(folder: Path, visiting: tuple[Path, ...]) -> Rendered:
         if set(patch) != {"path"}:
             raise RenderError(f"{path}: only patches with a path (a strategic-merge patch) are implemented here, "
                               f"got {sorted(patch)}")
-        patch_doc = yaml.safe_load(_inside(folder, patch["path"]).read_text())
+        patch_doc = yaml.load(_inside(folder, patch["path"]).read_text(), Loader=_LOADER)
         if not isinstance(patch_doc, dict) or "kind" not in patch_doc or "name" not in (patch_doc.get("metadata") or {}):
             raise RenderError(f"{patch['path']}: a strategic-merge patch needs kind and metadata.name")
         target = _find(rendered.objects, patch_doc["kind"], patch_doc["metadata"]["name"], patch["path"])

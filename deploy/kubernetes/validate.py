@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import importlib.util
 import re
 import shutil
@@ -114,6 +115,12 @@ class Pod:
     labels: Mapping[str, str]
 
 
+def replicas(obj: Mapping[str, Any]) -> int:
+    """A workload's replica count (1 when it is not a whole number, which the schema reports)."""
+    count = (obj.get("spec") or {}).get("replicas", 1)
+    return count if isinstance(count, int) else 1
+
+
 def sample_pods(obj: Mapping[str, Any]) -> list[Pod]:
     """The pods to check a workload with: a StatefulSet's first and last, else one."""
     template_labels = dict(((obj["spec"].get("template") or {}).get("metadata") or {}).get("labels") or {})
@@ -121,7 +128,7 @@ def sample_pods(obj: Mapping[str, Any]) -> list[Pod]:
     if obj["kind"] != "StatefulSet":
         return [Pod(f"{name}-7d9f8c6b5-x2x4q", None, template_labels)]
     start = (obj["spec"].get("ordinals") or {}).get("start", 0)
-    last = start + max(int(obj["spec"].get("replicas", 1)) - 1, 0)
+    last = start + max(replicas(obj) - 1, 0)
     return [Pod(f"{name}-{k}", k, {**template_labels, POD_INDEX_LABEL: str(k)}) for k in sorted({start, last})]
 
 
@@ -235,20 +242,42 @@ def quantity_bytes(text: str | int) -> int:
 
 # ---------------------------------------------------------------- the checks
 
-def schema_problems(objects: list[dict[str, Any]], version: str = KUBERNETES_VERSION) -> list[str]:
-    """Every object against the strict API schema of Kubernetes ``version``."""
-    import kubernetes_validate
+@functools.lru_cache(maxsize=None)
+def _schema_file(path: str, version: str) -> Any:
+    from kubernetes_validate.utils import schema_contents
 
+    return schema_contents(path, version)
+
+
+@functools.lru_cache(maxsize=None)
+def schema_validator(kind: str, api_version: str, version: str = KUBERNETES_VERSION) -> Any:
+    """The strict JSON-schema validator kubernetes_validate.validate(..., strict=True) builds for
+    ``kind`` in ``api_version``, built once (it rereads its schemas, megabytes, for every object).
+    Raises FileNotFoundError when the version has no schema for the kind."""
+    import jsonschema
+    from referencing import Registry, Resource
+
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = _schema_file(f"{folder}/{kind.lower()}-{group}.json", version)
+    registry = Resource.from_contents(_schema_file(f"{folder}/_definitions.json", version)) @ (
+        Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+def schema_problems(objects: list[dict[str, Any]], version: str = KUBERNETES_VERSION) -> list[str]:
+    """Every object against the strict API schema of Kubernetes ``version`` (all its errors)."""
     found = []
     for obj in objects:
         name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
         try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            at = ".".join(str(p) for p in exc.path) or "(top)"
-            found.append(f"{name}: Kubernetes {version} schema: {at}: {exc.message}")
-        except kubernetes_validate.SchemaNotFoundError as exc:
-            found.append(f"{name}: {exc.message}")
+            validator = schema_validator(str(obj.get("kind")), str(obj.get("apiVersion")), version)
+        except FileNotFoundError:
+            found.append(f"{name}: Kubernetes {version} has no {obj.get('apiVersion')} {obj.get('kind')}")
+            continue
+        for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.path))):
+            at = ".".join(str(p) for p in error.path) or "(top)"
+            found.append(f"{name}: Kubernetes {version} schema: {at}: {error.message}")
     return found
 
 
@@ -386,8 +415,8 @@ def _service_port(cluster: Cluster, host: str, port: int, redis: Mapping[str, An
     prefix = redis["metadata"]["name"] + "-"
     start = (redis["spec"].get("ordinals") or {}).get("start", 0)
     ordinal = pod[len(prefix):] if pod.startswith(prefix) else ""
-    if not ordinal.isdigit() or not start <= int(ordinal) < start + int(redis["spec"].get("replicas", 1)):
-        return f"{host!r} names no pod of StatefulSet {redis['metadata']['name']!r} (replicas {redis['spec'].get('replicas', 1)})"
+    if not ordinal.isdigit() or not start <= int(ordinal) < start + replicas(redis):
+        return f"{host!r} names no pod of StatefulSet {redis['metadata']['name']!r} (replicas {replicas(redis)})"
     listening = {p.get("containerPort") for c in redis["spec"]["template"]["spec"]["containers"] for p in c.get("ports") or []}
     if port not in listening:
         return f"the Redis pods do not listen on port {port}"
