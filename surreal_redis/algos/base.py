@@ -27,7 +27,7 @@ class ActionOutput(NamedTuple):
     (e.g. ``logp`` and ``value`` for PPO, each ``[N]``)."""
 
     actions: np.ndarray
-    extras: dict[str, np.ndarray]
+    extras: dict[str, Tree]  # arrays; a recurrent policy's initial_state is a tree of them
 
 
 class AgentPolicy(abc.ABC):

@@ -12,7 +12,8 @@ flattened; Dict observations concatenate a CNN per image key with the flattened 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -76,10 +77,14 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
         target_buffer.copy_(buffer)
 
 
-def layer_init(layer: nn.Module, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Module:
+Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
+
+
+def layer_init(layer: Layer, std: float = float(np.sqrt(2)), bias: float = 0.0) -> Layer:
     """Orthogonal weights, constant bias (CleanRL / baselines convention)."""
     nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
+    if layer.bias is not None:
+        nn.init.constant_(layer.bias, bias)
     return layer
 
 
@@ -147,7 +152,7 @@ def pixel_stem(layout: ImageLayout) -> _ConvStem:
 def channels_first(frames: torch.Tensor | Sequence[torch.Tensor], layout: ImageLayout) -> torch.Tensor:
     """An image batch (``[B, H, W]``, ``[B, H, W, C]`` or ``[B, C, H, W]`` per ``layout.axes``),
     or a sequence of K such frame batches, as one ``[B, K*C, H, W]`` tensor."""
-    if isinstance(frames, (tuple, list)):
+    if not isinstance(frames, torch.Tensor):
         return torch.cat([channels_first(frame, layout) for frame in frames], dim=1)
     if layout.axes == "hw":
         return frames.unsqueeze(1)
@@ -179,8 +184,8 @@ class ObservationEncoder(nn.Module):
             layout = image_layout(leaf)
             if layout is not None:
                 self.layouts[name] = layout
-                self.stems[name] = pixel_stem(layout)
-                self.out_dim += self.stems[name].out_dim
+                stem = self.stems[name] = pixel_stem(layout)
+                self.out_dim += stem.out_dim
             elif isinstance(leaf, gym.spaces.Box):
                 self.out_dim += int(np.prod(leaf.shape))
             else:
@@ -189,13 +194,22 @@ class ObservationEncoder(nn.Module):
                                  "(H, W), (H, W, C) or (C, H, W), Tuples of identical uint8 frames, and a Dict "
                                  "of those)")
 
-    def forward(self, obs: torch.Tensor | tuple | dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor | tuple | Mapping[str, torch.Tensor | tuple]) -> torch.Tensor:
         parts = []
         for key in self.keys:
-            value = obs[key] if self.is_dict else obs
+            value = self._leaf(obs, key)
             name = key or "_"
             if name in self.stems:
                 parts.append(self.stems[name](channels_first(value, self.layouts[name])))
-            else:
+            elif isinstance(value, torch.Tensor):
                 parts.append(value.float().reshape(value.shape[0], -1))
+            else:
+                raise TypeError(f"observation leaf {key!r} is a vector leaf, got a {type(value).__name__}")
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _leaf(self, obs: torch.Tensor | tuple | Mapping[str, torch.Tensor | tuple],
+              key: str) -> torch.Tensor | tuple:
+        """Leaf ``key`` of a Dict space's observation, or the whole observation of any other."""
+        if isinstance(obs, Mapping) != self.is_dict:
+            raise TypeError(f"a {'Dict' if self.is_dict else 'non-Dict'} space's encoder got a {type(obs).__name__}")
+        return obs[key] if isinstance(obs, Mapping) else obs

@@ -16,13 +16,14 @@ receives; agents only apply it), and both are checkpointed with the networks.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable
 
 import gymnasium as gym
 import torch
 from torch import nn
 
 from surreal_redis.algos.networks import is_frame_tuple, is_image_space
+from surreal_redis.trees import Tree
 
 
 class RunningMeanStd(nn.Module):
@@ -75,7 +76,7 @@ class ObservationNormalizer(nn.Module):
         super().__init__()
         self.clip = clip
         self.is_dict = isinstance(space, gym.spaces.Dict)
-        leaves = dict(space.spaces) if self.is_dict else {"": space}
+        leaves = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {"": space}
         # ModuleDict keys cannot be empty: a plain Box uses the name "_".
         self.stats = nn.ModuleDict({
             key or "_": RunningMeanStd(tuple(leaf.shape))
@@ -83,17 +84,24 @@ class ObservationNormalizer(nn.Module):
             if isinstance(leaf, gym.spaces.Box) and not is_image_space(leaf) and not is_frame_tuple(leaf)
         })
 
-    def forward(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> torch.Tensor | dict:
+    def forward(self, obs: Tree) -> Tree:
+        """A tensor, tuple of frame tensors, or dict of those (Dict spaces), normalized."""
         if not self.is_dict:
-            return self.stats["_"].normalize(obs, self.clip) if "_" in self.stats else obs
-        return {key: self.stats[key].normalize(value, self.clip) if key in self.stats else value
+            return self._leaf("_").normalize(obs, self.clip) if "_" in self.stats else obs
+        return {key: self._leaf(key).normalize(value, self.clip) if key in self.stats else value
                 for key, value in obs.items()}
 
     @torch.no_grad()
-    def update(self, obs: torch.Tensor | Mapping[str, torch.Tensor]) -> None:
+    def update(self, obs: Tree) -> None:
         """Add a batch of raw observations (leaves ``[B, ...]``) to the statistics."""
-        for key, stats in self.stats.items():
-            stats.update(obs[key] if self.is_dict else obs)
+        for key in self.stats:
+            self._leaf(key).update(obs[key] if self.is_dict else obs)
+
+    def _leaf(self, key: str) -> RunningMeanStd:
+        stats = self.stats[key]
+        if not isinstance(stats, RunningMeanStd):
+            raise TypeError(f"normalizer statistics {key!r} are a {type(stats).__name__}")
+        return stats
 
 
 class RewardScaler(nn.Module):

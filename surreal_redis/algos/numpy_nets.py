@@ -213,7 +213,7 @@ class Normalizer:
     def __init__(self, space: gym.Space, clip: float) -> None:
         self.clip = clip
         self.is_dict = isinstance(space, gym.spaces.Dict)
-        leaves = dict(space.spaces) if self.is_dict else {"": space}
+        leaves = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {"": space}
         self.shapes = {key: tuple(leaf.shape) for key, leaf in leaves.items()
                        if isinstance(leaf, gym.spaces.Box) and not is_image_space(leaf) and not is_frame_tuple(leaf)}
         # before the first load: mean 0, var 1 (the torch buffers' initial values)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Protocol, SupportsFloat, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -65,12 +65,40 @@ def atari_env_id(name: str) -> str | None:
     return None
 
 
+class _Lives(Protocol):
+    def lives(self) -> int: ...
+
+
+@runtime_checkable
+class AtariGame(Protocol):
+    """What the wrappers use of ale_py's AtariEnv (which a scripted test game provides too)."""
+
+    @property
+    def ale(self) -> _Lives: ...
+
+    def get_action_meanings(self) -> list[str]: ...
+
+
+def ale_env(env: gym.Env) -> AtariGame:
+    """The Atari game under ``env``'s wrappers; EnvError if it is none."""
+    base = env.unwrapped
+    if not isinstance(base, AtariGame):
+        raise EnvError(f"{env} is not an ALE (Atari) environment: no ale.lives() or get_action_meanings()")
+    return base
+
+
+def _box(space: gym.Space, what: str) -> gym.spaces.Box:
+    if not isinstance(space, gym.spaces.Box):
+        raise EnvError(f"{what} needs Box image frames, got {space}")
+    return space
+
+
 class NoopReset(gym.Wrapper):
     """After each game reset, 1 to ``noop_max`` no-op frames (random starts)."""
 
     def __init__(self, env: gym.Env, noop_max: int) -> None:
         super().__init__(env)
-        if env.unwrapped.get_action_meanings()[0] != "NOOP":
+        if ale_env(env).get_action_meanings()[0] != "NOOP":
             raise EnvError(f"{env.spec.id if env.spec else env}: action 0 is not NOOP")
         self.noop_max = noop_max
 
@@ -92,7 +120,8 @@ class MaxAndSkip(gym.Wrapper):
         self.skip = skip
 
     def step(self, action: Any) -> tuple[Tree, float, bool, bool, dict]:
-        total, last_two = 0.0, []
+        total = 0.0
+        last_two: list[Tree] = []
         for _ in range(self.skip):
             obs, reward, terminated, truncated, info = self.env.step(action)
             total += float(reward)
@@ -128,7 +157,7 @@ class GrayFrame(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        height, width, *channels = env.observation_space.shape
+        height, width, *channels = _box(env.observation_space, "GrayFrame").shape
         if channels != [3]:
             raise EnvError(f"GrayFrame needs (H, W, 3) RGB frames, got {env.observation_space}")
         self.observation_space = gym.spaces.Box(0, 255, (height, width), np.uint8)
@@ -146,10 +175,10 @@ class EpisodicLife(gym.Wrapper):
         self.lives = 0
         self.game_over = True
 
-    def step(self, action: Any) -> tuple[Tree, float, bool, bool, dict]:
+    def step(self, action: Any) -> tuple[Tree, SupportsFloat, bool, bool, dict]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
-        lives = self.unwrapped.ale.lives()
+        lives = ale_env(self.env).ale.lives()
         if 0 < lives < self.lives:
             terminated = True
         self.lives = lives
@@ -163,7 +192,7 @@ class EpisodicLife(gym.Wrapper):
             if terminated or truncated:
                 obs, info = self.env.reset()
         self.game_over = False
-        self.lives = self.unwrapped.ale.lives()
+        self.lives = ale_env(self.env).ale.lives()
         return obs, info
 
 
@@ -173,7 +202,7 @@ class FireReset(gym.Wrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        meanings = env.unwrapped.get_action_meanings()
+        meanings = ale_env(env).get_action_meanings()
         if len(meanings) < 3 or meanings[1] != "FIRE":
             raise EnvError(f"FireReset needs FIRE as action 1, got actions {meanings}")
 
@@ -189,8 +218,8 @@ class FireReset(gym.Wrapper):
 class ClipReward(gym.RewardWrapper):
     """Rewards become -1, 0 or +1 (their sign)."""
 
-    def reward(self, reward: float) -> float:
-        return float(np.sign(reward))
+    def reward(self, reward: SupportsFloat) -> float:
+        return float(np.sign(float(reward)))
 
 
 def _area_passes(src: int, dst: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -233,7 +262,7 @@ class ResizeFrame(gym.ObservationWrapper):
     def __init__(self, env: gym.Env, size: int) -> None:
         super().__init__(env)
         self.size = size
-        height, width, *channels = env.observation_space.shape
+        height, width, *channels = _box(env.observation_space, "ResizeFrame").shape
         if size > min(height, width):  # area interpolation only shrinks (OpenCV enlarges bilinearly)
             raise EnvError(f"atari.screen_size={size} is larger than the {height}x{width} screen")
         self._columns = _area_passes(width, size)
@@ -283,7 +312,7 @@ def wrap_atari(env: gym.Env, atari: AtariConfig, max_episode_steps: int | None =
     env = gym.wrappers.RecordEpisodeStatistics(env)
     if atari.episodic_life:
         env = EpisodicLife(env)
-    if atari.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
+    if atari.fire_reset and "FIRE" in ale_env(env).get_action_meanings():
         env = FireReset(env)
     if atari.clip_rewards:
         env = ClipReward(env)

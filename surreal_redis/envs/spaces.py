@@ -11,7 +11,7 @@ hub stores it once. Every other Box is a vector (flattened; z-filtered when aske
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeGuard
 
 import gymnasium as gym
 import numpy as np
@@ -52,7 +52,7 @@ def is_image_space(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and image_layout(space) is not None
 
 
-def is_frame_tuple(space: gym.Space) -> bool:
+def is_frame_tuple(space: gym.Space) -> TypeGuard[gym.spaces.Tuple]:
     """A frame stack kept as separate frames: a Tuple of K >= 1 identical image Boxes."""
     return (isinstance(space, gym.spaces.Tuple) and len(space.spaces) > 0
             and all(is_image_space(s) and s == space.spaces[0] for s in space.spaces))

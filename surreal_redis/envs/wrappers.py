@@ -4,7 +4,7 @@ float32 observations, and the check that agents and learner can handle the space
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -36,16 +36,18 @@ class FrameTupleStack(gym.Wrapper):
         else:
             raise EnvError(f"frame_stack={num_frames} needs uint8 image observations (Box uint8 of shape "
                            f"(H, W), (H, W, C) or (C, H, W), or a Dict holding some); got {space}")
-        self._frames = {key: collections.deque(maxlen=num_frames) for key in self._keys}
+        self._num_frames = num_frames
+        self._frames: dict[str | None, collections.deque[np.ndarray]] = {
+            key: collections.deque(maxlen=num_frames) for key in self._keys}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Tree, dict]:
         obs, info = self.env.reset(seed=seed, options=options)
         for key, frames in self._frames.items():
             frame = np.array(obs if key is None else obs[key], copy=True)
-            frames.extend([frame] * frames.maxlen)
+            frames.extend([frame] * self._num_frames)
         return self._observation(obs), info
 
-    def step(self, action: Any) -> tuple[Tree, float, bool, bool, dict]:
+    def step(self, action: Any) -> tuple[Tree, SupportsFloat, bool, bool, dict]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         for key, frames in self._frames.items():
             frames.append(np.array(obs if key is None else obs[key], copy=True))

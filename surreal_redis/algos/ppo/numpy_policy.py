@@ -45,9 +45,11 @@ class NumpyPPOPolicy(AgentPolicy):
         self.critic = MLP(self.encoder.out_dim, config.hidden_sizes, 1, config.activation)
         self.log_std = np.full(action_dim, float(config.init_log_std), np.float32)
         self._rng = np.random.default_rng(seed)
-        if self.continuous:
+        if isinstance(action_space, gym.spaces.Box):  # continuous (ppo_action_space accepted it)
             self._low = np.asarray(action_space.low, np.float32)
             self._high = np.asarray(action_space.high, np.float32)
+        elif isinstance(action_space, gym.spaces.Discrete):
+            self._start = int(action_space.start)
 
     def load_params(self, params: ParamDict, version: int) -> None:
         if self.normalizer is not None:
@@ -87,7 +89,7 @@ class NumpyPPOPolicy(AgentPolicy):
                 raw = np.minimum((cumulative <= draws).sum(axis=-1), self.action_dim - 1)
             if mode == ActMode.TRAINING:  # (indexing: np.take_along_axis cost ~6% of a CartPole agent's CPU)
                 extras["logp"] = log_probs[np.arange(len(raw)), raw].astype(np.float32)
-            actions = raw.astype(np.int64) + int(self.action_space.start)
+            actions = raw.astype(np.int64) + self._start
         if mode == ActMode.TRAINING:
             extras["value"] = self.critic(z)[:, 0].astype(np.float32)
         return ActionOutput(actions, extras)

@@ -142,6 +142,10 @@ class PPOPolicy(AgentPolicy):
                  num_envs: int = 1, seed: int | None = None) -> None:
         self.net = ActorCritic(config, obs_space, action_space).eval()
         self.action_space = action_space
+        if isinstance(action_space, gym.spaces.Box):  # continuous (ppo_action_space accepted it)
+            self._low, self._high = action_space.low, action_space.high
+        elif isinstance(action_space, gym.spaces.Discrete):
+            self._start = int(action_space.start)
         self.num_envs = num_envs
         self.version = -1
         self._generator = torch.Generator()
@@ -182,8 +186,10 @@ class PPOPolicy(AgentPolicy):
         elif self.net.continuous:
             raw = head + self.net.actor_logstd.exp() * torch.randn(head.shape, generator=self._generator)
         else:
+            if not isinstance(dist, Categorical):
+                raise TypeError(f"a discrete PPO policy's distribution is a {type(dist).__name__}")
             raw = torch.multinomial(dist.probs, 1, generator=self._generator).squeeze(-1)
-        extras: dict[str, np.ndarray] = {}
+        extras: dict[str, Tree] = {}
         if mode == ActMode.TRAINING:
             extras["logp"] = dist.log_prob(raw).numpy().astype(np.float32)
             extras["value"] = self.net.value(z).numpy().astype(np.float32)
@@ -193,7 +199,7 @@ class PPOPolicy(AgentPolicy):
                 extras["initial_state"] = {"lstm_h": start_state[0].numpy().copy(),
                                            "lstm_c": start_state[1].numpy().copy()}
         if self.net.continuous:
-            actions = np.clip(raw.numpy(), self.action_space.low, self.action_space.high).astype(np.float32)
+            actions = np.clip(raw.numpy(), self._low, self._high).astype(np.float32)
         else:
-            actions = raw.numpy().astype(np.int64) + int(self.action_space.start)
+            actions = raw.numpy().astype(np.int64) + self._start
         return ActionOutput(actions, extras)

@@ -172,7 +172,7 @@ class _Rollout(NamedTuple):
         """The sequences ``idx`` (along B)."""
         state = None if self.initial_state is None else (self.initial_state[0][idx], self.initial_state[1][idx])
         fields = [tree_map(lambda v: v[:, idx], field) for field in self[:-1]]
-        return _Rollout(*fields, initial_state=state)
+        return _Rollout._make([*fields, state])
 
 
 def _rows_per_pass(obs: Tree, row_dims: int) -> int:
@@ -193,7 +193,7 @@ def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
         flat = [leaf.reshape(1, -1, *leaf.shape[2:]) for leaf in leaves]
         return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
     fields = [tree_map(cat, *(r[i] for r in rollouts)) for i in range(len(_Rollout._fields) - 1)]
-    return _Rollout(*fields, initial_state=None)
+    return _Rollout._make([*fields, None])  # initial_state: none, the rollouts are feed-forward
 
 
 class PPOAlgorithm(Algorithm):
@@ -238,18 +238,19 @@ class PPOAlgorithm(Algorithm):
         else:
             actions = stacked([c.actions for c in chunks], torch.int64) - self._action_start
         logp = stacked([c.extras["logp"] for c in chunks], torch.float32)
-        rewards = stacked([c.rewards for c in chunks] if rewards is None else rewards, torch.float32)
+        reward_batch = stacked([c.rewards for c in chunks] if rewards is None else rewards, torch.float32)
         terminated = stacked([c.terminated for c in chunks], torch.bool)
         truncated = stacked([c.truncated for c in chunks], torch.bool)
         # the state is reset before the step that follows an episode end: [T+1, B]
         episode_start = torch.zeros(steps + 1, batch, dtype=torch.bool, device=dev)
         episode_start[1:] = terminated | truncated
-        state = None
+        state: LSTMState | None = None
         if self.net.lstm is not None:
             if any("initial_state" not in c.extras for c in chunks):
                 raise ValueError("PPO with use_lstm needs extras['initial_state'] in every chunk")
-            state = tuple(torch.as_tensor(np.stack([c.extras["initial_state"][key] for c in chunks]),
-                                          dtype=torch.float32, device=dev) for key in ("lstm_h", "lstm_c"))
+            hidden, cell = (torch.as_tensor(np.stack([c.extras["initial_state"][key] for c in chunks]),
+                                            dtype=torch.float32, device=dev) for key in ("lstm_h", "lstm_c"))
+            state = (hidden, cell)
 
         with torch.no_grad():
             # one pass over obs[0..T]: values of every step, the chunk-end bootstrap V(obs[T])
@@ -269,7 +270,7 @@ class PPOAlgorithm(Algorithm):
                 no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
                 z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
                 next_values[t_idx, b_idx] = self.net.value(z_final)
-            targets = self._targets(rewards, all_values[:steps], next_values, terminated, truncated, logp,
+            targets = self._targets(reward_batch, all_values[:steps], next_values, terminated, truncated, logp,
                                     target_logp.reshape(steps, batch))
         return _Rollout(tree_map(lambda v: v[:steps], obs), actions, logp, targets.advantages, targets.returns,
                         all_values[:steps], ref_head, episode_start[:steps], targets.diagnostics, state)
