@@ -1,5 +1,5 @@
 """Wall-clock learning race on HalfCheetah-v5, PPO or SAC: ``python bench/halfcheetah.py
-[--algo ppo|sac] [--budget-s 600] [--agents N] [--skip-sb3] [--keep DIR] [-o key=value ...]``.
+[--algo ppo|sac] [--budget-s 600] [--agents N] [--skip-sb3] [--keep DIR] [--json PATH] [-o key=value ...]``.
 
 Both sides get the same wall-clock budget, as whole processes (start-up and imports count):
 
@@ -26,7 +26,11 @@ Both sides get the same wall-clock budget, as whole processes (start-up and impo
 
 Target: ours >= SB3 on both. Training means lag the policy (its noise, and a window that reaches
 back), deterministic evals do not, so ``eval_ours_minus_sb3`` is the headline. The last line of
-stdout is one JSON object.
+stdout is one JSON object; ``--json PATH`` also writes it to PATH and the race's curves beside it
+(PATH with ``.png``; :mod:`surreal_redis.plots`): return against env steps and seconds, ours from
+the launch's MLflow store (the training window mean, the evals) on the learner's clock, which
+the budget counts, SB3's from its process start (its training window mean at each episode end,
+the deterministic eval after the budget as one point).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+
+from surreal_redis import plots  # light: matplotlib and MLflow load when a figure is made
 
 PROCESS_STARTED = time.monotonic()  # the SB3 run's clock starts with its interpreter
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +92,36 @@ def run_ours(algo: str, budget_s: float, window: int, agents: int | None, overri
     return result
 
 
+def our_curves(workdir: Path) -> plots.RunCurves | None:
+    """Our launch's curves from the newest run folder in ``workdir``; None (logged) when none is readable."""
+    runs = sorted((d for d in workdir.iterdir() if (d / "mlflow.db").is_file()), key=lambda d: d.stat().st_mtime)
+    if not runs:
+        log.warning("no run folder with an MLflow store in %s: no curves for ours", workdir)
+        return None
+    try:
+        return plots.read_run(runs[-1], "ours")
+    except plots.PlotError as exc:
+        log.warning("no curves for ours: %s", exc)
+        return None
+
+
+def sb3_curves(result: dict) -> plots.RunCurves | None:
+    """SB3's ``curve`` points and its eval after the budget (one point) as RunCurves; None without points."""
+    if not result.get("curve"):
+        return None
+    series = [plots.series_from_points("SB3 zoo", "train", result["curve"])]
+    if result.get("eval_return") is not None:
+        series.append(plots.series_from_points("SB3 zoo", "eval", [(result["env_steps"], result["wall_s"],
+                                                                    result["eval_return"])]))
+    return plots.RunCurves("SB3 zoo", tuple(series), None)
+
+
+def race_figure(algo: str, budget_s: float, curves: list[plots.RunCurves]):
+    """The ``--json`` figure: both sides' curves, a panel per x axis."""
+    return plots.draw_curve_rows([(f"{algo.upper()} HalfCheetah-v5, {budget_s:.0f} s each", curves)],
+                                 xlabels={"time": "seconds (ours: learner clock; SB3: from its process start)"})
+
+
 def sb3_model(algo: str):
     """SB3 PPO or SAC with the zoo's settings on HalfCheetah-v5, and the observation transform its
     deterministic eval applies (PPO's VecNormalize, frozen; none for SAC)."""
@@ -119,11 +155,22 @@ def sb3_case(algo: str, budget_s: float, window: int, eval_episodes: int, starte
     torch.set_num_threads(1)  # one process, one thread (ours: learner.torch_threads)
 
     class Budget(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.curve: list[tuple[int, float, float]] = []  # (env steps, seconds, window mean) at episode ends
+
         def _on_step(self) -> bool:
+            # SB3 adds the episodes that end at this step to its buffer after this call: the curve takes them now
+            ended = [info["episode"]["r"] for info in self.locals.get("infos", ()) if "episode" in info]
+            if ended:
+                episodes = [info["r"] for info in self.model.ep_info_buffer] + ended
+                self.curve.append((self.model.num_timesteps, round(time.monotonic() - started, 3),
+                                   float(np.mean(episodes[-window:]))))
             return time.monotonic() - started < budget_s
 
     model, transform = sb3_model(algo)
-    model.learn(total_timesteps=N_TIMESTEPS, callback=Budget())  # the zoo's n_timesteps
+    budget = Budget()
+    model.learn(total_timesteps=N_TIMESTEPS, callback=budget)  # the zoo's n_timesteps
     wall = time.monotonic() - started
     episodes = [info["r"] for info in list(model.ep_info_buffer)[-window:]]
     eval_env = gym.make("HalfCheetah-v5")
@@ -138,7 +185,7 @@ def sb3_case(algo: str, budget_s: float, window: int, eval_episodes: int, starte
         returns.append(total)
     return {"wall_s": round(wall, 1), "env_steps": model.num_timesteps,
             "train_return": float(np.mean(episodes)) if episodes else None,
-            "eval_return": float(np.mean(returns)) if returns else None}
+            "eval_return": float(np.mean(returns)) if returns else None, "curve": budget.curve}
 
 
 def run_sb3(algo: str, budget_s: float, window: int, eval_episodes: int) -> dict | None:
@@ -153,7 +200,7 @@ def run_sb3(algo: str, budget_s: float, window: int, eval_episodes: int) -> dict
     if done.returncode != 0:
         raise RuntimeError(f"SB3 run exited {done.returncode}:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    log.info("SB3 %s (zoo settings): %s", algo.upper(), result)
+    log.info("SB3 %s (zoo settings): %s", algo.upper(), {k: v for k, v in result.items() if k != "curve"})
     return result
 
 
@@ -167,6 +214,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=5, help="deterministic episodes after SB3's budget")
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="a folder for our run (logs), kept; default: a temporary one")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the JSON object here, and the race's curves beside it (.png)")
     parser.add_argument("-o", "--override", action="append", default=[], help="config override for our launch")
     parser.add_argument("--sb3-case", action="store_true", help=argparse.SUPPRESS)  # internal: the SB3 process
     options = parser.parse_args(argv)
@@ -192,10 +241,16 @@ def main(argv: list[str] | None = None) -> dict:
         return result
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result: dict[str, object] = {"algo": options.algo, "cores": os.cpu_count(), "budget_s": options.budget_s}
+    curves: list[plots.RunCurves | None] = []
     with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-halfcheetah-")) as tmp:
         result["ours"] = run_ours(options.algo, options.budget_s, options.window, options.agents, options.override, Path(tmp))
+        if options.json:
+            curves.append(our_curves(Path(tmp)))
     if not options.skip_sb3:
-        result["sb3_zoo"] = run_sb3(options.algo, options.budget_s, options.window, options.eval_episodes)
+        result["sb3_zoo"] = sb3 = run_sb3(options.algo, options.budget_s, options.window, options.eval_episodes)
+        if sb3 is not None:
+            curves.append(sb3_curves(sb3))
+            sb3.pop("curve", None)  # the figure's, not the JSON's
     ours, theirs = result.get("ours"), result.get("sb3_zoo")
     if isinstance(ours, dict) and isinstance(theirs, dict):
         # returns can be negative early on: differences, not ratios
@@ -203,6 +258,11 @@ def main(argv: list[str] | None = None) -> dict:
             if ours[score] is not None and theirs[score] is not None:
                 result[f"{score.split('_')[0]}_ours_minus_sb3"] = round(ours[score] - theirs[score], 1)
     print(json.dumps(result))
+    if options.json:
+        options.json.write_text(json.dumps(result, indent=1) + "\n")
+        drawn = [c for c in curves if c is not None]
+        if drawn:
+            log.info("curves: %s", plots.save_beside(race_figure(options.algo, options.budget_s, drawn), options.json))
     return result
 
 

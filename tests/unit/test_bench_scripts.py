@@ -1,5 +1,6 @@
 """Smoke tests of bench/memory.py, bench/throughput.py and bench/halfcheetah.py: argument checks,
-the /proc readers they measure with, and a tiny plain loop (seconds; no launches)."""
+the /proc readers they measure with, halfcheetah's curves figure, and a tiny plain loop (seconds;
+no launches)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,47 @@ def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_score
         "algo": "sac", "budget_s": 600.0, "eval_ours_minus_sb3": -100.0, "train_ours_minus_sb3": 500.0}
     assert set(result) == {"algo", "cores", "budget_s", "ours", "sb3_zoo", "eval_ours_minus_sb3", "train_ours_minus_sb3"}
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+
+
+def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(bench, monkeypatch, tmp_path):
+    """Ours from the launch's real MLflow store, SB3's from its callback's points (the curve stays
+    out of the JSON), its eval after the budget as one point."""
+    from surreal_redis.tracking import Tracker
+
+    halfcheetah = bench["halfcheetah"]
+
+    def fake_ours(algo, budget_s, window, agents, overrides, workdir):
+        tracker = Tracker(workdir / "sac_halfcheetah", "exp", "sac_halfcheetah")
+        for update, (steps, seconds, train) in enumerate([(5000, 100.0, -300.0), (20000, 590.0, 1500.0)], 1):
+            tracker.log_metrics({"charts/env_steps": steps, "system/elapsed_s": seconds,
+                                 "charts/episode_return_mean": train}, update)
+        tracker.finish()
+        return {"wall_s": 610.0, "env_steps": 20_000, "updates": 19_000, "train_return": 1500.0, "eval_return": None}
+
+    def fake_sb3(algo, budget_s, window, eval_episodes):
+        return {"wall_s": 600.0, "env_steps": 30_000, "train_return": 2000.0, "eval_return": 2500.0,
+                "curve": [[1000, 20.0, -400.0], [30000, 599.0, 2000.0]]}
+
+    monkeypatch.setattr(halfcheetah, "run_ours", fake_ours)
+    monkeypatch.setattr(halfcheetah, "run_sb3", fake_sb3)
+    out = tmp_path / "race.json"
+    result = halfcheetah.main(["--algo", "sac", "--json", str(out), "--keep", str(tmp_path / "runs")])
+    assert json.loads(out.read_text()) == result and "curve" not in result["sb3_zoo"]
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+    ours = halfcheetah.our_curves(tmp_path / "runs")
+    sb3 = halfcheetah.sb3_curves(fake_sb3("sac", 600, 10, 5))
+    assert [(s.kind, s.env_steps, s.wall_s, s.returns) for s in ours.series] == [
+        ("train", (5000.0, 20000.0), (100.0, 590.0), (-300.0, 1500.0))]
+    assert [(s.kind, s.env_steps, s.returns) for s in sb3.series] == [
+        ("train", (1000.0, 30000.0), (-400.0, 2000.0)), ("eval", (30000.0,), (2500.0,))]
+    steps_ax, time_ax = halfcheetah.race_figure("sac", 600, [ours, sb3]).axes
+    lines = {line.get_label(): line for line in steps_ax.get_lines()}
+    assert set(lines) == {"ours train", "SB3 zoo train", "SB3 zoo eval"}
+    assert tuple(lines["ours train"].get_xdata()) == (5000.0, 20000.0)
+    assert tuple(next(line for line in time_ax.get_lines() if line.get_label() == "SB3 zoo train").get_xdata()) == (
+        20.0, 599.0)
+    assert halfcheetah.sb3_curves({"curve": []}) is None
 
 
 def test_halfcheetah_reads_the_launch_summary(bench):
