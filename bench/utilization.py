@@ -1,6 +1,6 @@
 """Does a run use the machine and the experience at once? Whole launches of each production mode,
 side by side in one run: ``python bench/utilization.py [--envs cartpole,halfcheetah] [--seconds 60]
-[--modes lockstep,overlap,free,appo] [--solve]``.
+[--modes lockstep,overlap,free,appo] [--solve] [--json PATH]``.
 
 Per env and mode, ``surreal-redis launch`` of the shipped config (PPO: ``ppo_<env>.yaml`` with
 ``learner.on_policy_sync`` set to the mode; ``appo``: ``appo_<env>.yaml`` as shipped) runs for
@@ -17,7 +17,9 @@ Per env and mode, ``surreal-redis launch`` of the shipped config (PPO: ``ppo_<en
 - ratios against lockstep in the same run: ``updates_vs_lockstep``, ``env_steps_vs_lockstep``.
 
 ``--solve`` adds CartPole time to the 475 target (whole process, ``stop.max_seconds`` 300) for
-lockstep, overlap and appo, and ``solve_s_vs_lockstep``. The last line of stdout is one JSON object.
+lockstep, overlap and appo, and ``solve_s_vs_lockstep``. The last line of stdout is one JSON object;
+``--json PATH`` also writes it to PATH and a bar chart of it beside it (PATH with ``.png``,
+:mod:`surreal_redis.plots`): per env, the :data:`PANELS` numbers of each mode, and the solve times.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import process_tree  # noqa: E402  (bench/ is not a package)
 from throughput import cpu_seconds  # noqa: E402
 
+from surreal_redis import plots  # noqa: E402  (light: matplotlib loads when a figure is made)
+
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.25
 log = logging.getLogger("bench.utilization")
@@ -47,6 +51,9 @@ TOTALS = re.compile(r"(?P<steps>\d+) env steps, (?P<updates>\d+) updates, mean r
 USE = re.compile(r"experience used (?P<used>[\d.]+|-)%?.*?, policy lag p90 (?P<lag>[\d.]+|-)[^,]*"
                  r"(?:, rho clipped (?P<rho>[\d.]+|-)%)?, learner busy (?P<busy>[\d.]+|-)%?, agents idle (?P<idle>[\d.]+|-)%?")
 SOLVED = re.compile(r"learner stopped \((?P<reason>[^)]*)\)")
+PANELS = {"env_steps": "env steps", "updates": "updates", "machine_used": "machine used",
+          "used": "experience used", "learner_busy": "learner busy", "agents_idle": "agents idle"}
+"""Each case's numbers the figure draws: key -> panel title."""
 
 
 def _number(text: str) -> float | None:
@@ -106,12 +113,23 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
     return result
 
 
+def utilization_panels(result: dict, envs: list[str]) -> list[plots.Bars]:
+    """The ``--json`` figure's panels: :data:`PANELS` per env (a bar per mode), then the solve times."""
+    panels = [bars for env in envs
+              for bars in plots.result_panels(result[env], {key: f"{env}: {title}" for key, title in PANELS.items()})]
+    if "cartpole_solve" in result:
+        panels += plots.result_panels(result["cartpole_solve"], {"solve_s": "cartpole: seconds to 475"})
+    return panels
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", default="cartpole,halfcheetah")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--seconds", type=float, default=60.0, help="learner seconds per case")
     parser.add_argument("--solve", action="store_true", help="also CartPole time to 475 per mode")
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON object here, and its bar chart "
+                        "beside it (.png)")
     options = parser.parse_args(argv)
     envs, modes = options.envs.split(","), options.modes.split(",")
     unknown = sorted(set(modes) - set(MODES))
@@ -146,6 +164,11 @@ def main(argv: list[str] | None = None) -> dict:
             result["cartpole_solve"] = times
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result))
+    if options.json:
+        options.json.write_text(json.dumps(result, indent=1) + "\n")
+        figure = plots.draw_bars(utilization_panels(result, envs), columns=3,
+                                 title=f"production modes: {options.seconds:.0f} s launches on {result['cores']} cores")
+        log.info("figure: %s", plots.save_beside(figure, options.json))
     return result
 
 

@@ -200,6 +200,12 @@ def draw_curve_rows(rows: Sequence[tuple[str, Sequence[RunCurves]]], axes: Seque
     return figure
 
 
+def _bar_label(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def draw_bars(panels: Sequence[Bars], title: str = "", columns: int = 3) -> Figure:
     """A bar panel per :class:`Bars`, ``columns`` to a row; an unmeasured value is drawn as a
     zero-height bar marked 'n/a'."""
@@ -212,7 +218,8 @@ def draw_bars(panels: Sequence[Bars], title: str = "", columns: int = 3) -> Figu
         ax = figure.add_subplot(rows, columns, index + 1)
         heights = [0.0 if v is None else float(v) for v in panel.values]
         bars = ax.bar(panel.labels, heights, color=[f"C{i % 10}" for i in range(len(heights))])
-        ax.bar_label(bars, labels=["n/a" if v is None else f"{v:.3g}" for v in panel.values], fontsize="small")
+        ax.bar_label(bars, labels=[_bar_label(v) for v in panel.values], fontsize="small")
+        ax.margins(y=0.12)  # room for the labels above the tallest bar
         ax.set_title(panel.title, fontsize="medium")
         ax.tick_params(axis="x", labelrotation=20)
         ax.grid(axis="y", alpha=0.3)

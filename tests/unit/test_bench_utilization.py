@@ -1,13 +1,16 @@
-"""bench/utilization.py reads the launch summary the launcher really prints (no launches here)."""
+"""bench/utilization.py reads the launch summary the launcher really prints, and draws its result
+beside its JSON (no launches here)."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from surreal_redis import plots
 from surreal_redis.learner_metrics import use_summary
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -47,3 +50,27 @@ def test_each_mode_launches_its_config(utilization):
             assert Path(utilization.case_args(env, mode)[0]).name in {f"ppo_{env}.yaml", f"appo_{env}.yaml"}
     with pytest.raises(SystemExit):
         utilization.main(["--modes", "lockstep,turbo"])
+
+
+def test_json_writes_the_result_and_its_bars_beside_it(utilization, monkeypatch, tmp_path):
+    """A bar per mode in each PANELS panel of each env, and the solve times; the JSON is the result."""
+    numbers = {"lockstep": (100, 6400, 0.9, True), "free": (150, 9600, 1.0, False), "appo": (140, 9000, 0.95, True)}
+
+    def fake_case(env, mode, overrides, workdir, timeout_s):
+        updates, steps, machine, solved = numbers[mode]
+        return {"wall_s": 40.0 if mode == "lockstep" else 30.0, "updates": updates, "env_steps": steps,
+                "machine_used": machine, "used": 1.0, "learner_busy": 0.5, "agents_idle": None, "solved": solved}
+
+    monkeypatch.setattr(utilization, "run_case", fake_case)
+    out = tmp_path / "modes.json"
+    result = utilization.main(["--envs", "cartpole", "--modes", "lockstep,free,appo", "--solve", "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    panels = utilization.utilization_panels(result, ["cartpole"])
+    assert [p.title for p in panels] == [f"cartpole: {title}" for title in utilization.PANELS.values()] + [
+        "cartpole: seconds to 475"]
+    assert panels[0].labels == ("lockstep", "free", "appo") and panels[0].values == (6400, 9600, 9000)
+    assert panels[-1].labels == ("lockstep", "appo") and panels[-1].values == (40.0, 30.0)  # free is not timed to the target
+    figure = plots.draw_bars(panels, columns=3)
+    assert [p.get_height() for p in figure.axes[1].patches] == [100.0, 150.0, 140.0]
+    assert [t.get_text() for t in figure.axes[5].texts] == ["n/a", "n/a", "n/a"]  # agents idle unmeasured

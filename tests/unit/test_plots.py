@@ -107,10 +107,11 @@ def test_one_run_is_labelled_by_kind_and_one_axis_can_be_chosen():
 
 
 def test_bars_have_one_rectangle_per_label_with_its_value():
-    figure = plots.draw_bars([Bars("env steps", ("lockstep", "free"), (100.0, 250.0)),
+    figure = plots.draw_bars([Bars("env steps", ("lockstep", "free"), (100.0, 6400.0)),
                               Bars("solve s", ("lockstep", "free"), (30.0, None))], columns=2)
     first, second = figure.axes
-    assert [p.get_height() for p in first.patches] == [100.0, 250.0]
+    assert [p.get_height() for p in first.patches] == [100.0, 6400.0]
+    assert [t.get_text() for t in first.texts] == ["100", "6,400"]
     assert [t.get_text() for t in first.get_xticklabels()] == ["lockstep", "free"]
     assert [p.get_height() for p in second.patches] == [30.0, 0.0]
     assert "n/a" in [t.get_text() for t in second.texts]
