@@ -125,13 +125,15 @@ class ShownCommand(NamedTuple):
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _RUNS_SURREAL = re.compile(r"surreal-redis |surreal_redis\.cli |run --rm admin ")
+_PLACEHOLDER = re.compile(r"(?<=\s)[A-Z][A-Z_]*(?=\s|$)")
 _SEPARATORS = {"&&", "||", ";", "|", "&"}
 _REDIRECTS = {">", ">>", "<", "2>", "2>>"}
 
 
 def _candidate_lines(text: str) -> list[tuple[int, str]]:
     """Lines of code blocks (fenced or indented) and inline code spans that run surreal-redis;
-    continuation lines (``\\``) joined."""
+    continuation lines (``\\``) joined. An inline span with a placeholder argument in capitals
+    (``surreal-redis agent --id K``) is a synopsis in prose, not a command line: left out."""
     found: list[tuple[int, str]] = []
     lines = text.splitlines()
     in_fence = False
@@ -149,7 +151,8 @@ def _candidate_lines(text: str) -> list[tuple[int, str]]:
             if _RUNS_SURREAL.search(joined):
                 found.append((number, joined))
         else:
-            found += [(number, span) for span in re.findall(r"`([^`]*)`", line) if _RUNS_SURREAL.search(span)]
+            found += [(number, span) for span in re.findall(r"`([^`]*)`", line)
+                      if _RUNS_SURREAL.search(span) and not _PLACEHOLDER.search(span)]
     return found
 
 
@@ -274,14 +277,15 @@ def shown_overrides(paths: list[Path] | None = None) -> list[tuple[str, str]]:
     found = []
     for path in paths or [ROOT / "README.md", *PAGES]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            found += [(f"{path.name}:{number}", m) for m in re.findall(r"-o ([a-z_][\w.]*=[^\s`)]*)", line)]
+            found += [(f"{path.name}:{number}", m)
+                      for m in re.findall(r"-o ([a-z_][\w.]*=(?:\$\([A-Z_]+\)|[^\s`)])*)", line)]
     return found
 
 
 def test_every_override_the_pages_show_names_a_config_key():
     """Overrides in prose (``-o env.pixels.enabled=true``) too: applied to the default config of the
-    algorithm their key names (PPO's otherwise). A compose ``$VARIABLE`` takes its value in
-    compose/.env.example."""
+    algorithm their key names (PPO's otherwise). A variable (compose's ``$NAME``, Kubernetes'
+    ``$(NAME)``) takes its value in compose/.env.example."""
     from surreal_redis.algos.registry import algorithm_names
 
     example = dict(line.split("=", 1) for line in (ROOT / "compose" / ".env.example").read_text().splitlines()
@@ -290,7 +294,8 @@ def test_every_override_the_pages_show_names_a_config_key():
     assert len(shown) >= 5
     problems = []
     for where, override in shown:
-        override = re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: example[m.group(1)], override)
+        override = re.sub(r"\$[({]?([A-Z_]+)[)}]?", lambda m: example.get(m.group(1), f"<no {m.group(1)}>"),
+                          override)
         section = override.split(".", 1)[0]
         algo = section if section in algorithm_names() else "ppo"
         try:
@@ -328,7 +333,7 @@ def test_a_wrong_command_on_a_page_fails(tmp_path, line, message):
 def test_commands_are_found_in_every_form_a_page_writes_them(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("\n".join([
-        "Inline `surreal-redis stop --run a` and in a list:", "",
+        "Inline `surreal-redis stop --run a`, not the synopsis `surreal-redis agent --id K`, and in a list:", "",
         "    SURREAL_REDIS_URL=redis://h:1/0 surreal-redis status --run b --watch", "",
         "```bash",
         "scripts/setup-env embedded && .venv/bin/surreal-redis launch configs/smoke.yaml \\",
