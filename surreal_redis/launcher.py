@@ -538,7 +538,7 @@ class Launcher:
         best = ", ".join(f"update {i} ({s:.1f})" for s, i in
                          CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).best()) or "none kept"
         return (f"  final eval of update {iteration} (the final checkpoint): mean return {result['score']:.1f} over "
-                f"{len(result['returns'])} of {result['episodes']} episodes in {result['seconds']:.0f}s; "
+                f"{len(result['returns'])} of {result['episodes']} episodes in {result['seconds']:.1f}s; "
                 f"best checkpoints: {best}")
 
     def _headline(self, code: int) -> str:

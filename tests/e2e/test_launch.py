@@ -132,7 +132,15 @@ def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
     assert run.info.status == "FINISHED"
     assert metrics["charts/env_steps"][-1] >= 8000
     assert "charts/eval_return" in metrics
-    assert json.loads((experiment / "checkpoints" / "best.json").read_text())
+    # the run ends with an eval of its final checkpoint, scored into best-k (keep_best: 1)
+    final = max(int(p.stem.split("-")[1]) for p in (experiment / "checkpoints").glob("ckpt-*.pt"))
+    line = next(line for line in done.stderr.splitlines() if line.startswith("  final eval of update"))
+    assert line.startswith(f"  final eval of update {final} (the final checkpoint): mean return ") and \
+        " over 10 of 10 episodes in " in line, line
+    score = float(line.split("mean return ")[1].split()[0])
+    (best_score, best_update), = json.loads((experiment / "checkpoints" / "best.json").read_text())
+    assert best_update == final if best_score == pytest.approx(score, abs=0.05) else best_score > score
+    assert not (experiment / "hub.json").exists()  # announced while the run lived only
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke"]  # children write into the run's folder only
 
