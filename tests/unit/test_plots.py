@@ -189,3 +189,17 @@ def test_a_learner_run_leaves_curves_read_from_its_store(fake_redis, tmp_path):
     train, evaluated = plots.read_run(config.experiment_dir).series
     assert train.returns[-1] == 30.0 and train.env_steps[-1] == learner.env_steps  # the mean of 10, 30, 50
     assert set(evaluated.returns) == {100.0}
+
+
+def test_the_launch_summary_names_the_curves_or_says_none_were_drawn(tmp_path, fake_redis):
+    from surreal_redis.config import load_config
+    from surreal_redis.launcher import Launcher
+
+    config = load_config("smoke", [f"experiment.root={tmp_path}", "experiment.name=summary", "tracking.enabled=true"])
+    lines: list[str] = []
+    launcher = Launcher(config, StopFlag(install_handlers=False), progress=lines.append)
+    launcher._summary(fake_redis, 0)
+    assert "  curves: none drawn (no return logged)" in lines[-1].splitlines()
+    plots.save_figure(plots.draw_curves(two_runs()[:1]), config.experiment_dir / plots.CURVES_FILE)
+    launcher._summary(fake_redis, 0)
+    assert f"  curves: {config.experiment_dir / plots.CURVES_FILE}" in lines[-1].splitlines()
