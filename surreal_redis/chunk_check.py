@@ -88,11 +88,13 @@ class ChunkCheck:
                  initial_state: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self.template = _template(obs_space)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if self.discrete:
+        if isinstance(action_space, gym.spaces.Discrete):
             self.action_shape: tuple[int, ...] = ()
             self.action_range = (int(action_space.start), int(action_space.start + action_space.n))
-        else:
+        elif action_space.shape is not None:
             self.action_shape = tuple(action_space.shape)
+        else:
+            raise ValueError(f"action space {action_space} has no shape: chunks cannot be checked against it")
         self.extra_shapes = {name: {"logp": (), "value": (), "raw_action": self.action_shape}.get(name)
                              for name in required_extras}
         self.initial_state = None if initial_state is None else {k: tuple(v) for k, v in initial_state.items()}

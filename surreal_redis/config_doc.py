@@ -35,19 +35,21 @@ def field_help(cls: type) -> dict[str, str]:
             continue
         lines = source.splitlines()
         node = ast.parse(source).body[0]
+        if not isinstance(node, ast.ClassDef):
+            continue
         helps.update(_docstring_attributes(ast.get_docstring(node) or ""))
-        body = getattr(node, "body", [])
+        body = node.body
         for i, stmt in enumerate(body):
             if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
                 continue
             name = stmt.target.id
             after = body[i + 1] if i + 1 < len(body) else None
-            if isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant) \
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
                     and isinstance(after.value.value, str):
                 helps[name] = " ".join(after.value.value.split())
                 continue
             trailing = lines[stmt.lineno - 1].split("#", 1)
-            comments = []
+            comments: list[str] = []
             row = stmt.lineno - 2
             while row >= 0 and lines[row].strip().startswith("#"):
                 comments.insert(0, lines[row].strip().lstrip("#").strip())
@@ -91,7 +93,7 @@ def _emit(cls: type, data: dict[str, Any], indent: int, out: list[str]) -> None:
             for line in textwrap.wrap(text, 96 - len(pad)):
                 out.append(f"{pad}# {line}")
         sub = hints[f.name]
-        if dataclasses.is_dataclass(sub) and isinstance(value, dict):
+        if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(value, dict):
             out.append(f"{pad}{f.name}:")
             _emit(sub, value, indent + 1, out)
         else:
@@ -120,7 +122,7 @@ def commented_default_config(algo: str, plugins: tuple[str, ...] = ()) -> str:
             continue
         out.append("")
         sub = hints[f.name]
-        if dataclasses.is_dataclass(sub):
+        if isinstance(sub, type) and dataclasses.is_dataclass(sub):
             doc = inspect.getdoc(sub)
             if doc and not doc.startswith(sub.__name__ + "("):
                 for line in textwrap.wrap(" ".join(doc.split("\n\n")[0].split()), 96):

@@ -253,7 +253,7 @@ class BackgroundTracker:
         except BaseException as exc:  # kept and raised in the caller's thread by its next call
             self._error = exc
 
-    def _submit(self, call: Callable[[Tracker], None]) -> None:
+    def _submit(self, call: Callable[[Tracker | TrackerProcess], None]) -> None:
         self._raise_error()
         self._calls.put(call)
 

@@ -191,13 +191,12 @@ class UniformReplay:
                                  f"{np.shape(rewards)} and {np.shape(discounts)}")
             if not 1 <= batch <= self.capacity:
                 raise ValueError(f"insert of {batch} transitions: need 1 <= B <= capacity ({self.capacity})")
-            if self._actions is None:
-                self._allocate(obs, flat_obs, actions)
+            action_ring = self._actions if self._actions is not None else self._allocate(obs, flat_obs, actions)
             self._check("obs", flat_obs, batch)
             self._check("next_obs", flat_next, batch)
-            if actions.shape != (batch, *self._actions.shape[1:]):
+            if actions.shape != (batch, *action_ring.shape[1:]):
                 raise ValueError(f"actions shape {actions.shape} does not match "
-                                 f"[{batch}, {', '.join(map(str, self._actions.shape[1:]))}]")
+                                 f"[{batch}, {', '.join(map(str, action_ring.shape[1:]))}]")
 
             indices = (self._next + np.arange(batch)) % self.capacity
             self._release(indices[indices < self._size])
@@ -207,7 +206,7 @@ class UniformReplay:
                     if spec.pooled:
                         values = self._pool(spec).acquire(values.astype(spec.dtype, copy=False))
                     ring[path][indices] = values
-            self._actions[indices] = actions
+            action_ring[indices] = actions
             self._rewards[indices] = rewards
             self._discounts[indices] = discounts
             self._next = int(indices[-1] + 1) % self.capacity
@@ -240,6 +239,8 @@ class UniformReplay:
                 leaves.append(self._pool(spec).frames[values] if spec.pooled else values)
             return tree_unflatten(self._structure, leaves)
 
+        if self._actions is None:
+            raise ValueError("cannot gather from a replay that holds no transition yet")
         return TransitionBatch(
             obs=tree(self._obs),
             actions=self._actions[indices],
@@ -253,7 +254,8 @@ class UniformReplay:
     def _pool(self, spec: _LeafSpec) -> _FramePool:
         return self._pools[(spec.dtype.str, spec.shape)]
 
-    def _allocate(self, obs: Tree, flat_obs: dict[Path, np.ndarray], actions: np.ndarray) -> None:
+    def _allocate(self, obs: Tree, flat_obs: dict[Path, np.ndarray], actions: np.ndarray) -> np.ndarray:
+        """Rings for the layout of the first insert; returns the actions ring."""
         structure = tree_structure(obs)  # first: ValueError for a key that is not a string
         capacity = self.capacity
         specs = {}
@@ -274,6 +276,7 @@ class UniformReplay:
         self._specs = specs
         self._structure = structure
         self._actions = np.zeros((capacity, *actions.shape[1:]), dtype=actions.dtype)
+        return self._actions
 
     def _check(self, name: str, flat: dict[Path, np.ndarray], batch: int) -> None:
         if flat.keys() != self._specs.keys():

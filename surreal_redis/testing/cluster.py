@@ -7,6 +7,7 @@ replicas and waits for ``cluster_state:ok`` with every replica link up (~3 s for
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import subprocess
@@ -31,9 +32,10 @@ class LocalCluster:
 
     def __init__(self, primaries: int = 3, replicas: int = 1, folder: Path | None = None,
                  maxmemory: str = "256mb") -> None:
-        self.binary = find_redis_server()
-        if self.binary is None or shutil.which("redis-cli") is None:
+        binary = find_redis_server()
+        if binary is None or shutil.which("redis-cli") is None:
             raise RuntimeError("a local Redis Cluster needs redis-server and redis-cli on PATH")
+        self.binary = binary
         self._own_folder = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="sr-cluster-")) if folder is None else Path(folder)
         self.primaries, self.replicas, self.maxmemory = primaries, replicas, maxmemory
@@ -76,7 +78,7 @@ class LocalCluster:
                  "--maxmemory-policy", "noeviction", "--logfile", str(folder / "redis.log")],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for port in self.ports:
-            self._until(lambda p=port: self._pings(p), f"node {port} did not start")
+            self._until(functools.partial(self._pings, port), f"node {port} did not start")
         first = self.node(self.ports[0])
         for i, port in enumerate(self.ports[:self.primaries]):
             lo, hi = i * SLOTS // self.primaries, (i + 1) * SLOTS // self.primaries - 1
@@ -88,8 +90,10 @@ class LocalCluster:
         ids = [self.node(p).execute_command("CLUSTER", "MYID").decode() for p in self.ports[:self.primaries]]
         for k, port in enumerate(self.ports[self.primaries:]):
             primary_id = ids[k % self.primaries]  # known by id once the handshake is over
-            self._until(lambda p=port, i=primary_id: i in self.node(p).execute_command("CLUSTER", "NODES").decode(),
-                        "replica does not know its primary")
+            def knows_primary(p: int = port, i: str = primary_id) -> bool:
+                return i in self.node(p).execute_command("CLUSTER", "NODES").decode()
+
+            self._until(knows_primary, "replica does not know its primary")
             self.node(port).execute_command("CLUSTER", "REPLICATE", primary_id)
         self.wait_ok()
         return self

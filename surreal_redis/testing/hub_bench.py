@@ -257,6 +257,8 @@ def measure_params(client: RedisClient, sizes: BenchSizes) -> dict[str, float]:
         fetch_s, raw_s = [], []
         for i in range(sizes.fetch_repeats):
             version = publisher.publish(params, iteration=i)
+            if version is None:
+                raise RuntimeError("the publish was skipped (publisher min_publish_interval): nothing to fetch")
             start = time.perf_counter()
             fetched, _ = reader.fetch()
             fetch_s.append(time.perf_counter() - start)
