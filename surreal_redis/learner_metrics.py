@@ -43,7 +43,7 @@ from surreal_redis.hub.run.episodes import EpisodeRecord
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import RunKeys
 from surreal_redis.replay.feeds import ExperienceUse
-from surreal_redis.tracking import Tracker
+from surreal_redis.tracking import BackgroundTracker, Tracker
 
 if TYPE_CHECKING:
     from surreal_redis.config import ExperimentConfig
@@ -125,7 +125,8 @@ class AgentClocks:
 class LearnerMetrics:
     """Accumulates between flushes; :meth:`maybe_flush` writes every ``learner.metrics_every_s``."""
 
-    def __init__(self, client: RedisClient, config: ExperimentConfig, tracker: Tracker | None) -> None:
+    def __init__(self, client: RedisClient, config: ExperimentConfig,
+                 tracker: Tracker | BackgroundTracker | None) -> None:
         self.client, self.config, self.tracker = client, config, tracker
         self.control = RunControl(client, config.run)
         self.losses: dict[str, list[float]] = defaultdict(list)
