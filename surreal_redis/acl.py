@@ -38,7 +38,7 @@ Learner user: every key and the notify channel of the run; every command except 
 or channels of other runs (SCAN, RANDOMKEY, PUBSUB, CLIENT TRACKING, CLUSTER GETKEYSINSLOT) and
 those that drop or stop the scripts and functions of other runs.
 
-The README's "Trust boundary" section lists what an agent can still do with these rights.
+docs/trust-boundary.md lists what an agent can still do with these rights.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def resume_options(command: Callable[..., Any]) -> Callable[..., Any]:
                              "iteration.")(command)
 
 
-url_option = click.option("--redis-url", default=None, help="redis://, rediss:// or unix:// URL [env: SURREAL_REDIS_URL].")
+url_option = click.option("--redis-url", default=None, help="redis://, rediss://, unix:// or redis+cluster:// URL [env: SURREAL_REDIS_URL].")
 
 
 def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -389,7 +389,7 @@ def redis_cmd(maxmemory: str, port: int, appendonly: bool) -> None:
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="Import this module first (it registers ALGO); repeatable.")
 def default_config(algo: str, plugins: tuple[str, ...]) -> None:
-    """Print a full, commented default config for ALGO (ppo, ddpg, sac, or a plugin's)."""
+    """Print a full, commented default config for ALGO (ppo, ddpg, sac, appo, or a plugin's)."""
     from surreal_redis.config_doc import commented_default_config
 
     try:

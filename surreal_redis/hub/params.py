@@ -126,7 +126,7 @@ class PublisherConfig:
       (every step is idempotent), with backoff from ``retry_base_s`` doubling up to 1 s.
     - ``wait_replica_ms``: after each publish, block up to this many ms until one replica of the
       parameters' server has it (``WAIT 1``), so a failover right after a publish does not take
-      the version back; 0: off (replication stays asynchronous; README "Redis Cluster").
+      the version back; 0: off (replication stays asynchronous; docs/deployment.md, Redis Cluster).
     """
 
     min_publish_interval: float = 0.0
