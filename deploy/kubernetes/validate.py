@@ -51,14 +51,14 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
-from surreal_redis.acl import ROLES, username
+from surreal_redis.acl import ROLES
 from surreal_redis.connection import CLUSTER_SCHEMES, parse_cluster_url
 
 KUBERNETES_DIR = Path(__file__).resolve().parent
 COMPOSE_DIR = KUBERNETES_DIR.parents[1] / "compose"
 sys.path.insert(0, str(KUBERNETES_DIR))
 sys.path.insert(0, str(COMPOSE_DIR))  # entrypoint.py and acl_file.py, as the image has them
-from acl_file import ADMIN_VARIABLE, acl_file_text, password_variable  # noqa: E402
+from acl_file import ADMIN_VARIABLE, acl_file_text  # noqa: E402
 from entrypoint import EntrypointError, command_index, complete  # noqa: E402
 from kustomize_render import RenderError, name_references, render  # noqa: E402
 
@@ -242,14 +242,14 @@ def quantity_bytes(text: str | int) -> int:
 
 # ---------------------------------------------------------------- the checks
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema_file(path: str, version: str) -> Any:
     from kubernetes_validate.utils import schema_contents
 
     return schema_contents(path, version)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema_validator(kind: str, api_version: str, version: str = KUBERNETES_VERSION) -> Any:
     """The strict JSON-schema validator kubernetes_validate.validate(..., strict=True) builds for
     ``kind`` in ``api_version``, built once (it rereads its schemas, megabytes, for every object).

@@ -95,8 +95,11 @@ def test_every_process_of_the_base_is_a_checked_surreal_redis_command(deploy_cop
                  for c in obj["spec"]["template"]["spec"]["containers"]
                  if validate.is_surreal_image(c["image"]) and "command" not in c}
     assert processes == {("StatefulSet", "learner"), ("StatefulSet", "agents"), ("Deployment", "eval")}
-    assert {kind for kind, _ in objects} == {"ConfigMap", "Secret", "Service", "StatefulSet", "Deployment",
-                                             "PersistentVolumeClaim"}
+    assert {kind for kind, _ in objects} == {"ConfigMap", "Secret", "Service", "StatefulSet", "Deployment"}
+    # every volume is a StatefulSet's claim template: `kubectl delete -k` keeps them all
+    claims = {(name, t["metadata"]["name"]) for (kind, name), obj in objects.items() if kind == "StatefulSet"
+              for t in obj["spec"].get("volumeClaimTemplates") or []}
+    assert claims == {("redis", "data"), ("learner", "runs"), ("mlflow", "mlflow")}
     assert workload(objects, "StatefulSet", "agents")["spec"]["replicas"] == 4
     assert container(workload(objects, "StatefulSet", "learner"), "learner")["args"][-2:] == ["--resume", "auto"]
 
@@ -142,7 +145,7 @@ def test_redis_cluster_overlay_runs_six_nodes_and_cluster_urls(deploy_copy):
 def test_passwords_example_names_what_the_acl_file_needs_and_stays_out_of_git():
     example = kustomize.read_env_file(KUBERNETES_DIR / "base" / "passwords.env.example")
     assert set(example) == set(validate.EXAMPLE_PASSWORDS) == {
-        validate.ADMIN_VARIABLE, *(validate.password_variable(role) for role in ROLES)}
+        validate.ADMIN_VARIABLE, *(validate.compose_validate.password_variable(role) for role in ROLES)}
     assert "passwords.env" in (KUBERNETES_DIR / "base" / ".gitignore").read_text().split()
 
 
@@ -394,9 +397,9 @@ def test_kubectl_kustomize_merges_the_same(tmp_path):
 
 def test_docs_name_paths_and_overlays_that_exist():
     text = (ROOT / "docs" / "kubernetes.md").read_text()
-    applied = set(re.findall(r"kubectl apply -k (\S+)", text))
-    assert {f"deploy/kubernetes/{t}" for t in validate.TARGETS} <= applied
-    for path in applied | set(re.findall(r"\b(deploy/kubernetes/[\w./-]+\w)", text)):
-        assert (ROOT / path).exists() or path.endswith("passwords.env"), path
+    applied = set(re.findall(r"kubectl apply -k (deploy/\S+)", text))
+    assert applied == {f"deploy/kubernetes/{t}" for t in validate.TARGETS}
+    for path in re.findall(r"\b(deploy/kubernetes/[\w./-]+\w)", text):
+        assert (ROOT / path).exists() or path.endswith("base/passwords.env"), path
     assert validate.KUBERNETES_VERSION.rsplit(".", 1)[0] in text
 
