@@ -92,7 +92,7 @@ class AlgorithmSpec:
     """
 
     name: str
-    config_class: type
+    config_class: type[Any]  # a frozen dataclass (__post_init__ checks it)
     on_policy: bool
     make_trainer: Callable[[Any, gym.Space, gym.Space, int], Algorithm]
     make_policy: Callable[[Any, gym.Space, gym.Space, PolicyRequest], AgentPolicy]
