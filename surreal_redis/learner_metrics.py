@@ -137,6 +137,7 @@ class LearnerMetrics:
         self.eval_score: float | None = None
         self.eval_version: int | None = None
         self.trimmed = self.unread_dropped = self.obs_deleted = self.orphans_deleted = 0
+        self.obs_skipped = self.malformed_removed = 0  # what agents left that gc cannot parse
         # (agent id, pid) -> (chunks dropped, parameter downloads rejected), last heartbeat of each
         # agent process, those that left included: run totals
         self.agent_counts: dict[tuple[str, int], tuple[int, int]] = {}
@@ -192,6 +193,8 @@ class LearnerMetrics:
         self.unread_dropped += stats.unread_dropped
         self.obs_deleted += stats.obs_deleted
         self.orphans_deleted += stats.orphans_deleted
+        self.obs_skipped += stats.obs_skipped
+        self.malformed_removed += stats.malformed_removed
         if stats.unread_dropped:
             log.warning("retention trimmed %d entries the learner had not read (hub.retention.max_entries "
                         "too small for the learner's pace)", stats.unread_dropped)
@@ -223,10 +226,6 @@ class LearnerMetrics:
             "hub/stream_unread": float(sum(b.unread for b in backlogs)),
             "hub/stream_length": float(sum(b.length for b in backlogs)),
             "hub/redis_used_memory_mb": memory["used_memory"] / 2**20,
-            "hub/trimmed_total": float(self.trimmed),
-            "hub/unread_trimmed_total": float(self.unread_dropped),
-            "hub/obs_deleted_total": float(self.obs_deleted),
-            "hub/obs_orphans_deleted_total": float(self.orphans_deleted),
         }
         ratios = [r for keys, b in zip(shards, backlogs) if (r := dedup_ratio(self.client, keys, b.length)[0])]
         if ratios:
@@ -276,6 +275,13 @@ class LearnerMetrics:
             "charts/episode_return_mean": progress.mean_return,
             "hub/ingest_mb_per_s": self._rate("bytes", self.ingest_bytes, dt) / 2**20,
             "hub/dead_entries_total": float(receiver.dead),
+            "hub/move_errors_total": float(receiver.move_errors),
+            "hub/trimmed_total": float(self.trimmed),
+            "hub/unread_trimmed_total": float(self.unread_dropped),
+            "hub/obs_deleted_total": float(self.obs_deleted),
+            "hub/obs_orphans_deleted_total": float(self.orphans_deleted),
+            "hub/obs_junk_keys_skipped_total": float(self.obs_skipped),
+            "hub/obsref_malformed_removed_total": float(self.malformed_removed),
             "hub/reread_entries_total": float(receiver.reread),
             "hub/pending_trimmed_total": float(receiver.pending_trimmed),
             "hub/batches_moved_total": float(receiver.moved),

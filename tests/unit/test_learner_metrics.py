@@ -1,0 +1,35 @@
+"""The learner's metrics count what the janitor and the receiver set aside or could not parse."""
+
+from __future__ import annotations
+
+from surreal_redis.config import ExperimentConfig
+from surreal_redis.hub.experience.receiver import ReceiverStats
+from surreal_redis.hub.experience.retention import JanitorStats
+from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
+
+
+class RecordingTracker:
+    def __init__(self) -> None:
+        self.logged: list[tuple[dict[str, float | None], int]] = []
+
+    def log_metrics(self, metrics: dict[str, float | None], step: int) -> None:
+        self.logged.append((dict(metrics), step))
+
+
+def test_junk_keys_malformed_references_and_refused_moves_are_metrics(fake_redis):
+    # fakeredis has no INFO, so the hub numbers that need Redis fail (logged); these totals do not
+    tracker = RecordingTracker()
+    metrics = LearnerMetrics(fake_redis, ExperimentConfig(), tracker)
+    metrics.observe_janitor(JanitorStats(trimmed=0, unread_dropped=0, obs_deleted=3, calls=2, obs_skipped=4,
+                                         malformed_removed=2))
+    metrics.observe_janitor(JanitorStats(trimmed=0, unread_dropped=0, obs_deleted=0, calls=1, obs_skipped=1))
+    receiver = ReceiverStats(chunks=0, steps=0, bytes=0, dead=5, cache_hits=0, cache_misses=0, claimed=0,
+                             consumers_removed=0, retained=0, retained_skipped=0, move_errors=2)
+    metrics.maybe_flush(LearnerProgress(iteration=7, env_steps=100, param_version=3, mean_return=None, elapsed_s=1.0),
+                        {}, receiver, force=True)
+    (logged, step), = tracker.logged
+    assert step == 7
+    assert logged["hub/obs_junk_keys_skipped_total"] == 5.0
+    assert logged["hub/obsref_malformed_removed_total"] == 2.0
+    assert logged["hub/move_errors_total"] == 2.0 and logged["hub/dead_entries_total"] == 5.0
+    assert logged["hub/obs_deleted_total"] == 3.0
