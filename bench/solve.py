@@ -20,7 +20,8 @@ machine, in the same run.
   not counted in its time, to show how far past the target its policy already was.
 
 Both wall times are whole processes, as a user waits for them: ours from ``launch`` (process
-start-up, the embedded Redis, MLflow) and SB3's from its interpreter's start (imports included). A case that misses the target within the budget reports null. The last line of output is
+start-up, the embedded Redis, MLflow; the eval of the final checkpoint that ``launch`` runs
+after the stop is turned off, as SB3's run has none) and SB3's from its interpreter's start (imports included). A case that misses the target within the budget reports null. The last line of output is
 one JSON object, with ``<case>_time_ratio_vs_sb3_<zoo|defaults>`` (ours / SB3's; target <= 1).
 Ours is also split, from the learner's log: ``*_startup_s`` from ``launch`` to the
 learner's first update, ``*_shutdown_s`` from the learner's stop (target reached) to ``launch``'s exit.
@@ -120,7 +121,7 @@ def run_launch(config: str, agents: int, budget_s: float, workdir: Path) -> tupl
     name = launch_name(config, agents)
     args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / config),
             "--agents", str(agents), "-o", f"experiment.root={workdir}", "-o", f"experiment.name={name}",
-            "-o", f"stop.max_seconds={budget_s}"]
+            "-o", f"stop.max_seconds={budget_s}", "-o", "eval.final_episodes=0"]
     started, clock = time.monotonic(), time.time()
     done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=budget_s + 300)
     wall = time.monotonic() - started
