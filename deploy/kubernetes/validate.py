@@ -56,8 +56,8 @@ from surreal_redis.connection import CLUSTER_SCHEMES, parse_cluster_url
 
 KUBERNETES_DIR = Path(__file__).resolve().parent
 COMPOSE_DIR = KUBERNETES_DIR.parents[1] / "compose"
-sys.path.insert(0, str(KUBERNETES_DIR))
 sys.path.insert(0, str(COMPOSE_DIR))  # entrypoint.py and acl_file.py, as the image has them
+sys.path.append(str(KUBERNETES_DIR))  # kustomize_render.py; last, so that this validate.py shadows no other
 from acl_file import ADMIN_VARIABLE, acl_file_text  # noqa: E402
 from entrypoint import EntrypointError, command_index, complete  # noqa: E402
 from kustomize_render import RenderError, name_references, render  # noqa: E402

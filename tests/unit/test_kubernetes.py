@@ -33,7 +33,7 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 validate = _load("kubernetes_validate_deploy", KUBERNETES_DIR / "validate.py")
-kustomize = _load("kustomize_render", KUBERNETES_DIR / "kustomize_render.py")
+kustomize = sys.modules["kustomize_render"]  # the module validate.py renders with
 needs_kubectl = pytest.mark.skipif(not validate.kubectl_available(),
                                    reason="no kubectl here: cannot compare with kubectl kustomize")
 
@@ -87,6 +87,22 @@ def test_the_schemas_are_of_the_named_version_and_agree_with_kubernetes_validate
     assert len(found) == 2 and "podManagmentPolicy" in found[0] + found[1] and "spec.replicas: 'four'" in found[0] + found[1]
     assert validate.schema_problems([{"apiVersion": "example.org/v1", "kind": "Thing", "metadata": {"name": "t"}}]) == [
         "Thing/t: Kubernetes 1.32.0 has no example.org/v1 Thing"]
+
+
+def test_schema_validation_needs_no_network(deploy_copy, monkeypatch):
+    import socket
+
+    objects = list(rendered(deploy_copy).values())
+    validate.schema_validator.cache_clear()
+    validate._schema_file.cache_clear()
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("schema validation opened a socket")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    assert validate.schema_problems(objects) == []
 
 
 def test_every_process_of_the_base_is_a_checked_surreal_redis_command(deploy_copy):
