@@ -143,8 +143,12 @@ local function store(batch)
     return nil
   end
   local added = 0
-  for _, chunk in ipairs(batch.chunks) do
-    local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3], 'd', chunk[4])
+  -- s: the chunk's origin "<uuid>:<seq>:<index>:<count>" (wire.py), so the learner drops a chunk it
+  -- consumed once that a failover (losing this move and this window) delivers again
+  local origin = batch.uuid .. ':' .. string.format('%d', batch.seq) .. ':'
+  for c, chunk in ipairs(batch.chunks) do
+    local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3], 'd', chunk[4],
+      's', origin .. c .. ':' .. #batch.chunks)
     added = added + 1
     if #chunk[5] > 0 then
       local ms, sq = string.match(id, '^(%d+)-(%d+)$')

@@ -178,6 +178,7 @@ class Learner:
             "algorithm": self.algo.state_dict(), "env_steps": self.env_steps, "param_version": self.param_version,
             "elapsed_s": self.elapsed(), "algo": self.config.algo, "feed": self.feed.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "consumed": self.receiver.consumed_state(),  # chunks a failover may deliver again are dropped
         }
 
     def restore(self, which: str, folder: Path | None = None) -> None:
@@ -192,6 +193,8 @@ class Learner:
         self.algo.load_state_dict(state["algorithm"])
         if "feed" in state:  # older checkpoints: sampling starts from a fresh generator
             self.feed.load_state_dict(state["feed"])
+        if "consumed" in state:  # older checkpoints: the window starts empty
+            self.receiver.load_consumed(state["consumed"])
         self.env_steps = int(state["env_steps"])
         self.elapsed_before = float(state["elapsed_s"])
         self.param_version = self.evals_from_version = int(state["param_version"])

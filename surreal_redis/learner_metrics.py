@@ -286,6 +286,7 @@ class LearnerMetrics:
             "hub/pending_trimmed_total": float(receiver.pending_trimmed),
             "hub/batches_moved_total": float(receiver.moved),
             "hub/duplicate_batches_total": float(receiver.duplicates),
+            "hub/duplicates_consumed_total": float(receiver.duplicates_consumed),
             "hub/dead_retries_total": float(receiver.dead_retries),
             "hub/obs_cache_mb": receiver.cached_bytes / 2**20,
             "hub/obs_cache_hit_ratio": receiver.cache_hits / max(1, receiver.cache_hits + receiver.cache_misses),

@@ -97,7 +97,8 @@ def test_insert_script_is_all_or_nothing_and_only_queues(real_redis):
     assert real_redis.zscore(KEYS.obsref, a) == id_score(ids[1])  # newest referencing entry
     assert seen_window(real_redis) == b"1,1," and not real_redis.exists(KEYS.inbox, KEYS.pinned)
     entry = real_redis.xrange(KEYS.exp)[0][1]
-    assert list(entry) == [b"a", b"e", b"o", b"d"] and entry[b"o"] == f"{a},{b},{c}".encode()
+    assert list(entry) == [b"a", b"e", b"o", b"d", b"s"] and entry[b"o"] == f"{a},{b},{c}".encode()
+    assert [fields[b"s"] for _, fields in real_redis.xrange(KEYS.exp)] == [b"aa01:1:1:2", b"aa01:1:2:2"]
     # a resent batch is queued again and stored once, whatever it carries
     assert insert(scripts, 1, [a, b]) == [b"OK"]
     assert insert(scripts, 1, [a], upload={a: b"other"}) == [b"OK"]

@@ -12,7 +12,7 @@ from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverCo
 from surreal_redis.hub.experience.retention import HubJanitor, JanitorStats, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
 from surreal_redis.hub.experience.wire import WireError, parse_entry
-from surreal_redis.keys import RunKeys
+from surreal_redis.keys import CONSUMER_GROUP, RunKeys
 from surreal_redis.scripts import Scripts
 
 RUN = "unit"
@@ -540,3 +540,137 @@ def test_entry_ids_must_be_plain_non_negative_integers(value):
 def test_receiver_config_names_the_bad_value(field, value):
     with pytest.raises(ValueError, match=field):
         ReceiverConfig(**{field: value})
+
+
+# ---------------------------------------------------------------- what the learner consumed, across a failover
+
+def vector_steps(sender: ExperienceSender, first: int, count: int) -> None:
+    """``count`` steps of 2 envs whose observations name (step, env): every chunk is distinct."""
+    zeros = np.zeros(2, bool)
+    for step in range(first, first + count):
+        sender.add(np.array([[step, 0], [step, 1]], np.float32), np.zeros(2), np.ones(2), zeros, zeros)
+
+
+def chunk_identity(item) -> tuple[int, float]:
+    return item.chunk.env_index, float(item.chunk.obs[0, 0])
+
+
+def drain_acked(receiver: ExperienceReceiver) -> list:
+    got = []
+    while batch := receiver.receive(100, 0):
+        receiver.ack(batch)
+        got += batch
+    return got
+
+
+def test_a_promoted_replica_holding_the_lost_tail_delivers_each_chunk_to_the_feed_once(fake_redis, tmp_path):
+    """The primary moved, delivered and acked 6 chunks, then died; the promoted replica still
+    holds their batches in its inbox (and no dedup window). The learner, resumed with its consumed
+    window (through a weights-only checkpoint), drops all 6 and takes the sender's next ones."""
+    from fakeredis import FakeRedis
+
+    from surreal_redis.checkpoint import CheckpointConfig, CheckpointManager
+
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
+    vector_steps(sender, 0, 7)  # 3 batches of 2 chunks
+    replica_inbox = fake_redis.lrange(keys.inbox, 0, -1)  # what the replica got before it lagged
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    first = drain_acked(receiver)
+    assert len(first) == 6 and all(item.origin.sender == sender.uuid for item in first)
+    checkpoints = CheckpointManager(tmp_path, CheckpointConfig())
+    state = checkpoints.load(checkpoints.save({"consumed": receiver.consumed_state()}, 1))
+
+    promoted = FakeRedis(decode_responses=False)  # the replica: the batches queued, nothing moved
+    promoted.rpush(keys.inbox, *replica_inbox)
+    unaware = ExperienceReceiver(promoted, ReceiverConfig(consumer="unaware"), RUN, 1)
+    assert len(unaware.receive(100, 0)) == 6  # what the learner trained on twice before
+    promoted.delete(*promoted.keys("*"))
+    promoted.rpush(keys.inbox, *replica_inbox)
+    resumed = ExperienceReceiver(promoted, ReceiverConfig(), RUN, 1)
+    resumed.load_consumed(state["consumed"])
+    sender.client = promoted
+    sender._scripts = Scripts(promoted)
+    vector_steps(sender, 7, 2)  # one more batch of the same sender, after the failover
+    second = drain_acked(resumed)
+    identities = [chunk_identity(item) for item in first + second]
+    assert len(identities) == len(set(identities)) == 8  # every chunk handed out exactly once
+    assert [item.origin.seq for item in second] == [4, 4]
+    assert resumed.stats().duplicates_consumed == 6 and resumed.stats().chunks == 2
+    assert promoted.xpending(keys.exp, CONSUMER_GROUP)["pending"] == 0  # the dropped copies are acked
+
+
+def test_a_copy_of_a_chunk_in_flight_stays_pending_until_the_chunk_is_acked(fake_redis):
+    """Delivered again while the first copy is handed out and not acked: the copy is dropped but
+    kept pending (a learner stopping before its ack gets the chunk back); acking the chunk acks it."""
+    keys = RunKeys(RUN).shard(0)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
+    vector_steps(sender, 0, 3)
+    queued = fake_redis.lrange(keys.inbox, 0, -1)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    held = receiver.receive(100, 0)
+    assert len(held) == 2
+    fake_redis.delete(keys.seen)  # a failover took move.lua's dedup window: the batch is stored again
+    fake_redis.rpush(keys.inbox, *queued)
+    assert receiver.receive(100, 0) == [] and receiver.stats().duplicates_consumed == 2
+    assert fake_redis.xpending(keys.exp, CONSUMER_GROUP)["pending"] == 4
+    receiver.ack(held)
+    assert fake_redis.xpending(keys.exp, CONSUMER_GROUP)["pending"] == 0
+    fake_redis.delete(keys.seen)
+    fake_redis.rpush(keys.inbox, *queued)  # once more, now that the chunks are consumed
+    assert receiver.receive(100, 0) == [] and receiver.stats().duplicates_consumed == 4
+    assert fake_redis.xpending(keys.exp, CONSUMER_GROUP)["pending"] == 0
+
+
+def test_an_agent_restarted_under_the_same_id_is_a_new_sender(fake_redis):
+    """A restarted agent's sender draws a new uuid and starts at seq 1 again: nothing it sends is
+    taken for a chunk consumed before."""
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    before = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
+    vector_steps(before, 0, 5)  # 2 batches of 2 chunks (the 5th step waits for its next observation)
+    after = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
+    vector_steps(after, 0, 5)  # the same observations, steps and agent id
+    got = drain_acked(receiver)
+    assert before.uuid != after.uuid and len(got) == 8 and receiver.stats().duplicates_consumed == 0
+    assert sorted(item.origin.seq for item in got) == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def test_consumed_window_ranges_gaps_and_bounds():
+    from surreal_redis.hub.experience.consumed import ConsumedWindow
+    from surreal_redis.hub.experience.wire import Origin
+
+    window = ConsumedWindow(max_senders=2, max_ranges=2, max_partial=2)
+    for seq in (1, 2, 5, 3):  # 4 missing: ranges [1, 3] and [5, 5]
+        window.add(Origin("aa", seq, 1, 1))
+    assert [window.seen(Origin("aa", s, 1, 1)) for s in range(1, 7)] == [True, True, True, False, True, False]
+    window.add(Origin("aa", 7, 1, 1))  # a third range: the oldest gap (4) is closed
+    assert window.seen(Origin("aa", 4, 1, 1)) and window.stats().gaps_closed == 1
+    window.add(Origin("aa", 9, 2, 3))  # batches 9 and 10 partly consumed
+    window.add(Origin("aa", 10, 1, 2))
+    assert window.seen(Origin("aa", 9, 2, 3)) and not window.seen(Origin("aa", 9, 1, 3))
+    window.add(Origin("aa", 11, 1, 2))  # a third partial batch: the oldest (9) counts as complete
+    assert window.seen(Origin("aa", 9, 3, 3)) and window.stats().partial_closed == 1
+    window.add(Origin("aa", 10, 2, 2))
+    assert window.seen(Origin("aa", 10, 1, 2)) and not window.seen(Origin("aa", 11, 2, 2))
+    restored = ConsumedWindow(max_senders=2, max_ranges=2, max_partial=2)
+    restored.load_state_dict(window.state_dict())
+    assert restored.state_dict() == window.state_dict()
+    window.add(Origin("bb", 1, 1, 1))
+    window.add(Origin("cc", 1, 1, 1))  # a third sender: the least recently consumed is forgotten
+    assert not window.seen(Origin("aa", 1, 1, 1)) and window.stats().senders_forgotten == 1
+    with pytest.raises(ValueError, match="version 1"):
+        restored.load_state_dict({"senders": []})
+    with pytest.raises(ValueError, match="bad sender row"):
+        restored.load_state_dict({"version": 1, "senders": [["aa", [[3, 1]], []]]})
+    with pytest.raises(ValueError, match="max_ranges must be >= 1, got 0"):
+        ConsumedWindow(max_ranges=0)
+
+
+@pytest.mark.parametrize("value", [b"", b"aa", b"aa:1:1", b"AA:1:1:1", b"aa:0:1:1", b"aa:1:2:1", b"aa:1:1:65",
+                                   b"aa:1:1:1:", b"g:1:1:1", "aa:1:1:1"])
+def test_entry_origin_must_be_uuid_seq_index_count(value):
+    payload = chunk_payload([False])
+    with pytest.raises(WireError, match="field s"):
+        parse_entry({b"a": b"0", b"e": b"0", b"o": b"", b"d": payload, b"s": value})
+    entry = parse_entry({b"a": b"0", b"e": b"0", b"o": b"", b"d": payload, b"s": b"ab12:7:2:3"})
+    assert entry.origin == ("ab12", 7, 2, 3)

@@ -12,7 +12,12 @@ Exactly once: every entry the group hands this consumer stays in its pending lis
 (handed out and not acked, queued, or waiting to be set aside); on start, and after any connection
 error (an ``XREADGROUP ... >`` whose reply was lost has already moved entries into the pending
 list), it reads its own pending list again from the start and takes back every entry it does not
-hold. Entries other consumers left pending for ``claim_min_idle_ms`` are claimed every
+hold. Across a failover, which can take back the move, the delivery and the ack of chunks the
+learner stored, the receiver remembers every chunk's origin (sender uuid, batch seq, index) once
+acked (:mod:`surreal_redis.hub.experience.consumed`; kept in the learner's checkpoint) and drops a
+copy delivered again (``duplicates_consumed``); a copy of a chunk handed out and not acked yet
+stays pending until that chunk is acked (then it is acked too), so a learner stopping in between
+gets it back. Entries other consumers left pending for ``claim_min_idle_ms`` are claimed every
 ``claim_every_s``. Entries trimmed while pending (gone before anyone acked them) are counted
 (``pending_trimmed``) and acked. An ack whose reply was lost is sent again with the next one.
 
@@ -51,10 +56,11 @@ from surreal_redis.connection import (
     stream_read,
 )
 from surreal_redis.experience import Chunk
+from surreal_redis.hub.experience.consumed import ConsumedWindow
 from surreal_redis.hub.experience.dead_letters import DeadLetters
 from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
 from surreal_redis.hub.experience.inbox import DEAD_MAXLEN, MOVE_ITEMS, SEEN_TTL_S, move_inbox
-from surreal_redis.hub.experience.wire import parse_id
+from surreal_redis.hub.experience.wire import Origin, entry_origin, parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -118,12 +124,14 @@ class ReceiverConfig:
 
 
 class ReceivedChunk(NamedTuple):
-    """A decoded chunk and what :meth:`ExperienceReceiver.ack` needs; ``nbytes``: entry size."""
+    """A decoded chunk and what :meth:`ExperienceReceiver.ack` needs; ``nbytes``: entry size;
+    ``origin``: where the chunk came from (None for an entry written without one)."""
 
     chunk: Chunk
     shard: int
     entry_id: bytes
     nbytes: int
+    origin: Origin | None = None
 
 
 class ReceiverStats(NamedTuple):
@@ -139,7 +147,9 @@ class ReceiverStats(NamedTuple):
     in the cache now; ``moved``/``duplicates``: agents' batches moved from the inbox into the
     stream / dropped there as copies of a stored one (resent after a lost reply); malformed inbox
     items are set aside (``dead``, reason ``malformed_batch``, or ``script_error`` when storing one
-    failed); ``move_errors``: move.lua calls refused as a whole (logged; reading goes on)."""
+    failed); ``move_errors``: move.lua calls refused as a whole (logged; reading goes on);
+    ``duplicates_consumed``: entries dropped (and acked) because the learner already consumed
+    their chunk (delivered again after a failover took back its move, delivery and ack)."""
 
     chunks: int
     steps: int
@@ -158,6 +168,7 @@ class ReceiverStats(NamedTuple):
     moved: int = 0
     duplicates: int = 0
     move_errors: int = 0
+    duplicates_consumed: int = 0
 
 
 def _message_id(entry: Mapping[str, object]) -> bytes:
@@ -207,6 +218,9 @@ class ExperienceReceiver:
         self._queue: deque[Entry] = deque()  # taken into our pending list, not yet processed
         self._held: set[tuple[int, bytes]] = set()  # queued, handed out and unacked, or being set aside
         self._unacked: dict[int, set[bytes]] = {}  # acks whose reply was lost: sent again
+        self._consumed = ConsumedWindow()  # origins of the chunks acked (stored by the caller)
+        # origins handed out and not acked -> copies delivered meanwhile, kept pending until then
+        self._in_flight: dict[Origin, list[tuple[int, bytes]]] = {}
         self._dead = DeadLetters(client, self._keys, config.dead_maxlen,
                                  Backoff(config.retry_base_s, config.retry_cap_s), self._ack_ids, self._lock)
         self._oom_backoff = Backoff(config.retry_base_s, config.retry_cap_s)
@@ -227,6 +241,16 @@ class ExperienceReceiver:
     def dead_by_reason(self) -> dict[str, int]:
         """Entries set aside by :meth:`receive` and :meth:`set_aside`, by reason."""
         return self._dead.by_reason
+
+    def consumed_state(self) -> dict:
+        """The consumed window (for the learner's checkpoint). Safe from any thread."""
+        with self._lock:
+            return self._consumed.state_dict()
+
+    def load_consumed(self, state: dict) -> None:
+        """Restore :meth:`consumed_state` (a learner resuming from its checkpoint)."""
+        with self._lock:
+            self._consumed.load_state_dict(state)
 
     def stats(self) -> ReceiverStats:
         decoder = self._decoder
@@ -341,9 +365,20 @@ class ExperienceReceiver:
         returns how many were still pending. On a connection error the acks are kept and sent
         with the next call (XACK is idempotent), and the error propagates."""
         by_shard: dict[int, set[bytes]] = {}
-        for item in received:
-            by_shard.setdefault(item.shard, set()).add(item.entry_id)
+        with self._lock:
+            for item in received:
+                by_shard.setdefault(item.shard, set()).add(item.entry_id)
+                for shard, entry_id in self._settle_origin(item.origin):
+                    by_shard.setdefault(shard, set()).add(entry_id)
         return self._ack_ids(by_shard)
+
+    def _settle_origin(self, origin: Origin | None) -> list[tuple[int, bytes]]:
+        """Record ``origin`` as consumed; returns the copies of it held pending meanwhile (to be
+        acked). Called with the lock held."""
+        if origin is None:
+            return []
+        self._consumed.add(origin)
+        return self._in_flight.pop(origin, [])
 
     def set_aside(self, item: ReceivedChunk, reason: str, detail: str) -> None:
         """Dead-letter (and ack) a chunk that decoded but that the caller cannot use, e.g. shapes
@@ -354,6 +389,13 @@ class ExperienceReceiver:
         entries = stream_entries(self.client.xrange(keys.exp, item.entry_id, item.entry_id))
         self._dead.add([(reason, detail, item.shard, item.entry_id, entries[0][1] if entries else {})])
         self._dead.flush(force=True)
+        with self._lock:  # set aside once: its copies are dropped like those of a stored chunk
+            copies = self._settle_origin(item.origin)
+        if copies:
+            by_shard: dict[int, set[bytes]] = {}
+            for shard, entry_id in copies:
+                by_shard.setdefault(shard, set()).add(entry_id)
+            self._ack_ids(by_shard)
 
     def read_retained(self, max_entries: int | None = None, delivered_only: bool = False) -> Iterator[Chunk]:
         """Every entry retained in this receiver's shard streams, oldest first (shards merged by
@@ -629,12 +671,6 @@ class ExperienceReceiver:
             if not fields:
                 gone.setdefault(shard, set()).add(entry_id)
         good, failures = self._decoder.decode([e for e in entries if e[2]])
-        out: list[ReceivedChunk] = []
-        for (shard, entry_id, _), chunk, nbytes in good:
-            out.append(ReceivedChunk(chunk, shard, entry_id, nbytes))
-            self._counts["chunks"] += 1
-            self._counts["steps"] += chunk.num_steps
-            self._counts["bytes"] += nbytes
         for shard, ids in gone.items():
             self._count_trimmed(shard, len(ids))
         if gone:
@@ -645,4 +681,40 @@ class ExperienceReceiver:
         if failures:
             self._dead.add(failures)
             self._dead.flush(force=True)
+        return self._hand_out(good)
+
+    def _hand_out(self, good: list) -> list[ReceivedChunk]:
+        """The decoded entries whose chunk was not consumed yet; nothing after this may raise
+        (what it hands out is in flight). Copies of consumed chunks are acked (a lost reply is
+        sent again with the next ack), copies of chunks in flight stay pending until those are
+        acked."""
+        out: list[ReceivedChunk] = []
+        consumed: dict[int, set[bytes]] = {}
+        with self._lock:
+            for (shard, entry_id, fields), chunk, nbytes in good:
+                origin = entry_origin(fields)  # checked by the decoder already
+                if origin is not None and (self._consumed.seen(origin) or origin in self._in_flight):
+                    self._counts["duplicates_consumed"] += 1
+                    if origin in self._in_flight:
+                        self._in_flight[origin].append((shard, entry_id))
+                    else:
+                        consumed.setdefault(shard, set()).add(entry_id)
+                    continue
+                if origin is not None:
+                    self._in_flight[origin] = []
+                out.append(ReceivedChunk(chunk, shard, entry_id, nbytes, origin))
+                self._counts["chunks"] += 1
+                self._counts["steps"] += chunk.num_steps
+                self._counts["bytes"] += nbytes
+            dropped = self._counts["duplicates_consumed"]
+        if consumed:
+            log.log(logging.WARNING if "duplicates_consumed" not in self._logged else logging.DEBUG,
+                    "dropped %d entries whose chunks this learner consumed already (%d so far; delivered "
+                    "again after a failover took back their move and ack)", sum(map(len, consumed.values())),
+                    dropped)
+            self._logged.add("duplicates_consumed")
+            try:
+                self._ack_ids(consumed)
+            except CONNECTION_ERRORS:
+                pass  # kept in _unacked: sent with the next ack
         return out

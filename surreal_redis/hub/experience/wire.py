@@ -9,7 +9,10 @@ writes the fields in this fixed order (so Redis stores field names once per stre
   (empty when all leaves are inline), at most 256, each :func:`surreal_redis.keys.is_digest`; the
   template's referenced leaves use every one of them (an entry naming a digest its template never
   uses, which would keep that blob alive for nothing, is refused);
-- ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays).
+- ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays);
+- ``s`` (written by ``move.lua``; optional, an entry without it has no origin): the chunk's origin,
+  ``<sender uuid>:<batch seq>:<index>:<count>`` (:class:`Origin`), so the learner can tell a chunk
+  delivered again (after a failover lost the move, the delivery and the ack) from a new one.
 
 The obsref sorted set scores a digest with :func:`id_score` of the newest entry referencing it, so
 gc can compare with the first retained entry (insert.lua and gc.lua compute the same score).
@@ -28,6 +31,8 @@ from surreal_redis.hub.experience import payload as pl
 from surreal_redis.keys import is_digest
 
 FIELDS = (b"a", b"e", b"o", b"d")
+ORIGIN_FIELD = b"s"
+_FIELDS_WITH_ORIGIN = (*FIELDS, ORIGIN_FIELD)
 INITIAL_STATE = "initial_state"
 # Entry ids are <ms>-<seq>; the score keeps the order of ids exactly while seq < SEQ_SLOTS - 1 and
 # stays monotonic beyond (ms * 1024 < 2**53 until the year 2248, so doubles hold it exactly).
@@ -35,6 +40,8 @@ SEQ_SLOTS = 1024
 MAX_REFS = 256  # digests per entry: a referenced leaf indexes them with uint8 (insert.lua, move.lua agree)
 _ID = re.compile(r"^(\d+)-(\d+)$")
 _INDEX = re.compile(rb"0|[1-9][0-9]{0,9}")
+_ORIGIN = re.compile(rb"([0-9a-f]{1,64}):([1-9][0-9]{0,14}):([1-9][0-9]?):([1-9][0-9]?)")
+MAX_BATCH_CHUNKS = 64  # chunks per insert batch (insert.lua, move.lua)
 
 
 class WireError(ValueError):
@@ -56,6 +63,35 @@ def id_score(entry_id: bytes | str) -> int:
     return ms * SEQ_SLOTS + min(seq, SEQ_SLOTS - 1)
 
 
+class Origin(NamedTuple):
+    """Where a chunk came from: its sender (a uuid each :class:`ExperienceSender` draws anew, so a
+    restarted agent is a new sender), the seq of its insert batch (1, 2, ... per sender), its
+    position in the batch (1-based) and the batch's chunk count."""
+
+    sender: str
+    seq: int
+    index: int
+    count: int
+
+
+def parse_origin(value: bytes) -> Origin:
+    """``b"<uuid>:<seq>:<index>:<count>"`` -> :class:`Origin`; WireError when malformed."""
+    match = _ORIGIN.fullmatch(value) if isinstance(value, bytes) else None
+    if match is None:
+        raise WireError(f"entry field s = {value!r:.120} is not <uuid>:<seq>:<index>:<count>")
+    sender, seq, index, count = match.groups()
+    origin = Origin(sender.decode(), int(seq), int(index), int(count))
+    if not origin.index <= origin.count <= MAX_BATCH_CHUNKS:
+        raise WireError(f"entry field s = {value!r:.120}: need index <= count <= {MAX_BATCH_CHUNKS}")
+    return origin
+
+
+def entry_origin(fields: Mapping[bytes, bytes]) -> Origin | None:
+    """The origin of an entry :func:`parse_entry` accepted (None when it has none)."""
+    value = fields.get(ORIGIN_FIELD)
+    return None if value is None else parse_origin(value)
+
+
 # ---------------------------------------------------------------- decoding (receiver side)
 
 class ParsedEntry(NamedTuple):
@@ -66,6 +102,7 @@ class ParsedEntry(NamedTuple):
     digests: list[str]
     payload: pl.Decoded
     nbytes: int
+    origin: Origin | None = None
 
 
 def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] | None = None) -> ParsedEntry:
@@ -73,9 +110,10 @@ def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] |
 
     Raises WireError (wrong fields, bad ids or digests) or CodecError (payload bytes).
     """
-    if not isinstance(fields, Mapping) or tuple(fields) != FIELDS:
+    if not isinstance(fields, Mapping) or tuple(fields) not in (FIELDS, _FIELDS_WITH_ORIGIN):
         names = list(fields) if isinstance(fields, Mapping) else fields
-        raise WireError(f"entry fields {names!r:.200} are not {list(FIELDS)!r}")
+        raise WireError(f"entry fields {names!r:.200} are not {list(FIELDS)!r} (plus optionally {ORIGIN_FIELD!r})")
+    origin = entry_origin(fields)
     ids = []
     for name in (b"a", b"e"):
         value = fields[name]
@@ -92,7 +130,7 @@ def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] |
     decoded = pl.decode(fields[b"d"], {} if layouts is None else layouts)
     _check_references(decoded, len(digests))
     nbytes = sum(len(v) for v in fields.values())
-    return ParsedEntry(agent_id, env_index, digests, decoded, nbytes)
+    return ParsedEntry(agent_id, env_index, digests, decoded, nbytes, origin)
 
 
 def _check_references(p: pl.Decoded, count: int) -> None:
