@@ -1,15 +1,21 @@
 -- KEYS[1] experience stream
--- ARGV[1] consumer group, ARGV[2] "AGE" or "CAP", ARGV[3] for AGE: the oldest entry id young enough
---   to keep; for CAP: the entry count to trim down to; ARGV[4] limit (1..1000)
+-- ARGV[1] consumer group, ARGV[2] "AGE", "CAP", "ACKED" or "OLDEST", ARGV[3] for AGE: the oldest
+--   entry id young enough to keep; for CAP: the entry count to trim down to; ACKED and OLDEST
+--   ignore it; ARGV[4] limit (1..1000)
 -- returns {entries removed, unread entries among them, id of the first retained entry or ""}: one
 -- bounded approximate XTRIM (whole stream nodes, at most limit entries), counted atomically with it.
 -- AGE removes only entries the group has acked (below its last-delivered id and its oldest pending
 -- one), so age never loses data. CAP first removes delivered entries, and only once no whole node of
 -- them is left does it trim unread ones; those are counted exactly here ("unread": never delivered).
+-- Memory pressure (the janitor, when Redis is near or at maxmemory): ACKED removes what AGE would
+-- with no age limit (whole nodes of acked entries); OLDEST then removes the oldest min(limit,
+-- length) entries exactly (an exact XTRIM MAXLEN, so it also takes what is left of acked entries in
+-- a partial node), counting the unread ones among them.
 -- Frees memory only (no denyoom command), so it runs under maxmemory/OOM.
 local MAX_LIMIT = 1000
+local MODES = {AGE = true, CAP = true, ACKED = true, OLDEST = true}
 local group, mode, limit = ARGV[1], ARGV[2], tonumber(ARGV[4])
-if (mode ~= 'AGE' and mode ~= 'CAP') or not limit or limit < 1 or limit > MAX_LIMIT or limit % 1 ~= 0 then
+if not MODES[mode] or not limit or limit < 1 or limit > MAX_LIMIT or limit % 1 ~= 0 then
   return redis.error_reply('trim: bad mode/limit ' .. tostring(mode) .. '/' .. tostring(ARGV[4]))
 end
 local function parse(id)
@@ -50,16 +56,16 @@ if delivered == '0-0' then
   delivered = nil
 end
 
-if mode == 'AGE' then
+if mode == 'AGE' or mode == 'ACKED' then
   local keep = ARGV[3]
-  if not parse(keep) then
+  if mode == 'AGE' and not parse(keep) then
     return redis.error_reply('trim: bad entry id ' .. tostring(keep))
   end
   if not delivered then
     return {0, 0, first_id()}
   end
   local pending = redis.call('XPENDING', KEYS[1], group)
-  if older(delivered, keep) then
+  if mode == 'ACKED' or older(delivered, keep) then
     keep = delivered
   end
   if pending[1] > 0 and older(pending[2], keep) then
@@ -67,6 +73,17 @@ if mode == 'AGE' then
   end
   local removed = redis.call('XTRIM', KEYS[1], 'MINID', '~', keep, 'LIMIT', limit)
   return {removed, 0, first_id()}
+end
+
+if mode == 'OLDEST' then
+  local take = math.min(limit, length)
+  local delivered_taken = 0
+  if delivered then
+    -- the delivered entries among the oldest take (the first ones, all ids up to delivered)
+    delivered_taken = #redis.call('XRANGE', KEYS[1], '-', delivered, 'COUNT', take)
+  end
+  local removed = redis.call('XTRIM', KEYS[1], 'MAXLEN', length - take)
+  return {removed, math.max(0, removed - delivered_taken), first_id()}
 end
 
 local cap = tonumber(ARGV[3])

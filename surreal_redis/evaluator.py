@@ -143,7 +143,9 @@ def _fmt_score(score: float | None) -> str:
 
 class Evaluator:
     """``surreal-redis eval``: after each new parameter version (checked at most every
-    ``eval.every_s``), plays ``eval.episodes`` episodes and reports them."""
+    ``eval.every_s``), plays ``eval.episodes`` episodes and reports them. Records a full Redis
+    refuses (OOM) are sent again with capped backoff until stored or stopped, as agents do, never
+    played again; ``records_refused`` counts the refusals."""
 
     def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag,
                  mode: str | None = None, eval_id: int = 0) -> None:
@@ -161,6 +163,7 @@ class Evaluator:
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self.control = RunControl(client, config.run)
         self.seed = config.experiment.seed + 20_000 + 1000 * eval_id
+        self.records_refused = 0
 
     def run(self) -> int:
         """Evaluate until stopped (signal or the run's stop request); returns the exit code."""
@@ -195,6 +198,26 @@ class Evaluator:
             records.append(EpisodeRecord(self.name, "eval", total, length, version, time.time()))
         if self.stop:
             return
-        self.episodes.record(records)
+        if not self._report(records):
+            return
         log.info("%s: v%d scored %.2f over %d episodes", self.name, version,
                  float(np.mean([r.episode_return for r in records])), len(records))
+
+    def _report(self, records: list[EpisodeRecord]) -> bool:
+        """Store ``records``, sending those a full Redis refused again after a capped backoff (the
+        learner's janitor frees memory meanwhile); False when stopped first. Connection errors
+        propagate to :meth:`run`'s outage handling."""
+        backoff = OutageGuard(f"{self.name} (eval records)", self.stop, errors=(redis.exceptions.OutOfMemoryError,))
+        while records:
+            if self.stop:
+                log.warning("%s: stopped with %d eval records of v%d refused for lack of memory", self.name,
+                            len(records), records[0].version)
+                return False
+            refused = self.episodes.record_some(records)
+            if refused:
+                self.records_refused += len(refused)
+                backoff.failed(redis.exceptions.OutOfMemoryError(
+                    f"{len(refused)} of {len(records)} eval records refused: Redis is out of memory"))
+            records = refused
+        backoff.succeeded()
+        return True

@@ -62,9 +62,11 @@ from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess
 log = logging.getLogger(__name__)
 
 # Retried with capped backoff in start() and in the main loop: Redis away, or full (the janitor
-# frees memory meanwhile: it runs before each retry). Writes that may be skipped (the status
-# report) are skipped under OOM where they are made.
+# frees memory meanwhile: it runs before each retry, trimming by memory after a refusal). The
+# stop.max_seconds and stop.max_env_steps limits are checked before each retry too. Writes that
+# may be skipped (the status report) are skipped under OOM where they are made.
 RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, PublishBackpressure)
+OOM_ERRORS = (redis.exceptions.OutOfMemoryError, PublishBackpressure)
 TRACKER_OPEN_AFTER_S = 30.0
 """MLflow opens at the learner's first update, or this long after the learner started building
 if no update came by then (an off-policy learner collecting ``learning_starts`` transitions)."""
@@ -232,7 +234,9 @@ class Learner:
                     self.iterate(batches)
                     guard.succeeded()
                 except RETRY_ERRORS as exc:  # training goes on from the feed; Redis work is retried
-                    guard.failed(exc)
+                    self._before_retry(exc, relieve=True)
+                    if not self.stop:
+                        guard.failed(exc)
         except BaseException:
             status = "FAILED"
             log.exception("learner failed")
@@ -251,19 +255,48 @@ class Learner:
         a full Redis with capped backoff (housekeeping again before each retry); False when
         stopped first."""
         guard = OutageGuard("learner (start)", self.stop, errors=RETRY_ERRORS)
-        if guard.call(self._start_hub) is None:
-            return False
+        while True:
+            if self.stop:
+                return False
+            try:
+                self._start_hub()  # its housekeeping runs the janitor first
+                guard.succeeded()
+                break
+            except RETRY_ERRORS as exc:
+                self._before_retry(exc, relieve=False)
+                if not self.stop:
+                    guard.failed(exc)
         if self.tracker is not None:
             self.metrics.log_config()
         return True
 
-    def _start_hub(self) -> bool:
+    def _start_hub(self) -> None:
         self._collect_garbage()
         if not self._publish(force=True):
             raise PublishBackpressure("initial parameters refused: Redis is out of memory")
         self._grant()  # overlap too: its first grant ahead comes with the first update
         self.control.start()
-        return True
+
+    def _before_retry(self, exc: BaseException, relieve: bool) -> None:
+        """After a Redis call failed with one of RETRY_ERRORS: a refusal for lack of memory makes
+        the janitor trim by memory (at once with ``relieve``, else in the housekeeping before the
+        next attempt); a reached time or step limit stops the learner, since the housekeeping that
+        checks it may be what keeps failing."""
+        if isinstance(exc, OOM_ERRORS):
+            self.janitor.note_oom()
+            if relieve:
+                try:
+                    self.metrics.observe_janitor(self.janitor.run_once())
+                except RETRY_ERRORS as again:
+                    log.warning("learner: the janitor could not free memory (%s)", again)
+        reason = self._limit_reason()
+        if not reason:
+            return
+        self.stop.set(reason)
+        try:
+            self.control.request_stop(reason)
+        except RETRY_ERRORS as again:  # the launcher sees the learner exit instead
+            log.warning("learner: stopping (%s) without the run's stop request, Redis refused it (%s)", reason, again)
 
     def iterate(self, batches: queue.Queue[list[ReceivedChunk]]) -> None:
         """One round: the next received batch into the feed (unless it has updates to run first;
@@ -481,12 +514,20 @@ class Learner:
         return LearnerProgress(self.algo.iteration, self.env_steps, self.param_version, self.mean_return(),
                                self.elapsed(), self.feed.use(), self.topups)
 
-    def _stop_reason(self) -> str:
+    def _limit_reason(self) -> str:
+        """Why the step or time limit stops the run ("" if neither is reached); no Redis call."""
         stop = self.config.stop
         if stop.max_env_steps is not None and self.env_steps >= stop.max_env_steps:
             return f"reached {self.env_steps} env steps (stop.max_env_steps={stop.max_env_steps})"
         if stop.max_seconds is not None and self.elapsed() >= stop.max_seconds:
             return f"ran {self.elapsed():.0f}s (stop.max_seconds={stop.max_seconds})"
+        return ""
+
+    def _stop_reason(self) -> str:
+        stop = self.config.stop
+        limit = self._limit_reason()
+        if limit:
+            return limit
         if stop.target_return is None:
             return ""
         if stop.target_metric == "eval":

@@ -31,3 +31,28 @@ def test_oom_propagates_unwrapped_and_other_errors_name_the_script(real_redis, m
     assert scripts.call("writer", keys=["k"], args=["v"]) == b"OK"
     with pytest.raises(ScriptError, match="failer.lua: bad input 7"):
         scripts.call("failer", keys=["k"], args=[7])
+
+
+def test_trim_under_memory_pressure_takes_acked_entries_then_the_oldest_counting_unread(real_redis):
+    real_redis.config_set("stream-node-max-entries", 2)
+    ids = [real_redis.xadd("exp", {"n": str(i)}) for i in range(10)]
+    real_redis.xgroup_create("exp", "learner", id="0")
+    real_redis.xreadgroup("learner", "c", {"exp": ">"}, count=6)  # entries 0..5 delivered
+    real_redis.xack("exp", "learner", *ids[:4])  # 4 and 5 still pending
+    scripts = Scripts(real_redis)
+    # acked entries only (whole nodes), never a pending or unread one
+    assert scripts.call("trim", ["exp"], ["learner", "ACKED", "", 1000]) == [4, 0, ids[4]]
+    assert scripts.call("trim", ["exp"], ["learner", "ACKED", "", 1000]) == [0, 0, ids[4]]
+    # then the oldest, exactly limit of them: 4 and 5 were delivered, 6 was not
+    assert scripts.call("trim", ["exp"], ["learner", "OLDEST", "", 3]) == [3, 1, ids[7]]
+    assert scripts.call("trim", ["exp"], ["learner", "OLDEST", "", 1000]) == [3, 3, b""]
+    assert scripts.call("trim", ["exp"], ["learner", "OLDEST", "", 1000]) == [0, 0, b""]
+    with pytest.raises(ScriptError, match="bad mode/limit OLDEST/0"):
+        scripts.call("trim", ["exp"], ["learner", "OLDEST", "", 0])
+
+
+def test_trim_of_the_oldest_counts_every_entry_unread_when_nothing_was_delivered(real_redis):
+    ids = [real_redis.xadd("exp", {"n": str(i)}) for i in range(5)]
+    scripts = Scripts(real_redis)
+    assert scripts.call("trim", ["exp"], ["learner", "OLDEST", "", 2]) == [2, 2, ids[2]]
+    assert scripts.call("trim", ["exp"], ["learner", "ACKED", "", 1000]) == [0, 0, ids[2]]

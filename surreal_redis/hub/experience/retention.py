@@ -1,6 +1,9 @@
 """Eviction of experience: move what agents queued into the shard streams, trim the streams by
 count and age, then collect unreferenced observations (two-phase gc against the obsref sorted set
-and the pins of queued batches, see ``lua/gc.lua``).
+and the pins of queued batches, see ``lua/gc.lua``). Under memory pressure (Redis near or at
+``maxmemory``: INFO memory over ``memory_high_water``, or a write refused for OOM) it also trims by
+memory: acked entries first, then unread ones oldest first (counted), collecting after each step,
+until used memory is below the high-water mark.
 
 Every script call does bounded work; :meth:`HubJanitor.run_once` loops in Python. Trimming and gc
 only free memory, so they run while Redis refuses writes for ``maxmemory`` (OOM).
@@ -35,7 +38,11 @@ class RetentionConfig:
     ``trim_limit``: entries per trim call (<= 1000); ``gc_batch``: obs keys per gc call (<= 256);
     ``max_calls``: script calls per shard and run (a safety bound). ``orphan_scan_count``: obs keys
     examined per shard and run (one SCAN call) for orphans, keys no entry can reach (written
-    around ``insert.lua``); 0 disables the sweep.
+    around ``insert.lua``); 0 disables the sweep. ``memory_high_water``: the fraction of a server's
+    ``maxmemory`` (INFO memory) above which the janitor trims by memory, acked entries first, then
+    unread ones oldest first (counted like the cap's), ``pressure_step`` entries per trim call, until
+    used memory is below it again; None trims by memory only after a write was refused for OOM, and
+    then acked entries only. A server without maxmemory is never under pressure.
     """
 
     max_entries: int | None = 100_000
@@ -44,6 +51,8 @@ class RetentionConfig:
     gc_batch: int = 256
     max_calls: int = 10_000
     orphan_scan_count: int = 1000
+    memory_high_water: float | None = 0.9
+    pressure_step: int = 100
 
     def __post_init__(self) -> None:
         if self.max_entries is not None and self.max_entries < 0:
@@ -58,6 +67,10 @@ class RetentionConfig:
             raise ValueError(f"retention.max_calls must be >= 1, got {self.max_calls}")
         if self.orphan_scan_count < 0:
             raise ValueError(f"retention.orphan_scan_count must be >= 0, got {self.orphan_scan_count}")
+        if self.memory_high_water is not None and not 0 < self.memory_high_water <= 1:
+            raise ValueError(f"retention.memory_high_water must be in (0, 1] or None, got {self.memory_high_water}")
+        if not 1 <= self.pressure_step <= 1000:
+            raise ValueError(f"retention.pressure_step must be in 1..1000, got {self.pressure_step}")
 
 
 class JanitorStats(NamedTuple):
@@ -68,7 +81,9 @@ class JanitorStats(NamedTuple):
     the inboxes first (so a Redis the agents filled while no learner read can be trimmed);
     ``set_aside``: those of them written to the dead-letter stream instead (malformed, or storing
     failed); ``malformed_removed``: obsref members that are no digest (removed); ``obs_skipped``:
-    obs keys the sweep met whose name holds no digest (an agent's SETNX; left alone)."""
+    obs keys the sweep met whose name holds no digest (an agent's SETNX; left alone);
+    ``pressure_trimmed``: entries trimmed for memory pressure (included in ``trimmed``, and their
+    unread ones in ``unread_dropped``)."""
 
     trimmed: int
     unread_dropped: int
@@ -79,6 +94,7 @@ class JanitorStats(NamedTuple):
     set_aside: int = 0
     malformed_removed: int = 0
     obs_skipped: int = 0
+    pressure_trimmed: int = 0
 
 
 class HubJanitor:
@@ -86,6 +102,8 @@ class HubJanitor:
 
     ``unread_dropped_total``: entries trimmed before the learner's group was given them, since
     construction. Works in a full Redis (maxmemory reached): it only reads and frees memory.
+    :meth:`note_oom` (a write was refused for lack of memory) makes the next run trim by memory
+    even below ``memory_high_water``.
     Connection errors propagate (nothing is retried blindly: a lost trim reply would lose its count).
     ``dead_letters(reason, shard, count)`` is told of every inbox item its moves set aside (the
     learner passes its receiver's :meth:`~ExperienceReceiver.count_dead_letters`, so
@@ -105,12 +123,20 @@ class HubJanitor:
         self._scripts = Scripts(client)
         self._scan_cursors = dict.fromkeys(range(num_shards), 0)
         self._scan_denied = False
+        self._oom_noted = False
+        self._info_denied = False
         self.unread_dropped_total = 0
+
+    def note_oom(self) -> None:
+        """A write was refused for OOM: the next :meth:`run_once` trims acked entries for memory
+        even while INFO memory shows used memory below the high-water mark."""
+        self._oom_noted = True
 
     def run_once(self) -> JanitorStats:
         """Move every shard's queued batches into its stream, trim it by age, then by count, then
         gc until no candidate is left, then sweep one page of obs keys for orphans.
 
+        Under memory pressure each shard is then trimmed by memory (see :class:`RetentionConfig`).
         Blocks for the script calls (each bounded: ``trim_limit`` entries, ``gc_batch`` keys).
         """
         totals = [0] * len(JanitorStats._fields)
@@ -118,14 +144,15 @@ class HubJanitor:
         if self.config.max_age_s is not None:
             seconds, micros = self.client.time()
             now_ms = seconds * 1000 + micros // 1000
+        oom, self._oom_noted = self._oom_noted, False
         for keys in self._shards:
-            stats = self._run_shard(keys, now_ms)
+            stats = self._run_shard(keys, now_ms, oom)
             totals = [a + b for a, b in zip(totals, stats)]
         result = JanitorStats(*totals)
         self.unread_dropped_total += result.unread_dropped
         return result
 
-    def _run_shard(self, keys: ShardKeys, now_ms: int | None) -> JanitorStats:
+    def _run_shard(self, keys: ShardKeys, now_ms: int | None, oom: bool) -> JanitorStats:
         cfg = self.config
         rc = self._receiver
         trimmed = dropped = calls = moved = set_aside = 0
@@ -135,6 +162,11 @@ class HubJanitor:
                 result = move_inbox(self._scripts, keys, rc.move_items, rc.seen_ttl_s, rc.dead_maxlen)
             except ScriptError as exc:
                 log.error("shard %d: moving the inbox failed, its batches stay queued: %s", keys.shard, exc)
+                break
+            except redis.exceptions.OutOfMemoryError as exc:  # move.lua adds about what it frees
+                log.warning("shard %d: moving the inbox refused for lack of memory, trimming first: %s",
+                            keys.shard, exc)
+                oom = True
                 break
             moved += result.taken
             for reason, count in result.set_aside.items():
@@ -167,9 +199,58 @@ class HubJanitor:
             head = stream_entries(self.client.xrange(keys.exp, count=1))
             first = head[0][0] if head else None
         deleted, gc_calls, malformed = self._collect(keys, first, cfg.max_calls - calls)
+        calls += gc_calls
+        relieved = self._relieve(keys, oom, cfg.max_calls - calls)
         swept, orphans, skipped = self._sweep_orphans(keys)
-        return JanitorStats(trimmed, dropped, deleted + swept, calls + gc_calls, orphans, moved, set_aside,
-                            malformed, skipped)
+        return JanitorStats(trimmed + relieved.trimmed, dropped + relieved.unread_dropped,
+                            deleted + relieved.obs_deleted + swept, calls + relieved.calls, orphans, moved, set_aside,
+                            malformed + relieved.malformed_removed, skipped, relieved.trimmed)
+
+    def _over_high_water(self, keys: ShardKeys) -> bool:
+        """Whether the server holding this shard uses more than ``memory_high_water`` of its maxmemory."""
+        if self.config.memory_high_water is None or self._info_denied:
+            return False
+        try:
+            memory = node_client(self.client, keys.exp).info("memory")
+        except redis.exceptions.ResponseError as exc:  # ACL or a server without INFO
+            self._info_denied = True
+            log.warning("memory high-water mark off: INFO memory refused (%s); trimming by memory only after a "
+                        "write refused for OOM, acked entries only", exc)
+            return False
+        limit = int(memory.get("maxmemory", 0))
+        return limit > 0 and int(memory["used_memory"]) > self.config.memory_high_water * limit
+
+    def _relieve(self, keys: ShardKeys, oom: bool, budget: int) -> JanitorStats:
+        """Trim this shard by memory while its server is over the high-water mark: acked entries
+        first (also when ``oom`` though below the mark), then the oldest entries, ``pressure_step``
+        per trim call, each step's observations collected before memory is read again. Stops when
+        below the mark, the stream is empty, or after ``budget`` script calls."""
+        cfg = self.config
+        trimmed = dropped = deleted = calls = malformed = 0
+        mode, over = "ACKED", False
+        while calls < budget:
+            over = self._over_high_water(keys)
+            if not over and not (oom and mode == "ACKED"):
+                break
+            removed, unread, first_id = self._scripts.call(
+                "trim", [keys.exp], [CONSUMER_GROUP, mode, "", cfg.pressure_step if mode == "OLDEST" else cfg.trim_limit])
+            calls += 1
+            trimmed, dropped = trimmed + removed, dropped + unread
+            if removed:
+                step_deleted, gc_calls, step_malformed = self._collect(keys, first_id or None, budget - calls)
+                deleted, calls, malformed = deleted + step_deleted, calls + gc_calls, malformed + step_malformed
+            elif mode == "ACKED":
+                mode = "OLDEST"
+            else:
+                break  # nothing of this shard is left to free
+        if trimmed:
+            log.warning("shard %d: memory pressure: trimmed %d entries (%d of them unread, dropped) and deleted %d "
+                        "observations (retention.memory_high_water=%s)", keys.shard, trimmed, dropped, deleted,
+                        cfg.memory_high_water)
+        elif over:
+            log.warning("shard %d: Redis is over retention.memory_high_water=%s of maxmemory and this shard holds "
+                        "no experience to free", keys.shard, cfg.memory_high_water)
+        return JanitorStats(trimmed, dropped, deleted, calls, malformed_removed=malformed)
 
     def _collect(self, keys: ShardKeys, first_id: bytes | None, budget: int) -> tuple[int, int, int]:
         """One pass over the obsref members that score below the first entry, ``gc_batch`` per
