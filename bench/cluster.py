@@ -9,9 +9,14 @@ Every process (servers, senders, receiver) shares this machine's cores: on 2 cor
 Redis, is the bound and the ratios stay near 1; run it with more ``--senders`` on a larger machine.
 
 ``--loss N``: N times, a cluster of 3 primaries + 3 replicas; ``--senders`` processes insert at
-full speed into shards of one primary, which is killed with SIGKILL; after its replica took over
-the senders go on briefly. Lost = chunks acked to the senders - entries in the streams: the window
-of acknowledged writes that asynchronous replication loses.
+full speed into shards of one primary, which is killed with SIGKILL, while a learner's receiver
+consumes those shards (receive, then ack); after the replica took over the senders go on briefly
+and the receiver reads until the shards are quiet. Counted the way the learner sees it: chunks
+consumed (handed out; ``handed_twice`` must stay 0), copies delivered again and dropped (the
+promoted replica lacked the move, the delivery or the ack), and lost = chunks acked to the
+senders - chunks consumed: the window of acknowledged writes that asynchronous replication loses.
+``--lag-ms M``: the killed primary's replica is stopped (SIGSTOP) M ms before the kill and resumed
+after it, so it lags by that much (on loopback it otherwise keeps up within a millisecond).
 
 ``--wait-cost``: parameter publish latency (a ``--param-kb`` model) on a primary with one replica,
 with and without ``hub.publisher.wait_replica_ms`` (WAIT 1 replica after the publish).
@@ -25,19 +30,19 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
+import signal
+import threading
 import time
 from functools import partial
 
 import numpy as np
 
-from surreal_redis.connection import connect
-from surreal_redis.hub.experience.inbox import move_inbox
+from surreal_redis.connection import OUTAGE_ERRORS, connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import setup_logging
-from surreal_redis.scripts import Scripts
 from surreal_redis.testing.cluster import LocalCluster
 
 log = logging.getLogger("bench.cluster")
@@ -119,12 +124,48 @@ def scaling(primaries: list[int], senders: int, num_shards: int, seconds: float)
     return {str(count): row for count, row in rows.items()}
 
 
-def kill_halfway(cluster: LocalCluster, seconds: float) -> None:
-    time.sleep(seconds / 2)
-    cluster.kill_primary_of(RunKeys(RUN).shard(0).exp)
+def kill_halfway(cluster: LocalCluster, seconds: float, lag_ms: int = 0) -> None:
+    """Halfway through, SIGKILL the primary of shard 0; with ``lag_ms``, its replica is stopped
+    that long before (what it has not read by then is lost) and resumed after the kill."""
+    key = RunKeys(RUN).shard(0).exp
+    primary = cluster.primary_port_of(key)
+    replica = next(p for p in cluster.ports if p != primary
+                   and cluster.node(p).info("replication").get("master_port") == primary)
+    time.sleep(max(0.0, seconds / 2 - lag_ms / 1000))
+    if lag_ms:
+        cluster.processes[replica].send_signal(signal.SIGSTOP)
+        time.sleep(lag_ms / 1000)
+    cluster.kill_primary_of(key)
+    if lag_ms:
+        cluster.processes[replica].send_signal(signal.SIGCONT)
 
 
-def failover_loss(repeats: int, senders: int, seconds: float) -> dict:
+class Consumer(threading.Thread):
+    """The learner's side: receive and ack ``shards`` until ``stop``, riding out the failover;
+    ``handed`` counts chunks handed out, ``origins`` the distinct ones."""
+
+    def __init__(self, url: str, shards: list[int], stop: threading.Event) -> None:
+        super().__init__(name="consumer", daemon=True)
+        self.client = connect(url)
+        self.receiver = ExperienceReceiver(self.client, ReceiverConfig(block_ms=100), RUN, 6, shards=shards)
+        self.receiver.start()
+        self.stop, self.handed, self.origins, self.last_chunk = stop, 0, set(), time.monotonic()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                batch = self.receiver.receive(512, block_ms=100)
+                self.receiver.ack(batch)
+            except OUTAGE_ERRORS:
+                time.sleep(0.1)
+                continue
+            self.handed += len(batch)
+            self.origins.update(item.origin for item in batch)
+            if batch:
+                self.last_chunk = time.monotonic()
+
+
+def failover_loss(repeats: int, senders: int, seconds: float, lag_ms: int = 0) -> dict:
     runs = []
     for attempt in range(repeats):
         cluster = LocalCluster(3, replicas=1, maxmemory="1gb").start()
@@ -132,21 +173,31 @@ def failover_loss(repeats: int, senders: int, seconds: float) -> dict:
             client = connect(cluster.url)
             owner = client.get_node_from_key(RunKeys(RUN).shard(0).exp).name
             shards = [i for i in range(6) if client.get_node_from_key(RunKeys(RUN).shard(i).exp).name == owner]
-            kill = partial(kill_halfway, cluster, seconds)
+            stop = threading.Event()
+            consumer = Consumer(cluster.url, shards, stop)
+            consumer.start()
+            kill = partial(kill_halfway, cluster, seconds, lag_ms)
             acked, _ = run_senders(cluster.url, senders, shards, 6, seconds, during=kill)
             cluster.wait_ok()
+            while time.monotonic() - consumer.last_chunk < 2.0:  # until the shards are quiet
+                time.sleep(0.1)
+            stop.set()
+            consumer.join()
             client = connect(cluster.url)
-            for i in shards:  # what the agents queued, moved into the streams as the learner would
-                while move_inbox(Scripts(client), RunKeys(RUN).shard(i)).left:
-                    pass
-            stored = sum(client.xlen(RunKeys(RUN).shard(i).exp) for i in shards)
+            entries = sum(client.xlen(RunKeys(RUN).shard(i).exp) for i in shards)
             client.close()
+            consumer.client.close()
         finally:
             cluster.stop()
-        runs.append({"acked_chunks": acked, "stored_chunks": stored, "lost_chunks": acked - stored})
+        consumed = len(consumer.origins)
+        runs.append({"acked_chunks": acked, "consumed_chunks": consumed, "handed_twice": consumer.handed - consumed,
+                     "redelivered_dropped": consumer.receiver.stats().duplicates_consumed,
+                     "stream_entries": entries, "lost_chunks": acked - consumed})
         log.info("failover %d: %s", attempt + 1, runs[-1])
     rates = [r["acked_chunks"] / seconds for r in runs]
     return {"runs": runs, "lost_chunks_max": max(r["lost_chunks"] for r in runs),
+            "handed_twice_max": max(r["handed_twice"] for r in runs),
+            "redelivered_dropped_max": max(r["redelivered_dropped"] for r in runs),
             "lost_ms_of_inserts_max": round(max(r["lost_chunks"] / rate * 1000 for r, rate in zip(runs, rates)), 1)}
 
 
@@ -179,6 +230,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=3, help="redis.num_shards")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of inserting per phase")
     parser.add_argument("--loss", type=int, default=0, help="failover loss runs (0: none)")
+    parser.add_argument("--lag-ms", type=int, default=0, help="--loss: the replica lags this long at the kill")
     parser.add_argument("--wait-cost", action="store_true", help="publish latency with and without WAIT")
     parser.add_argument("--param-kb", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="1,2 primaries, 2 senders, 1 s: seconds")
@@ -194,12 +246,13 @@ def main() -> None:
                         ("param-kb", args.param_kb)):
         if value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
-    if args.seconds <= 0 or args.loss < 0:
-        parser.error("--seconds must be > 0 and --loss >= 0")
+    if args.seconds <= 0 or args.loss < 0 or args.lag_ms < 0:
+        parser.error(f"--seconds must be > 0, --loss and --lag-ms >= 0, got {args.seconds}, {args.loss}, "
+                     f"{args.lag_ms}")
     out = {"senders": args.senders, "shards": args.shards, "seconds": args.seconds,
            "scaling": scaling(primaries, args.senders, args.shards, args.seconds)}
     if args.loss:
-        out["failover_loss"] = failover_loss(args.loss, args.senders, max(args.seconds, 4.0))
+        out["failover_loss"] = failover_loss(args.loss, args.senders, max(args.seconds, 4.0), args.lag_ms)
     if args.wait_cost:
         out["wait_cost"] = wait_cost(args.param_kb, 20)
     print(json.dumps(out))
