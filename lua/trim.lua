@@ -7,10 +7,10 @@
 -- AGE removes only entries the group has acked (below its last-delivered id and its oldest pending
 -- one), so age never loses data. CAP first removes delivered entries, and only once no whole node of
 -- them is left does it trim unread ones; those are counted exactly here ("unread": never delivered).
--- Memory pressure (the janitor, when Redis is near or at maxmemory): ACKED removes what AGE would
--- with no age limit (whole nodes of acked entries); OLDEST then removes the oldest min(limit,
--- length) entries exactly (an exact XTRIM MAXLEN, so it also takes what is left of acked entries in
--- a partial node), counting the unread ones among them.
+-- Memory pressure (the janitor, when Redis is near or at maxmemory): ACKED removes whole nodes of
+-- acked entries (below the oldest pending one; the last-delivered one too once acked); OLDEST then
+-- removes the oldest min(limit, length) entries exactly (an exact XTRIM MAXLEN: bounded by limit,
+-- and it also takes acked entries left in a partial node), counting the unread ones among them.
 -- Frees memory only (no denyoom command), so it runs under maxmemory/OOM.
 local MAX_LIMIT = 1000
 local MODES = {AGE = true, CAP = true, ACKED = true, OLDEST = true}
@@ -65,7 +65,11 @@ if mode == 'AGE' or mode == 'ACKED' then
     return {0, 0, first_id()}
   end
   local pending = redis.call('XPENDING', KEYS[1], group)
-  if mode == 'ACKED' or older(delivered, keep) then
+  if mode == 'ACKED' then
+    -- the last-delivered entry too (once acked): MINID keeps ids >= keep
+    local last = parse(delivered)
+    keep = last[2] < 2 ^ 53 and string.format('%d-%d', last[1], last[2] + 1) or delivered
+  elseif older(delivered, keep) then
     keep = delivered
   end
   if pending[1] > 0 and older(pending[2], keep) then

@@ -5,8 +5,12 @@ still honours ``stop.max_seconds``; the eval process backs off instead of dying.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +34,7 @@ from .conftest import add_steps
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 FAST = {"retry_base_s": 0.01, "retry_cap_s": 0.05}
+SMOKE = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
 
 
 def cartpole_learner(tmp_path, client: redis.Redis, overrides: list[str]) -> Learner:
@@ -198,3 +203,70 @@ def test_the_evaluator_backs_off_on_a_full_redis_and_records_its_eval_later(real
     assert errors == [] and not thread.is_alive()
     records = real_redis.xrange(evals)
     assert len({fields[b"version"] for _, fields in records}) == 1 and len(records) % 2 == 0  # whole evals only
+
+
+@pytest.mark.slow
+def test_a_lockstep_launch_finishes_while_an_agent_keeps_redis_full_below_the_caps(tmp_path):
+    """A launch of the smoke config (lockstep) on a 24 MB Redis that a foreign agent (84x84 frames
+    the CartPole learner sets aside as unusable) fills before the learner starts and keeps
+    refilling during the run, never near hub.retention.max_entries: the run reaches its step
+    limit, and the learner trimmed by memory to get there."""
+    from surreal_redis.connection import EmbeddedRedis, connect
+
+    server = EmbeddedRedis(maxmemory="24mb").start()
+    client = connect(server.url)
+    done = threading.Event()
+    sender = ExperienceSender(client, SenderConfig(flush_steps=2, max_wait_s=1, **FAST), "smoke", 99, 1)
+
+    def filler() -> None:
+        rng = np.random.default_rng(0)
+        wait_until(lambda: done.is_set() or client.exists(RunKeys("smoke").control), 60, "the launcher's run state")
+        step = 0
+        while not done.is_set():
+            with contextlib.suppress(HubUnavailableError):  # full for a second: the janitor frees it later
+                add_steps(sender, step, 2, rng)
+            step += 2
+            if sender.stats().oom_retries:  # full once: from now on about 0.8 MB/s
+                done.wait(0.05)
+
+    thread = threading.Thread(target=filler, daemon=True)
+    thread.start()
+    try:
+        launched = subprocess.run([sys.executable, "-m", "surreal_redis.cli", "launch", SMOKE, "-o",
+                                   f"experiment.root={tmp_path}", "-o", f"redis.url={server.url}", "-o",
+                                   "eval.enabled=false", "-o", "stop.max_seconds=80"],
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    finally:
+        done.set()
+        thread.join(timeout=30)
+        client.close()
+        server.stop()
+    logs = "\n".join(path.read_text() for path in (tmp_path / "smoke" / "logs").glob("*.log"))
+    assert launched.returncode == 0, launched.stderr[-4000:]
+    assert "run 'smoke' finished (reached" in launched.stderr, launched.stderr[-4000:]
+    # full before the learner's first publish and again during the run
+    assert sender.stats().oom_retries > 0 and logs.count("memory pressure: trimmed") >= 2
+
+
+def test_memory_pressure_takes_every_shards_acked_entries_before_any_unread_one(real_redis):
+    """Shard 1 holds what the learner acked, shard 0 (filled later) only unread entries: trimming
+    by memory empties shard 1's acked entries before it drops anything of shard 0."""
+    run = "two-shards"
+    real_redis.config_set("stream-node-max-entries", 4)
+    real_redis.config_set("maxmemory", real_redis.info("memory")["used_memory"] + (4 << 20))
+    rng = np.random.default_rng(2)
+    acked_sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2, max_wait_s=0.2, **FAST), run, 1, 2)
+    for flush in range(40):
+        add_steps(acked_sender, 2 * flush, 2, rng)
+    reader = ExperienceReceiver(real_redis, ReceiverConfig(), run, 2)
+    acked = []
+    while batch := reader.receive(64, block_ms=0):
+        reader.ack(batch)
+        acked += batch
+    unread_sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2, max_wait_s=0.2, **FAST), run, 0, 2)
+    fill(real_redis, unread_sender, rng, 1000)
+    assert writes_refused(real_redis) and len(acked) >= 60
+    stats = HubJanitor(real_redis, RetentionConfig(max_entries=5000, memory_high_water=0.5, pressure_step=10),
+                       run, 2).run_once()
+    assert not writes_refused(real_redis) and stats.unread_dropped > 0
+    assert stats.trimmed - stats.unread_dropped == len(acked) and real_redis.xlen(RunKeys(run).shard(1).exp) == 0

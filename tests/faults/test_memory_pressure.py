@@ -86,3 +86,22 @@ def learner_in_a_full_redis(client: redis.Redis, sender: ExperienceSender,
     assert janitor.run_once().trimmed >= 4
     assert sender.stats().oom_retries > 0 and agent.is_alive()  # agents wait
     return restarted, batch[1:]
+
+
+def test_a_refused_write_makes_the_janitor_trim_acked_entries_even_without_the_high_water_mark(real_redis):
+    """With memory_high_water off (or INFO refused), an OOM the learner met is the only sign of
+    pressure: the next run trims what the learner acked, never an unread entry."""
+    real_redis.config_set("stream-node-max-entries", 2)
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2, **FAST), RUN, 0, 1)
+    rng = np.random.default_rng(3)
+    add_steps(sender, 0, 9, rng)  # 4 flushes x 2 envs
+    reader = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
+    reader.ack(reader.receive(4, block_ms=0))
+    add_steps(sender, 9, 4, rng)
+    janitor = HubJanitor(real_redis, RetentionConfig(max_entries=None, memory_high_water=None), RUN, 1)
+    assert janitor.run_once().trimmed == 0  # no sign of pressure: acked entries are kept
+    janitor.note_oom()
+    stats = janitor.run_once()
+    assert stats.trimmed == stats.pressure_trimmed == 4 and stats.unread_dropped == 0
+    assert janitor.run_once().trimmed == 0  # once per refusal
+    assert len(drain(reader)) == real_redis.xlen(KEYS.exp) == 8  # the unread ones all arrive

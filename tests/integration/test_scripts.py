@@ -56,3 +56,12 @@ def test_trim_of_the_oldest_counts_every_entry_unread_when_nothing_was_delivered
     scripts = Scripts(real_redis)
     assert scripts.call("trim", ["exp"], ["learner", "OLDEST", "", 2]) == [2, 2, ids[2]]
     assert scripts.call("trim", ["exp"], ["learner", "ACKED", "", 1000]) == [0, 0, ids[2]]
+
+
+def test_trim_of_acked_entries_takes_the_last_delivered_one_once_acked(real_redis):
+    real_redis.config_set("stream-node-max-entries", 2)
+    ids = [real_redis.xadd("exp", {"n": str(i)}) for i in range(6)]
+    real_redis.xgroup_create("exp", "learner", id="0")
+    real_redis.xreadgroup("learner", "c", {"exp": ">"}, count=4)
+    real_redis.xack("exp", "learner", *ids[:4])
+    assert Scripts(real_redis).call("trim", ["exp"], ["learner", "ACKED", "", 1000]) == [4, 0, ids[4]]

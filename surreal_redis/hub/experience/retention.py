@@ -148,11 +148,14 @@ class HubJanitor:
         for keys in self._shards:
             stats = self._run_shard(keys, now_ms, oom)
             totals = [a + b for a, b in zip(totals, stats)]
+        totals = [a + b for a, b in zip(totals, self._relieve(oom))]
         result = JanitorStats(*totals)
         self.unread_dropped_total += result.unread_dropped
         return result
 
     def _run_shard(self, keys: ShardKeys, now_ms: int | None, oom: bool) -> JanitorStats:
+        """The count and age passes of one shard, its gc and orphan sweep; ``oom`` is set when its
+        inbox move was refused for lack of memory (the caller then trims by memory)."""
         cfg = self.config
         rc = self._receiver
         trimmed = dropped = calls = moved = set_aside = 0
@@ -166,7 +169,7 @@ class HubJanitor:
             except redis.exceptions.OutOfMemoryError as exc:  # move.lua adds about what it frees
                 log.warning("shard %d: moving the inbox refused for lack of memory, trimming first: %s",
                             keys.shard, exc)
-                oom = True
+                self._oom_noted = True
                 break
             moved += result.taken
             for reason, count in result.set_aside.items():
@@ -199,12 +202,9 @@ class HubJanitor:
             head = stream_entries(self.client.xrange(keys.exp, count=1))
             first = head[0][0] if head else None
         deleted, gc_calls, malformed = self._collect(keys, first, cfg.max_calls - calls)
-        calls += gc_calls
-        relieved = self._relieve(keys, oom, cfg.max_calls - calls)
         swept, orphans, skipped = self._sweep_orphans(keys)
-        return JanitorStats(trimmed + relieved.trimmed, dropped + relieved.unread_dropped,
-                            deleted + relieved.obs_deleted + swept, calls + relieved.calls, orphans, moved, set_aside,
-                            malformed + relieved.malformed_removed, skipped, relieved.trimmed)
+        return JanitorStats(trimmed, dropped, deleted + swept, calls + gc_calls, orphans, moved, set_aside,
+                            malformed, skipped)
 
     def _over_high_water(self, keys: ShardKeys) -> bool:
         """Whether the server holding this shard uses more than ``memory_high_water`` of its maxmemory."""
@@ -220,37 +220,49 @@ class HubJanitor:
         limit = int(memory.get("maxmemory", 0))
         return limit > 0 and int(memory["used_memory"]) > self.config.memory_high_water * limit
 
-    def _relieve(self, keys: ShardKeys, oom: bool, budget: int) -> JanitorStats:
-        """Trim this shard by memory while its server is over the high-water mark: acked entries
-        first (also when ``oom`` though below the mark), then the oldest entries, ``pressure_step``
-        per trim call, each step's observations collected before memory is read again. Stops when
-        below the mark, the stream is empty, or after ``budget`` script calls."""
+    def _relieve(self, oom: bool) -> JanitorStats:
+        """Trim by memory while the servers are over the high-water mark: the acked entries of every
+        shard first (also when ``oom``, a write refused, though below the mark), then the oldest
+        entries, ``pressure_step`` per trim call and shard in turn, each step's observations
+        collected before memory is read again. Stops when below the mark, when nothing is left to
+        free, or after ``max_calls`` script calls per shard."""
         cfg = self.config
-        trimmed = dropped = deleted = calls = malformed = 0
-        mode, over = "ACKED", False
-        while calls < budget:
-            over = self._over_high_water(keys)
-            if not over and not (oom and mode == "ACKED"):
-                break
-            removed, unread, first_id = self._scripts.call(
-                "trim", [keys.exp], [CONSUMER_GROUP, mode, "", cfg.pressure_step if mode == "OLDEST" else cfg.trim_limit])
-            calls += 1
-            trimmed, dropped = trimmed + removed, dropped + unread
-            if removed:
-                step_deleted, gc_calls, step_malformed = self._collect(keys, first_id or None, budget - calls)
-                deleted, calls, malformed = deleted + step_deleted, calls + gc_calls, malformed + step_malformed
-            elif mode == "ACKED":
-                mode = "OLDEST"
-            else:
-                break  # nothing of this shard is left to free
-        if trimmed:
-            log.warning("shard %d: memory pressure: trimmed %d entries (%d of them unread, dropped) and deleted %d "
-                        "observations (retention.memory_high_water=%s)", keys.shard, trimmed, dropped, deleted,
+        oom |= self._oom_noted  # an inbox move refused in this run
+        self._oom_noted = False
+        totals = [0] * len(JanitorStats._fields)
+        budget = cfg.max_calls * len(self._shards)
+        for mode in ("ACKED", "OLDEST"):
+            left = list(self._shards)  # shards that may still free something in this mode
+            while left and totals[3] < budget:
+                for keys in list(left):
+                    if not self._over_high_water(keys) and not (oom and mode == "ACKED"):
+                        left.remove(keys)
+                        continue
+                    step = self._trim_step(keys, mode, budget - totals[3])
+                    totals = [a + b for a, b in zip(totals, step)]
+                    if not step.trimmed:
+                        left.remove(keys)  # nothing of this kind left in this shard
+        stats = JanitorStats(*totals)
+        if stats.trimmed:
+            log.warning("memory pressure: trimmed %d entries (%d of them unread, dropped) and deleted %d observations "
+                        "(retention.memory_high_water=%s)", stats.trimmed, stats.unread_dropped, stats.obs_deleted,
                         cfg.memory_high_water)
-        elif over:
-            log.warning("shard %d: Redis is over retention.memory_high_water=%s of maxmemory and this shard holds "
-                        "no experience to free", keys.shard, cfg.memory_high_water)
-        return JanitorStats(trimmed, dropped, deleted, calls, malformed_removed=malformed)
+        elif any(self._over_high_water(keys) for keys in self._shards[:1]):
+            log.warning("Redis is over retention.memory_high_water=%s of maxmemory and this run holds no experience "
+                        "to free", cfg.memory_high_water)
+        return stats
+
+    def _trim_step(self, keys: ShardKeys, mode: str, budget: int) -> JanitorStats:
+        """One trim call by memory (``trim_limit`` acked entries, or the ``pressure_step`` oldest),
+        then the gc of what it unreferenced."""
+        cfg = self.config
+        removed, unread, first_id = self._scripts.call(
+            "trim", [keys.exp], [CONSUMER_GROUP, mode, "", cfg.trim_limit if mode == "ACKED" else cfg.pressure_step])
+        deleted = gc_calls = malformed = 0
+        if removed:
+            deleted, gc_calls, malformed = self._collect(keys, first_id or None, budget - 1)
+        return JanitorStats(removed, unread, deleted, 1 + gc_calls, malformed_removed=malformed,
+                            pressure_trimmed=removed)
 
     def _collect(self, keys: ShardKeys, first_id: bytes | None, budget: int) -> tuple[int, int, int]:
         """One pass over the obsref members that score below the first entry, ``gc_batch`` per
