@@ -154,7 +154,8 @@ def main(ctx: click.Context, log_level: str) -> None:
 @override_option
 @resume_options
 @click.option("--fresh", is_flag=True,
-              help="Start over when the experiment folder holds an earlier run: move it to <folder>.<time> first.")
+              help="Start over when the experiment folder holds an earlier run: move it to <folder>.<time> first "
+                   "(refused while that run is live).")
 @click.pass_context
 @_fail_cleanly
 def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: str | None,
@@ -162,7 +163,19 @@ def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: 
     """Run an experiment: embedded Redis (without a URL), learner, agents and eval.
 
     Restarts crashed agents, eval and learner (from its latest checkpoint), rides out Redis
-    outages, and refuses to mix a new run into a folder holding an earlier one (see --resume, --fresh)."""
+    outages, and refuses to mix a new run into a folder holding an earlier one (see --resume, --fresh).
+    A run that is live (its launcher on this host, its learner in a shared Redis) is refused before
+    anything is moved or deleted.
+
+    Ctrl-C (or SIGTERM) stops cleanly: the learner saves a final checkpoint and MLflow marks the run
+    KILLED. A second Ctrl-C exits at once, saying which updates were not saved.
+
+    \b
+    Exit codes:
+      0    finished (a stop condition, or surreal-redis stop)
+      1    failed, or the launch was refused
+      2    bad command-line usage
+      130  interrupted (Ctrl-C or SIGTERM)"""
     from surreal_redis.launcher import Launcher, LaunchError
 
     extra = [f"agent.num_agents={agents}"] if agents is not None else []
@@ -347,11 +360,12 @@ def gc(run_name: str | None, redis_url: str | None, runs_dir: Path, config_path:
 def acl(run_name: str, redis_url: str | None, shards: int | None, agent_password: str | None,
         learner_password: str | None, eval_password: str | None, print_rules: bool) -> None:
     """Create the run's Redis users: agents may only insert experience, report training episodes
-    and read parameters; eval may only report eval results and read parameters."""
+    and read parameters; eval may only report eval results and read parameters. Needs Redis >= 7.0
+    (ACL selectors)."""
     import secrets
 
     from surreal_redis.acl import ROLES, acl_rules, create_users, username
-    from surreal_redis.connection import CLUSTER_SCHEMES
+    from surreal_redis.connection import CLUSTER_SCHEMES, RedisVersionError
 
     if print_rules:
         for role in ROLES:
@@ -360,7 +374,10 @@ def acl(run_name: str, redis_url: str | None, shards: int | None, agent_password
     given = {"agent": agent_password, "eval": eval_password, "learner": learner_password}
     passwords = {role: given[role] or secrets.token_urlsafe(18) for role in ROLES}
     url = _require_url(redis_url)
-    users = create_users(connect(url), run_name, passwords, shards)
+    try:
+        users = create_users(connect(url), run_name, passwords, shards, where=url)
+    except RedisVersionError as exc:
+        raise click.ClickException(str(exc)) from None
     form = "redis+cluster://{}:PASSWORD@HOST:PORT[,HOST:PORT...]" if url.startswith(CLUSTER_SCHEMES) else "redis://{}:PASSWORD@HOST:PORT/0"
     for role, name in users.items():
         click.echo(f"{role}: user {name} password {passwords[role]}  (URL form: {form.format(name)})")

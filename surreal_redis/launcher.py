@@ -19,16 +19,26 @@ The launcher shows progress and supervises:
   best-k checkpoints and the summary. A Ctrl-C during it ends it with nothing recorded.
 
 While it lives, the launcher announces the run in ``<experiment>/hub.json`` (its Redis URL), so
-``status`` and ``stop`` find it by name (:func:`surreal_redis.status.find_run`).
+``status`` and ``stop`` find it by name (:func:`surreal_redis.status.find_run`), and holds an
+exclusive lock (``flock``) on ``<experiment>/launch.lock``.
 
 A new run never shares an experiment folder with an earlier one. Without ``--resume`` the launch
-is refused, unless ``fresh`` asks to move the earlier run aside first.
+is refused, unless ``fresh`` asks to move the earlier run aside first. A live run is never
+touched: before anything is moved or deleted, a launch is refused when the folder's lock is held
+or its hub.json names a launcher that still runs (this host), or when the run's learner reports
+in a shared Redis (any host).
+
+Exit codes (:meth:`Launcher.run`): 0 finished (a stop condition, ``surreal-redis stop``), 1
+failed, 130 (:data:`INTERRUPTED_EXIT`) interrupted by SIGINT or SIGTERM. A second signal exits
+130 at once, saying which updates were not saved; the learner's MLflow run is then marked KILLED
+by its tracking process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -43,14 +53,21 @@ import redis
 
 from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import OUTAGE_ERRORS, EmbeddedRedis, OutageGuard, connect, die_with_parent
+from surreal_redis.connection import (
+    OUTAGE_ERRORS,
+    EmbeddedRedis,
+    OutageGuard,
+    RedisSettings,
+    connect,
+    die_with_parent,
+)
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.learner_metrics import use_summary
 from surreal_redis.plots import CURVES_FILE
-from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag
-from surreal_redis.status import remove_hub_file, write_hub_file
+from surreal_redis.runtime import INTERRUPTED_EXIT, ONE_BLAS_THREAD, StopFlag
+from surreal_redis.status import HUB_FILE, live_local_runs, remove_hub_file, write_hub_file
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +78,7 @@ RESTART_DELAY_CAP_S = 30.0
 SUPERVISE_EVERY_S = 0.5
 FINAL_EVAL_START_S = 60.0  # the final eval's process may take this long to start (torch, env) on top of
 # eval.final_max_s of play before it is killed
+LOCK_FILE = "launch.lock"  # flock'ed by the live launcher of the folder; it moves with a --fresh archive
 
 
 class LaunchError(RuntimeError):
@@ -72,6 +90,21 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _flock_holder(fd: int) -> int | None:
+    """The pid holding a flock on the file open as ``fd``, from /proc/locks (None without it)."""
+    stat = os.fstat(fd)
+    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 8725 fe:00:2146904 0 EOF"
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
+            return int(fields[4])
+    return None
 
 
 def restart_delay(restart: int) -> float:
@@ -144,13 +177,14 @@ class Child:
 
 class Launcher:
     """Runs one experiment; :meth:`run` blocks and returns the exit code (0 when the run ended
-    cleanly: stop condition, stop request or Ctrl-C; 1 when it failed). ``progress`` receives one
-    human-readable line every couple of seconds, and the summary at the end.
+    cleanly: stop condition or stop request; 1 when it failed; :data:`INTERRUPTED_EXIT` when a
+    signal stopped it). ``progress`` receives one human-readable line every couple of seconds, and
+    the summary at the end.
 
     ``fresh``: an experiment folder that holds an earlier run is moved to ``<folder>.<time>``
     instead of refusing the launch. Raises :class:`LaunchError` (before anything starts) for a
-    folder that holds an earlier run, a learner of the run that is still alive, or an unreachable
-    Redis; ``ValueError`` naming the setting for settings a launch cannot run with.
+    folder that holds an earlier run, a run that is live (its launcher or its learner), or an
+    unreachable Redis; ``ValueError`` naming the setting for settings a launch cannot run with.
     """
 
     def __init__(self, config: ExperimentConfig, stop: StopFlag, resume: str | None = None,
@@ -171,6 +205,8 @@ class Launcher:
         self.ending = ""  # why the run ended, for the summary
         self.signalled = ""  # the signal that ended the run (not one that came during the final eval)
         self.final_eval = ""  # the summary's line on it
+        self._lock: int | None = None  # the fd holding LOCK_FILE while this launcher lives
+        self._last_status: dict = {}  # the learner's last report the progress line read
 
     # ---------------------------------------------------------------- set-up
     def _command(self, *role: str) -> list[str]:
@@ -181,6 +217,57 @@ class Launcher:
         """What in the experiment folder shows an earlier run."""
         found = [f"{name}/" for name in ("checkpoints", "logs") if any((self.dir / name).glob("*"))]
         return found + [name for name in ("mlflow_run_id",) if (self.dir / name).exists()]
+
+    def _live(self, who: str) -> LaunchError:
+        run = self.config.run
+        return LaunchError(f"run {run!r} is live: {who}; nothing was moved or deleted. Stop it first "
+                           f"(surreal-redis stop --run {run}, or Ctrl-C its launch), or choose another "
+                           f"experiment.name (-o experiment.name=NEW)")
+
+    def _announced_pid(self) -> int | None:
+        """The pid in the folder's hub.json, if it is readable."""
+        try:
+            return int(json.loads((self.dir / HUB_FILE).read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _lock_folder(self) -> None:
+        """Hold :data:`LOCK_FILE` of the experiment folder (creating both) for this launcher's
+        life; LaunchError when a live launcher holds it, or the folder's hub.json names a launcher
+        that still runs (one that took no lock). The kernel drops a dead process's lock."""
+        announced = [run for run in live_local_runs(self.dir.parent) if run.folder.resolve() == self.dir]
+        if announced and announced[0].pid != os.getpid():
+            raise self._live(f"its launcher (pid {announced[0].pid}) announced it in {self.dir / HUB_FILE}")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _flock_holder(fd) or self._announced_pid()
+            os.close(fd)
+            raise self._live(f"its launcher{f' (pid {pid})' if pid else ''} holds {path}") from None
+        self._unlock()  # the lock of the folder --fresh moved aside
+        self._lock = fd
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the only fd drops the flock
+            self._lock = None
+
+    def _refuse_live_learner(self, client: redis.Redis) -> None:
+        alive = RunControl(client, self.config.run).learner_alive()
+        if alive:
+            raise self._live(f"its learner (pid {alive.get('pid')}) reported {time.time() - float(alive['time']):.0f}s "
+                             f"ago on {self.url}")
+
+    def _connect(self) -> redis.Redis:
+        client = connect(self.url, self.config.redis.settings())
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            raise LaunchError(f"cannot reach Redis at {self.url}: {exc}") from exc
+        return client
 
     def _claim_folder(self) -> None:
         """Refuse (or with ``fresh``, move aside) a folder holding an earlier run, unless resuming."""
@@ -202,27 +289,26 @@ class Launcher:
 
     def _prepare(self) -> redis.Redis:
         cfg = self.config
+        # A live run first (this host: the folder's lock; any host: its learner in a shared
+        # Redis), before --fresh moves its folder or the run's keys are dropped.
+        self._lock_folder()
+        client = None
+        if cfg.redis.url:
+            self.url = cfg.redis.url
+            client = self._connect()
+            self._refuse_live_learner(client)
         self._claim_folder()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.dir.exists():  # moved aside: lock the new folder (the old lock went with it)
+            self._lock_folder()
         # Children run in logs/: every path they get must be absolute.
         absolute = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, root=str(self.dir.parent)))
         (self.dir / "config.yaml").write_text(absolute.to_yaml())
-        if cfg.redis.url:
-            self.url = cfg.redis.url
-        else:
+        if client is None:
             self.server = EmbeddedRedis(maxmemory=cfg.redis.maxmemory).start()
             self.url = self.server.url
-        client = connect(self.url, cfg.redis.settings())
-        try:
-            client.ping()
-        except redis.RedisError as exc:
-            raise LaunchError(f"cannot reach Redis at {self.url}: {exc}") from exc
+            client = self._connect()
         control = RunControl(client, cfg.run)
-        alive = control.learner_alive()
-        if alive:
-            raise LaunchError(f"a learner of run {cfg.run!r} is already running on {self.url} (pid {alive.get('pid')}, "
-                              f"reported {time.time() - float(alive['time']):.0f}s ago); stop it "
-                              f"(surreal-redis stop --run {cfg.run}) or choose another experiment.name")
+        self._refuse_live_learner(client)  # one that started since the first look
         if self.resume is None:
             dropped = control.drop()
             if dropped:
@@ -265,7 +351,9 @@ class Launcher:
             client = self._prepare()
         except BaseException:
             self._stop_server()
+            self._unlock()
             raise
+        self.stop.on_second_signal(lambda name: self._not_saved(self._learner_report()))
         code = 1
         try:
             try:
@@ -278,7 +366,42 @@ class Launcher:
         finally:
             remove_hub_file(self.dir)
             self._stop_server()
-        return code
+            self._unlock()
+        return INTERRUPTED_EXIT if code == 0 and self.signalled else code
+
+    def _learner_report(self) -> dict:
+        """The learner's latest report, read on a connection of its own (the code a signal
+        interrupted may hold the launcher's), within a second; else the last one the progress
+        line read."""
+        try:
+            client = connect(self.url, RedisSettings(socket_timeout=1.0, connect_timeout=1.0))
+            try:
+                return RunControl(client, self.config.run).learner_status() or self._last_status
+            finally:
+                client.close()
+        except (redis.RedisError, OSError, ValueError) as exc:
+            log.warning("the learner's last report is unreadable (%s); using the one from the progress line", exc)
+            return self._last_status
+
+    def _not_saved(self, status: dict) -> str:
+        """For a second signal, which exits at once (the learner too, before its final
+        checkpoint): what of the learner's work ``status`` (its last report) is not on disk.
+        Reads the checkpoint folder only: it runs in the signal handler."""
+        saved = CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).iterations()
+        latest = saved[-1] if saved else 0
+        reported = int(status.get("iteration", 0))
+        if not reported:
+            said = "the learner reported no update (nothing to save)"
+        elif reported <= latest:
+            said = f"the learner's final checkpoint (update {latest}) is saved"
+        elif not saved:
+            said = f"no checkpoint is saved: updates 1-{reported} are lost"
+        else:
+            said = (f"the learner's final checkpoint is not saved: updates {latest + 1}-{reported} are lost "
+                    f"(the latest checkpoint is update {latest})")
+        if self.config.tracking.enabled:
+            said += "; the MLflow run is marked KILLED once the learner is gone"
+        return said
 
     def _supervise(self, client: redis.Redis) -> int:
         control = RunControl(client, self.config.run)
@@ -444,6 +567,7 @@ class Launcher:
 
     def _progress_line(self, client: redis.Redis, learner: Child) -> str:
         status = RunControl(client, self.config.run).learner_status()
+        self._last_status = status
         agents = read_agents(client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
         restarting = "learner restarting | " if learner.restart_at is not None else ""
         if not status:

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -28,22 +29,42 @@ def lower_priority(increment: int) -> None:
         log.info("CPU priority lowered by %d (nice %d)", increment, os.getpriority(os.PRIO_PROCESS, 0))
 
 
+INTERRUPTED_EXIT = 130
+"""The exit code of a process stopped by a signal (the shell's 128 + SIGINT), for Ctrl-C and
+SIGTERM alike, so scripts tell an interrupted run from a finished one (0) or a failed one (1)."""
+
+
 class StopFlag:
     """Set by the first SIGINT/SIGTERM (or by code); the second signal exits immediately with
-    code 130. ``wait(timeout)`` sleeps but wakes as soon as a stop is requested."""
+    code :data:`INTERRUPTED_EXIT`, after logging one line that ends with what the callback given
+    to :meth:`on_second_signal` reports (what is lost by not stopping cleanly).
+    ``wait(timeout)`` sleeps but wakes as soon as a stop is requested."""
 
     def __init__(self, install_handlers: bool = True) -> None:
         self._event = threading.Event()
         self.reason = ""
+        self._second_signal_report: Callable[[str], str] | None = None
         if install_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, self._on_signal)
 
+    def on_second_signal(self, report: Callable[[str], str]) -> None:
+        """``report(signal name)`` runs in the signal handler before the exit: it must not block
+        (no lock the interrupted code may hold) and returns one sentence for the log line."""
+        self._second_signal_report = report
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if self._event.is_set():
-            log.warning("second %s: exiting now", signal.Signals(signum).name)
-            os._exit(130)
-        self.set(f"signal {signal.Signals(signum).name}")
+            said = ""
+            if self._second_signal_report is not None:
+                try:
+                    said = f"; {self._second_signal_report(name)}"
+                except Exception:  # the exit must happen all the same
+                    log.exception("could not say what the second %s leaves unsaved", name)
+            log.warning("second %s: exiting now%s", name, said)
+            os._exit(INTERRUPTED_EXIT)
+        self.set(f"signal {name}")
 
     def set(self, reason: str) -> None:
         if not self._event.is_set():

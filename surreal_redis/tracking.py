@@ -127,8 +127,9 @@ class TrackerProcess:
 
     Calls and replies are JSON lines over the child's stdin and stdout; its log goes to this
     process's stderr. The child ignores Ctrl-C and SIGTERM (the caller finishes the run) and ends
-    when its stdin closes, as when this process dies. A failed call raises :class:`TrackingError`
-    with the child's error; so does any call after the child died.
+    when its stdin closes, as when this process dies; a run not finished by then is marked KILLED.
+    A failed call raises :class:`TrackingError` with the child's error; so does any call after
+    the child died.
     """
 
     def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,
@@ -190,7 +191,8 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
     dir, experiment name, run name, tracking URI or ''), then run each request line
     ``{"method", "args"}`` (a method of :data:`SERVED`) from ``requests`` and answer
     ``{"ok": true, "value"}`` or ``{"ok": false, "error"}`` on ``replies``, until ``requests``
-    ends. Returns the exit code (1 when the tracker could not open)."""
+    ends; a run not finished by then (its learner died) is marked KILLED. Returns the exit code
+    (1 when the tracker could not open)."""
 
     def answer(ok: bool, value: object = None, error: str = "") -> None:
         replies.write(json.dumps({"ok": ok, "value": value, "error": error}).encode() + b"\n")
@@ -203,18 +205,28 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
         log.exception("MLflow tracking could not open")
         answer(False, error=f"{type(exc).__name__}: {exc}")
         return 1
-    answer(True, tracker.run_id)
-    for line in requests:
-        try:
-            request = json.loads(line)
-            if request["method"] not in SERVED:
-                raise ValueError(f"no such tracking call {request['method']!r} (served: {', '.join(SERVED)})")
-            getattr(tracker, request["method"])(*request["args"])
-        except Exception as exc:
-            log.exception("MLflow call failed: %.200s", line)
-            answer(False, error=f"{type(exc).__name__}: {exc}")
-        else:
-            answer(True)
+    finished = False
+    try:
+        answer(True, tracker.run_id)
+        for line in requests:
+            try:
+                request = json.loads(line)
+                if request["method"] not in SERVED:
+                    raise ValueError(f"no such tracking call {request['method']!r} (served: {', '.join(SERVED)})")
+                getattr(tracker, request["method"])(*request["args"])
+            except Exception as exc:
+                log.exception("MLflow call failed: %.200s", line)
+                answer(False, error=f"{type(exc).__name__}: {exc}")
+            else:
+                finished = finished or request["method"] == "finish"
+                answer(True)
+    except BrokenPipeError:  # the learner died while a reply was on its way
+        log.warning("the learner stopped reading MLflow replies")
+    if not finished:
+        # The learner is gone without finishing its run (killed: a second Ctrl-C, SIGKILL, a crash);
+        # left alone it would stay RUNNING forever. A learner restarted on the folder continues it.
+        log.warning("the learner exited without closing MLflow run %s; marking it KILLED", tracker.run_id)
+        tracker.finish("KILLED")
     return 0
 
 

@@ -238,7 +238,7 @@ def test_a_launch_interrupted_while_starting_is_not_a_failure(tmp_path, redis_se
     stop.set("signal SIGINT")  # Ctrl-C before the learner published anything
     lines: list[str] = []
     launcher = Launcher(config, stop, progress=lines.append)
-    assert launcher.run() == 0
+    assert launcher.run() == 130  # interrupted: neither finished (0) nor failed (1)
     assert lines[-1].startswith("run 'smoke' interrupted (signal SIGINT")
     learner = launcher.children[0].process
     assert learner is not None and learner.poll() is not None  # stopped, not left behind

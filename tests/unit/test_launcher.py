@@ -1,6 +1,8 @@
 """The launcher's decisions that need no process: folders of earlier runs, settings it cannot run
 with, how a learner is restarted, restart delays. (Supervision itself: tests/e2e/test_launch.py.)"""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,96 @@ def test_a_ctrl_c_during_the_final_eval_ends_it_with_nothing_recorded(tmp_path, 
     launcher.progress = lambda line: launcher.stop.set("signal SIGINT")  # Ctrl-C as it starts
     assert launcher._final_eval(fake_redis, 0) == "  final eval: interrupted, nothing recorded"
     assert manager.best() == [(-1.0, 5)]
+
+
+# ---------------------------------------------------------------- a live run is never touched
+# An operator's second launch of a live run (--fresh, --resume or plain) is refused before it moves
+# or deletes anything, and says the run is live. Redis is unreachable (port 1) or fake here: a
+# launch that got past the check would move the folder, then fail to connect.
+
+def hold(code: str, tmp_path: Path) -> subprocess.Popen:
+    """A process that runs ``code`` (with ``folder``, the run folder), prints 'ready' and sleeps."""
+    script = (f"import fcntl, pathlib, time\nfolder = pathlib.Path({str(tmp_path / 'smoke')!r})\n{code}\n"
+              "print('ready', flush=True)\ntime.sleep(120)\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+LIVE_LAUNCHERS = {
+    # a launcher's lock on its folder, held for its life (before it announced itself in hub.json)
+    "lock": "lock = open(folder / 'launch.lock', 'a')\nfcntl.flock(lock, fcntl.LOCK_EX)",
+    # a launcher's hub.json: its pid, which still runs
+    "hub.json": "from surreal_redis.status import write_hub_file\nwrite_hub_file(folder, 'smoke', 'unix:///x.sock')",
+}
+
+
+@pytest.mark.parametrize("how", sorted(LIVE_LAUNCHERS))
+@pytest.mark.parametrize("flag", [{"fresh": True}, {"resume": "latest"}, {}])
+def test_a_folder_whose_launcher_lives_is_refused_and_left_alone(tmp_path, how, flag):
+    folder = earlier_run(tmp_path)
+    live = hold(LIVE_LAUNCHERS[how], tmp_path)
+    try:
+        before = sorted(p.name for p in folder.iterdir())
+        with pytest.raises(LaunchError) as refused:
+            make_launcher(tmp_path, "redis.url=redis://127.0.0.1:1/0", **flag).run()
+        message = str(refused.value)
+        assert f"run 'smoke' is live: its launcher (pid {live.pid})" in message, message
+        assert "nothing was moved or deleted" in message and "surreal-redis stop --run smoke" in message
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke"]  # not moved aside
+        assert sorted(p.name for p in folder.iterdir()) == before
+        assert (folder / "mlflow_run_id").read_text() == "abc"
+    finally:
+        live.kill()
+        live.wait()
+    make_launcher(tmp_path, fresh=True)._claim_folder()  # once it is gone, --fresh moves it as before
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("flag", [{"fresh": True}, {"resume": "latest"}, {}])
+def test_a_learner_alive_on_a_shared_redis_is_found_before_anything_is_moved_or_deleted(
+        tmp_path, fake_redis, monkeypatch, flag):
+    """A run on another host: no lock or hub.json here, but its learner reports in the shared Redis."""
+    import time
+
+    from surreal_redis import launcher as launcher_module
+    from surreal_redis.hub.run.control import RunControl
+
+    folder = earlier_run(tmp_path)
+    control = RunControl(fake_redis, "smoke")
+    control.store_config("algo: ppo\n")
+    control.write_learner_status({"state": "running", "time": time.time() - 3, "pid": 4242, "iteration": 7}, 60)
+    keys = sorted(fake_redis.keys())
+    monkeypatch.setattr(launcher_module, "connect", lambda url, settings=None: fake_redis)
+    with pytest.raises(LaunchError) as refused:
+        make_launcher(tmp_path, "redis.url=redis://shared:6379/0", **flag).run()
+    message = str(refused.value)
+    assert "run 'smoke' is live: its learner (pid 4242) reported 3s ago on redis://shared:6379/0" in message
+    assert "nothing was moved or deleted" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke"]
+    assert (folder / "mlflow_run_id").read_text() == "abc" and not (folder / "config.yaml").exists()
+    assert sorted(fake_redis.keys()) == keys
+
+
+def test_a_launcher_holds_its_folder_for_its_life_and_a_fresh_one_takes_the_new_folder(tmp_path, monkeypatch):
+    """While a launch runs, a second one on the folder is refused; --fresh takes the lock of the
+    new folder (the old one moved away with its lock)."""
+    from surreal_redis.connection import find_redis_server
+
+    if find_redis_server() is None:
+        pytest.skip("no redis-server")
+    earlier_run(tmp_path)
+    first = make_launcher(tmp_path, "eval.enabled=false", fresh=True)
+    refusals = []
+
+    def supervise(client):
+        with pytest.raises(LaunchError) as refused:
+            make_launcher(tmp_path, "redis.url=redis://127.0.0.1:1/0", fresh=True).run()
+        refusals.append(str(refused.value))
+        return 0
+
+    monkeypatch.setattr(first, "_supervise", supervise)
+    assert first.run() == 0
+    assert len(refusals) == 1 and "is live" in refusals[0]
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("smoke.")]) == 1  # only the first one's move
+    make_launcher(tmp_path, resume="latest")._lock_folder()  # released when it ended

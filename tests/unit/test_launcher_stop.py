@@ -62,3 +62,78 @@ def test_eval_starts_after_the_first_parameters(tmp_path, fake_redis, monkeypatc
             if child.alive:
                 child.process.kill()
                 child.process.wait()
+
+
+# ---------------------------------------------------------------- exit codes and a second signal
+
+def test_an_interrupted_run_exits_130_and_a_requested_stop_0(tmp_path, fake_redis, monkeypatch):
+    """Scripts tell an interrupted run from a finished one by its exit code (the shell's 128 + SIGINT)."""
+    codes = {}
+    for reason in ("signal SIGINT", "signal SIGTERM", "stop requested"):
+        config = load_config("smoke", [f"experiment.root={tmp_path / reason.replace(' ', '_')}",
+                                       "eval.final_episodes=0"])
+        launcher = Launcher(config, StopFlag(install_handlers=False), progress=lambda line: None)
+        monkeypatch.setattr(launcher, "_prepare", lambda: fake_redis)
+
+        def supervise(client, launcher=launcher, reason=reason):
+            launcher.stop.set(reason)
+            launcher.ending = reason
+            return 0
+
+        monkeypatch.setattr(launcher, "_supervise", supervise)
+        codes[reason] = launcher.run()
+    assert codes == {"signal SIGINT": 130, "signal SIGTERM": 130, "stop requested": 0}
+
+
+def test_a_second_signal_exits_130_after_saying_what_its_callback_reports():
+    import subprocess
+
+    code = ("import logging, os, signal, sys, time\n"
+            "from surreal_redis.runtime import StopFlag\n"
+            "logging.basicConfig(stream=sys.stdout, format='%(message)s', level=logging.INFO)\n"
+            "flag = StopFlag()\n"
+            "flag.on_second_signal(lambda name: f'updates 5-9 not saved ({name})')\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(0.1)\n"
+            "print('first', bool(flag), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(5)\n"
+            "print('not reached')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["first True", "second SIGINT: exiting now; updates 5-9 not saved (SIGINT)"]
+
+
+def test_the_launchers_second_signal_says_which_updates_are_not_saved(tmp_path, fake_redis):
+    from surreal_redis.launcher import INTERRUPTED_EXIT  # noqa: F401  (the code it exits with)
+    from tests.unit.test_final_eval import write_checkpoint
+
+    config = load_config("smoke", [f"experiment.root={tmp_path}"])
+    launcher = Launcher(config, StopFlag(install_handlers=False))
+    launcher.dir.mkdir(parents=True)
+    status = {"iteration": 9, "state": "running", "time": time.time()}
+    assert launcher._not_saved(status) == ("no checkpoint is saved: updates 1-9 are lost; "
+                                           "the MLflow run is marked KILLED once the learner is gone")
+    write_checkpoint(config, 4)
+    assert launcher._not_saved(status) == ("the learner's final checkpoint is not saved: updates 5-9 are lost "
+                                           "(the latest checkpoint is update 4); "
+                                           "the MLflow run is marked KILLED once the learner is gone")
+    status.update(iteration=4, state="stopped")
+    assert launcher._not_saved(status).startswith("the learner's final checkpoint (update 4) is saved; ")
+    assert launcher._not_saved({}).startswith("the learner reported no update (nothing to save); ")
+
+
+def test_a_tracking_process_whose_learner_dies_marks_the_run_killed(tmp_path):
+    """A learner killed at once (a second Ctrl-C, SIGKILL) never finishes its MLflow run: its
+    tracking process, whose stdin then closes, marks it KILLED instead of leaving it RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    from surreal_redis.tracking import TrackerProcess
+
+    store = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    tracker = TrackerProcess(tmp_path, "exp", "run-a", store)
+    tracker.log_metrics({"loss": 0.5}, 3)
+    tracker.process.stdin.close()  # what the learner's death does
+    assert tracker.process.wait(timeout=60) == 0
+    run = MlflowClient(tracking_uri=store).get_run(tracker.run_id)
+    assert run.info.status == "KILLED" and run.data.metrics["loss"] == 0.5
