@@ -50,7 +50,13 @@ from typing import Literal
 
 import redis
 
-from surreal_redis.connection import CONNECTION_ERRORS, RedisClient, all_node_clients, is_cluster
+from surreal_redis.connection import (
+    CONNECTION_ERRORS,
+    RedisClient,
+    all_node_clients,
+    is_cluster,
+    require_redis_version,
+)
 from surreal_redis.keys import PREFIX, RunKeys
 from surreal_redis.scripts import script_source
 
@@ -58,6 +64,8 @@ log = logging.getLogger(__name__)
 
 Role = Literal["agent", "eval", "learner"]
 ROLES: tuple[Role, ...] = ("agent", "eval", "learner")
+
+ACL_MIN_VERSION = (7, 0)  # ACL selectors, "(...)" in the rules below
 
 # The scripts an agent may run (by SHA1 of their text).
 AGENT_SCRIPTS = ("insert", "claim")
@@ -135,21 +143,24 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
 
 
 def _set_users(node: RedisClient, run: str, names: Mapping[Role, str], passwords: Mapping[Role, str],
-               num_shards: int | None) -> None:
+               num_shards: int | None, where: str) -> None:
+    require_redis_version(node, ACL_MIN_VERSION, "surreal-redis acl", "ACL selectors", where)
     for role, name in names.items():
         node.execute_command("ACL", "SETUSER", name, "reset", "on", f">{passwords[role]}",
                              *acl_rules(run, role, num_shards))
 
 
 def create_users(client: RedisClient, run: str, passwords: Mapping[Role, str],
-                 num_shards: int | None = None) -> dict[Role, str]:
+                 num_shards: int | None = None, where: str = "the server") -> dict[Role, str]:
     """Create (or reset) the users of ``run``, enabled, with ``passwords`` (role -> password, one
     for each of :data:`ROLES`).
 
     ``client`` must be allowed ACL SETUSER (an administrator); a cluster client sets the users on
     every node of its slot map, primaries and replicas. Returns ``{role: user name}``.
-    Blocks for one round trip per user and node; Redis errors propagate (the selectors need
-    Redis >= 7). On a cluster, a node that cannot be reached or refuses is skipped and, once the
+    Blocks for one round trip per user and node; Redis errors propagate. A server older than
+    Redis 7.0 (no ACL selectors) raises :class:`~surreal_redis.connection.RedisVersionError`
+    naming its version (``where``: how the message names a standalone server), before any user
+    is set. On a cluster, a node that cannot be reached or refuses is skipped and, once the
     others have their users, a RedisError names every such node.
     Raises ValueError naming a role whose password is missing or empty, or an unknown role.
     """
@@ -161,16 +172,16 @@ def create_users(client: RedisClient, run: str, passwords: Mapping[Role, str],
             raise ValueError(f"the {role} password must not be empty")
     created = {role: username(run, role) for role in ROLES}
     if not is_cluster(client):
-        _set_users(client, run, created, passwords, num_shards)
+        _set_users(client, run, created, passwords, num_shards, where)
         log.info("ACL users %s created for run %r", ", ".join(created.values()), run)
         return created
     nodes, failed = all_node_clients(client), []
     for node in nodes:
-        where = "{host}:{port}".format(**node.get_connection_kwargs())
+        address = "{host}:{port}".format(**node.get_connection_kwargs())
         try:
-            _set_users(node, run, created, passwords, num_shards)
+            _set_users(node, run, created, passwords, num_shards, address)
         except (*CONNECTION_ERRORS, redis.ResponseError) as exc:
-            failed.append(f"{where} ({exc})")
+            failed.append(f"{address} ({exc})")
     if failed:  # after setting the others: a node that is down gets them when it is back
         raise redis.RedisError(f"ACL users of run {run!r} not set on {len(failed)} of {len(nodes)} cluster nodes: "
                                f"{'; '.join(failed)}; run `surreal-redis acl` again once they are up")

