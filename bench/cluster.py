@@ -155,14 +155,17 @@ class Consumer(threading.Thread):
         while not self.stop.is_set():
             try:
                 batch = self.receiver.receive(512, block_ms=100)
-                self.receiver.ack(batch)
             except OUTAGE_ERRORS:
                 time.sleep(0.1)
                 continue
-            self.handed += len(batch)
+            self.handed += len(batch)  # in the feed now, as the learner does before it acks
             self.origins.update(item.origin for item in batch)
             if batch:
                 self.last_chunk = time.monotonic()
+            try:
+                self.receiver.ack(batch)
+            except OUTAGE_ERRORS:  # kept by the receiver and sent with the next ack
+                time.sleep(0.1)
 
 
 def failover_loss(repeats: int, senders: int, seconds: float, lag_ms: int = 0) -> dict:
