@@ -45,11 +45,11 @@ class SeedResult(NamedTuple):
     seed: int
     env_steps: int
     updates: int
-    evals: int
     start_eval: float
     final_eval: float
     best_eval: float
-    wall_s: float
+    wall_s: float | None
+    """The launch's whole wall time (None: a run read back with ``--keep``)."""
 
 
 def random_return(overrides: list[str], episodes: int, seed: int = 0) -> tuple[float, float]:
@@ -73,30 +73,43 @@ def random_return(overrides: list[str], episodes: int, seed: int = 0) -> tuple[f
 
 
 def launch_seed(seed: int, budget_s: float, agents: int, root: Path, overrides: list[str]) -> tuple[SeedResult, Path]:
-    """One budgeted launch; its eval history read back from the run's MLflow store."""
+    """One budgeted launch (or, with ``--keep``, the finished run already there: a bench that was
+    cut off goes on from its last seed); its results read back from the run's MLflow store."""
     name = f"bench_robosuite_s{seed}"
-    sets = [f"experiment.root={root}", f"experiment.name={name}", f"experiment.seed={seed}",
-            f"agent.num_agents={agents}", f"stop.max_seconds={budget_s}", "stop.max_env_steps=null", *overrides]
-    command = [sys.executable, "-m", "surreal_redis.cli", "launch", str(CONFIG),
-               *[arg for value in sets for arg in ("-o", value)]]
-    started = time.monotonic()
-    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=budget_s + 600)
-    wall_s = time.monotonic() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"seed {seed}: launch exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
     run_dir = root / name
+    wall_s: float | None = None
+    if (run_dir / "mlflow_run_id").is_file() and not (run_dir / "hub.json").exists():
+        log.info("seed %d: reading the finished run in %s", seed, run_dir)
+    else:
+        sets = [f"experiment.root={root}", f"experiment.name={name}", f"experiment.seed={seed}",
+                f"agent.num_agents={agents}", f"stop.max_seconds={budget_s}", "stop.max_env_steps=null", *overrides]
+        command = [sys.executable, "-m", "surreal_redis.cli", "launch", str(CONFIG),
+                   *[arg for value in sets for arg in ("-o", value)]]
+        started = time.monotonic()
+        done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=budget_s + 600)
+        wall_s = round(time.monotonic() - started, 1)
+        if done.returncode != 0:
+            raise RuntimeError(f"seed {seed}: launch exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
     curves = plots.read_run(run_dir, f"seed {seed}")
     evals = next((s for s in curves.series if s.kind == "eval"), None)
     if evals is None or not evals.returns:
         raise RuntimeError(f"seed {seed}: the run logged no eval (see {run_dir / 'logs'})")
-    train = next((s for s in curves.series if s.kind == "train"), None)
-    summary = next((line for line in (done.stdout + done.stderr).splitlines() if " env steps, " in line), "")
-    steps, updates = (int(word) for word in (summary.split()[0], summary.split()[3])) if summary else (0, 0)
-    if not steps and train is not None and train.env_steps:
-        steps = int(train.env_steps[-1])
-    result = SeedResult(seed, steps, updates, len(evals.returns), evals.returns[0], evals.returns[-1],
-                        max(evals.returns), round(wall_s, 1))
+    env_steps, updates = last_progress(run_dir)
+    result = SeedResult(seed, env_steps, updates, evals.returns[0], evals.returns[-1],
+                        max(evals.returns), wall_s)
     return result, run_dir
+
+
+def last_progress(run_dir: Path) -> tuple[int, int]:
+    """Env steps and updates at the run's last metrics flush (its MLflow store)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+    history = client.get_metric_history((run_dir / "mlflow_run_id").read_text().strip(), plots.ENV_STEPS)
+    if not history:
+        raise RuntimeError(f"{run_dir}: no {plots.ENV_STEPS} in its MLflow store")
+    last = max(history, key=lambda m: (m.step, m.timestamp))
+    return int(last.value), int(last.step)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -126,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results, runs = [], []
     for seed in args.seeds:
         result, run_dir = launch_seed(seed, args.budget_s, args.agents, root, overrides)
-        log.info("seed %d: %d env steps, %d updates, eval start %.2f -> final %.2f (best %.2f), %.0f s",
+        log.info("seed %d: %d env steps, %d updates, eval start %.2f -> final %.2f (best %.2f), wall %s s",
                  seed, result.env_steps, result.updates, result.start_eval, result.final_eval,
                  result.best_eval, result.wall_s)
         results.append(result)
