@@ -6,7 +6,7 @@ For each seed, ``surreal-redis launch configs/ppo_robosuite_lift.yaml`` (proprio
 state, SURREAL's PPO settings; ``--agents`` agents, 2 for 2 cores) runs for ``stop.max_seconds`` =
 budget, with an eval every ``eval.every_s`` (stochastic, as SURREAL evaluates). Its eval history
 comes from the run's MLflow store; the first eval (parameters v1, before any update) is the
-return at the start, the last one the return at the end. Beside them, a uniform random policy's
+return at the start, the last periodic one the return at the end. Beside them, a uniform random policy's
 return over ``--random-episodes`` episodes of the same env (same wrappers, 200-step episodes).
 
 Reported per seed and as mean and spread over seeds: the final eval, its gain over the start and
