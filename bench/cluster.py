@@ -40,6 +40,7 @@ import numpy as np
 from surreal_redis.connection import OUTAGE_ERRORS, connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.experience.wire import Origin
 from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import setup_logging
@@ -149,7 +150,8 @@ class Consumer(threading.Thread):
         self.client = connect(url)
         self.receiver = ExperienceReceiver(self.client, ReceiverConfig(block_ms=100), RUN, 6, shards=shards)
         self.receiver.start()
-        self.stop, self.handed, self.origins, self.last_chunk = stop, 0, set(), time.monotonic()
+        self.stop, self.handed, self.last_chunk = stop, 0, time.monotonic()
+        self.origins: set[Origin | None] = set()
 
     def run(self) -> None:
         while not self.stop.is_set():

@@ -84,7 +84,7 @@ class ConsumedWindow:
         if sender.complete(origin.seq):
             return True
         part = sender.partial.get(origin.seq)
-        return part is not None and origin.index in part[1]
+        return part is not None and origin.position in part[1]
 
     def add(self, origin: Origin) -> None:
         sender = self._senders.get(origin.sender)
@@ -97,8 +97,8 @@ class ConsumedWindow:
             self._senders.move_to_end(origin.sender)
         if sender.complete(origin.seq):
             return
-        count, indices = sender.partial.setdefault(origin.seq, (origin.count, set()))
-        indices.add(origin.index)
+        count, indices = sender.partial.setdefault(origin.seq, (origin.size, set()))
+        indices.add(origin.position)
         if len(indices) >= count:
             del sender.partial[origin.seq]
             sender.add_complete(origin.seq)

@@ -66,12 +66,12 @@ def id_score(entry_id: bytes | str) -> int:
 class Origin(NamedTuple):
     """Where a chunk came from: its sender (a uuid each :class:`ExperienceSender` draws anew, so a
     restarted agent is a new sender), the seq of its insert batch (1, 2, ... per sender), its
-    position in the batch (1-based) and the batch's chunk count."""
+    position in the batch (1-based) and the batch's size (chunks)."""
 
     sender: str
     seq: int
-    index: int
-    count: int
+    position: int
+    size: int
 
 
 def parse_origin(value: bytes) -> Origin:
@@ -79,9 +79,9 @@ def parse_origin(value: bytes) -> Origin:
     match = _ORIGIN.fullmatch(value) if isinstance(value, bytes) else None
     if match is None:
         raise WireError(f"entry field s = {value!r:.120} is not <uuid>:<seq>:<index>:<count>")
-    sender, seq, index, count = match.groups()
-    origin = Origin(sender.decode(), int(seq), int(index), int(count))
-    if not origin.index <= origin.count <= MAX_BATCH_CHUNKS:
+    sender, seq, position, size = match.groups()
+    origin = Origin(sender.decode(), int(seq), int(position), int(size))
+    if not origin.position <= origin.size <= MAX_BATCH_CHUNKS:
         raise WireError(f"entry field s = {value!r:.120}: need index <= count <= {MAX_BATCH_CHUNKS}")
     return origin
 
