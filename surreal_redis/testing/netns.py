@@ -21,7 +21,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -248,3 +248,111 @@ class NetnsLab:
         for namespace in reversed(self._namespaces):
             _delete_namespace(namespace)
         self._namespaces.clear()
+
+
+class LabCluster:
+    """A Redis Cluster with one node per lab host (``node_hosts``: primaries first, then one
+    replica per primary in the same order), configured from ``admin_host`` with redis-cli:
+    ``cluster-node-timeout`` ``node_timeout_ms``, no persistence, slots split evenly."""
+
+    def __init__(self, lab: NetnsLab, node_hosts: Sequence[str], primaries: int, admin_host: str,
+                 port: int = 6379, node_timeout_ms: int = 2000) -> None:
+        if primaries < 1 or len(node_hosts) != 2 * primaries:
+            raise ValueError(f"need one replica per primary: {primaries} primaries, hosts {list(node_hosts)!r}")
+        self.lab, self.node_hosts, self.primaries = lab, list(node_hosts), primaries
+        self.admin_host, self.port, self.node_timeout_ms = admin_host, port, node_timeout_ms
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"{self.lab.host(h).address}:{self.port}" for h in self.node_hosts)
+
+    def cli(self, host_name: str, *args: str) -> str:
+        """``redis-cli ARGS`` against the node on ``host_name``, run on the admin host."""
+        done = self.lab.run(self.admin_host, ["redis-cli", "-h", self.lab.host(host_name).address, "-p",
+                                              str(self.port), "--raw", *args], timeout_s=10)
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli {' '.join(args)} on {host_name} failed: {done.stderr.strip()}")
+        return done.stdout.strip()
+
+    def start(self, slots: int = 16384, timeout_s: float = 60.0) -> LabCluster:
+        for name in self.node_hosts:
+            address = self.lab.host(name).address
+            self.lab.start(name, f"redis-{name}", [
+                "redis-server", "--bind", address, "--port", str(self.port), "--cluster-enabled", "yes",
+                "--cluster-config-file", f"nodes-{self.lab.tag}-{name}.conf", "--dir", str(self.lab.log_dir),
+                "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
+                "--repl-diskless-sync-delay", "0", "--save", "", "--appendonly", "no", "--protected-mode", "no",
+                "--maxmemory", "256mb", "--maxmemory-policy", "noeviction"])
+        self._until(lambda: all(self._answers(h) for h in self.node_hosts), "nodes answer PING", timeout_s)
+        for i, name in enumerate(self.node_hosts[:self.primaries]):
+            self.cli(name, "CLUSTER", "ADDSLOTSRANGE", str(i * slots // self.primaries),
+                     str((i + 1) * slots // self.primaries - 1))
+        first = self.node_hosts[0]
+        for name in self.node_hosts[1:]:
+            self.cli(first, "CLUSTER", "MEET", self.lab.host(name).address, str(self.port))
+        self._until(lambda: all(len(self.cli(h, "CLUSTER", "NODES").splitlines()) == len(self.node_hosts)
+                                for h in self.node_hosts), "nodes meet", timeout_s)
+        for primary, replica in zip(self.node_hosts[:self.primaries], self.node_hosts[self.primaries:]):
+            primary_id = self.cli(primary, "CLUSTER", "MYID")
+            self._until(lambda r=replica, i=primary_id: i in self.cli(r, "CLUSTER", "NODES"),
+                        f"{replica} knows {primary}", timeout_s)
+            self.cli(replica, "CLUSTER", "REPLICATE", primary_id)
+        self.wait_ok(timeout_s)
+        return self
+
+    def _answers(self, host_name: str) -> bool:
+        try:
+            return self.cli(host_name, "PING") == "PONG"
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return False
+
+    def roles(self, reachable_from: str | None = None) -> dict[str, str]:
+        """host -> "master" or "slave", as the node on ``reachable_from`` (default: the first
+        node) sees the cluster (failed nodes included, flagged ``fail`` in the role)."""
+        by_address = {f"{self.lab.host(h).address}:{self.port}": h for h in self.node_hosts}
+        roles = {}
+        for line in self.cli(reachable_from or self.node_hosts[0], "CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            address, flags = fields[1].split("@")[0], fields[2].split(",")
+            role = "master" if "master" in flags else "slave"
+            roles[by_address[address]] = role + (" fail" if "fail" in flags else "")
+        return roles
+
+    def primary_of_slot(self, slot: int, reachable_from: str | None = None) -> str:
+        """The host serving ``slot`` as the node on ``reachable_from`` sees it (CLUSTER NODES)."""
+        by_address = {f"{self.lab.host(h).address}:{self.port}": h for h in self.node_hosts}
+        for line in self.cli(reachable_from or self.node_hosts[0], "CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            for item in fields[8:]:
+                if item.startswith("["):  # a slot being migrated
+                    continue
+                low, _, high = item.partition("-")
+                if int(low) <= slot <= int(high or low):
+                    return by_address[fields[1].split("@")[0]]
+        raise RuntimeError(f"no node serves slot {slot}")
+
+    def _ok(self, host_name: str) -> bool:
+        try:
+            info = self.cli(host_name, "CLUSTER", "INFO")
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return False
+        return "cluster_state:ok" in info
+
+    def wait_ok(self, timeout_s: float = 60.0, hosts: Sequence[str] | None = None) -> None:
+        """Until every node (or ``hosts``) says ``cluster_state:ok`` and each replica's link is up."""
+        def whole() -> bool:
+            names = list(hosts or self.node_hosts)
+            if not all(self._ok(h) for h in names):
+                return False
+            replicas = [h for h, role in self.roles(names[0]).items() if role == "slave"]
+            return all("master_link_status:up" in self.cli(h, "INFO", "replication") for h in replicas)
+
+        self._until(whole, "cluster ok with every replica link up", timeout_s)
+
+    @staticmethod
+    def _until(check: Callable[[], bool], what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not within {timeout_s:.0f}s: {what}")
+            time.sleep(0.2)

@@ -1,0 +1,69 @@
+"""A Redis Cluster primary partitioned from its replica, the other primaries and every client
+(the minority side: itself alone) past ``cluster-node-timeout``: 3 primaries and 3 replicas, each
+node in its own network namespace, the smoke run's learner and two agents on their own hosts.
+
+The primary holding shard 0's stream is cut until its replica has taken over, then healed (it
+rejoins as a replica of the new primary). Required: training and heartbeats resume, nobody is
+restarted, no chunk is in the stream twice or trained twice; chunks the old primary acknowledged
+and had not replicated when it was cut are lost, and counted (docs/reliability.md, "Partitions").
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis.crc import key_slot
+
+from surreal_redis.testing.netns import LabCluster, NetnsLab, netns_unavailable
+
+from .harness import AGENTS, Run, account_for_every_chunk
+
+pytestmark = [pytest.mark.partitions, pytest.mark.integration, pytest.mark.slow]
+
+NODES = ("c0", "c1", "c2", "c3", "c4", "c5")
+PORT = 6379
+NODE_TIMEOUT_MS = 2000
+
+
+@pytest.fixture
+def cluster_run(tmp_path):
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(f"partition tests need network namespaces: {reason}")
+    with NetnsLab([*NODES, "learner", *AGENTS, "observer"], tmp_path / "logs") as lab:
+        cluster = LabCluster(lab, NODES, primaries=3, admin_host="observer", port=PORT,
+                             node_timeout_ms=NODE_TIMEOUT_MS).start()
+        servers = [p for p in lab.processes if p.name.startswith("redis-")]
+        run = Run(lab, tmp_path / "run", cluster.url, "c0", PORT, servers)
+        run.wait_training(0, time.time(), "start")
+        yield cluster, run
+
+
+def test_a_primary_cut_off_past_the_node_timeout_fails_over_and_the_run_goes_on(cluster_run):
+    cluster, run = cluster_run
+    cut = cluster.primary_of_slot(key_slot(run.keys.shard(0).exp.encode()))
+    replica = NODES[NODES.index(cut) + 3]
+    witness = next(n for n in NODES if n not in (cut, replica))
+    run.redis_address = run.lab.host(witness).address  # the observer asks a node on the majority side
+    run.wait_training(run.iteration(), time.time(), "before the cut")
+    run.lab.cut(cut)
+    started, cut_at = time.monotonic(), time.time()
+    try:
+        promoted = run.wait_for(lambda: cluster.roles(witness)[replica] == "master", 60,
+                                f"{replica} promoted in place of {cut}")
+        assert cluster.roles(witness)[cut] == "master fail"
+        # the majority side goes on while the old primary is still cut off
+        during = run.wait_training(run.iteration(), cut_at + promoted, f"while {cut} is cut off, after the failover")
+    finally:
+        run.lab.heal(cut)
+    healed_at, cut_s = time.time(), time.monotonic() - started
+    timings = run.wait_training(run.iteration(), healed_at, f"after {cut} was cut for {cut_s:.1f}s")
+    cluster.wait_ok(timeout_s=60)
+    roles = cluster.roles(witness)
+    assert roles[cut] == "slave" and roles[replica] == "master", roles
+    run.assert_all_running()
+    numbers = account_for_every_chunk(run, may_lose=True)
+    print(f"cluster: {cut} cut {cut_s:.1f}s, {replica} promoted {promoted:.1f}s after the cut, updates resumed "
+          f"{during['updates_s']:.1f}s after that (still cut), and {timings['updates_s']:.1f}s after the heal; "
+          f"lost {numbers['lost']}, dropped {numbers['dropped']}")
