@@ -270,3 +270,10 @@ def test_memory_pressure_takes_every_shards_acked_entries_before_any_unread_one(
                        run, 2).run_once()
     assert not writes_refused(real_redis) and stats.unread_dropped > 0
     assert stats.trimmed - stats.unread_dropped == len(acked) and real_redis.xlen(RunKeys(run).shard(1).exp) == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("memory_high_water", 0.0), ("memory_high_water", 1.5),
+                                              ("pressure_step", 0), ("pressure_step", 1001)])
+def test_bad_memory_pressure_settings_are_refused_naming_the_value(field, value):
+    with pytest.raises(ValueError, match=f"retention.{field} must be .*, got {value}"):
+        RetentionConfig(**{field: value})
