@@ -122,8 +122,16 @@ class LabProcess:
         return self.process.poll()
 
     def log_tail(self, chars: int = 3000) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-chars:]
+
+    def wait(self, timeout_s: float) -> int | None:
+        """The exit code once the process exits within ``timeout_s``, else None (it keeps running)."""
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         """Send ``sig`` and wait for the exit (SIGKILL after ``timeout_s``); returns the exit code."""

@@ -165,8 +165,9 @@ def account_for_every_chunk(run: Run, may_lose: bool = False) -> dict[str, Any]:
     Returns the numbers."""
     run.assert_all_running()
     run.cli("HSET", run.keys.control, "state", "stopping", "reason", "partition test done")
+    # each process sees the stop request by itself (a signal now would be a second stop: exit at once)
     for process in (*run.agents.values(), run.learner):
-        assert process.stop(timeout_s=60) == 0, process.log_tail()
+        assert process.wait(timeout_s=60) == 0, (process.name, process.exit_code(), process.log_tail())
     status = run.learner_status()
     assert status.get("state") == "stopped", status
     audit = run.lab.run("observer", [sys.executable, "-c", ACCOUNT, run.url, str(SMOKE),
