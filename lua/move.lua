@@ -143,9 +143,11 @@ local function store(batch)
     return nil
   end
   local added = 0
-  -- s: the chunk's origin "<uuid>:<seq>:<index>:<count>" (wire.py), so the learner drops a chunk it
-  -- consumed once that a failover (losing this move and this window) delivers again
-  local origin = batch.uuid .. ':' .. string.format('%d', batch.seq) .. ':'
+  -- s: the chunk's origin "<sender tag>:<seq>:<index>:<count>" (wire.py), so the learner drops a
+  -- chunk it consumed once that a failover (losing this move and this window) delivers again. The
+  -- tag is the SHA1 of the sender's uuid, never the uuid: agents read the stream (XRANGE), and a
+  -- uuid they read would let them queue batches under it and spoil its sender's dedup window
+  local origin = redis.sha1hex(batch.uuid) .. ':' .. string.format('%d', batch.seq) .. ':'
   for c, chunk in ipairs(batch.chunks) do
     local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3], 'd', chunk[4],
       's', origin .. c .. ':' .. #batch.chunks)

@@ -12,8 +12,10 @@ from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
 
 @pytest.fixture
 def fake_redis():
-    fakeredis = pytest.importorskip("fakeredis")
-    client = fakeredis.FakeRedis(decode_responses=False)
+    pytest.importorskip("fakeredis")
+    from surreal_redis.testing.fakes import fake_redis as make_fake_redis
+
+    client = make_fake_redis()
     yield client
     client.close()
 

@@ -15,7 +15,7 @@ from surreal_redis.connection import connect, find_redis_server
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
-from surreal_redis.hub.experience.wire import id_score
+from surreal_redis.hub.experience.wire import id_score, sender_tag
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import ScriptError, Scripts, script_source
 
@@ -98,7 +98,8 @@ def test_insert_script_is_all_or_nothing_and_only_queues(real_redis):
     assert seen_window(real_redis) == b"1,1," and not real_redis.exists(KEYS.inbox, KEYS.pinned)
     entry = real_redis.xrange(KEYS.exp)[0][1]
     assert list(entry) == [b"a", b"e", b"o", b"d", b"s"] and entry[b"o"] == f"{a},{b},{c}".encode()
-    assert [fields[b"s"] for _, fields in real_redis.xrange(KEYS.exp)] == [b"aa01:1:1:2", b"aa01:1:2:2"]
+    tag = sender_tag("aa01").encode()  # the uuid's SHA1: the uuid stays secret from agents reading the stream
+    assert [fields[b"s"] for _, fields in real_redis.xrange(KEYS.exp)] == [tag + b":1:1:2", tag + b":1:2:2"]
     # a resent batch is queued again and stored once, whatever it carries
     assert insert(scripts, 1, [a, b]) == [b"OK"]
     assert insert(scripts, 1, [a], upload={a: b"other"}) == [b"OK"]

@@ -11,7 +11,7 @@ from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, JanitorStats, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
-from surreal_redis.hub.experience.wire import WireError, parse_entry
+from surreal_redis.hub.experience.wire import WireError, parse_entry, sender_tag
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -567,9 +567,8 @@ def test_a_promoted_replica_holding_the_lost_tail_delivers_each_chunk_to_the_fee
     """The primary moved, delivered and acked 6 chunks, then died; the promoted replica still
     holds their batches in its inbox (and no dedup window). The learner, resumed with its consumed
     window (through a weights-only checkpoint), drops all 6 and takes the sender's next ones."""
-    from fakeredis import FakeRedis
-
     from surreal_redis.checkpoint import CheckpointConfig, CheckpointManager
+    from surreal_redis.testing.fakes import fake_redis as new_fake_redis
 
     keys = RunKeys(RUN).shard(0)
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
@@ -577,11 +576,11 @@ def test_a_promoted_replica_holding_the_lost_tail_delivers_each_chunk_to_the_fee
     replica_inbox = fake_redis.lrange(keys.inbox, 0, -1)  # what the replica got before it lagged
     receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
     first = drain_acked(receiver)
-    assert len(first) == 6 and all(item.origin.sender == sender.uuid for item in first)
+    assert len(first) == 6 and all(item.origin.sender == sender_tag(sender.uuid) for item in first)
     checkpoints = CheckpointManager(tmp_path, CheckpointConfig())
     state = checkpoints.load(checkpoints.save({"consumed": receiver.consumed_state()}, 1))
 
-    promoted = FakeRedis(decode_responses=False)  # the replica: the batches queued, nothing moved
+    promoted = new_fake_redis()  # the replica: the batches queued, nothing moved
     promoted.rpush(keys.inbox, *replica_inbox)
     unaware = ExperienceReceiver(promoted, ReceiverConfig(consumer="unaware"), RUN, 1)
     assert len(unaware.receive(100, 0)) == 6  # what the learner trained on twice before

@@ -11,8 +11,10 @@ writes the fields in this fixed order (so Redis stores field names once per stre
   uses, which would keep that blob alive for nothing, is refused);
 - ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays);
 - ``s`` (written by ``move.lua``; optional, an entry without it has no origin): the chunk's origin,
-  ``<sender uuid>:<batch seq>:<index>:<count>`` (:class:`Origin`), so the learner can tell a chunk
-  delivered again (after a failover lost the move, the delivery and the ack) from a new one.
+  ``<sender tag>:<batch seq>:<index>:<count>`` (:class:`Origin`; the tag is :func:`sender_tag`, the
+  SHA1 of the sender's uuid, which stays secret from the agents that read the stream), so the
+  learner can tell a chunk delivered again (after a failover lost the move, the delivery and the
+  ack) from a new one.
 
 The obsref sorted set scores a digest with :func:`id_score` of the newest entry referencing it, so
 gc can compare with the first retained entry (insert.lua and gc.lua compute the same score).
@@ -20,6 +22,7 @@ gc can compare with the first retained entry (insert.lua and gc.lua compute the 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -63,9 +66,14 @@ def id_score(entry_id: bytes | str) -> int:
     return ms * SEQ_SLOTS + min(seq, SEQ_SLOTS - 1)
 
 
+def sender_tag(uuid: str) -> str:
+    """The sender name ``move.lua`` writes into an entry's origin: ``redis.sha1hex`` of the uuid."""
+    return hashlib.sha1(uuid.encode()).hexdigest()
+
+
 class Origin(NamedTuple):
-    """Where a chunk came from: its sender (a uuid each :class:`ExperienceSender` draws anew, so a
-    restarted agent is a new sender), the seq of its insert batch (1, 2, ... per sender), its
+    """Where a chunk came from: its sender (:func:`sender_tag` of the uuid each
+    :class:`ExperienceSender` draws anew, so a restarted agent is a new sender), the seq of its insert batch (1, 2, ... per sender), its
     position in the batch (1-based) and the batch's size (chunks)."""
 
     sender: str
