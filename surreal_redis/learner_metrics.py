@@ -196,8 +196,9 @@ class LearnerMetrics:
         self.obs_skipped += stats.obs_skipped
         self.malformed_removed += stats.malformed_removed
         if stats.unread_dropped:
-            log.warning("retention trimmed %d entries the learner had not read (hub.retention.max_entries "
-                        "too small for the learner's pace)", stats.unread_dropped)
+            cause = ("Redis near maxmemory (hub.retention.memory_high_water)" if stats.pressure_trimmed
+                     else "hub.retention.max_entries too small for the learner's pace")
+            log.warning("retention trimmed %d entries the learner had not read (%s)", stats.unread_dropped, cause)
 
     def observe_episode(self, record: EpisodeRecord) -> None:
         self.episode_returns.append(record.episode_return)

@@ -33,3 +33,12 @@ def test_junk_keys_malformed_references_and_refused_moves_are_metrics(fake_redis
     assert logged["hub/obsref_malformed_removed_total"] == 2.0
     assert logged["hub/move_errors_total"] == 2.0 and logged["hub/dead_entries_total"] == 5.0
     assert logged["hub/obs_deleted_total"] == 3.0
+
+
+def test_unread_entries_trimmed_for_memory_name_memory_not_max_entries(fake_redis, caplog):
+    metrics = LearnerMetrics(fake_redis, ExperimentConfig(), None)
+    metrics.observe_janitor(JanitorStats(trimmed=5, unread_dropped=3, obs_deleted=0, calls=1, pressure_trimmed=5))
+    metrics.observe_janitor(JanitorStats(trimmed=2, unread_dropped=2, obs_deleted=0, calls=1))
+    first, second = [r.getMessage() for r in caplog.records if "had not read" in r.getMessage()]
+    assert "maxmemory" in first and "max_entries" not in first
+    assert "max_entries" in second
