@@ -44,6 +44,7 @@ class StopFlag:
         self._event = threading.Event()
         self.reason = ""
         self._second_signal_report: Callable[[str], str] | None = None
+        self._signalled = False  # a stop set by code (max steps, the run's control state) is not a first signal
         if install_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, self._on_signal)
@@ -55,7 +56,7 @@ class StopFlag:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self._event.is_set():
+        if self._signalled:
             said = ""
             if self._second_signal_report is not None:
                 try:
@@ -64,6 +65,7 @@ class StopFlag:
                     log.exception("could not say what the second %s leaves unsaved", name)
             log.warning("second %s: exiting now%s", name, said)
             os._exit(INTERRUPTED_EXIT)
+        self._signalled = True
         self.set(f"signal {name}")
 
     def set(self, reason: str) -> None:

@@ -104,6 +104,23 @@ def test_a_second_signal_exits_130_after_saying_what_its_callback_reports():
     assert done.stdout.splitlines()[-2:] == ["first True", "second SIGINT: exiting now; updates 5-9 not saved (SIGINT)"]
 
 
+def test_the_first_signal_after_a_stop_set_by_code_still_stops_cleanly():
+    """A process already stopping on the run's control state (or its own limit) and then sent
+    SIGTERM (the launcher's, an orchestrator's) finishes its clean stop instead of exiting at once."""
+    import subprocess
+
+    code = ("import os, signal, time\n"
+            "from surreal_redis.runtime import StopFlag\n"
+            "flag = StopFlag()\n"
+            "flag.set('run stopping (stop requested)')\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(0.2)\n"
+            "print('clean stop', flag.reason, flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "clean stop run stopping (stop requested)"
+
+
 def test_the_launchers_second_signal_says_which_updates_are_not_saved(tmp_path, fake_redis):
     from surreal_redis.launcher import INTERRUPTED_EXIT  # noqa: F401  (the code it exits with)
     from tests.unit.test_final_eval import write_checkpoint
