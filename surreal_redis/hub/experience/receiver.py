@@ -60,7 +60,8 @@ from surreal_redis.hub.experience.consumed import ConsumedWindow
 from surreal_redis.hub.experience.dead_letters import DeadLetters
 from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
 from surreal_redis.hub.experience.inbox import DEAD_MAXLEN, MOVE_ITEMS, SEEN_TTL_S, move_inbox
-from surreal_redis.hub.experience.wire import Origin, entry_origin, parse_id
+from surreal_redis.hub.experience.ledger import Ledger
+from surreal_redis.hub.experience.wire import Origin, WireError, entry_origin, parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -171,6 +172,14 @@ class ReceiverStats(NamedTuple):
     duplicates_consumed: int = 0
 
 
+def _origin_or_none(fields: Mapping[bytes, bytes]) -> Origin | None:
+    """The origin of an entry that may be malformed (None when it has none or a bad one)."""
+    try:
+        return entry_origin(fields)
+    except WireError:
+        return None
+
+
 def _message_id(entry: Mapping[str, object]) -> bytes:
     """An XPENDING entry's id (bytes from our clients; redis-py types it bytes, str or int)."""
     value = entry["message_id"]
@@ -194,7 +203,10 @@ class ExperienceReceiver:
     """
 
     def __init__(self, client: RedisClient, config: ReceiverConfig, run: str, num_shards: int,
-                 shards: Sequence[int] | None = None, settings: RedisSettings | None = None) -> None:
+                 shards: Sequence[int] | None = None, settings: RedisSettings | None = None,
+                 ledger: Ledger | None = None) -> None:
+        """``ledger``: where the chunks acked and set aside are recorded (default: the one
+        ``SURREAL_LEDGER_DIR`` names, usually none; :mod:`surreal_redis.hub.experience.ledger`)."""
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         shards = list(range(num_shards)) if shards is None else list(shards)
@@ -229,6 +241,7 @@ class ExperienceReceiver:
         self._next_claim = 0.0
         self._cluster = is_cluster(client)
         self._rotation = itertools.cycle(list(self._keys))  # the shard whose inbox the next wait watches
+        self._ledger = ledger if ledger is not None else Ledger.from_environment("learner")
 
     def count_dead_letters(self, reason: str, shard: int, count: int) -> None:
         """Count ``count`` records another mover of this run (the janitor's ``move.lua`` calls)
@@ -365,11 +378,14 @@ class ExperienceReceiver:
         returns how many were still pending. On a connection error the acks are kept and sent
         with the next call (XACK is idempotent), and the error propagates."""
         by_shard: dict[int, set[bytes]] = {}
+        received = list(received)
         with self._lock:
             for item in received:
                 by_shard.setdefault(item.shard, set()).add(item.entry_id)
                 for shard, entry_id in self._settle_origin(item.origin):
                     by_shard.setdefault(shard, set()).add(entry_id)
+            if self._ledger is not None:  # consumed from here on, like the consumed window says
+                self._ledger.trained(item.origin for item in received)
         return self._ack_ids(by_shard)
 
     def _settle_origin(self, origin: Origin | None) -> list[tuple[int, bytes]]:
@@ -391,6 +407,8 @@ class ExperienceReceiver:
         self._dead.flush(force=True)
         with self._lock:  # set aside once: its copies are dropped like those of a stored chunk
             copies = self._settle_origin(item.origin)
+            if self._ledger is not None:
+                self._ledger.dead([item.origin])
         if copies:
             by_shard: dict[int, set[bytes]] = {}
             for shard, entry_id in copies:
@@ -679,6 +697,8 @@ class ExperienceReceiver:
             except CONNECTION_ERRORS:
                 pass  # kept in _unacked: sent with the next ack
         if failures:
+            if self._ledger is not None:  # before writing: a failed write leaves them pending, set aside later
+                self._ledger.dead(_origin_or_none(fields) for *_, fields in failures)
             self._dead.add(failures)
             self._dead.flush(force=True)
         return self._hand_out(good)

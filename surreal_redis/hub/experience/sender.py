@@ -34,6 +34,8 @@ from surreal_redis.hub.experience.batching import (
     split_batches,
 )
 from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
+from surreal_redis.hub.experience.ledger import Ledger
+from surreal_redis.hub.experience.wire import sender_tag
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -125,7 +127,9 @@ class ExperienceSender:
     """
 
     def __init__(self, client: RedisClient, config: SenderConfig, run: str, agent_id: int,
-                 num_shards: int, stop: Waiter | None = None) -> None:
+                 num_shards: int, stop: Waiter | None = None, ledger: Ledger | None = None) -> None:
+        """``ledger``: where acknowledged batches are recorded (default: the one
+        ``SURREAL_LEDGER_DIR`` names, usually none; :mod:`surreal_redis.hub.experience.ledger`)."""
         if agent_id < 0:
             raise ValueError(f"agent_id must be >= 0, got {agent_id}")
         if num_shards < 1:
@@ -135,6 +139,7 @@ class ExperienceSender:
         self.shard = agent_id % num_shards
         self.keys = RunKeys(run).shard(self.shard)  # on a cluster, its inserts go to the slot's primary
         self.uuid = uuid.uuid4().hex
+        self._ledger = ledger if ledger is not None else Ledger.from_environment("agent")
         self._scripts = Scripts(client)
         self._seq = 0
         # Digests known to be stored: two generations, the older dropped when the newer fills up
@@ -304,6 +309,8 @@ class ExperienceSender:
             if kind is Outcome.DONE:
                 self._counts["inserts"] += 1
                 self._counts["chunks"] += len(batch.chunks)
+                if self._ledger is not None:
+                    self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks))
                 self._counts["obs_uploaded"] += len(batch.upload)
                 self._remember(batch.digests)
                 for fields in batch.chunks:

@@ -1,0 +1,91 @@
+"""An opt-in, append-only record of the experience path for exact accounting (the chaos tests).
+
+Off unless the environment variable ``SURREAL_LEDGER_DIR`` names a directory: then every sender
+and receiver built without an explicit ledger opens :meth:`Ledger.from_environment` once, in its
+constructor, and each process appends JSON lines to its own file ``<dir>/<role>-<pid>.jsonl``,
+flushed line by line (a ``kill -9`` loses at most the line being written; :func:`read_ledger`
+skips a torn last line). Records:
+
+- ``{"k": "acked", "tag": <sender tag>, "seq": <batch seq>, "n": <chunks>}``: the sender got a
+  batch acknowledged by ``insert.lua`` (its chunks are origins ``tag:seq:1..n:n``);
+- ``{"k": "trained", "o": [[tag, seq, position, size], ...]}``: the learner acked these chunks,
+  i.e. its feed holds them (recorded where the receiver marks them consumed);
+- ``{"k": "dead", "o": [...]}``: chunks the receiver set aside (dead-letter stream).
+
+Recording changes no behaviour: the writes go to a local file, never to Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from surreal_redis.hub.experience.wire import Origin
+
+log = logging.getLogger(__name__)
+
+LEDGER_DIR_ENV = "SURREAL_LEDGER_DIR"
+
+
+class Ledger:
+    """One process's ledger file, opened for appending; line-buffered writes of JSON records."""
+
+    def __init__(self, directory: Path, role: str) -> None:
+        if not role or not role.isidentifier():
+            raise ValueError(f"ledger role must be an identifier, got {role!r}")
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{role}-{os.getpid()}.jsonl"
+        self._file: IO[str] = self.path.open("a", encoding="utf-8", buffering=1)
+
+    @classmethod
+    def from_environment(cls, role: str) -> Ledger | None:
+        """The ledger ``SURREAL_LEDGER_DIR`` asks for, or None when it is unset or empty."""
+        directory = os.environ.get(LEDGER_DIR_ENV, "")
+        if not directory:
+            return None
+        ledger = cls(Path(directory), role)
+        log.info("recording the experience ledger in %s", ledger.path)
+        return ledger
+
+    def acked(self, tag: str, seq: int, count: int) -> None:
+        self._write({"k": "acked", "tag": tag, "seq": seq, "n": count})
+
+    def trained(self, origins: Iterable[Origin | None]) -> None:
+        self._origins("trained", origins)
+
+    def dead(self, origins: Iterable[Origin | None]) -> None:
+        self._origins("dead", origins)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _origins(self, kind: str, origins: Iterable[Origin | None]) -> None:
+        listed = [list(origin) for origin in origins if origin is not None]
+        if listed:
+            self._write({"k": kind, "o": listed})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")  # one write, flushed per line
+
+
+def read_ledger(directory: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every record of every ledger file in ``directory`` as (file name, record), file by file.
+    A last line that does not parse (torn by a kill) is skipped; a bad line before it raises
+    ValueError naming the file and line."""
+    for path in sorted(directory.glob("*.jsonl")):
+        lines = path.read_text(encoding="utf-8").split("\n")
+        for number, line in enumerate(lines, 1):
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if number == len(lines):  # no newline after it: the line being written at a kill
+                    log.info("%s: skipped a torn last line", path.name)
+                    continue
+                raise ValueError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
+            yield path.name, record
