@@ -1,0 +1,40 @@
+"""The chaos ledger's classification, on hand-written ledger files (no Redis)."""
+
+import re
+from collections import Counter
+
+from surreal_redis.hub.experience.ledger import Ledger
+from surreal_redis.hub.experience.wire import Origin
+
+from .ledger import account, reported_trims
+
+
+def test_every_acknowledged_chunk_lands_in_exactly_one_class(tmp_path):
+    agent, learner = Ledger(tmp_path, "agent"), Ledger(tmp_path, "learner")
+    agent.acked("aa", 1, 3)  # chunks aa:1:1..3
+    agent.acked("aa", 2, 2)
+    agent.acked("bb", 1, 4)
+    learner.trained([Origin("aa", 1, 1, 3), Origin("aa", 1, 2, 3), None])
+    learner.trained([Origin("aa", 1, 2, 3)])  # twice
+    learner.dead([Origin("aa", 1, 3, 3)])
+    learner.trained([Origin("cc", 7, 1, 1)])  # no ack line: its agent died before writing it
+    in_stream = [Origin("aa", 2, 1, 2), Origin("aa", 1, 1, 3)]  # unread, and an already trained one
+    # gone from the stream untrained: aa:2:2, bb:1:1..4 = 5; 3 trims reported
+    result = account(tmp_path, in_stream, trims_reported=3)
+    assert result.acknowledged == 9
+    assert (result.trained_once, result.trained_twice, result.dead_lettered) == (1, 1, 1)
+    assert (result.unread_at_stop, result.trimmed, result.unaccounted) == (1, 3, 2)
+    assert result.trained_without_ack_record == 1
+    assert result.examples["trained twice"] == [Origin("aa", 1, 2, 3)]
+    assert len(result.examples["unaccounted"]) == 2
+    table = result.table(Counter(redis_kill=2), "yes")
+    assert re.search(r"^trained twice \(must be 0\) +1$", table, re.M) and "redis_kill 2" in table
+    assert "trained twice: e.g. aa:1:2:3" in table
+
+
+def test_trims_are_read_from_every_kind_of_log_line():
+    log = ("shard 0: 12 entries trimmed before the learner read them (retention.max_entries=5000 reached)\n"
+           "memory pressure: trimmed 40 entries (7 of them unread, dropped) and deleted 3 observations\n"
+           "shard 0: 2 entries were trimmed while pending, before anyone stored them\n"
+           "memory pressure: trimmed 5 entries (0 of them unread, dropped)\n")
+    assert reported_trims(log) == 21
