@@ -14,6 +14,7 @@ Needs root (``ip netns add``); :func:`netns_unavailable` says why a lab cannot b
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -157,8 +158,8 @@ class NetnsLab:
         if not host_names or len(set(host_names)) != len(host_names) or len(host_names) > 250:
             raise ValueError(f"need 1-250 distinct host names, got {list(host_names)!r}")
         for name in host_names:
-            if not name.isalnum() or len(name) > 12:
-                raise ValueError(f"host name {name!r} must be 1-12 letters or digits")
+            if not name.isalnum() or len(name) > 12 or name == _SWITCH:
+                raise ValueError(f"host name {name!r} must be 1-12 letters or digits, not {_SWITCH!r}")
         self.tag = f"{PREFIX}{secrets.token_hex(3)}"
         self.net = secrets.randbelow(256)
         self.log_dir = log_dir
@@ -302,11 +303,13 @@ class LabCluster:
                                 for h in self.node_hosts), "nodes meet", timeout_s)
         for primary, replica in zip(self.node_hosts[:self.primaries], self.node_hosts[self.primaries:]):
             primary_id = self.cli(primary, "CLUSTER", "MYID")
-            self._until(lambda r=replica, i=primary_id: i in self.cli(r, "CLUSTER", "NODES"),
-                        f"{replica} knows {primary}", timeout_s)
+            self._until(functools.partial(self._knows, replica, primary_id), f"{replica} knows {primary}", timeout_s)
             self.cli(replica, "CLUSTER", "REPLICATE", primary_id)
         self.wait_ok(timeout_s)
         return self
+
+    def _knows(self, host_name: str, node_id: str) -> bool:
+        return node_id in self.cli(host_name, "CLUSTER", "NODES")
 
     def _answers(self, host_name: str) -> bool:
         try:
@@ -347,12 +350,17 @@ class LabCluster:
         return "cluster_state:ok" in info
 
     def wait_ok(self, timeout_s: float = 60.0, hosts: Sequence[str] | None = None) -> None:
-        """Until every node (or ``hosts``) says ``cluster_state:ok`` and each replica's link is up."""
+        """Until every node (or ``hosts``) says ``cluster_state:ok``, the first of them sees no node
+        failed and ``primaries`` primaries, and each replica's link is up."""
         def whole() -> bool:
             names = list(hosts or self.node_hosts)
             if not all(self._ok(h) for h in names):
                 return False
-            replicas = [h for h, role in self.roles(names[0]).items() if role == "slave"]
+            roles = self.roles(names[0])
+            if any(role.endswith(" fail") for role in roles.values()) or \
+                    sum(role == "master" for role in roles.values()) != self.primaries:
+                return False
+            replicas = [h for h, role in roles.items() if role == "slave"]
             return all("master_link_status:up" in self.cli(h, "INFO", "replication") for h in replicas)
 
         self._until(whole, "cluster ok with every replica link up", timeout_s)

@@ -14,7 +14,8 @@ def test_without_root_the_lab_says_why(monkeypatch):
 
 
 @pytest.mark.parametrize("hosts, message", [([], "1-250 distinct"), (["a", "a"], "1-250 distinct"),
-                                            (["bad-name"], "'bad-name' must be"), (["x" * 13], "must be 1-12")])
+                                            (["bad-name"], "'bad-name' must be"), (["x" * 13], "must be 1-12"),
+                                            (["sw"], "not 'sw'")])
 def test_bad_host_names_are_refused_by_name(hosts, message, tmp_path: Path):
     with pytest.raises(ValueError, match=message):
         NetnsLab(hosts, tmp_path)
