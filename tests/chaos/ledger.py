@@ -15,7 +15,10 @@ Every chunk an agent got acknowledged (origin ``tag:seq:position:size``) ends in
 - unaccounted: everything else (must be 0).
 
 Chunks trained that no agent's ledger acknowledged (an agent killed between insert.lua's reply
-and its ledger line) are counted apart; they are not a loss.
+and its ledger line) are counted apart; they are not a loss. So is a chunk of the last ``trained``
+line of a learner the test killed that a later learner trained again: the line is written just
+before the XACK, and a kill -9 in between leaves the entry pending, handed to the next learner
+(the dead one's feed went with it); counted as ``retrained_after_kill``, not as twice.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Accounting(NamedTuple):
     trimmed: int
     unaccounted: int
     trained_without_ack_record: int
+    retrained_after_kill: int
     reported_trims: int
     examples: dict[str, list[Origin]]
 
@@ -64,6 +68,7 @@ class Accounting(NamedTuple):
                 ("lost with a failover or partition", "n/a (standalone Redis, no partitions)"),
                 ("unaccounted (must be 0)", self.unaccounted),
                 ("trained, no ack line (agent killed)", self.trained_without_ack_record),
+                ("retrained: kill -9 between line and XACK", self.retrained_after_kill),
                 ("stop condition, all alive", finished)]
         width = max(len(name) for name, _ in rows)
         lines = [f"{name:<{width}}  {value}" for name, value in rows]
@@ -73,15 +78,21 @@ class Accounting(NamedTuple):
         return "\n".join(lines)
 
 
-def account(directory: Path, in_stream: Iterable[Origin], trims_reported: int) -> Accounting:
+def account(directory: Path, in_stream: Iterable[Origin], trims_reported: int,
+            killed_learners: Iterable[int] = ()) -> Accounting:
     """Classify every acknowledged chunk of the ledger files in ``directory``. ``in_stream``: the
     origins of the entries left in the run's streams after the run (inbox moved in first);
-    ``trims_reported``: :func:`reported_trims` of the learner's log."""
+    ``trims_reported``: :func:`reported_trims` of the learner's log; ``killed_learners``: pids
+    of the learner processes the test killed."""
     acked: set[Origin] = set()
     trained: Counter[Origin] = Counter()
     dead: set[Origin] = set()
-    for _, record in read_ledger(directory):
+    killed_files = {f"learner-{pid}.jsonl" for pid in killed_learners}
+    last_line: dict[str, list[Origin]] = {}  # killed learner's file -> origins of its last trained line
+    for name, record in read_ledger(directory):
         kind = record["k"]
+        if kind == "trained" and name in killed_files:
+            last_line[name] = [Origin(*o) for o in record["o"]]
         if kind == "acked":
             n = record["n"]
             acked.update(Origin(record["tag"], record["seq"], i, n) for i in range(1, n + 1))
@@ -91,6 +102,12 @@ def account(directory: Path, in_stream: Iterable[Origin], trims_reported: int) -
             dead.update(Origin(*o) for o in record["o"])
         else:
             raise ValueError(f"unknown ledger record kind {kind!r}")
+    retrained = 0
+    for origins in last_line.values():
+        for origin in origins:
+            if trained[origin] > 1:  # the copy the next learner got from the pending list
+                trained[origin] -= 1
+                retrained += 1
     stream = set(in_stream)
     once = [o for o in acked if trained[o] == 1]
     twice = sorted(o for o in acked if trained[o] > 1) + sorted(o for o in trained if o not in acked and trained[o] > 1)
@@ -101,5 +118,5 @@ def account(directory: Path, in_stream: Iterable[Origin], trims_reported: int) -
     trimmed = gone[:trims_reported]
     unaccounted = gone[trims_reported:]
     return Accounting(len(acked), len(once), len(twice), len(dead_lettered), len(unread), len(trimmed),
-                      len(unaccounted), sum(1 for o in trained if o not in acked), trims_reported,
+                      len(unaccounted), sum(1 for o in trained if o not in acked), retrained, trims_reported,
                       {"trained twice": twice, "unaccounted": unaccounted})

@@ -1,5 +1,6 @@
 """The chaos ledger's classification, on hand-written ledger files (no Redis)."""
 
+import json
 import re
 from collections import Counter
 
@@ -30,6 +31,20 @@ def test_every_acknowledged_chunk_lands_in_exactly_one_class(tmp_path):
     table = result.table(Counter(redis_kill=2), "yes")
     assert re.search(r"^trained twice \(must be 0\) +1$", table, re.M) and "redis_kill 2" in table
     assert "trained twice: e.g. aa:1:2:3" in table
+
+
+def test_a_chunk_retrained_after_a_kill_between_its_line_and_the_xack_is_not_twice(tmp_path):
+    Ledger(tmp_path, "agent").acked("aa", 1, 2)
+    killed = tmp_path / "learner-999999.jsonl"
+    killed.write_text(json.dumps({"k": "trained", "o": [["aa", 1, 1, 2]]}) + "\n"
+                      + json.dumps({"k": "trained", "o": [["aa", 1, 2, 2]]}) + "\n")
+    Ledger(tmp_path, "learner").trained([Origin("aa", 1, 2, 2)])  # handed out again from the pending list
+    assert account(tmp_path, [], 0).trained_twice == 1  # without knowing the kill
+    result = account(tmp_path, [], 0, killed_learners=[999999])
+    assert (result.trained_once, result.trained_twice, result.retrained_after_kill) == (2, 0, 1)
+    killed.write_text(json.dumps({"k": "trained", "o": [["aa", 1, 2, 2]]}) + "\n"  # not its last line: twice
+                      + json.dumps({"k": "trained", "o": [["aa", 1, 1, 2]]}) + "\n")
+    assert account(tmp_path, [], 0, killed_learners=[999999]).trained_twice == 1
 
 
 def test_trims_are_read_from_every_kind_of_log_line():

@@ -194,6 +194,7 @@ class Chaos:
     def __init__(self, redis: ChaosRedis, launch: subprocess.Popen, rng: random.Random, log: list[str]) -> None:
         self.redis, self.launch, self.rng, self.log = redis, launch, rng, log
         self.injected: Counter = Counter()
+        self.killed_learners: set[int] = set()
         self.started = time.monotonic()
 
     def note(self, text: str) -> None:
@@ -228,6 +229,8 @@ class Chaos:
             role = "learner" if kind == "learner_kill" else f"agent-{fault.agent}"
             pid = wait_for(lambda: children(self.launch.pid).get(role), 90, f"{role} to be running", self.launch)
             os.kill(pid, signal.SIGKILL)
+            if role == "learner":
+                self.killed_learners.add(pid)
             self.note(f"{role} (pid {pid}) kill -9")
         self.injected[kind] += 1
 
@@ -309,7 +312,8 @@ def test_chaos_run_keeps_an_exact_ledger(tmp_path, long):
             launch.wait()
     try:
         learner_log = (tmp_path / RUN / "logs" / "learner.log").read_text()
-        accounting = account(ledger_dir, stream_origins(redis.url), reported_trims(learner_log))
+        accounting = account(ledger_dir, stream_origins(redis.url), reported_trims(learner_log),
+                             chaos.killed_learners)
     finally:
         client.close()
         redis.stop()
