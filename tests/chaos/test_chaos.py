@@ -265,9 +265,10 @@ def stream_origins(url: str) -> list:
         client.close()
 
 
-@pytest.mark.parametrize("long", [pytest.param(False, id="short"),
-                                  pytest.param(True, id="long", marks=pytest.mark.skipif(
-                                      not LONG, reason="30-minute chaos run: set SURREAL_LONG_TESTS=1"))])
+@pytest.mark.parametrize("long", [
+    pytest.param(False, id="short", marks=pytest.mark.timeout(600)),  # ~70 s; slower on a loaded machine
+    pytest.param(True, id="long", marks=[pytest.mark.timeout(2700), pytest.mark.skipif(
+        not LONG, reason="30-minute chaos run: set SURREAL_LONG_TESTS=1")])])
 def test_chaos_run_keeps_an_exact_ledger(tmp_path, long):
     rng = random.Random(SEED)
     schedule = make_schedule(rng, long)
