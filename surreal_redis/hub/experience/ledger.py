@@ -3,8 +3,9 @@
 Off unless the environment variable ``SURREAL_LEDGER_DIR`` names a directory: then every sender
 and receiver built without an explicit ledger opens :meth:`Ledger.from_environment` once, in its
 constructor, and each process appends JSON lines to its own file ``<dir>/<role>-<pid>.jsonl``,
-flushed line by line (a ``kill -9`` loses at most the line being written; :func:`read_ledger`
-skips a torn last line). Records:
+one unbuffered ``write`` per line (a ``kill -9`` loses at most the line being written, which
+:func:`read_ledger` skips; lines from two threads or two ledgers of one process never interleave:
+the file is opened ``O_APPEND``). Records:
 
 - ``{"k": "acked", "tag": <sender tag>, "seq": <batch seq>, "n": <chunks>}``: the sender got a
   batch acknowledged by ``insert.lua`` (its chunks are origins ``tag:seq:1..n:n``);
@@ -32,14 +33,14 @@ LEDGER_DIR_ENV = "SURREAL_LEDGER_DIR"
 
 
 class Ledger:
-    """One process's ledger file, opened for appending; line-buffered writes of JSON records."""
+    """One process's ledger file, opened for appending; one write per JSON record."""
 
     def __init__(self, directory: Path, role: str) -> None:
         if not role or not role.isidentifier():
             raise ValueError(f"ledger role must be an identifier, got {role!r}")
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"{role}-{os.getpid()}.jsonl"
-        self._file: IO[str] = self.path.open("a", encoding="utf-8", buffering=1)
+        self._file: IO[bytes] = self.path.open("ab", buffering=0)
 
     @classmethod
     def from_environment(cls, role: str) -> Ledger | None:
@@ -69,7 +70,7 @@ class Ledger:
             self._write({"k": kind, "o": listed})
 
     def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")  # one write, flushed per line
+        self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
 
 
 def read_ledger(directory: Path) -> Iterator[tuple[str, dict[str, Any]]]:
