@@ -82,7 +82,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value not in args:
             raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
@@ -146,6 +146,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> 
 
 def build_dataclass(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> T:
     """:func:`from_dict` without the class's own hook: each key a field of ``cls``."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
     data = dict(data or {})
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
