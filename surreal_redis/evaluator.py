@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 EVAL_MODES = {"deterministic": ActMode.EVAL_DETERMINISTIC, "stochastic": ActMode.EVAL_STOCHASTIC}
 
 
-def play_episode(env, policy, mode: ActMode, seed: int | None, stop: StopFlag | None = None,
+def play_episode(env, policy, mode: ActMode, seed: int | None, stop: StopFlag | Deadline | None = None,
                  on_frame=None) -> tuple[float, int]:
     """One episode with a single (non-vector) env; returns (return, length). ``on_frame`` is
     called after every step (e.g. to record video frames)."""

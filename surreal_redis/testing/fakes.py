@@ -14,5 +14,7 @@ def fake_redis(decode_responses: bool = False) -> Any:
     server = fakeredis.FakeServer()
     client = fakeredis.FakeRedis(server=server, decode_responses=decode_responses)
     client.eval("return 1", 0)  # makes the server's Lua runtime and its redis table
-    server._lua_runtime.globals().redis.sha1hex = lambda value: hashlib.sha1(value).hexdigest().encode()
+    # a private attribute fakeredis sets on the first eval and does not declare in its types
+    runtime = server._lua_runtime  # type: ignore[attr-defined]
+    runtime.globals().redis.sha1hex = lambda value: hashlib.sha1(value).hexdigest().encode()
     return client
