@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from redis.cluster import RedisCluster
 
-from surreal_redis.connection import RedisClient, is_cluster, primary_clients
+from surreal_redis.connection import RedisClient, as_text, is_cluster, primary_clients
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
@@ -154,7 +155,7 @@ def shard_lines(client: RedisClient, keys: ShardKeys) -> str:
         pending = 0
     ratio, blobs = dedup_ratio(client, keys, backlog.length)
     dedup = "-" if ratio is None else f"{ratio:.1f}x"
-    where = f" on {client.get_node_from_key(keys.exp).name}" if is_cluster(client) else ""
+    where = f" on {client.get_node_from_key(keys.exp).name}" if isinstance(client, RedisCluster) else ""
     return (f"  shard {keys.shard}{where}: {backlog.length} entries, {backlog.unread} unread "
             f"({backlog.queued} batches queued), {pending} pending, "
             f"{dead} dead-lettered, {blobs} obs blobs, dedup {dedup}")
@@ -168,7 +169,7 @@ def render_status(client: RedisClient, run: str) -> str:
     if state is None and not client.exists(keys.config, keys.learner):
         lines.append("state: unknown: no run of that name in this Redis (--run takes the experiment.name)")
     else:
-        lines.append(f"state: {(state or b'unknown').decode()}{' (' + reason + ')' if stopping and reason else ''}")
+        lines.append(f"state: {as_text(state or b'unknown')}{' (' + reason + ')' if stopping and reason else ''}")
     learner = RunControl(client, run).learner_status()
     if learner:
         age = time.time() - float(learner["time"])
