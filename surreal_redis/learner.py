@@ -324,7 +324,8 @@ class Learner:
     def _ingest(self, items: list[ReceivedChunk]) -> None:
         """Into the feed first, then the Redis calls: an outage in between leaves entries pending
         (never delivered twice), not data lost."""
-        usable, unusable = [], []
+        usable: list[tuple[ReceivedChunk, str | None]] = []
+        unusable: list[tuple[ReceivedChunk, str | None]] = []
         for item in items:
             problem = self.chunk_check.problem(item.chunk)
             (unusable if problem else usable).append((item, problem))
