@@ -19,7 +19,7 @@ import click
 import redis
 
 from surreal_redis.configtools import ConfigError
-from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server, resolve_url
+from surreal_redis.connection import EmbeddedRedis, RedisClient, connect, find_redis_server, resolve_url
 from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag, lower_priority, setup_logging
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def _single_threaded_torch() -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
-def _client(config) -> redis.Redis:
+def _client(config) -> RedisClient:
     url = config.redis.url or resolve_url(None)
     if not url:
         raise click.UsageError("no Redis URL: pass --redis-url, set SURREAL_REDIS_URL or redis.url in the config")
@@ -136,6 +136,7 @@ def _client(config) -> redis.Redis:
 
 
 @click.group()
+@click.version_option(package_name="surreal-redis")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
