@@ -22,7 +22,7 @@ from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.algos.policies import AgentPolicy, make_policy
 from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
+from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard, RedisClient
 from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterClient, connect_replicas
 from surreal_redis.hub.run.control import RunControl
@@ -147,7 +147,7 @@ class Evaluator:
     refuses (OOM) are sent again with capped backoff until stored or stopped, as agents do, never
     played again; ``records_refused`` counts the refusals."""
 
-    def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag,
+    def __init__(self, config: ExperimentConfig, client: RedisClient, stop: StopFlag,
                  mode: str | None = None, eval_id: int = 0) -> None:
         mode = mode or config.eval.mode
         if mode not in EVAL_MODES:

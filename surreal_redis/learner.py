@@ -44,7 +44,7 @@ from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
+from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard, RedisClient
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
@@ -108,7 +108,7 @@ class Learner:
     """``surreal-redis learner``: :meth:`run` blocks until a stop condition, a stop request or
     a signal, and returns the exit code. :meth:`from_config` builds the process's learner."""
 
-    def __init__(self, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, parts: LearnerParts,
+    def __init__(self, config: ExperimentConfig, client: RedisClient, stop: StopFlag, parts: LearnerParts,
                  tracker: Tracker | BackgroundTracker | None = None) -> None:
         """``tracker``: MLflow tracking (:meth:`start` logs the config to it), None for none."""
         cfg = self.config = config
@@ -144,7 +144,7 @@ class Learner:
         self.republished = 0  # versions republished because agents rejected the live one
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, client: redis.Redis, stop: StopFlag, resume: str | None = None,
+    def from_config(cls, config: ExperimentConfig, client: RedisClient, stop: StopFlag, resume: str | None = None,
                     resume_from: Path | None = None) -> Learner:
         """The parts ``config`` names (the env is made once for its spaces), MLflow tracking if
         enabled, and with ``resume`` ('latest', 'best' or an iteration) the state of that
