@@ -57,6 +57,7 @@ from surreal_redis.connection import (
     OUTAGE_ERRORS,
     EmbeddedRedis,
     OutageGuard,
+    RedisClient,
     RedisSettings,
     connect,
     die_with_parent,
@@ -163,6 +164,13 @@ class Child:
         return self.process is not None and self.process.poll() is None
 
     @property
+    def started(self) -> subprocess.Popen:
+        """The process :meth:`start` made (RuntimeError for a child never started or given up)."""
+        if self.process is None:
+            raise RuntimeError(f"{self.name} has no process")
+        return self.process
+
+    @property
     def gone(self) -> bool:
         """Exited for good: not running and no restart scheduled."""
         return self.process is None and self.restart_at is None
@@ -255,13 +263,13 @@ class Launcher:
             os.close(self._lock)  # closing the only fd drops the flock
             self._lock = None
 
-    def _refuse_live_learner(self, client: redis.Redis) -> None:
+    def _refuse_live_learner(self, client: RedisClient) -> None:
         alive = RunControl(client, self.config.run).learner_alive()
         if alive:
             raise self._live(f"its learner (pid {alive.get('pid')}) reported {time.time() - float(alive['time']):.0f}s "
                              f"ago on {self.url}")
 
-    def _connect(self) -> redis.Redis:
+    def _connect(self) -> RedisClient:
         client = connect(self.url, self.config.redis.settings())
         try:
             client.ping()
@@ -287,7 +295,7 @@ class Launcher:
         self.dir.rename(archive)
         log.info("moved the earlier run in %s to %s", self.dir, archive)
 
-    def _prepare(self) -> redis.Redis:
+    def _prepare(self) -> RedisClient:
         cfg = self.config
         # A live run first (this host: the folder's lock; any host: its learner in a shared
         # Redis), before --fresh moves its folder or the run's keys are dropped.
@@ -403,7 +411,7 @@ class Launcher:
             said += "; the MLflow run is marked KILLED once the learner is gone"
         return said
 
-    def _supervise(self, client: redis.Redis) -> int:
+    def _supervise(self, client: RedisClient) -> int:
         control = RunControl(client, self.config.run)
         self.children = self._children()
         learner, others = self.children[0], self.children[1:]
@@ -451,7 +459,7 @@ class Launcher:
                     log.info("run stopping: %s", self.ending)
                     for child in others:  # nothing left for them to do: they stop while the learner finishes
                         if child.alive:
-                            child.process.terminate()
+                            child.started.terminate()
                     return self._wait_learner(learner)
                 if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + 2.0
@@ -464,16 +472,16 @@ class Launcher:
         self.ending = self.stop.reason or "launcher stopped"
         return 0
 
-    def _wait_for_parameters(self, client: redis.Redis, learner: Child) -> bool:
+    def _wait_for_parameters(self, client: RedisClient, learner: Child) -> bool:
         """Block until the learner published its first parameters; False when it exited first
         (its log tail is logged) or the launcher was stopped."""
         params = ParameterClient(client, self.config.run, self.config.hub.params_client)
         guard = OutageGuard("launcher", self.stop)
         while not self.stop:
-            if learner.process.poll() is not None:
+            if learner.started.poll() is not None:
                 self.ending = "the learner did not start"
                 log.error("learner exited with code %d before publishing parameters. Last log lines:\n%s",
-                          learner.process.returncode, log_tail(learner.log_path))
+                          learner.started.returncode, log_tail(learner.log_path))
                 self._note_learner_exit(client, learner)
                 return False
             try:
@@ -486,7 +494,7 @@ class Launcher:
             self.stop.wait(0.2)
         return False
 
-    def _check_learner(self, client: redis.Redis, learner: Child) -> int | None:
+    def _check_learner(self, client: RedisClient, learner: Child) -> int | None:
         """None while the run goes on; else its exit code (the learner finished, or crashed with
         no restart left). A crashed learner is restarted from its latest checkpoint."""
         if learner.restart_at is not None:
@@ -497,7 +505,7 @@ class Launcher:
                          " from its latest checkpoint" if resumed else "")
                 learner.start()
             return None
-        code = learner.process.poll()
+        code = learner.started.poll()
         if code is None:
             return None
         self._note_learner_exit(client, learner)
@@ -520,7 +528,7 @@ class Launcher:
                   code, delay, learner.restarts, learner.max_restarts, tail)
         return None
 
-    def _note_learner_exit(self, client: redis.Redis, learner: Child) -> None:
+    def _note_learner_exit(self, client: RedisClient, learner: Child) -> None:
         """Tell Redis the learner is gone, so a ``--resume`` right after is not refused (best effort)."""
         if learner.process is None or learner.process.returncode is None:
             return
@@ -559,13 +567,13 @@ class Launcher:
         if not learner.alive:
             return 0 if learner.process is None or learner.process.returncode in (0, None) else 1
         try:
-            learner.process.wait(timeout=STOP_GRACE_S)
+            learner.started.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             log.warning("learner still running %.0fs after the stop request", STOP_GRACE_S)
             return 0
-        return 0 if learner.process.returncode == 0 else 1
+        return 0 if learner.started.returncode == 0 else 1
 
-    def _progress_line(self, client: redis.Redis, learner: Child) -> str:
+    def _progress_line(self, client: RedisClient, learner: Child) -> str:
         status = RunControl(client, self.config.run).learner_status()
         self._last_status = status
         agents = read_agents(client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
@@ -578,7 +586,7 @@ class Launcher:
                 f"{len(agents)}/{self.config.agent.num_agents} | {use_summary(status)} | {status['elapsed_s']:.0f}s")
 
     # ---------------------------------------------------------------- stopping
-    def _shutdown(self, client: redis.Redis) -> None:
+    def _shutdown(self, client: RedisClient) -> None:
         """SIGTERM to every child, the stop request in Redis (for processes on other machines),
         SIGKILL for children still alive after the grace.
 
@@ -586,7 +594,7 @@ class Launcher:
         interrupted (MLflow: KILLED) rather than finished."""
         alive = [c for c in self.children if c.alive]
         for child in alive:
-            child.process.terminate()
+            child.started.terminate()
         try:
             RunControl(client, self.config.run).request_stop(self.ending or self.stop.reason or "launcher exiting")
         except redis.RedisError as exc:
@@ -594,15 +602,15 @@ class Launcher:
         deadline = time.monotonic() + STOP_GRACE_S
         for child in alive:
             try:
-                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                child.started.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop within %.0fs; killing it", child.name, STOP_GRACE_S)
-                child.process.kill()
-                child.process.wait()
+                child.started.kill()
+                child.started.wait()
         if self.children:
             self._note_learner_exit(client, self.children[0])
 
-    def _final_eval(self, client: redis.Redis, code: int) -> str:
+    def _final_eval(self, client: RedisClient, code: int) -> str:
         """Score the learner's final checkpoint (see the module docstring); returns the summary's
         line on it, '' when none is due (eval disabled, eval.final_episodes 0, a failed run)."""
         cfg = self.config.eval
@@ -646,8 +654,11 @@ class Launcher:
                 process.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=0.2)
-        with process.stdout:
-            out = process.stdout.read().decode(errors="replace").strip().splitlines()
+        stdout = process.stdout
+        if stdout is None:  # opened with stdout=PIPE, so never
+            raise RuntimeError("the final eval has no stdout pipe")
+        with stdout:
+            out = stdout.read().decode(errors="replace").strip().splitlines()
         if process.returncode != 0 or not out:
             if terminated:  # stopped before it could say so (still starting, say)
                 return "  final eval: interrupted, nothing recorded"
@@ -672,7 +683,7 @@ class Launcher:
             return f"interrupted ({self.signalled}; MLflow marks it KILLED)"
         return f"finished ({self.ending})" if self.ending else "finished"
 
-    def _summary(self, client: redis.Redis, code: int) -> None:
+    def _summary(self, client: RedisClient, code: int) -> None:
         try:
             status = RunControl(client, self.config.run).learner_status()
         except redis.RedisError:
