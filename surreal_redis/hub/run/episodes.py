@@ -20,7 +20,9 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 import redis
+from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
+from surreal_redis.connection import RedisClient, as_text, stream_entries, stream_read
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -49,7 +51,7 @@ class EpisodeLog:
     one JSON object each), eval records to ``evals`` (``XADD MAXLEN ~ maxlen``; only the eval user
     may write it: an agent's eval record is refused with NOPERM)."""
 
-    def __init__(self, client: redis.Redis, run: str, maxlen: int = 100_000) -> None:
+    def __init__(self, client: RedisClient, run: str, maxlen: int = 100_000) -> None:
         if maxlen < 1:
             raise ValueError(f"episodes maxlen must be >= 1, got {maxlen}")
         keys = RunKeys(run)
@@ -73,8 +75,9 @@ class EpisodeLog:
         for r in records:
             if r.mode not in self.keys:
                 raise ValueError(f"unknown episode mode {r.mode!r} (use 'train' or 'eval')")
-            fields = {"agent": r.agent, "mode": r.mode, "return": repr(float(r.episode_return)),
-                      "length": int(r.length), "version": int(r.version), "time": repr(r.time)}
+            fields: dict[FieldT, EncodableT] = {
+                "agent": r.agent, "mode": r.mode, "return": repr(float(r.episode_return)),
+                "length": int(r.length), "version": int(r.version), "time": repr(r.time)}
             if r.mode == "train":
                 pipe.rpush(self.keys["train"], json.dumps(fields))
             else:
@@ -95,7 +98,7 @@ class EpisodeReader:
     that does not parse, or whose mode is not its stream's (an agent claiming an eval), is counted
     in :attr:`malformed` and skipped; ``maxlen``: the ``episodes`` stream's approximate cap."""
 
-    def __init__(self, client: redis.Redis, run: str, start_id: str = "$", maxlen: int = 100_000) -> None:
+    def __init__(self, client: RedisClient, run: str, start_id: str = "$", maxlen: int = 100_000) -> None:
         if maxlen < 1:
             raise ValueError(f"episodes maxlen must be >= 1, got {maxlen}")
         self.keys = keys = RunKeys(run)
@@ -120,12 +123,13 @@ class EpisodeReader:
             self._count_malformed(f"{dropped} of {taken} queued training records over {MAX_RECORD_BYTES} bytes", dropped)
         for key, cursor in self.cursors.items():
             if cursor == "$":  # resolve "now" once so nothing appended later is skipped
-                last = self.client.xrevrange(key, count=1)
+                last = stream_entries(self.client.xrevrange(key, count=1))
                 self.cursors[key] = last[0][0].decode() if last else "0-0"
-        reply = self.client.xread(dict(self.cursors), count=count)
+        streams: dict[KeyT, StreamIdT] = dict(self.cursors.items())
+        reply = stream_read(self.client.xread(streams, count=count))
         records = []
-        for key, entries in reply:
-            key = key.decode() if isinstance(key, bytes) else key
+        for name, entries in reply:
+            key = as_text(name)
             for entry_id, fields in entries:
                 self.cursors[key] = entry_id.decode()
                 try:
