@@ -123,15 +123,44 @@ def _single_threaded_torch() -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
-def _client(config) -> RedisClient:
+def _url(config) -> str:
     url = config.redis.url or resolve_url(None)
     if not url:
         raise click.UsageError("no Redis URL: pass --redis-url, set SURREAL_REDIS_URL or redis.url in the config")
+    return url
+
+
+def _client(config) -> RedisClient:
+    """The client of a one-shot command: a Redis that does not answer is an error."""
+    url = _url(config)
     client = connect(url, config.redis.settings())
     try:
         client.ping()
     except redis.RedisError as exc:
         raise click.ClickException(f"cannot reach Redis at {url}: {exc}") from None
+    return client
+
+
+def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
+    """The client of a learner, agent or eval: a Redis that does not answer yet (down, restarting,
+    its pod not ready) is waited for with capped backoff, like every outage after the start, so a
+    process the launcher restarts during an outage does not spend one of its restarts on it. A
+    refused login is not an outage (an error at once); a stop signal while waiting exits 130."""
+    from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
+    from surreal_redis.runtime import INTERRUPTED_EXIT
+
+    url = _url(config)
+    client = connect(url, config.redis.settings())
+
+    def ping() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.exceptions.AuthenticationError as exc:  # a ConnectionError, but no outage
+            raise click.ClickException(f"Redis at {url} refused the login: {exc}") from None
+
+    if OutageGuard(f"{who} start", stop, errors=OUTAGE_ERRORS).call(ping) is None:
+        log.info("%s: stopped while waiting for Redis at %s", who, url)
+        _exit_process(INTERRUPTED_EXIT)
     return client
 
 
@@ -211,9 +240,10 @@ def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_ur
 
     config = _load(config_path, overrides, redis_url, run_name)
     lower_priority(config.agent.nice)
-    client = _client(config)
+    stop = StopFlag()
+    client = _waiting_client(config, stop, f"agent {agent_id}")
     log.info("agent %d of run %r: waiting for its learner's first parameters", agent_id, config.run)
-    agent_process = Agent(config, client, agent_id, StopFlag())
+    agent_process = Agent(config, client, agent_id, stop)
     _single_threaded_torch()
     _exit_process(agent_process.run())
 
@@ -231,7 +261,9 @@ def learner(config_path: str | None, run_name: str | None, redis_url: str | None
     from surreal_redis.learner import Learner
 
     config = _load(config_path, overrides, redis_url, run_name)
-    _exit_process(Learner.from_config(config, _client(config), StopFlag(), resume=resume, resume_from=resume_from).run())
+    stop = StopFlag()
+    client = _waiting_client(config, stop, "learner")
+    _exit_process(Learner.from_config(config, client, stop, resume=resume, resume_from=resume_from).run())
 
 
 @main.command("eval")
@@ -259,7 +291,8 @@ def eval_cmd(mode: str | None, eval_id: int, checkpoint_path: Path | None, confi
         result = score_checkpoint(config, checkpoint_path, StopFlag(), mode)
         click.echo(json.dumps({**result._asdict(), "score": result.score}))
         _exit_process(0)
-    evaluator = Evaluator(config, _client(config), StopFlag(), mode=mode, eval_id=eval_id)
+    stop = StopFlag()
+    evaluator = Evaluator(config, _waiting_client(config, stop, f"eval {eval_id}"), stop, mode=mode, eval_id=eval_id)
     _single_threaded_torch()
     _exit_process(evaluator.run())
 
