@@ -143,7 +143,7 @@ def _client(config) -> RedisClient:
 
 def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
     """The client of a learner, agent or eval: a Redis that does not answer yet (down, restarting,
-    its pod not ready) is waited for with capped backoff, like every outage after the start, so a
+    its pod not ready) is waited for with capped backoff, up to ``redis.startup_wait_s``, so a
     process the launcher restarts during an outage does not spend one of its restarts on it. A
     refused login is not an outage (an error at once); a stop signal while waiting exits 130."""
     from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
@@ -151,17 +151,24 @@ def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
 
     url = _url(config)
     client = connect(url, config.redis.settings())
-
-    def ping() -> bool:
+    guard = OutageGuard(f"{who} start", stop)
+    deadline = time.monotonic() + config.redis.startup_wait_s
+    while True:
         try:
-            return bool(client.ping())
+            client.ping()
         except redis.exceptions.AuthenticationError as exc:  # a ConnectionError, but no outage
             raise click.ClickException(f"Redis at {url} refused the login: {exc}") from None
-
-    if OutageGuard(f"{who} start", stop, errors=OUTAGE_ERRORS).call(ping) is None:
-        log.info("%s: stopped while waiting for Redis at %s", who, url)
-        _exit_process(INTERRUPTED_EXIT)
-    return client
+        except OUTAGE_ERRORS as exc:
+            if time.monotonic() >= deadline:
+                raise click.ClickException(f"cannot reach Redis at {url} (waited {config.redis.startup_wait_s:g} s, "
+                                           f"redis.startup_wait_s): {exc}") from None
+            guard.failed(exc)
+            if stop.is_set():
+                log.info("%s: stopped while waiting for Redis at %s", who, url)
+                _exit_process(INTERRUPTED_EXIT)
+            continue
+        guard.succeeded()
+        return client
 
 
 @click.group()

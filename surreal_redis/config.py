@@ -66,9 +66,15 @@ class RedisConfig(RedisSettings):
     """Read replicas of ``url`` (servers started with ``replicaof``; redis://, rediss:// or unix://)
     that agents and evaluators poll and download parameters from, falling back to ``url`` when a
     replica lags or fails (``hub.params_client``); the learner always writes to ``url``."""
+    startup_wait_s: float = 120.0
+    """Seconds a learner, agent or eval started while Redis does not answer (restarting, its pod
+    not ready) waits for it with capped backoff before it exits with an error naming the URL; 0:
+    the error at once."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.startup_wait_s >= 0:
+            raise ValueError(f"startup_wait_s must be >= 0, got {self.startup_wait_s}")
         if self.num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
         for url in self.param_read_urls:
