@@ -129,11 +129,25 @@ def _config_on_host(path: str, service: Mapping[str, Any], compose_dir: Path) ->
     return None
 
 
+def parse_command(where: str, args: list[str], at: int) -> tuple[str, dict[str, Any] | None]:
+    """The parameters the CLI parses from the surreal-redis command line ``args[at:]`` (``("",
+    params)``), or the one-line problem naming ``where`` (``(problem, None)``). Also used by
+    deploy/kubernetes/validate.py."""
+    from surreal_redis.cli import main as cli
+
+    subcommand = cli.commands.get(args[at])
+    if subcommand is None:
+        return f"{where}: {args[at]!r} is not a surreal-redis command (have {', '.join(sorted(cli.commands))})", None
+    try:
+        return "", subcommand.make_context(args[at], args[at + 1:]).params
+    except click.ClickException as exc:
+        return f"{where}: surreal-redis {' '.join(args[at:])}: {exc.format_message()}", None
+
+
 def command_problems(name: str, service: Mapping[str, Any], env: Mapping[str, str],
                      compose_dir: Path) -> tuple[list[str], tuple | None]:
     """Problems of one surreal-redis service's command line, and the experiment it runs
     (config file, overrides) for the cross-service check."""
-    from surreal_redis.cli import main as cli
     from surreal_redis.config import load_config
 
     command = service.get("command")
@@ -145,13 +159,9 @@ def command_problems(name: str, service: Mapping[str, Any], env: Mapping[str, st
         at = command_index(args)
     except EntrypointError as exc:
         return [f"{name}: {exc}"], None
-    subcommand = cli.commands.get(args[at])
-    if subcommand is None:
-        return [f"{name}: {args[at]!r} is not a surreal-redis command (have {', '.join(sorted(cli.commands))})"], None
-    try:
-        params = subcommand.make_context(args[at], args[at + 1:]).params
-    except click.ClickException as exc:
-        return [f"{name}: surreal-redis {' '.join(args[at:])}: {exc.format_message()}"], None
+    problem, params = parse_command(name, args, at)
+    if params is None:
+        return [problem], None
     problems: list[str] = []
     experiment = None
     config_path = params.get("config_path")

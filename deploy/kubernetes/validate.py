@@ -48,7 +48,6 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
-import click
 import yaml
 
 from surreal_redis.acl import ROLES
@@ -586,7 +585,6 @@ def process_problems(cluster: Cluster, obj: Mapping[str, Any], container: Mappin
                      args: list[str], variables: Mapping[str, str],
                      passwords: Mapping[str, str]) -> tuple[list[str], tuple | None]:
     """One surreal-redis process: its command line, config, Redis login and address."""
-    from surreal_redis.cli import main as cli
     from surreal_redis.config import load_config
 
     where = f"{obj['kind']}/{obj['metadata']['name']} (pod {pod.name}): {container['name']}"
@@ -600,13 +598,9 @@ def process_problems(cluster: Cluster, obj: Mapping[str, Any], container: Mappin
         at = command_index(full)
     except EntrypointError as exc:
         return [f"{where}: {exc}"], None
-    subcommand = cli.commands.get(full[at])
-    if subcommand is None:
-        return [f"{where}: {full[at]!r} is not a surreal-redis command (have {', '.join(sorted(cli.commands))})"], None
-    try:
-        params = subcommand.make_context(full[at], full[at + 1:]).params
-    except click.ClickException as exc:
-        return [f"{where}: surreal-redis {' '.join(full[at:])}: {exc.format_message()}"], None
+    problem, params = compose_validate.parse_command(where, full, at)
+    if params is None:
+        return [problem], None
     found = []
     if full[at] == "agent" and pod.ordinal is not None and params["agent_id"] != pod.ordinal:
         found.append(f"{where}: pod {pod.name} runs agent --id {params['agent_id']}, not {pod.ordinal}")
