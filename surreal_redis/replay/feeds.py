@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
@@ -40,6 +40,10 @@ class StopSignal(Protocol):
 
 
 class OnPolicyTrainer(Protocol):
+    """``update(chunks)``; a trainer with a true ``adaptive_epochs`` attribute is called as
+    ``update(chunks, more_epochs=...)`` and past its minimum epochs runs another only while
+    ``more_epochs()`` is true (APPO's ``min_epochs``)."""
+
     def update(self, chunks: list[Chunk]) -> dict[str, float]: ...
 
 
@@ -73,9 +77,12 @@ class Feed(abc.ABC, Generic[TrainerT]):
         """Whether the learner should read more experience before training again."""
 
     @abc.abstractmethod
-    def train(self, algo: TrainerT, stop: StopSignal) -> Iterator[dict[str, float]]:
+    def train(self, algo: TrainerT, stop: StopSignal, arriving: Callable[[], int] | None = None
+              ) -> Iterator[dict[str, float]]:
         """Run the updates the data in hand allows, yielding each update's stats; the caller
-        may publish between updates. Ends early once ``stop`` is set. CPU/GPU-bound, no I/O."""
+        may publish between updates. Ends early once ``stop`` is set. CPU/GPU-bound, no I/O.
+        ``arriving()``: env steps read and not ingested yet (the learner's prefetch queue); the
+        on-policy feed lets an update go on with more epochs while the next batch is short."""
 
     def on_publish(self, version: int) -> None:  # noqa: B027  (only the on-policy feed cares)
         """The learner published parameter version ``version``."""
@@ -123,9 +130,16 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
     def wants_data(self) -> bool:
         return True
 
-    def train(self, algo: OnPolicyTrainer, stop: StopSignal) -> Iterator[dict[str, float]]:
+    def train(self, algo: OnPolicyTrainer, stop: StopSignal, arriving: Callable[[], int] | None = None
+              ) -> Iterator[dict[str, float]]:
+        def next_batch_short() -> bool:  # asked between epochs: False ends the update
+            held = len(self.fifo) + (0 if arriving is None else arriving())
+            return held < self.steps_per_update and not stop.is_set()
+
+        adaptive = getattr(algo, "adaptive_epochs", False)
         while len(self.fifo) >= self.steps_per_update and not stop.is_set():
-            yield algo.update(self.fifo.take(self.steps_per_update))
+            batch = self.fifo.take(self.steps_per_update)
+            yield algo.update(batch, more_epochs=next_batch_short) if adaptive else algo.update(batch)
 
     def on_publish(self, version: int) -> None:
         self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped
@@ -265,7 +279,8 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
             return True
         return self.owed_updates() < self.config.pause_reading_at
 
-    def train(self, algo: OffPolicyTrainer, stop: StopSignal) -> Iterator[dict[str, float]]:
+    def train(self, algo: OffPolicyTrainer, stop: StopSignal, arriving: Callable[[], int] | None = None
+              ) -> Iterator[dict[str, float]]:
         if not self.ready():
             self._credited_from = self.transitions
             return

@@ -210,6 +210,30 @@ def test_the_update_differs_from_ppos_only_through_the_targets(monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(parameters(appo), parameters(appo_again)))
 
 
+def test_min_epochs_end_an_update_once_the_next_batch_is_in():
+    """Past min_epochs an update runs another epoch only while ``more_epochs()`` says the next
+    batch has not arrived, up to update_epochs; PPO (and APPO without min_epochs) runs them all."""
+    config = dict(SMALL, update_epochs=5)
+    adaptive, _, collector = cartpole(APPOConfig(min_epochs=2, **config), APPOAlgorithm)
+    chunks = collector.collect(16)
+    asked = []
+
+    def arrives_after(epochs: int):
+        def more_epochs() -> bool:
+            asked.append(True)
+            return len(asked) < epochs
+        return more_epochs
+
+    assert adaptive.adaptive_epochs
+    assert adaptive.update(chunks, more_epochs=lambda: False)["epochs"] == 2  # in already: the minimum
+    assert adaptive.update(chunks, more_epochs=arrives_after(2))["epochs"] == 3
+    assert adaptive.update(chunks, more_epochs=lambda: True)["epochs"] == 5  # never in: the maximum
+    assert adaptive.update(chunks)["epochs"] == 5
+    for fixed in (cartpole(APPOConfig(**config), APPOAlgorithm)[0], cartpole(PPOConfig(**config), PPOAlgorithm)[0]):
+        assert not fixed.adaptive_epochs
+        assert fixed.update(chunks, more_epochs=lambda: False)["epochs"] == 5
+
+
 # ---------------------------------------------------------------- config and declaration
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -217,6 +241,8 @@ def test_the_update_differs_from_ppos_only_through_the_targets(monkeypatch):
     (dict(vtrace_c_bar=-1.0), "vtrace_c_bar must be > 0, got -1.0"),
     (dict(vtrace_c_bar=float("nan")), "vtrace_c_bar must be > 0"),
     (dict(gae_lambda=1.5), "gae_lambda"),  # PPO's checks still run
+    (dict(min_epochs=0), r"min_epochs must be an int in 1..update_epochs \(4\) or None, got 0"),
+    (dict(min_epochs=5), "min_epochs must be .* got 5"),
 ])
 def test_config_validation_names_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -262,3 +288,12 @@ def test_the_shipped_configs_are_ppos_with_free_production():
         assert appo.learner.steps_per_update == ppo.learner.steps_per_update
         assert appo.replay.fifo.max_policy_lag is not None and 1 <= appo.replay.fifo.max_policy_lag <= 8
         assert appo.hub.sender.max_lag is not None and appo.hub.sender.max_lag >= 1
+
+
+def test_min_epochs_need_a_prefetch_queue_that_holds_the_next_batch():
+    with pytest.raises(ConfigError, match=r"appo.min_epochs needs learner.prefetch_chunks >= 8 .*got 4"):
+        load_config(None, ["algo=appo", "appo.min_epochs=1", "learner.steps_per_update=256",
+                           "hub.sender.flush_steps=32", "learner.prefetch_chunks=4"])
+    config = load_config(None, ["algo=appo", "appo.min_epochs=1", "learner.steps_per_update=256",
+                                "hub.sender.flush_steps=32", "learner.prefetch_chunks=8"])
+    assert config.algo_config.min_epochs == 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from surreal_redis.algos.networks import NatureCNN, ObservationEncoder, SmallCNN, channels_first
+from surreal_redis.algos.networks import NatureCNN, ObservationEncoder, SmallCNN, adam, channels_first, mlp
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.ppo.policy import ActorCritic, PPOConfig, PPOPolicy
 from surreal_redis.envs.spaces import ImageLayout, image_layout
@@ -111,3 +111,26 @@ def test_grayscale_frame_without_stack_acts_through_the_cnn():
 def test_unsupported_leaves_are_refused_by_name(space, leaf):
     with pytest.raises(ValueError, match=f"no network for {leaf}"):
         ActorCritic(PPOConfig(), space, gym.spaces.Discrete(2))
+
+
+def test_fused_adam_takes_the_steps_of_torchs_loop():
+    """:func:`adam` (fused) and ``torch.optim.Adam``'s default loop end at the same parameters,
+    weight decay included, and their state dicts load into each other."""
+    torch.manual_seed(0)
+    nets = [mlp(4, (32, 32), 2) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    fused = adam(nets[0].parameters(), lr=1e-2, eps=1e-5, weight_decay=1e-3)
+    loop = torch.optim.Adam(nets[1].parameters(), lr=1e-2, eps=1e-5, weight_decay=1e-3)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    x = torch.randn(64, 4)
+    for _ in range(20):
+        for net, optimizer in zip(nets, (fused, loop)):
+            optimizer.zero_grad()
+            net(x).pow(2).mean().backward()
+            optimizer.step()
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(nets[0][0].weight, mlp(4, (32, 32), 2)[0].weight)
+    restored = adam(nets[1].parameters(), lr=1e-2)
+    restored.load_state_dict(loop.state_dict())  # checkpoints written before the fused kernel load
+    assert restored.state_dict()["state"][0]["exp_avg"].equal(loop.state_dict()["state"][0]["exp_avg"])

@@ -15,6 +15,13 @@ class APPOConfig(PPOConfig):
     ``gamma`` its discount. Without lag (pi = mu) and with both levels >= 1 the value targets are
     GAE's lambda-returns."""
 
+    min_epochs: int | None = None
+    """Epochs each update runs at least; past them, up to ``update_epochs``, the learner runs
+    another epoch only while the next batch has not arrived: it fills the wait with gradient
+    steps on the data it has instead of idling, and takes the next batch as soon as it is
+    complete, so agents never wait on its epochs. Then the epochs an update gets depend on how
+    fast the agents produce (the ``train/epochs`` metric). None: ``update_epochs`` every update,
+    as PPO."""
     vtrace_rho_bar: float = 1.0
     """rho_bar: truncates the importance weight rho_t = min(rho_bar, pi/mu) of each TD error and of
     the policy-gradient advantage; it sets the fixed point the value function learns (larger: nearer
@@ -26,6 +33,9 @@ class APPOConfig(PPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.min_epochs is not None and not (isinstance(self.min_epochs, int) and 1 <= self.min_epochs <= self.update_epochs):
+            raise ValueError(f"min_epochs must be an int in 1..update_epochs ({self.update_epochs}) or None, "
+                             f"got {self.min_epochs!r}")
         for name in ("vtrace_rho_bar", "vtrace_c_bar"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0):

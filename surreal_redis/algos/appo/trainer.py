@@ -87,6 +87,11 @@ class APPOAlgorithm(PPOAlgorithm):
 
     config: APPOConfig
 
+    def min_epochs(self) -> int:
+        """``min_epochs``, or all of ``update_epochs`` when it is None."""
+        cfg = self.config
+        return cfg.update_epochs if cfg.min_epochs is None else cfg.min_epochs
+
     def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                  terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
                  target_logp: torch.Tensor) -> Targets:

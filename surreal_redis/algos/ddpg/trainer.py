@@ -25,7 +25,7 @@ from torch import nn
 
 from surreal_redis.algos.base import Algorithm, ParamDict
 from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig
-from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device, soft_update
+from surreal_redis.algos.networks import adam, module_params, obs_to_tensor, resolve_device, soft_update
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
 from surreal_redis.experience import TransitionBatch
@@ -52,10 +52,9 @@ class DDPGAlgorithm(Algorithm):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
                                if config.normalize_obs else None)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr)
+        self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
         # Adam's weight_decay adds critic_l2 * theta to the gradient: the L2 penalty of the paper
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr,
-                                                 weight_decay=config.critic_l2)
+        self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr, weight_decay=config.critic_l2)
         self.iteration = 0
         logger.info("DDPG on %s: actor %d, critic %d parameters", self.device,
                     sum(p.numel() for p in self.actor.parameters()),

@@ -31,15 +31,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn, optim
+from torch import nn
 from torch.distributions import Distribution, kl_divergence
 
 from surreal_redis.algos.base import Algorithm, ParamDict
+from surreal_redis.algos.networks import adam
 from surreal_redis.algos.normalizer import RewardScaler
 from surreal_redis.algos.ppo.policy import (
     ActorCritic,
@@ -210,7 +212,7 @@ class PPOAlgorithm(Algorithm):
         self.config = config
         self.device = resolve_device(config.device if device is None else device)
         self.net = ActorCritic(config, obs_space, action_space).to(self.device)
-        self.optimizer = optim.Adam(self.net.parameters(), lr=config.learning_rate, eps=1e-5)
+        self.optimizer = adam(self.net.parameters(), lr=config.learning_rate, eps=1e-5)
         self.reward_scaler = (RewardScaler(config.gamma, config.reward_clip).to(self.device)
                               if config.normalize_reward else None)
         self._action_start = int(action_space.start) if isinstance(action_space, gym.spaces.Discrete) else 0
@@ -367,9 +369,24 @@ class PPOAlgorithm(Algorithm):
         return loss, info
 
     # ------------------------------------------------------------------ update
-    def update(self, chunks: list[Chunk]) -> dict[str, float]:
+    def min_epochs(self) -> int:
+        """Epochs every update runs before :meth:`update`'s ``more_epochs`` is asked whether to go
+        on; PPO: all of ``update_epochs`` (a fixed number per update)."""
+        return self.config.update_epochs
+
+    @property
+    def adaptive_epochs(self) -> bool:
+        """Whether an update's epochs depend on ``more_epochs`` (the on-policy feed passes it then)."""
+        return self.min_epochs() < self.config.update_epochs
+
+    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
         """One PPO iteration on ``chunks``: the reward scaler takes their rewards in and scales
         them, the gradient steps run, then the z-filter takes their observations in.
+
+        The epochs: ``update_epochs`` at most (fewer after a ``target_kl`` early stop); past
+        :meth:`min_epochs`, another only while ``more_epochs()`` is true (None: always), asked
+        between epochs (APPO: while the next batch has not arrived, so the learner fills the
+        wait with gradient steps on this one instead of idling).
 
         Returns the means over the last epoch's minibatches of ``policy_loss``, ``value_loss``,
         ``entropy``, ``approx_kl``, ``clip_fraction`` (and ``kl``, ``kl_coef`` in adapt mode, the
@@ -416,6 +433,8 @@ class PPOAlgorithm(Algorithm):
                 for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
                     epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, clip_coef))
             epochs += 1
+            if epochs >= self.min_epochs() and more_epochs is not None and not more_epochs():
+                break
             if cfg.target_kl is not None and epoch_info[-1]["approx_kl"] > cfg.target_kl:
                 log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",
                           self.iteration, epochs, epoch_info[-1]["approx_kl"], cfg.target_kl)

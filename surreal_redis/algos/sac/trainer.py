@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from surreal_redis.algos.base import Algorithm, ParamDict
-from surreal_redis.algos.networks import module_params, obs_to_tensor, resolve_device, soft_update
+from surreal_redis.algos.networks import adam, module_params, obs_to_tensor, resolve_device, soft_update
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.sac.config import SACConfig, sac_action_space
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
@@ -63,13 +63,13 @@ class SACAlgorithm(Algorithm):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
                                if config.normalize_obs else None)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
+        self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
+        self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr)
         self.target_entropy = (-float(box.shape[0]) if config.target_entropy is None
                                else float(config.target_entropy))
         initial = config.init_alpha if config.autotune else max(config.alpha, 1e-30)
         self.log_alpha = torch.full((1,), math.log(initial), device=self.device, requires_grad=config.autotune)
-        self.alpha_optimizer = (torch.optim.Adam([self.log_alpha], lr=config.alpha_lr) if config.autotune
+        self.alpha_optimizer = (adam([self.log_alpha], lr=config.alpha_lr) if config.autotune
                                 else None)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.iteration = 0
