@@ -72,8 +72,9 @@ def _number(text: str) -> float | None:
     return None if text.strip(",") == "-" else float(text.strip(","))
 
 
-def run_ours(algo: str, budget_s: float, window: int, agents: int | None, overrides: list[str], workdir: Path) -> dict:
-    args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / CONFIGS[algo]),
+def run_ours(config: str, budget_s: float, window: int, agents: int | None, overrides: list[str], workdir: Path) -> dict:
+    """One launch of ``configs/<config>`` for ``budget_s`` learner seconds; its summary's numbers."""
+    args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / config),
             "-o", f"experiment.root={workdir}", "-o", f"stop.max_seconds={budget_s}", "-o", f"stop.return_window={window}"]
     if agents is not None:
         args += ["--agents", str(agents)]
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, object] = {"algo": options.algo, "cores": os.cpu_count(), "budget_s": options.budget_s}
     curves: list[plots.RunCurves | None] = []
     with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-halfcheetah-")) as tmp:
-        result["ours"] = run_ours(options.algo, options.budget_s, options.window, options.agents, options.override, Path(tmp))
+        result["ours"] = run_ours(CONFIGS[options.algo], options.budget_s, options.window, options.agents, options.override, Path(tmp))
         if options.json:
             curves.append(our_curves(Path(tmp)))
     if not options.skip_sb3:

@@ -4,7 +4,7 @@ machine, in the same run.
 
     python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--skip-sb3] [--keep DIR] [--json PATH]
 
-- PPO CartPole-v1 (2 and 4 agents): wall seconds from ``launch`` until the learner stops because
+- PPO CartPole-v1 (2 and 4 agents) and APPO (``appo_cartpole.yaml``): wall seconds from ``launch`` until the learner stops because
   the mean of the last 100 training-episode returns reached 475; SB3 PPO: until its
   ``ep_info_buffer`` (the last 100 training episodes) has a mean >= 475.
 - DDPG Pendulum-v1: ours stops when a complete eval (20 deterministic episodes) averages >= -200;
@@ -155,7 +155,8 @@ ZOO = {
 TASKS = {"ppo": ("CartPole-v1", 475.0, 100), "ddpg": ("Pendulum-v1", -200.0, 20), "sac": ("Pendulum-v1", -200.0, 20)}
 # ours: (JSON key, config, agents) for each launch; the first one's key names the case
 LAUNCHES = {
-    "ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2), ("ppo_cartpole_4_agents", "ppo_cartpole.yaml", 4)),
+    "ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2), ("ppo_cartpole_4_agents", "ppo_cartpole.yaml", 4),
+            ("appo_cartpole", "appo_cartpole.yaml", 2)),
     "ddpg": (("ddpg_pendulum", "ddpg_pendulum.yaml", 2),),
     "sac": (("sac_pendulum", "sac_pendulum.yaml", 2),),
 }
@@ -289,13 +290,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def add_ratios(result: dict) -> None:
-    """``<case>_time_ratio_vs_sb3_<settings>``: ours / SB3's wall seconds, where both solved."""
+    """``<launch>_time_ratio_vs_sb3_<settings>``: ours / SB3's wall seconds on the task (SB3 runs
+    once per task, under its first launch's name), where both solved."""
     for launches in LAUNCHES.values():
         case = launches[0][0]
         for settings in ("zoo", "defaults"):
-            ours, theirs = result.get(f"{case}_s"), result.get(f"sb3_{settings}_{case}_s")
-            if ours and theirs:
-                result[f"{case}_time_ratio_vs_sb3_{settings}"] = ours / theirs
+            theirs = result.get(f"sb3_{settings}_{case}_s")
+            for key, _, _ in launches:
+                ours = result.get(f"{key}_s")
+                if ours and theirs:
+                    result[f"{key}_time_ratio_vs_sb3_{settings}"] = ours / theirs
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -23,7 +23,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def bench(request):
     sys.path.insert(0, str(BENCH))
     request.addfinalizer(lambda: sys.path.remove(str(BENCH)))
-    return {name: importlib.import_module(name) for name in ("memory", "throughput", "halfcheetah")}
+    return {name: importlib.import_module(name) for name in ("memory", "throughput", "halfcheetah", "appo")}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -45,6 +45,10 @@ def test_throughput_refuses_bad_arguments_by_name(bench, capsys, argv, message):
     ("halfcheetah", ["--window", "0"], "--window must be >= 1, got 0"),
     ("memory", ["--agents", "0"], "need --agents >= 1"),
     ("memory", ["--every-s", "0"], "--every-s > 0; got 4, 90.0, 0.0"),
+    ("appo", ["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    ("appo", ["--agents", "1,x"], "--agents must be comma-separated integers, got '1,x'"),
+    ("appo", ["--agents", "0,2"], "--agents needs counts >= 1, got [0, 2]"),
+    ("appo", ["--scaling-envs", "cartpole,doom"], "unknown --scaling-envs ['doom']"),
 ])
 def test_other_benches_refuse_bad_arguments_by_name(bench, capsys, module, argv, message):
     with pytest.raises(SystemExit):
@@ -90,8 +94,8 @@ def test_halfcheetah_sb3_sac_model_is_sb3s_defaults_but_learning_starts(bench):
 def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_scores(bench, monkeypatch, capsys):
     halfcheetah, calls = bench["halfcheetah"], []
 
-    def fake_ours(algo, budget_s, window, agents, overrides, workdir):
-        calls.append(("ours", algo, budget_s))
+    def fake_ours(config, budget_s, window, agents, overrides, workdir):
+        calls.append(("ours", config, budget_s))
         return {"wall_s": 610.0, "env_steps": 50_000, "updates": 45_000, "train_return": 2500.0, "eval_return": 3000.0}
 
     def fake_sb3(algo, budget_s, window, eval_episodes):
@@ -101,7 +105,7 @@ def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_score
     monkeypatch.setattr(halfcheetah, "run_ours", fake_ours)
     monkeypatch.setattr(halfcheetah, "run_sb3", fake_sb3)
     result = halfcheetah.main(["--algo", "sac", "--budget-s", "600"])
-    assert calls == [("ours", "sac", 600.0), ("sb3", "sac", 600.0)]
+    assert calls == [("ours", "sac_halfcheetah.yaml", 600.0), ("sb3", "sac", 600.0)]
     assert {key: result[key] for key in ("algo", "budget_s", "eval_ours_minus_sb3", "train_ours_minus_sb3")} == {
         "algo": "sac", "budget_s": 600.0, "eval_ours_minus_sb3": -100.0, "train_ours_minus_sb3": 500.0}
     assert set(result) == {"algo", "cores", "budget_s", "ours", "sb3_zoo", "eval_ours_minus_sb3", "train_ours_minus_sb3"}
@@ -115,7 +119,7 @@ def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(benc
 
     halfcheetah = bench["halfcheetah"]
 
-    def fake_ours(algo, budget_s, window, agents, overrides, workdir):
+    def fake_ours(config, budget_s, window, agents, overrides, workdir):
         tracker = Tracker(workdir / "sac_halfcheetah", "exp", "sac_halfcheetah")
         for update, (steps, seconds, train) in enumerate([(5000, 100.0, -300.0), (20000, 590.0, 1500.0)], 1):
             tracker.log_metrics({"charts/env_steps": steps, "system/elapsed_s": seconds,
@@ -201,3 +205,36 @@ def test_plain_loop_steps_the_configs_env_with_its_policy(bench):
     assert result["plain_sps"] > 0 and result["plain_sps_per_core"] > 0 and result["num_envs"] == 3
     with pytest.raises(RuntimeError, match="env.no_such_key"):
         bench["throughput"].plain_loop(config, 0.2, ["env.no_such_key=1"])
+
+
+def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_steps(bench, monkeypatch, tmp_path):
+    """Per seed lockstep then APPO; APPO's training return where its steps first reach lockstep's
+    final count, from its (real) MLflow store."""
+    from surreal_redis.tracking import Tracker
+
+    appo, calls = bench["appo"], []
+
+    def fake_ours(config, budget_s, window, agents, overrides, workdir):
+        calls.append((config, overrides))
+        seed = int(overrides[0].split("=")[1])
+        if config == "appo_halfcheetah.yaml":
+            tracker = Tracker(workdir / "appo_halfcheetah", "exp", "appo_halfcheetah")
+            for update, (steps, train) in enumerate([(20_000, -50.0), (50_000, 100.0 * seed), (200_000, 900.0)], 1):
+                tracker.log_metrics({"charts/env_steps": steps, "system/elapsed_s": update * 10.0,
+                                     "charts/episode_return_mean": train}, update)
+            tracker.finish()
+            return {"wall_s": 260.0, "env_steps": 200_000, "updates": 400, "train_return": 900.0, "eval_return": 1000.0 + seed}
+        return {"wall_s": 250.0, "env_steps": 40_000, "updates": 80, "train_return": 500.0, "eval_return": 600.0}
+
+    monkeypatch.setattr(appo.halfcheetah, "run_ours", fake_ours)
+    result = appo.main(["--skip-scaling", "--seeds", "2", "--race-s", "240", "--json", str(tmp_path / "out.json")])
+    assert calls == [("ppo_halfcheetah.yaml", ["experiment.seed=1"]), ("appo_halfcheetah.yaml", ["experiment.seed=1"]),
+                     ("ppo_halfcheetah.yaml", ["experiment.seed=2"]), ("appo_halfcheetah.yaml", ["experiment.seed=2"])]
+    race = result["race"]
+    assert race["appo_eval_return"] == {"mean": 1001.5, "min": 1001.0, "max": 1002.0}
+    assert race["appo_minus_lockstep_eval"] == {"mean": 401.5, "min": 401.0, "max": 402.0}
+    assert race["appo_train_at_lockstep_steps"] == {"mean": 150.0, "min": 100.0, "max": 200.0}  # at 50k >= 40k
+    assert race["lockstep_train_final"]["mean"] == 500.0
+    assert json.loads((tmp_path / "out.json").read_text()) == result
+    assert appo.spread([None]) == {"mean": None, "min": None, "max": None}
+    assert appo.train_return_at(None, 10) is None

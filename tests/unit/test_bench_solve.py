@@ -108,7 +108,11 @@ def test_the_sac_case_writes_its_times_and_the_ratio_to_sb3(solve, monkeypatch, 
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     launched.clear()
     assert "sac_pendulum_s" in solve.main(["--skip-sb3"]) and [c for c, _, _ in launched] == [
-        "ppo_cartpole.yaml", "ppo_cartpole.yaml", "ddpg_pendulum.yaml", "sac_pendulum.yaml"]
+        "ppo_cartpole.yaml", "ppo_cartpole.yaml", "appo_cartpole.yaml", "ddpg_pendulum.yaml", "sac_pendulum.yaml"]
+    result = solve.main(["--only", "ppo"])  # every launch of a task against that task's SB3 runs
+    assert sb3[-2:] == [("ppo", "zoo"), ("ppo", "defaults")]
+    for key in ("ppo_cartpole", "ppo_cartpole_4_agents", "appo_cartpole"):
+        assert result[f"{key}_time_ratio_vs_sb3_zoo"] == 0.5 and result[f"{key}_time_ratio_vs_sb3_defaults"] == 0.75
 
 
 def test_json_writes_the_result_and_the_learning_curves_beside_it(solve, monkeypatch, tmp_path):

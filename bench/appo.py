@@ -1,0 +1,154 @@
+"""APPO against lockstep PPO, whole launches side by side in one run:
+``python bench/appo.py [--seeds 3] [--race-s 300] [--agents 1,2,4,8] [--scaling-s 45]
+[--scaling-envs cartpole,halfcheetah] [--skip-race] [--skip-scaling] [--json PATH]``.
+
+- **Race** (HalfCheetah-v5): per seed (``experiment.seed`` 1..``--seeds``), ``configs/ppo_halfcheetah.yaml``
+  (lockstep, its default) and ``configs/appo_halfcheetah.yaml`` for ``--race-s`` learner seconds
+  each, one after the other (:func:`halfcheetah.run_ours`: training window of 10 episodes, the
+  eval of the final checkpoint). Per mode: the eval and training returns (mean, min, max over
+  seeds), env steps and updates; ``appo_minus_lockstep_eval`` (equal wall-clock) and, at equal env
+  steps, APPO's training return when its env steps first reached lockstep's final count
+  (``appo_train_at_lockstep_steps``) against lockstep's final training return.
+- **Scaling**: per env and agent count, one :func:`utilization.run_case` launch of the APPO
+  config (``agent.num_agents`` set) for ``--scaling-s``: env steps/s and updates/s of the
+  learner's clock, machine used, the CPU by role, experience used, agents idle; and per agent
+  count the agents' env steps per agent core-second, the input of the many-core model in
+  ``docs/benchmarks.md``.
+
+Progress goes to stderr; the last line of stdout is one JSON object; ``--json PATH`` also writes
+it there (no figure: bench/utilization.py draws the modes' bars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import halfcheetah  # noqa: E402  (bench/ is not a package)
+import utilization  # noqa: E402
+
+from surreal_redis import plots  # noqa: E402
+
+log = logging.getLogger("bench.appo")
+RACE = {"lockstep": "ppo_halfcheetah.yaml", "appo": "appo_halfcheetah.yaml"}
+WINDOW = 10
+
+
+def spread(values: list[float | None]) -> dict[str, float | None]:
+    """Mean, min and max of the values that were measured (None where none was)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": round(statistics.fmean(known), 1), "min": round(min(known), 1), "max": round(max(known), 1)}
+
+
+def train_return_at(curves: plots.RunCurves | None, env_steps: float) -> float | None:
+    """The training return of the first point at or past ``env_steps`` (None: never reached)."""
+    if curves is None:
+        return None
+    for series in curves.series:
+        if series.kind == "train":
+            for steps, value in zip(series.env_steps, series.returns):
+                if steps >= env_steps:
+                    return value
+    return None
+
+
+def race(seeds: int, budget_s: float) -> dict:
+    """The HalfCheetah race, lockstep then APPO per seed."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in RACE}
+    at_equal_steps: list[dict] = []
+    for seed in range(1, seeds + 1):
+        finals = {}
+        for mode, config in RACE.items():
+            with tempfile.TemporaryDirectory(prefix=f"surreal-appo-{mode}-") as tmp:
+                result = halfcheetah.run_ours(config, budget_s, WINDOW, None, [f"experiment.seed={seed}"], Path(tmp))
+                finals[mode] = (result, halfcheetah.our_curves(Path(tmp)))
+            runs[mode].append({"seed": seed, **result})
+            log.info("race seed %d %s: %s", seed, mode, result)
+        lockstep = finals["lockstep"][0]
+        at_equal_steps.append({"seed": seed, "env_steps": lockstep["env_steps"], "lockstep_train": lockstep["train_return"],
+                               "appo_train": train_return_at(finals["appo"][1], lockstep["env_steps"])})
+    out: dict = {"budget_s": budget_s, "seeds": seeds, "runs": runs, "at_lockstep_steps": at_equal_steps}
+    for mode in RACE:
+        for key in ("eval_return", "train_return", "env_steps", "updates"):
+            out[f"{mode}_{key}"] = spread([r[key] for r in runs[mode]])
+    pairs = [(a["eval_return"], b["eval_return"]) for a, b in zip(runs["appo"], runs["lockstep"])]
+    out["appo_minus_lockstep_eval"] = spread([a - b if a is not None and b is not None else None for a, b in pairs])
+    out["appo_train_at_lockstep_steps"] = spread([row["appo_train"] for row in at_equal_steps])
+    out["lockstep_train_final"] = spread([row["lockstep_train"] for row in at_equal_steps])
+    return out
+
+
+def scaling(envs: list[str], agents: list[int], seconds: float) -> dict:
+    """APPO launches with each agent count; rates per learner second, the CPU by role."""
+    fixed = [f"stop.max_seconds={seconds}", "stop.target_return=null", "stop.max_env_steps=null"]
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="surreal-appo-scaling-") as tmp:
+        for env in envs:
+            rows = {}
+            for count in agents:
+                case = utilization.run_case(env, "appo", [*fixed, f"agent.num_agents={count}"], Path(tmp), seconds + 300)
+                agent_cores = case["cores_by_role"].get("agent", 0.0)
+                rows[str(count)] = {
+                    "env_steps_per_s": round(case["env_steps"] / seconds), "updates_per_s": round(case["updates"] / seconds, 2),
+                    "machine_used": case["machine_used"], "cores_by_role": case["cores_by_role"], "used": case["used"],
+                    "agents_idle": case["agents_idle"], "learner_busy": case["learner_busy"],
+                    "policy_lag_p90": case["policy_lag_p90"],
+                    # agent cores are averaged over the launch's whole wall time, steps over the learner's
+                    "steps_per_agent_core_s": round(case["env_steps"] / (agent_cores * case["wall_s"])) if agent_cores else None}
+            out[env] = rows
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--race-s", type=float, default=300.0, help="learner seconds per race launch")
+    parser.add_argument("--agents", default="1,2,4,8", help="agent counts of the scaling launches")
+    parser.add_argument("--scaling-s", type=float, default=45.0, help="learner seconds per scaling launch")
+    parser.add_argument("--scaling-envs", default="cartpole,halfcheetah")
+    parser.add_argument("--skip-race", action="store_true")
+    parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON object here")
+    options = parser.parse_args(argv)
+    if options.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {options.seeds}")
+    if options.race_s <= 0 or options.scaling_s <= 0:
+        parser.error(f"--race-s and --scaling-s must be > 0, got {options.race_s} and {options.scaling_s}")
+    try:
+        options.agents = [int(n) for n in options.agents.split(",")]
+    except ValueError:
+        parser.error(f"--agents must be comma-separated integers, got {options.agents!r}")
+    if min(options.agents) < 1:
+        parser.error(f"--agents needs counts >= 1, got {options.agents}")
+    unknown = sorted(set(options.scaling_envs.split(",")) - {"cartpole", "halfcheetah", "pong"})
+    if unknown:
+        parser.error(f"unknown --scaling-envs {unknown} (known: cartpole, halfcheetah, pong)")
+    return options
+
+
+def main(argv: list[str] | None = None) -> dict:
+    options = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    result: dict = {"cores": os.cpu_count(), "load_before": os.getloadavg()[0]}
+    if not options.skip_scaling:
+        result["scaling"] = scaling(options.scaling_envs.split(","), options.agents, options.scaling_s)
+    if not options.skip_race:
+        result["race"] = race(options.seeds, options.race_s)
+    result["load_after"] = os.getloadavg()[0]
+    print(json.dumps(result))
+    if options.json:
+        options.json.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
