@@ -5,9 +5,10 @@
 -- those whose obsref score is below the score of the first retained entry (all of them when the
 -- stream is empty), re-checked here so a concurrent insert that re-referenced a digest keeps it, and
 -- counted only when DEL removed a key (their obsref member goes either way). Obs keys whose digest is
--- absent from obsref are deleted too: insert.lua writes each obs key together with its pin and
--- move.lua gives it its reference, so such a key is an orphan (written around the script) that
--- nothing can reach. Skipped: keys that are not this shard's obs:<digest> with a digest of keys.py's
+-- absent from obsref are deleted too: a blob is written only while pinned (insert.lua writes an
+-- observation together with its pin; an agent pins a payload with SADD before its own SETNX of it)
+-- and move.lua scores every pin in obsref, so such a key is an orphan (written around the scripts)
+-- that nothing can reach. Skipped: keys that are not this shard's obs:<digest> with a digest of keys.py's
 -- grammar (an agent may SETNX any obs: suffix); they are left alone and counted, never a refusal of
 -- the call. Spared: candidates kept because they are pinned (a batch still in the inbox references
 -- them) or referenced by a retained entry, which the caller pages past. Frees memory only, so it

@@ -1,15 +1,19 @@
 -- KEYS[1] inbox list of the shard, KEYS[2] pinned set of the shard
--- KEYS[3..] obs:<digest> key of every observation the chunks reference (at most 256, each once); the
---   first u of them are uploaded by this call (each must be referenced by a chunk), the others must
---   exist already
+-- KEYS[3..] obs:<digest> key of every blob (observation or payload) the chunks reference (at most
+--   256, each once); the first u of them are uploaded by this call (each must be referenced by a
+--   chunk), the others must exist already
 -- ARGV[1] sender uuid (1..64 hex digits), ARGV[2] batch seq (integer > 0), ARGV[3] floor: the
 --   sender's lowest seq whose fate it does not know yet (floor <= seq < floor + 1024), ARGV[4] m =
 --   number of chunks (1..64), ARGV[5] u = number of uploaded observations, ARGV[6..5+u] their encoded
 --   bytes (KEYS order)
 -- ARGV[6+u..] m x (agent id, env index, digests csv, payload): the stream fields a, e, o, d; a
---   chunk's digests are comma-separated, each at most once (so at most 256), each one of KEYS
+--   chunk's digests are comma-separated, each at most once (so at most 256), each one of KEYS; a
+--   payload may be a digest instead (see below)
 -- returns {"OK"} (queued) | {"MISSING", digest ...}; nothing is written unless "OK" (all checks run
 -- before the first write, so an OOM refusal also writes nothing).
+-- A payload that is itself a digest (a payload proper begins with "SRC1") references the blob
+-- holding it, one of KEYS and none of the chunk's observations: the agent stores big payloads with
+-- its own SETNX, after pinning them with SADD, so their bytes never pass through Lua.
 -- Runs as the agent, whose ACL user may only append to the inbox: it queues the batch there as one
 -- item (netstrings "<len>:<bytes>" of uuid, seq, floor, m and the 4m fields) and pins every digest
 -- the chunks reference, so gc keeps those observations until the learner's move.lua has moved the
@@ -74,6 +78,16 @@ for c = 1, m do
     end
     in_chunk[digest] = true
     referenced[digest] = true
+  end
+  local payload = ARGV[base + 4 * c]
+  if string.match(payload, DIGEST) then  -- anchored: a payload proper fails at its first byte
+    if not known[payload] then
+      return redis.error_reply('insert: chunk ' .. c .. ' references payload ' .. payload .. ' missing from KEYS')
+    end
+    if in_chunk[payload] then
+      return redis.error_reply('insert: chunk ' .. c .. ' names its payload ' .. payload .. ' among its observations')
+    end
+    referenced[payload] = true
   end
 end
 local pins = {}

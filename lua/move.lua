@@ -22,9 +22,15 @@
 -- so a batch refused before a later one was queued is still stored when resent. Seqs below a new
 -- floor are forgotten: the set stays under 1024. Windows idle for ARGV[2] ms are dropped, two
 -- random fields checked per call.
--- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest; once the
--- inbox is empty no batch references a pin, so the pinned set is dropped.
-local MAX_ITEMS, MAX_CHUNKS, MAX_REFS, WINDOW, SLOTS = 256, 64, 256, 1024, 1024
+-- A chunk whose payload field is a digest (insert.lua: the payload stored as a blob by the agent)
+-- becomes an entry with field p (that digest) instead of d; its blob is scored like an observation.
+-- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest. Once the
+-- inbox is empty no batch references a pin: up to 1024 pins a call then go into obsref (ZADD NX at
+-- the current time's score, so one a retained entry references keeps its score), and gc collects
+-- the blobs that no retained entry references (an agent stopped between pinning and storing a
+-- payload and its insert, a resend the dedup window dropped, a batch set aside): no pinned blob is
+-- left behind. Pins that are no digest are dropped.
+local MAX_ITEMS, MAX_CHUNKS, MAX_REFS, WINDOW, SLOTS, PIN_PAGE = 256, 64, 256, 1024, 1024, 1024
 -- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
 local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
 local count, ttl, dead_maxlen, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -109,7 +115,12 @@ local function parse(item)
       seen_refs[digest] = true
       refs[#refs + 1] = digest
     end
-    chunks[c] = {f[4 * c + 1], f[4 * c + 2], f[4 * c + 3], f[4 * c + 4], refs}
+    local payload = f[4 * c + 4]
+    local stored = string.match(payload, DIGEST) and payload or nil  -- anchored: a payload fails at once
+    if stored and seen_refs[stored] then
+      return nil, 'chunk ' .. c .. ' names its payload ' .. stored .. ' among its observations'
+    end
+    chunks[c] = {f[4 * c + 1], f[4 * c + 2], f[4 * c + 3], payload, refs, stored}
   end
   return {uuid = uuid, seq = seq, floor = floor, chunks = chunks}
 end
@@ -149,16 +160,20 @@ local function store(batch)
   -- uuid they read would let them queue batches under it and spoil its sender's dedup window
   local origin = redis.sha1hex(batch.uuid) .. ':' .. string.format('%d', batch.seq) .. ':'
   for c, chunk in ipairs(batch.chunks) do
-    local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3], 'd', chunk[4],
-      's', origin .. c .. ':' .. #batch.chunks)
+    local id = redis.call('XADD', KEYS[2], '*', 'a', chunk[1], 'e', chunk[2], 'o', chunk[3],
+      chunk[6] and 'p' or 'd', chunk[4], 's', origin .. c .. ':' .. #batch.chunks)
     added = added + 1
-    if #chunk[5] > 0 then
+    if #chunk[5] > 0 or chunk[6] then
       local ms, sq = string.match(id, '^(%d+)-(%d+)$')
       local score = string.format('%.0f', tonumber(ms) * SLOTS + math.min(tonumber(sq), SLOTS - 1))
       local args = {}
       for _, digest in ipairs(chunk[5]) do
         args[#args + 1] = score
         args[#args + 1] = digest
+      end
+      if chunk[6] then
+        args[#args + 1] = score
+        args[#args + 1] = chunk[6]
       end
       redis.call('ZADD', KEYS[3], 'GT', unpack(args))
     end
@@ -204,7 +219,17 @@ for i, item in ipairs(items) do
 end
 local left = redis.call('LLEN', KEYS[1])
 if left == 0 then
-  redis.call('DEL', KEYS[5])
+  local now_score = string.format('%.0f', now * SLOTS)
+  local args = {}
+  for _, digest in ipairs(redis.call('SPOP', KEYS[5], PIN_PAGE)) do
+    if string.match(digest, DIGEST) then
+      args[#args + 1] = now_score
+      args[#args + 1] = digest
+    end
+  end
+  if #args > 0 then
+    redis.call('ZADD', KEYS[3], 'NX', unpack(args))
+  end
 end
 local sample = redis.call('HRANDFIELD', KEYS[4], 2)
 for _, sender in ipairs(type(sample) == 'table' and sample or {}) do

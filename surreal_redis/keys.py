@@ -129,7 +129,8 @@ class ShardKeys:
         return f"{self.tag}:obs:"
 
     def obs(self, digest: str) -> str:
-        """String key holding one encoded observation leaf or frame."""
+        """String key holding one blob: an encoded observation leaf or frame, or a chunk payload
+        stored apart (entry field ``p``)."""
         if not _DIGEST.fullmatch(digest):
             raise ValueError(f"invalid observation digest {digest!r}")
         return f"{self.tag}:obs:{digest}"

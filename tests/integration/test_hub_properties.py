@@ -1,6 +1,6 @@
 """Property test on a real redis-server: random inserts, reads (which move the queued batches),
-trims and gc passes keep every retained or queued entry resolvable, and leave no observation
-behind its last reference after a gc pass."""
+trims and gc passes keep every retained or queued entry resolvable, and leave no observation (nor
+payload stored apart) behind its last reference after a gc pass."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
-from surreal_redis.keys import RunKeys
+from surreal_redis.keys import RunKeys, is_digest
 from surreal_redis.scripts import Scripts
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,13 @@ ops = st.lists(st.one_of(
 
 
 def referenced(client) -> set[str]:
-    return {d for _, fields in client.xrange(KEYS.exp) for d in fields[b"o"].decode().split(",") if d}
+    """Digests the retained entries reference: observations, and payloads stored apart (field p)."""
+    digests = set()
+    for _, fields in client.xrange(KEYS.exp):
+        digests |= {d for d in fields[b"o"].decode().split(",") if d}
+        if b"p" in fields:
+            digests.add(fields[b"p"].decode())
+    return digests
 
 
 def netstrings(item: bytes) -> list[bytes]:
@@ -44,12 +50,14 @@ def netstrings(item: bytes) -> list[bytes]:
 
 
 def queued(client) -> set[str]:
-    """Digests the batches still in the inbox reference (uuid, seq, floor, m, then a, e, o, d per chunk)."""
+    """Digests the batches still in the inbox reference (uuid, seq, floor, m, then a, e, o, d per chunk;
+    a d that is a digest names a payload stored apart)."""
     digests = set()
     for item in client.lrange(KEYS.inbox, 0, -1):
         fields = netstrings(item)
         for o in fields[6::4]:
             digests |= {d for d in o.decode().split(",") if d}
+        digests |= {d.decode() for d in fields[7::4] if is_digest(d.decode("latin-1"))}
     return digests
 
 
@@ -57,12 +65,14 @@ def stored(client) -> set[str]:
     return {KEYS.digest_of(k.decode()) for k in client.keys(KEYS.obs_prefix + "*")}
 
 
+@pytest.mark.parametrize("apart", [None, 1], ids=["payloads-inline", "payloads-apart"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops)
-def test_no_dangling_reference_and_no_leftover_after_gc(real_redis, program):
+@given(program=ops)
+def test_no_dangling_reference_and_no_leftover_after_gc(real_redis, apart, program):
     real_redis.flushall()
     real_redis.config_set("stream-node-max-entries", 2)  # so approximate trims remove something
-    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=2, dedup_min_bytes=512), RUN, 0, 1)
+    config = SenderConfig(flush_steps=2, dedup_min_bytes=512, payload_ref_min_bytes=apart)
+    sender = ExperienceSender(real_redis, config, RUN, 0, 1)
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
     zeros = np.zeros(N, bool)
     for op, arg in program:

@@ -93,14 +93,18 @@ def chunk_payload(terminated: list[bool], ref: bool = False) -> bytes:
     return pl.encode(layout, steps, 0, lambda slot: arrays[slot.group], True, None)
 
 
-def test_round_trip_vectorized_with_episode_ends_and_extras(fake_redis):
-    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 4, 1)
+@pytest.mark.parametrize("apart", [None, 1], ids=["payloads-inline", "payloads-apart"])
+def test_round_trip_vectorized_with_episode_ends_and_extras(fake_redis, apart):
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T, payload_ref_min_bytes=apart), RUN, 4, 1)
     record: list = []
     next_obs = run_episode_steps(sender, 10, record)
     assert sender.flush(next_obs) == N
     receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
     received = receiver.receive(100, block_ms=0)
     assert len(received) == 3 * N  # chunks of 4, 4 and 2 steps per env
+    fields = [set(f) for _, f in fake_redis.xrange(RunKeys(RUN).shard(0).exp)]
+    assert fields == [{b"a", b"e", b"o", b"p" if apart else b"d", b"s"}] * 3 * N
+    assert sender.stats().payloads_stored == (3 * N if apart else 0)
     by_env: dict[int, list] = {}
     for item in received:
         assert item.chunk.agent_id == 4
@@ -533,6 +537,13 @@ def test_entry_ids_must_be_plain_non_negative_integers(value):
             parse_entry(fields)
     entry = parse_entry({b"a": b"2147483647", b"e": b"0", b"o": b"", b"d": payload})
     assert (entry.agent_id, entry.env_index) == (2**31 - 1, 0)
+
+
+@pytest.mark.parametrize("field, value", [("payload_ref_min_bytes", 0), ("payload_ref_min_bytes", -5),
+                                          ("max_obs_per_insert", 257)])
+def test_sender_config_names_the_bad_value(field, value):
+    with pytest.raises(ValueError, match=field):
+        SenderConfig(**{field: value})
 
 
 @pytest.mark.parametrize("field, value", [("cache_bytes", -1), ("max_obs_bytes", 0), ("claim_every_s", -1.0),

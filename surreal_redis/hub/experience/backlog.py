@@ -10,10 +10,17 @@ import redis
 
 from surreal_redis.codec import CodecError
 from surreal_redis.connection import RedisClient, stream_entries
-from surreal_redis.hub.experience.wire import WireError, parse_entry, parse_id, referenced_slots
+from surreal_redis.hub.experience.wire import (
+    WireError,
+    parse_entry,
+    parse_id,
+    payload_digest,
+    referenced_slots,
+)
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
 
 DEDUP_SAMPLE = 50  # recent entries sampled to estimate the observation slots per entry
+DEDUP_PAYLOADS = 8  # payload blobs of those read, at most (the others' slots are not counted)
 
 
 class Backlog(NamedTuple):
@@ -68,26 +75,38 @@ def read_backlog(client: RedisClient, keys: ShardKeys, max_count: int = 10_000) 
     return Backlog(length, unread + queued, first_id, last, queued)
 
 
-def _obs_slots(fields: dict) -> int:
-    """Observation slots an entry references through digests (T+1 per referenced leaf)."""
-    return referenced_slots(parse_entry(fields))
-
-
 def dedup_ratio(client: RedisClient, keys: ShardKeys, length: int) -> tuple[float | None, int]:
     """(observation slots referenced by the retained entries / observation blobs stored, blobs).
 
-    The slots per entry are estimated from the newest ``DEDUP_SAMPLE`` entries; None when the
-    shard stores no blobs (every observation travels inline)."""
+    The slots per entry, and the share of entries whose payload is a blob of its own (field
+    ``p``, not an observation: left out of the blobs), are estimated from the newest
+    ``DEDUP_SAMPLE`` entries (of whose payload blobs ``DEDUP_PAYLOADS`` are read: a second round
+    trip when there are any); None when the shard stores no observation blobs (every observation travels inline)."""
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keys.obsref)
     pipe.xrevrange(keys.exp, count=DEDUP_SAMPLE)
     blobs, recent = pipe.execute()
-    slots = []
-    for _, fields in recent:
+    stored: dict[int, str] = {}
+    for position, (_, fields) in enumerate(recent):
         try:
-            slots.append(_obs_slots(fields))
+            d = payload_digest(fields)
+        except WireError:
+            continue
+        if d is not None:
+            stored[position] = d
+    read = list(stored)[:DEDUP_PAYLOADS]
+    payloads = dict(zip(read, client.execute_command("MGET", *keys.obs_keys([stored[i] for i in read])))) \
+        if read else {}
+    slots = []
+    for position, (_, fields) in enumerate(recent):
+        if position in stored and position not in read:
+            continue
+        try:
+            slots.append(referenced_slots(parse_entry(fields, payload=payloads.get(position))))
         except (WireError, CodecError):
             continue
+    if recent:
+        blobs = max(0, blobs - round(len(set(stored.values())) / len(recent) * length))  # payloads may repeat
     if not blobs or not slots:
         return None, blobs
     return float(np.mean(slots)) * length / blobs, blobs

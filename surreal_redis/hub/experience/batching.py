@@ -21,13 +21,17 @@ SEQ_WINDOW = 1024  # insert.lua takes seqs below floor + SEQ_WINDOW only (it rem
 class Batch:
     """One insert.lua call: chunks (stream fields a, e, o, d), the digests they reference (each
     once), those whose blobs this call uploads, and its size in bytes (fields and blobs). ``seq``
-    is fixed for the batch's life: resends reuse it, so insert.lua stores the batch at most once."""
+    is fixed for the batch's life: resends reuse it, so insert.lua stores the batch at most once.
+    ``direct``: digests of the payload blobs the sender still has to store itself (SADD to the
+    pins, then SETNX) before the call; they travel beside the call, never through it, and are not
+    counted in ``nbytes``."""
 
     seq: int
     chunks: list[tuple[bytes, ...]] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     upload: list[str] = field(default_factory=list)
     nbytes: int = 0
+    direct: list[str] = field(default_factory=list)
 
     def keys_order(self) -> list[str]:
         """The digests in insert.lua's KEYS order: uploads first, then the referenced others."""

@@ -1,4 +1,5 @@
-"""Raw stream entries -> :class:`Chunk` objects, for the receiver: parse each entry, fetch the
+"""Raw stream entries -> :class:`Chunk` objects, for the receiver: fetch the payload blobs of entries
+that store their payload apart (field ``p``: one MGET per shard), parse each entry, fetch the
 observation blobs it references (a bounded cache of decoded arrays, then one MGET per shard),
 check every blob before it is decompressed, build the chunk.
 
@@ -6,7 +7,8 @@ No entry's data can stop this: any exception it provokes (RecursionError, Memory
 ...) makes that entry a failure with a reason, and the others go on. A blob must hash to its digest
 (``verify_digests``), declare the dtype and shape the entry's template gives it, stay under
 ``max_obs_bytes`` and under the compression ratio lz4 can reach; only then is it decompressed, and
-only once it decoded is it cached.
+only once it decoded is it cached. A payload blob must hash to its digest too (``verify_digests``);
+payloads are never cached (each belongs to one entry).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from surreal_redis.hub.experience.wire import (
     build_chunk,
     expected_frames,
     parse_entry,
+    payload_digest,
 )
 from surreal_redis.keys import ShardKeys
 
@@ -83,12 +86,17 @@ class EntryDecoder:
 
     def decode(self, entries: list[Entry]) -> tuple[list[Decoded], list[Failure]]:
         """Parse, resolve and build: (decoded good entries, failures). One round trip (MGET per
-        shard) when blobs are missing from the cache; connection errors propagate."""
+        shard) when entries store their payload apart, and one when observation blobs are missing
+        from the cache; connection errors propagate."""
         parsed: list[tuple[int, bytes, dict, ParsedEntry]] = []
         failures: list[Failure] = []
-        for shard, entry_id, fields in entries:
+        payloads, unusable = self._fetch_payloads(entries)
+        for position, (shard, entry_id, fields) in enumerate(entries):
+            if position in unusable:
+                failures.append((*unusable[position], shard, entry_id, fields))
+                continue
             try:
-                parsed.append((shard, entry_id, fields, parse_entry(fields, self._layouts)))
+                parsed.append((shard, entry_id, fields, parse_entry(fields, self._layouts, payloads.get(position))))
             except Exception as exc:  # one entry's data, whatever it provokes: see the module docstring
                 failures.append((failure_reason(exc), _detail(exc), shard, entry_id, fields))
         arrays, bad = self._fetch(parsed)
@@ -105,6 +113,41 @@ class EntryDecoder:
                 continue
             good.append(((shard, entry_id, fields), chunk, entry.nbytes))
         return good, failures
+
+    def _fetch_payloads(self, entries: list[Entry]) -> tuple[dict[int, bytes], dict[int, tuple[str, str]]]:
+        """The payload blobs of the entries with field ``p`` (one MGET per shard, each digest once),
+        by position in ``entries``, and (reason, detail) for the positions whose payload is unusable:
+        ``p`` not a digest (format), the blob gone (missing_payload), or not hashing to its digest
+        (digest_mismatch)."""
+        wanted: dict[int, dict[str, list[int]]] = {}  # shard -> digest -> positions
+        unusable: dict[int, tuple[str, str]] = {}
+        for position, (shard, _, fields) in enumerate(entries):
+            try:
+                d = payload_digest(fields)
+            except Exception as exc:  # one entry's data: see the module docstring
+                unusable[position] = (failure_reason(exc), _detail(exc))
+                continue
+            if d is not None:
+                wanted.setdefault(shard, {}).setdefault(d, []).append(position)
+        payloads: dict[int, bytes] = {}
+        if not wanted:
+            return payloads, unusable
+        pipe = self.client.pipeline(transaction=False)
+        for shard, digests in wanted.items():
+            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
+        for digests, blobs in zip(wanted.values(), pipe.execute()):
+            for (d, positions), blob in zip(digests.items(), blobs):
+                problem = None
+                if blob is None:
+                    problem = ("missing_payload", f"payload blob {d} is gone (collected)")
+                elif self.limits.verify_digests and digest(blob) != d:  # its bytes count in its entry's nbytes
+                    problem = ("digest_mismatch", f"payload blob {d} holds data of digest {digest(blob)}")
+                for position in positions:
+                    if problem is None:
+                        payloads[position] = blob
+                    else:
+                        unusable[position] = problem
+        return payloads, unusable
 
     def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:
         """Why a fetched blob cannot be used for ``spec`` (reason, detail), checked before it is

@@ -1,6 +1,8 @@
 """The shard inboxes: agents append insert batches (``lua/insert.lua``, as their ACL user, which
 may only append); the learner moves them into the shard stream (``lua/move.lua``), storing each
-(sender uuid, seq) once, in queue order, and setting aside items that are not batches."""
+(sender uuid, seq) once, in queue order, and setting aside items that are not batches. A batch
+carries a big chunk payload by its digest only (the agent stored the blob itself), so no move
+copies payload bytes; once the inbox is empty, move.lua scores the pins in obsref for gc."""
 
 from __future__ import annotations
 

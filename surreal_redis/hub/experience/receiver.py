@@ -3,9 +3,10 @@ objects.
 
 Agents queue batches in their shard's inbox (a list their ACL user may only append to); before
 reading new entries the receiver moves them into the stream with ``lua/move.lua``, which stores
-each (sender uuid, seq) once, in queue order, and sets malformed items aside. Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), resolves observation
-digests with one MGET per shard and batch plus a bounded cache of decoded arrays, optionally
-verifies every blob's digest, and hands out chunks to be acked once they are in replay.
+each (sender uuid, seq) once, in queue order, and sets malformed items aside. Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), fetches the payloads stored
+apart (entries with field ``p``: one MGET per shard and batch), resolves observation digests with
+one MGET per shard and batch plus a bounded cache of decoded arrays, optionally verifies every
+blob's digest, and hands out chunks to be acked once they are in replay.
 
 Exactly once: every entry the group hands this consumer stays in its pending list until
 :meth:`~ExperienceReceiver.ack` (or until it is set aside). The receiver remembers what it holds

@@ -6,7 +6,9 @@ out in one pipeline of ``insert.lua`` calls (at most 64 chunks, 256 obs keys and
 writes them together with the batch, all-or-nothing, into the shard's inbox; the learner moves
 the batch into the stream once per (sender uuid, seq) (``move.lua``). Blobs
 that the sender remembers as stored travel again only when the script answers MISSING (gc
-collected them meanwhile). Commands are packed and sent without redis-py's pipeline (see
+collected them meanwhile). A chunk payload of at least ``payload_ref_min_bytes`` never passes
+through Lua: in the same pipeline, before the call, the sender pins its digest (SADD) and stores
+it as a blob itself (SETNX ``obs:<digest>``), and the batch carries only the digest. Commands are packed and sent without redis-py's pipeline (see
 :func:`surreal_redis.hub.experience.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.experience.wire`.
 """
 
@@ -20,7 +22,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from surreal_redis.codec import Tree
+from surreal_redis.codec import Tree, digest
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter
 from surreal_redis.hub.experience.backlog import read_backlog
 from surreal_redis.hub.experience.batching import (
@@ -63,7 +65,12 @@ class SenderConfig:
     unread entries than this on our shard (None or 0: never wait). ``max_wait_s``: give up
     (HubUnavailableError) after retrying an insert refused for OOM or connection errors this
     long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long as
-    it takes).
+    it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its referenced
+    observations) of at least this many bytes is stored once as a blob by the sender's own SETNX,
+    beside the insert call, and only its digest passes through the scripts (Lua copies each byte it
+    handles several times; a blob key costs ~250 B of Redis memory and the learner one more round
+    trip). The default (16 KiB) stores MuJoCo Humanoid's 96 KB chunks apart and keeps CartPole's,
+    HalfCheetah's and Atari's few-KB payloads inline; None: always inline.
     """
 
     flush_steps: int = 64
@@ -78,6 +85,7 @@ class SenderConfig:
     retry_cap_s: float = 2.0
     max_wait_s: float = 120.0
     backpressure_timeout_s: float | None = None
+    payload_ref_min_bytes: int | None = 16 << 10
 
     def __post_init__(self) -> None:
         positive = ("flush_steps", "dedup_min_bytes", "compress_min_bytes", "lru_size",
@@ -95,10 +103,13 @@ class SenderConfig:
             raise ValueError(f"need 0 < sender.retry_base_s <= retry_cap_s, got {self.retry_base_s}, {self.retry_cap_s}")
         if self.backpressure_timeout_s is not None and self.backpressure_timeout_s <= 0:
             raise ValueError(f"sender.backpressure_timeout_s must be > 0 or None, got {self.backpressure_timeout_s}")
+        if self.payload_ref_min_bytes is not None and self.payload_ref_min_bytes <= 0:
+            raise ValueError(f"sender.payload_ref_min_bytes must be > 0 or None, got {self.payload_ref_min_bytes}")
 
 
 class SenderStats(NamedTuple):
-    """Cumulative sender counters (for metrics)."""
+    """Cumulative sender counters (for metrics). ``payloads_stored``: chunk payloads stored apart
+    (new blobs the sender's SETNX wrote; their bytes count in ``bytes_sent``)."""
 
     steps: int
     chunks: int
@@ -112,6 +123,7 @@ class SenderStats(NamedTuple):
     backpressure_wait_s: float
     steps_dropped: int
     chunks_dropped: int
+    payloads_stored: int = 0
 
 
 class HubUnavailableError(RuntimeError):
@@ -151,6 +163,7 @@ class ExperienceSender:
         self._counts = dict.fromkeys((f for f in SenderStats._fields if f != "backpressure_wait_s"), 0)
         self._backpressure_wait_s = 0.0
         self._unsent: dict[int, EncodedChunk] = {}  # id(fields) -> chunk, while a flush is being sent
+        self._payloads: dict[str, bytes] = {}  # digest -> payload stored apart, while a flush is being sent
 
     # ------------------------------------------------------------ public API
 
@@ -218,6 +231,7 @@ class ExperienceSender:
     def _emit(self, chunks: list[EncodedChunk]) -> None:
         """Send; the chunks not stored when that fails (HubUnavailableError, a script error) are
         counted as dropped (``chunks_dropped``, ``steps_dropped``)."""
+        chunks = [self._store_apart(chunk) for chunk in chunks]
         self._unsent = {id(chunk.fields): chunk for chunk in chunks}
         try:
             self._send(chunks)
@@ -226,8 +240,19 @@ class ExperienceSender:
             self._counts["steps_dropped"] += sum(chunk.steps for chunk in self._unsent.values())
             raise
         finally:
-            self._unsent = {}
+            self._unsent, self._payloads = {}, {}
             self._buffer.release()
+
+    def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
+        """The chunk with its payload replaced by the payload's digest when it is at least
+        ``payload_ref_min_bytes`` (the blob waits in ``_payloads``); else the chunk itself."""
+        limit = self.config.payload_ref_min_bytes
+        agent, env, refs, payload = chunk.fields
+        if limit is None or len(payload) < limit:
+            return chunk
+        d = digest(payload)
+        self._payloads[d] = payload
+        return EncodedChunk((agent, env, refs, d.encode()), [*chunk.digests, d], chunk.steps)
 
     def _send(self, chunks: list[EncodedChunk]) -> None:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.
@@ -239,9 +264,11 @@ class ExperienceSender:
         """
         cfg = self.config
         self._wait_for_learner()
-        stored, blob = self._is_stored, self._buffer.blob
+        stored, blob, payloads = self._is_stored, self._buffer.blob, self._payloads
 
         def upload_size(d: str) -> int | None:
+            if d in payloads:
+                return None  # stored beside the call (Batch.direct)
             if stored(d):
                 self._counts["obs_lru_hits"] += 1
                 return None
@@ -249,6 +276,8 @@ class ExperienceSender:
 
         pending = split_batches([(c.fields, c.digests) for c in chunks], cfg.max_chunks_per_insert,
                                 cfg.max_obs_per_insert, cfg.max_insert_bytes, upload_size, self._next_seq)
+        for batch in pending:
+            batch.direct = [d for d in batch.digests if d in payloads]
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
         deadline = None
         attempts = 0
@@ -281,12 +310,18 @@ class ExperienceSender:
                     self.stop.wait(backoff.next_delay())  # a stop ends the wait: retried, then capped
 
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
-        """One pipeline of inserts. Returns the batches to retry and why."""
-        keys, blob = self.keys, self._buffer.blob
+        """One pipeline of inserts, each preceded by the pins and SETNX of the payloads it
+        stores apart (``Batch.direct``). Returns the batches to retry and why."""
+        keys, blob, payloads = self.keys, self._buffer.blob, self._payloads
         sha = self._scripts.get("insert").sha
         head = (keys.inbox, keys.pinned)
         commands = []
         for batch in batches:
+            if batch.direct:
+                # Pinned first: gc spares a pinned blob, and move.lua scores every pin, so a blob
+                # whose insert never comes (the agent died) is still collected.
+                commands.append(pack_command("SADD", keys.pinned, *batch.direct))
+                commands += [pack_command("SETNX", keys.obs(d), payloads[d]) for d in batch.direct]
             obs_keys = keys.obs_keys(batch.keys_order())
             args: list[bytes | str | int] = [self.uuid, batch.seq, floor, len(batch.chunks),
                                              len(batch.upload)]
@@ -304,7 +339,21 @@ class ExperienceSender:
         self._counts["bytes_sent"] += sum(batch.nbytes for batch in batches)
         retry: list[tuple[Batch, Outcome]] = []
         error = None
-        for batch, reply in zip(batches, replies):
+        position = 0
+        for batch in batches:
+            if batch.direct:
+                position += 1  # the SADD: an error there (OOM) refuses the SETNX and the call as well
+                stored = []
+                for d in batch.direct:
+                    reply = replies[position]
+                    position += 1
+                    if isinstance(reply, int):  # 1: stored now, 0: it was there (a resend)
+                        stored.append(d)
+                        self._counts["payloads_stored"] += reply
+                        self._counts["bytes_sent"] += len(payloads[d])
+                batch.direct = [d for d in batch.direct if d not in stored]
+            reply = replies[position]
+            position += 1
             kind, detail = classify_reply(reply)
             if kind is Outcome.DONE:
                 self._counts["inserts"] += 1
@@ -312,7 +361,7 @@ class ExperienceSender:
                 if self._ledger is not None:
                     self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks))
                 self._counts["obs_uploaded"] += len(batch.upload)
-                self._remember(batch.digests)
+                self._remember([d for d in batch.digests if d not in payloads])
                 for fields in batch.chunks:
                     self._unsent.pop(id(fields), None)
                 continue
@@ -329,7 +378,9 @@ class ExperienceSender:
                 # gc collected them since the LRU recorded them stored: this time they travel along
                 for d in detail:
                     self._forget(d)
-                missing = [d for d in detail if d not in batch.upload]
+                # a payload goes beside the call again (an OOM refused its SETNX, or gc took it)
+                batch.direct += [d for d in detail if d in payloads and d not in batch.direct]
+                missing = [d for d in detail if d not in batch.upload and d not in payloads]
                 batch.upload += missing
                 batch.nbytes += sum(len(blob(d)) for d in missing)
                 self._counts["missing_retries"] += 1

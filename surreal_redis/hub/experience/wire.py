@@ -1,7 +1,7 @@
 """The experience stream-entry format shared by the sender and the receiver.
 
-One stream entry holds one chunk (see :class:`surreal_redis.experience.Chunk`). The insert script
-writes the fields in this fixed order (so Redis stores field names once per stream node):
+One stream entry holds one chunk (see :class:`surreal_redis.experience.Chunk`). ``move.lua`` writes
+the fields in this fixed order (so Redis stores field names once per stream node):
 
 - ``a``: agent id, ``e``: env index inside the agent's vectorized env (each a non-negative
   decimal integer below 2**31, without sign, spaces or leading zeros);
@@ -10,6 +10,10 @@ writes the fields in this fixed order (so Redis stores field names once per stre
   template's referenced leaves use every one of them (an entry naming a digest its template never
   uses, which would keep that blob alive for nothing, is refused);
 - ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays);
+  or, instead of ``d``, ``p``: the digest of the blob ``obs:<p>`` holding the payload (a payload of
+  at least ``sender.payload_ref_min_bytes``, which the agent stores itself with SETNX, so its bytes
+  never pass through the Lua scripts; the blob is collected like an observation once its entry is
+  trimmed);
 - ``s`` (written by ``move.lua``; optional, an entry without it has no origin): the chunk's origin,
   ``<sender tag>:<batch seq>:<index>:<count>`` (:class:`Origin`; the tag is :func:`sender_tag`, the
   SHA1 of the sender's uuid, which stays secret from the agents that read the stream), so the
@@ -17,7 +21,7 @@ writes the fields in this fixed order (so Redis stores field names once per stre
   ack) from a new one.
 
 The obsref sorted set scores a digest with :func:`id_score` of the newest entry referencing it, so
-gc can compare with the first retained entry (insert.lua and gc.lua compute the same score).
+gc can compare with the first retained entry (move.lua and gc.lua compute the same score).
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from surreal_redis.hub.experience import payload as pl
 from surreal_redis.keys import is_digest
 
 FIELDS = (b"a", b"e", b"o", b"d")
+PAYLOAD_FIELD = b"p"  # instead of d: the digest of the blob holding the payload
+STORED_FIELDS = (b"a", b"e", b"o", PAYLOAD_FIELD)
 ORIGIN_FIELD = b"s"
 _FIELDS_WITH_ORIGIN = (*FIELDS, ORIGIN_FIELD)
+_LAYOUTS = (FIELDS, _FIELDS_WITH_ORIGIN, STORED_FIELDS, (*STORED_FIELDS, ORIGIN_FIELD))
 INITIAL_STATE = "initial_state"
 # Entry ids are <ms>-<seq>; the score keeps the order of ids exactly while seq < SEQ_SLOTS - 1 and
 # stays monotonic beyond (ms * 1024 < 2**53 until the year 2248, so doubles hold it exactly).
@@ -103,7 +110,8 @@ def entry_origin(fields: Mapping[bytes, bytes]) -> Origin | None:
 # ---------------------------------------------------------------- decoding (receiver side)
 
 class ParsedEntry(NamedTuple):
-    """A stream entry with its fields checked and its payload decoded, obs not yet resolved."""
+    """A stream entry with its fields checked and its payload decoded, obs not yet resolved.
+    ``nbytes``: its fields and, for a stored payload, the payload blob."""
 
     agent_id: int
     env_index: int
@@ -113,14 +121,35 @@ class ParsedEntry(NamedTuple):
     origin: Origin | None = None
 
 
-def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] | None = None) -> ParsedEntry:
-    """Check the fields of one entry and decode its payload; ``layouts`` caches parsed templates.
+def payload_digest(fields: Mapping[bytes, bytes]) -> str | None:
+    """The digest of the blob holding an entry's payload (field ``p``), or None when the payload
+    is inline (field ``d``, or no such field: :func:`parse_entry` refuses that). WireError when
+    ``p`` is not a digest."""
+    value = fields.get(PAYLOAD_FIELD) if isinstance(fields, Mapping) else None
+    if value is None:
+        return None
+    if tuple(fields) not in _LAYOUTS:
+        raise WireError(f"entry fields {list(fields)!r:.200} are not {list(STORED_FIELDS)!r} (plus optionally "
+                        f"{ORIGIN_FIELD!r})")
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else ""
+    if not is_digest(text):
+        raise WireError(f"entry field p = {value!r:.80} is not a payload digest")
+    return text
 
-    Raises WireError (wrong fields, bad ids or digests) or CodecError (payload bytes).
+
+def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] | None = None,
+                payload: bytes | None = None) -> ParsedEntry:
+    """Check the fields of one entry and decode its payload; ``layouts`` caches parsed templates.
+    ``payload``: for an entry with field ``p``, the bytes of its blob (checked against the digest by
+    the caller).
+
+    Raises WireError (wrong fields, bad ids or digests, a stored payload not given) or CodecError
+    (payload bytes).
     """
-    if not isinstance(fields, Mapping) or tuple(fields) not in (FIELDS, _FIELDS_WITH_ORIGIN):
+    if not isinstance(fields, Mapping) or tuple(fields) not in _LAYOUTS:
         names = list(fields) if isinstance(fields, Mapping) else fields
-        raise WireError(f"entry fields {names!r:.200} are not {list(FIELDS)!r} (plus optionally {ORIGIN_FIELD!r})")
+        raise WireError(f"entry fields {names!r:.200} are not {list(FIELDS)!r} (or p for d; plus optionally "
+                        f"{ORIGIN_FIELD!r})")
     origin = entry_origin(fields)
     ids = []
     for name in (b"a", b"e"):
@@ -135,9 +164,15 @@ def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] |
         raise WireError(f"bad observation digest list {refs[:100]!r}")
     if len(set(digests)) != len(digests):
         raise WireError("the observation digest list names a digest twice")
-    decoded = pl.decode(fields[b"d"], {} if layouts is None else layouts)
-    _check_references(decoded, len(digests))
     nbytes = sum(len(v) for v in fields.values())
+    data = fields.get(b"d")
+    if data is None:
+        stored = payload_digest(fields)
+        if payload is None:
+            raise WireError(f"the payload blob {stored} of this entry was not fetched")
+        data, nbytes = payload, nbytes + len(payload)
+    decoded = pl.decode(data, {} if layouts is None else layouts)
+    _check_references(decoded, len(digests))
     return ParsedEntry(agent_id, env_index, digests, decoded, nbytes, origin)
 
 
