@@ -14,6 +14,8 @@ How the run uses its experience (on-policy feeds), over the whole run:
   of :data:`LAG_BUCKETS` (also in the status and the summary line).
 - ``losses/rho_clipped_fraction`` (importance-corrected updates, APPO's V-trace): the share of an
   update's samples whose importance weight was clipped at rho-bar; in the status and summary too.
+- ``losses/epochs``: epochs per update (window mean); with APPO's ``min_epochs`` they vary, and the
+  status and summary line add ``epochs/update`` (window, and the whole run's at the stop).
 - ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (flush window;
   the status also keeps the whole-run figure).
 - ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env
@@ -147,6 +149,7 @@ class LearnerMetrics:
         self.unusable_steps = 0
         self.unused_at_stop: int | None = None
         self.busy_s = self.busy_total_s = 0.0
+        self.epochs_total = self.epoch_updates = 0  # APPO's adaptive epochs: the whole run's mean per update
         self.started = time.monotonic()
         self.agent_clocks = AgentClocks()
         self._last_flush = time.monotonic()
@@ -173,6 +176,9 @@ class LearnerMetrics:
         """One gradient update's stats and the seconds it took."""
         for key, value in stats.items():
             self.losses[key].append(float(value))
+        if "epochs" in stats:
+            self.epochs_total += int(stats["epochs"])
+            self.epoch_updates += 1
         self.busy_s += seconds
         self.busy_total_s += seconds
 
@@ -340,6 +346,9 @@ class LearnerMetrics:
                   "learner_busy": metrics["system/learner_busy_fraction"],
                   "learner_busy_total": self.busy_total_s / max(now - self.started, 1e-9),
                   "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total(),
+                  "epochs_per_update": metrics.get("losses/epochs", self._status.get("epochs_per_update")),
+                  "epochs_per_update_total": self.epochs_total / self.epoch_updates if self.epoch_updates else None,
+                  "adaptive_epochs": getattr(self.config.algo_config, "min_epochs", None) is not None,
                   "dead_entries": receiver.dead, "pending_trimmed": receiver.pending_trimmed,
                   "unread_trimmed": self.unread_dropped,
                   "agent_chunks_dropped": metrics.get("hub/agent_chunks_dropped_total")}
@@ -382,5 +391,7 @@ def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
     histogram = "" if not shares else " (" + " ".join(f"{k}:{_percent(v)}" for k, v in shares.items() if v) + ")"
     clipped = status.get("rho_clipped_fraction")
     rho = "" if clipped is None else f", rho clipped {_percent(clipped)}"
-    return (f"{line}, policy lag p90 {'-' if lag is None else f'{lag:.0f}'}{histogram}{rho}, "
+    epochs = status.get("epochs_per_update_total" if whole_run else "epochs_per_update")
+    adaptive = f", epochs/update {epochs:.1f}" if status.get("adaptive_epochs") and epochs is not None else ""
+    return (f"{line}, policy lag p90 {'-' if lag is None else f'{lag:.0f}'}{histogram}{rho}{adaptive}, "
             f"learner busy {_percent(busy)}, agents idle {_percent(idle)}{sync}")
