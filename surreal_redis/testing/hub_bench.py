@@ -7,7 +7,9 @@
   :class:`~surreal_redis.hub.experience.sender.ExperienceSender` (vectorized ``add``) versus one pipelined
   XADD per transition carrying the obs and next_obs bytes;
 - ``hub_bytes_per_t`` / ``naive_bytes_per_t``: Redis ``used_memory`` growth per stored transition;
-- ``recv_tps``: transitions per second the learner-side receiver reads and decodes;
+- ``recv_tps``: transitions per second the learner-side receiver reads and decodes, and
+  ``recv_server_cpu_us_per_t``: redis-server's CPU per transition meanwhile (moving the inboxes into
+  the streams, the reads, payload and observation fetches, acks);
 - ``{hub,naive}_{client,server}_cpu_us_per_t`` and ``cpu_ratio`` (hub / naive): CPU cost per
   transition of the senders and of redis-server, steadier than rates on a shared machine;
 
@@ -223,8 +225,11 @@ def measure_kind(client: RedisClient, url: str, kind: str, size: KindSize) -> di
                  "transition (%d sent)", kind, mode, result.tps, out[f"{mode}_bytes_per_t"],
                  out[f"{mode}_client_cpu_us_per_t"], out[f"{mode}_server_cpu_us_per_t"], result.sent)
         if mode == "hub":
+            cpu = server_cpu_s(client)
             out["recv_tps"] = receive_all(client, f"bench-hub-{kind}", result.sent)
-            log.info("%s receive: %.0f transitions/s", kind, out["recv_tps"])
+            out["recv_server_cpu_us_per_t"] = 1e6 * (server_cpu_s(client) - cpu) / result.sent
+            log.info("%s receive: %.0f transitions/s, %.1f us Redis CPU per transition", kind, out["recv_tps"],
+                     out["recv_server_cpu_us_per_t"])
     out["tps_ratio"] = out["hub_tps"] / out["naive_tps"]
     out["bytes_ratio"] = out["hub_bytes_per_t"] / out["naive_bytes_per_t"]
     out["cpu_ratio"] = ((out["hub_client_cpu_us_per_t"] + out["hub_server_cpu_us_per_t"])

@@ -69,6 +69,7 @@ def test_bench_runs_end_to_end_on_tiny_sizes():
         assert r["hub_tps"] > 0 and r["naive_tps"] > 0 and r["recv_tps"] > 0
         assert r["hub_bytes_per_t"] > 0 and r["naive_bytes_per_t"] > 0
         assert r["hub_client_cpu_us_per_t"] > 0 and r["naive_server_cpu_us_per_t"] > 0 and r["cpu_ratio"] > 0
+        assert r["recv_server_cpu_us_per_t"] >= 0  # CPU time may not tick on so few transitions
     # frame dedup + lz4 must beat raw 2 x 28 KB stacks per transition even on tiny runs
     assert results["atari"]["bytes_ratio"] < 0.2
     params = results["params"]
