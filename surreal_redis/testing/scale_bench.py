@@ -1,0 +1,1277 @@
+"""The scale benchmark: N simulated agents on one hub, with a real learner-side reader and publisher.
+
+:func:`run_case` measures one :class:`CaseSpec`: a fresh hub (one primary; or a primary with read
+replicas for the parameters; or a Redis Cluster of 3 primaries), then
+
+- ``workers`` agent processes holding the N agents as threads. Each simulated agent is what an
+  agent process is to the hub: its own connection (plus one per read replica, as
+  ``redis.param_read_urls`` gives an agent), its own
+  :class:`~surreal_redis.hub.experience.sender.ExperienceSender` (its own uuid) and
+  :class:`~surreal_redis.hub.params.ParameterClient`, and in lockstep its own
+  :class:`~surreal_redis.hub.quota.ProductionQuota` claims and :class:`~surreal_redis.hub.quota.QuotaNews`
+  subscription. It replays a recorded trajectory (:mod:`surreal_redis.testing.bench_data`: Pong-like
+  4-frame stacks, each frame marked with the agent and the pass so that frames are new bytes per
+  agent and dedup stays what it is within one agent's stream; HalfCheetah-like 17-float vectors)
+  through ``sender.add`` at the per-agent rate of a real agent of that env (:data:`PROFILES`), polls
+  the parameter version every ``fetch_every_steps`` vector steps (free production) or claims every
+  flush (lockstep), and downloads every new version;
+- one learner-side process: :class:`~surreal_redis.hub.experience.receiver.ExperienceReceiver`
+  moving the inboxes, reading, decoding and acking (what the learner's prefetch thread and feed do),
+  plus the :class:`~surreal_redis.hub.experience.retention.HubJanitor` every 5 s;
+- one publisher process: :class:`~surreal_redis.hub.params.ParameterPublisher` with the real
+  network's parameters (PPO's Nature CNN for Pong, 6.75 MB of float32; the 256x256 MLPs for
+  HalfCheetah, 0.57 MB), every ``publish_every_s`` (and a grant after each in lockstep);
+- one probe process polling the version and PINGing the primary 50 times a second from a quiet
+  process: the latency Redis itself adds, apart from the agents' CPU contention.
+
+Timeline: setup (agents connect and download v1), ``warmup_s``, phase A (``quiet_s``: experience
+and version polls, no publishes), phase B (``loaded_s``: publishes too), then every agent flushes
+and the reader drains. Phase A gives Redis CPU per transition; phase B's CPU beyond that rate is
+what the parameter downloads cost (per GB, and as a share of the primary's CPU).
+
+Everything is measured, nothing asserted; everything shares this machine's cores, so "produced"
+(what the agents managed) can fall short of "offered" (N x the per-agent rate) because the client
+side runs out of CPU before Redis does: the results say which.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import random
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from surreal_redis.codec import ParamDict
+from surreal_redis.connection import EmbeddedRedis, RedisClient, connect
+from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
+from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
+from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.params import ParameterClient, ParameterClientConfig, ParameterPublisher, PublisherConfig
+from surreal_redis.hub.quota import ProductionQuota, QuotaNews
+from surreal_redis.keys import RunKeys
+from surreal_redis.testing.bench_data import Trajectory, VecStep, _vector, synthetic_trajectory
+from surreal_redis.testing.cluster import LocalCluster
+from surreal_redis.testing.hub_bench import server_cpu_s
+
+log = logging.getLogger(__name__)
+
+RUN = "scale"
+HUBS = ("primary", "replicas", "cluster")
+SYNCS = ("free", "lockstep")
+PARAM_COMMANDS = ("getrange", "hget", "hgetall")
+"""Commands only the parameter path sends in this bench (polls, meta reads, blob pieces)."""
+_SETUP_TIMEOUT_S = 180.0
+_DRAIN_TIMEOUT_S = 120.0
+_GC_EVERY_S = 5.0  # learner.gc_every_s's default
+_PROBE_EVERY_S = 0.02
+_AGE_GRID_S = 0.05
+_IDLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class EnvProfile:
+    """How a real agent of one env loads the hub. ``rate``: env steps/s one agent process reaches
+    acting with its policy on one core (bench/throughput.py and bench/envs.py, docs/benchmarks.md:
+    Pong 470-575 with the Nature CNN in numpy, HalfCheetah 3.0-3.5k with the MLP);
+    ``publish_every_s``: seconds between the learner's publishes (one PPO update on a GPU
+    learner; an assumption, set it with ``--publish-every-s``); the rest as in the shipped
+    config (``configs/ppo_pong.yaml``, ``configs/ppo_halfcheetah.yaml``; ``receive_batch``: the
+    learner's chunks per read)."""
+
+    name: str
+    num_envs: int
+    flush_steps: int
+    fetch_every_steps: int
+    rate: float
+    publish_every_s: float
+    receive_batch: int
+
+
+PROFILES: dict[str, EnvProfile] = {
+    "pong": EnvProfile("pong", num_envs=4, flush_steps=128, fetch_every_steps=64, rate=500.0, publish_every_s=1.0,
+                         receive_batch=16),
+    "halfcheetah": EnvProfile("halfcheetah", num_envs=2, flush_steps=64, fetch_every_steps=64, rate=3500.0,
+                              publish_every_s=1.0, receive_batch=64),
+}
+
+
+@dataclass(frozen=True)
+class BroadcastOptions:
+    """What the parameter path does. ``enabled`` False: no polls, downloads nor publishes (the
+    experience path alone). ``dtype`` "float16": the publisher sends float32 leaves as float16
+    (half the bytes; agents cast back to float32 on load, see :func:`fp16_logit_check`).
+    ``min_lag``: an agent downloads only once the live version is at least this many publishes
+    ahead of the one it holds (1: every new version; 2: every other one, which keeps a version
+    age of 2 publishes)."""
+
+    enabled: bool = True
+    dtype: str = "float32"
+    min_lag: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"broadcast dtype must be float32 or float16, got {self.dtype!r}")
+        if self.min_lag < 1:
+            raise ValueError(f"broadcast min_lag must be >= 1, got {self.min_lag}")
+
+    @property
+    def label(self) -> str:
+        if not self.enabled:
+            return "no params"
+        parts = ["fp16" if self.dtype == "float16" else "fp32"]
+        if self.min_lag > 1:
+            parts.append(f"every {self.min_lag}th version")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One measurement. ``hub``: one of :data:`HUBS` (``replicas``: ``replicas`` read replicas
+    serve the parameters; ``cluster``: ``primaries`` primaries hold everything, the experience
+    shards spread over them); ``sync``: one of :data:`SYNCS`; ``rate`` / ``publish_every_s``:
+    override the env's :class:`EnvProfile`; ``idle_priority``: the agent processes run under
+    SCHED_IDLE (see :func:`_agent_worker`). Times in seconds."""
+
+    env: str
+    agents: int
+    hub: str = "primary"
+    sync: str = "free"
+    broadcast: BroadcastOptions = field(default_factory=BroadcastOptions)
+    workers: int = 4
+    num_shards: int = 6
+    replicas: int = 2
+    primaries: int = 3
+    warmup_s: float = 1.0
+    quiet_s: float = 3.0
+    loaded_s: float = 5.0
+    rate: float | None = None
+    publish_every_s: float | None = None
+    idle_priority: bool = True
+
+    def __post_init__(self) -> None:
+        if self.env not in PROFILES:
+            raise ValueError(f"unknown env {self.env!r} (known: {', '.join(PROFILES)})")
+        if self.hub not in HUBS:
+            raise ValueError(f"unknown hub {self.hub!r} (known: {', '.join(HUBS)})")
+        if self.sync not in SYNCS:
+            raise ValueError(f"unknown sync {self.sync!r} (known: {', '.join(SYNCS)})")
+        for name in ("agents", "workers", "num_shards", "replicas", "primaries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("quiet_s", "loaded_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.warmup_s < 0:
+            raise ValueError(f"warmup_s must be >= 0, got {self.warmup_s}")
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError(f"rate must be > 0 env steps/s, got {self.rate}")
+        if self.publish_every_s is not None and self.publish_every_s <= 0:
+            raise ValueError(f"publish_every_s must be > 0, got {self.publish_every_s}")
+
+    @property
+    def profile(self) -> EnvProfile:
+        base = PROFILES[self.env]
+        return replace(base, rate=self.rate or base.rate, publish_every_s=self.publish_every_s or base.publish_every_s)
+
+    @property
+    def label(self) -> str:
+        parts = [self.env, str(self.agents), self.hub]
+        if self.sync != "free":
+            parts.append(self.sync)
+        if self.broadcast != BroadcastOptions():
+            parts.append(self.broadcast.label)
+        return " / ".join(parts)
+
+
+class Window(NamedTuple):
+    """One phase in ``time.monotonic()`` instants (one clock for every process of this machine):
+    agents produce from ``start`` to ``end``; latencies and rates count from ``measured``."""
+
+    start: float
+    measured: float
+    end: float
+
+
+# ---------------------------------------------------------------- parameters
+
+def real_params(env: str) -> ParamDict:
+    """The parameters the PPO learner publishes for ``env`` (``actor_params()`` of a fresh
+    ActorCritic as the shipped config builds it): Pong's Nature CNN with linear heads over 4
+    stacked 84x84 frames and 6 actions (1.69M parameters); HalfCheetah's 256x256 relu MLPs with
+    an observation normalizer (17 obs, 6 actions). Imports torch: call it in a child process
+    (:func:`load_params`) so forked processes never inherit torch's threads."""
+    import gymnasium as gym
+
+    from surreal_redis.algos.ppo.config import PPOConfig
+    from surreal_redis.algos.ppo.policy import ActorCritic, params_to_numpy
+
+    if env == "pong":
+        frame = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+        net = ActorCritic(PPOConfig(hidden_sizes=()), gym.spaces.Tuple([frame] * 4), gym.spaces.Discrete(6))
+    elif env == "halfcheetah":
+        net = ActorCritic(PPOConfig(hidden_sizes=(256, 256), activation="relu", normalize_obs=True),
+                          gym.spaces.Box(-np.inf, np.inf, (17,), np.float32), gym.spaces.Box(-1, 1, (6,), np.float32))
+    else:
+        raise ValueError(f"unknown env {env!r} (known: {', '.join(PROFILES)})")
+    return params_to_numpy(net)
+
+
+def load_params(envs: Sequence[str]) -> dict[str, ParamDict]:
+    """:func:`real_params` of each env, built in one spawned child (torch stays out of this
+    process). Blocks for the child's torch import (a few seconds)."""
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return {env: pool.apply(real_params, (env,)) for env in envs}
+
+
+def as_dtype(params: ParamDict, dtype: str) -> ParamDict:
+    """``params`` with every float32 leaf cast to ``dtype`` (float64 normalizer statistics and
+    integer leaves unchanged)."""
+    return {name: value.astype(dtype) if value.dtype == np.float32 else value for name, value in params.items()}
+
+
+def fp16_logit_check(params: ParamDict, frames: int = 64, seed: int = 0) -> dict[str, float]:
+    """How far Pong's policy moves when its weights travel as float16: the numpy agent policy
+    (``agent.inference: numpy``) loaded with ``params`` and with ``as_dtype(params, "float16")``
+    (cast back to float32 at load, as :func:`~surreal_redis.algos.numpy_nets.take` does), acting
+    on ``frames`` synthetic Pong observations. Returns the largest logit and value differences
+    (absolute, and relative to the fp32 logits' spread), the share of frames whose greedy action
+    agrees and the largest KL(fp32 || fp16) of the action distributions (nats)."""
+    import gymnasium as gym
+
+    from surreal_redis.algos.ppo.config import PPOConfig
+    from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
+
+    frame = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+    space = gym.spaces.Tuple([frame] * 4)
+    traj = synthetic_trajectory("atari", num_envs=frames, steps=8, seed=seed)
+    obs = traj.steps[-1].obs
+    out: dict[str, np.ndarray] = {}
+    for name, weights in (("fp32", params), ("fp16", as_dtype(params, "float16"))):
+        policy = NumpyPPOPolicy(PPOConfig(hidden_sizes=()), space, gym.spaces.Discrete(6), num_envs=frames)
+        policy.load_params(weights, 1)
+        z = policy.encoder(obs)
+        out[name + "_logits"] = policy.actor(z).astype(np.float64)
+        out[name + "_value"] = policy.critic(z)[:, 0].astype(np.float64)
+    a, b = out["fp32_logits"], out["fp16_logits"]
+    log_p = a - np.logaddexp.reduce(a, axis=1, keepdims=True)
+    log_q = b - np.logaddexp.reduce(b, axis=1, keepdims=True)
+    kl = (np.exp(log_p) * (log_p - log_q)).sum(axis=1)
+    spread = float(np.ptp(a)) or 1.0
+    return {"frames": frames, "max_abs_logit_diff": float(np.abs(a - b).max()),
+            "max_rel_logit_diff": float(np.abs(a - b).max() / spread),
+            "max_abs_value_diff": float(np.abs(out["fp32_value"] - out["fp16_value"]).max()),
+            "greedy_agreement": float((a.argmax(1) == b.argmax(1)).mean()), "max_kl": float(kl.max()),
+            "logit_spread": spread}
+
+
+# ---------------------------------------------------------------- servers
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class HubServers(NamedTuple):
+    """The servers of one case. ``url``: what agents, reader and publisher connect to (a
+    ``redis+cluster://`` URL for a cluster); ``replica_urls``: parameter read replicas;
+    ``servers``: (label, client of that one server) for INFO; ``params_server``: the label of the
+    server holding the parameter keys."""
+
+    url: str
+    replica_urls: list[str]
+    servers: list[tuple[str, RedisClient]]
+    params_server: str
+
+
+def _attach(replica: RedisClient, port: int) -> None:
+    replica.replicaof("127.0.0.1", port)
+    deadline = time.monotonic() + 30
+    while replica.info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline:
+            raise RuntimeError("replica did not sync within 30 s")
+        time.sleep(0.05)
+
+
+@contextmanager
+def hub_servers(spec: CaseSpec, maxmemory: str = "8gb") -> Iterator[HubServers]:
+    """Start the case's servers (TCP on loopback, as remote agents reach them); stop them after."""
+    if spec.hub == "cluster":
+        cluster = LocalCluster(primaries=spec.primaries, replicas=0, maxmemory=maxmemory).start()
+        clients: list[RedisClient] = []
+        try:
+            ports = cluster.ports[:spec.primaries]
+            clients = [cluster.node(port) for port in ports]
+            params_port = cluster.primary_port_of(RunKeys(RUN).params.meta)
+            yield HubServers(cluster.url, [], [(f"node{i}", c) for i, c in enumerate(clients)],
+                             f"node{ports.index(params_port)}")
+        finally:
+            for client in clients:
+                client.close()
+            cluster.stop()
+        return
+    count = 1 + (spec.replicas if spec.hub == "replicas" else 0)
+    servers = [EmbeddedRedis(maxmemory=maxmemory, port=_free_port()).start() for _ in range(count)]
+    clients = [connect(server.url) for server in servers]
+    try:
+        clients[0].config_set("repl-diskless-sync-delay", 0)
+        for replica in clients[1:]:
+            _attach(replica, servers[0].port)
+        labels = ["primary"] + [f"replica{i}" for i in range(1, count)]
+        yield HubServers(servers[0].url, [s.url for s in servers[1:]], list(zip(labels, clients)), "primary")
+    finally:
+        for client in clients:
+            client.close()
+        for server in servers:
+            server.stop()
+
+
+# ---------------------------------------------------------------- the simulated agents
+
+def base_trajectory(env: str, num_envs: int, steps: int, seed: int) -> Trajectory:
+    """The recorded experience one worker's agents replay: Pong-like frame stacks
+    (:func:`~surreal_redis.testing.bench_data.synthetic_trajectory`'s ``atari``) or HalfCheetah-like
+    17-float observations with 6-float actions, truncated every 1000 steps."""
+    if env == "pong":
+        return synthetic_trajectory("atari", num_envs, steps, seed)
+    rng = np.random.default_rng(seed)
+    return _vector(num_envs, steps, rng, 17, 6, 0.0, 1000)
+
+
+def _extras(env: str, num_envs: int) -> dict[str, np.ndarray]:
+    """What a PPO agent's chunk carries besides the step: log-prob and value (and the raw
+    Gaussian sample for Box actions)."""
+    rng = np.random.default_rng(num_envs)
+    extras = {"logp": rng.standard_normal(num_envs).astype(np.float32),
+              "value": rng.standard_normal(num_envs).astype(np.float32)}
+    if env == "halfcheetah":
+        extras["raw_action"] = rng.standard_normal((num_envs, 6)).astype(np.float32)
+    return extras
+
+
+class _Recorder:
+    """One agent's measurements: rows (time the event ended, seconds[, bytes, 1.0 if from a replica])."""
+
+    def __init__(self) -> None:
+        self.insert: list[tuple[float, float]] = []
+        self.poll: list[tuple[float, float]] = []
+        self.claim: list[tuple[float, float]] = []
+        self.download: list[tuple[float, float, float, float]] = []
+        self.steps: list[tuple[float, float]] = []  # (time, env steps made up to then)
+        self.versions: list[tuple[float, float]] = []  # (time loaded, version)
+        self.claim_wait_s = 0.0
+
+
+class SimAgent:
+    """One simulated agent (see the module docstring). :meth:`setup` connects and loads the first
+    parameters; :meth:`run` produces from ``start`` to ``end``, then flushes. Runs in its own
+    thread; every call blocks on Redis round trips."""
+
+    def __init__(self, spec: CaseSpec, hub: HubServers, agent_id: int, traj: Trajectory) -> None:
+        self.spec, self.profile, self.agent_id, self.traj = spec, spec.profile, agent_id, traj
+        self.url, self.replica_urls = hub.url, hub.replica_urls
+        self.rec = _Recorder()
+        self.error: str | None = None
+        self._mark = np.zeros(8, np.uint8)
+        self._mark[:4] = np.frombuffer(np.uint32(agent_id).tobytes(), np.uint8)
+        self._extras = _extras(spec.env, self.profile.num_envs)
+        self._vector_step = 0  # vector steps made so far (the replay position)
+        self._adds = 0  # adds since the last flush: every flush_steps-th one sends
+        self._made = 0.0
+        self._poll_due = math.inf
+        self._poll_period = math.inf
+        self._end = 0.0
+
+    def setup(self) -> None:
+        """Connect (one client per server, as an agent process does) and load the first version."""
+        cfg = self.profile
+        self.client = connect(self.url)
+        self.replicas = [connect(url) for url in self.replica_urls]
+        self.sender = ExperienceSender(self.client, SenderConfig(flush_steps=cfg.flush_steps), RUN, self.agent_id,
+                                       self.spec.num_shards)
+        self.params = ParameterClient(self.client, RUN, ParameterClientConfig(), replicas=self.replicas)
+        self.quota = ProductionQuota(self.client, RUN)
+        self.news = QuotaNews(self.client, RUN) if self.spec.sync == "lockstep" else None
+        self._poll_client = self.replicas[self.agent_id % len(self.replicas)] if self.replicas else self.client
+        self._meta = RunKeys(RUN).params.meta
+        if self.news is not None:
+            self.news.drain()  # subscribes now: grants from the start are heard
+        if self.spec.broadcast.enabled or self.spec.sync == "lockstep":
+            deadline = time.monotonic() + _SETUP_TIMEOUT_S
+            while self.params.info.version == 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"agent {self.agent_id}: no parameters within {_SETUP_TIMEOUT_S}s")
+                if self.params.fetch()[0] is None:
+                    time.sleep(0.05)
+            self.rec.versions.append((time.monotonic(), float(self.params.info.version)))
+
+    # ------------------------------------------------------------ data
+
+    def _step(self, index: int) -> VecStep:
+        """Vector step ``index`` of the endless replay; Pong frames carry this agent's id and the
+        pass number in their first 8 bytes (new bytes per agent and pass, same dedup within one)."""
+        steps = self.traj.steps
+        step = steps[index % len(steps)]
+        if self.spec.env != "pong":
+            return step
+        self._mark[4:] = np.frombuffer(np.uint32(index // len(steps)).tobytes(), np.uint8)
+        return step._replace(obs=self._marked(step.obs),
+                             final_obs=None if step.final_obs is None else self._marked(step.final_obs))
+
+    def _marked(self, frames: Any) -> tuple[np.ndarray, ...]:
+        out = tuple(np.array(f) for f in frames)
+        for f in out:
+            f[:, 0, :8] = self._mark
+        return out
+
+    def _add(self, count: int) -> None:
+        """``count`` vector steps into the sender; an add that sends (the sender completes and
+        sends the chunks at the step after every ``flush_steps``) is timed as an insert. A poll
+        that falls due meanwhile is made between two steps."""
+        version = self.params.info.version
+        flush = self.profile.flush_steps
+        for _ in range(count):
+            step = self._step(self._vector_step)
+            sends = self._adds > 0 and self._adds % flush == 0
+            start = time.perf_counter()
+            self.sender.add(step.obs, step.actions, step.rewards, step.terminated, step.truncated,
+                            final_obs=step.final_obs, extras=self._extras, policy_version=version)
+            if sends:
+                self.rec.insert.append((time.monotonic(), time.perf_counter() - start))
+            self._vector_step += 1
+            self._adds += 1
+            self._poll_if_due()
+
+    def flush(self) -> None:
+        """Send the partial chunks, completed by the next step's observation (timed as an insert)."""
+        start = time.perf_counter()
+        if self.sender.flush(self._step(self._vector_step).obs):
+            self.rec.insert.append((time.monotonic(), time.perf_counter() - start))
+        self._adds = 0
+
+    # ------------------------------------------------------------ parameters
+
+    def _download(self, at_least: int = 0) -> None:
+        before = self.params.replica_downloads
+        start = time.perf_counter()
+        params, info = self.params.fetch(at_least=at_least)
+        took = time.perf_counter() - start
+        if params is not None:
+            self.rec.download.append((time.monotonic(), took, float(info.nbytes),
+                                      float(self.params.replica_downloads > before)))
+            self.rec.versions.append((time.monotonic(), float(info.version)))
+        else:
+            self.rec.poll.append((time.monotonic(), took))
+
+    def _poll(self) -> None:
+        """A version poll as ``agent.fetch_every_steps`` makes it (downloading a new version);
+        with ``min_lag`` > 1, the agent reads the version itself and downloads only that far
+        behind."""
+        if not self.spec.broadcast.enabled:
+            return
+        if self.spec.broadcast.min_lag == 1:
+            self._download()
+            return
+        start = time.perf_counter()
+        live = int(self._poll_client.hget(self._meta, "version") or 0)
+        self.rec.poll.append((time.monotonic(), time.perf_counter() - start))
+        if live - self.params.info.version >= self.spec.broadcast.min_lag:
+            self._download(at_least=live)
+
+    def _claim(self, end: float) -> bool:
+        """Lockstep: claim the next flush as the agent's ``_claim_flush`` does (STALE: claim the
+        live version, then download it; WAIT: wait on the notify channel for a grant). False at
+        ``end``."""
+        assert self.news is not None
+        steps = self.profile.flush_steps * self.profile.num_envs
+        waited = time.monotonic()
+        try:
+            while time.monotonic() < end:
+                self.news.drain()
+                held = self.params.info.version
+                version = max(held, self.news.granted_version)
+                start = time.perf_counter()
+                claim = self.quota.claim(version, steps)
+                self.rec.claim.append((time.monotonic(), time.perf_counter() - start))
+                if claim.status == "STALE" and claim.live_version > held:
+                    version = claim.live_version
+                    start = time.perf_counter()
+                    claim = self.quota.claim(version, steps)
+                    self.rec.claim.append((time.monotonic(), time.perf_counter() - start))
+                if claim.status == "OK":
+                    if version > self.params.info.version:
+                        self._download(at_least=version)
+                    return True
+                if claim.status == "WAIT":
+                    self.news.wait(min(0.5, max(0.0, end - time.monotonic())), grants_only=True)
+            return False
+        finally:
+            self.rec.claim_wait_s += time.monotonic() - waited
+
+    # ------------------------------------------------------------ loop
+
+    def run(self, start: float, end: float) -> None:
+        """Produce at the profile's rate from ``start`` (plus a jitter under one block) to ``end``;
+        what is not sent yet stays for the next run or :meth:`flush`. Errors are kept in
+        :attr:`error`."""
+        try:
+            self._run(start, end)
+        except BaseException:
+            self.error = traceback.format_exc()
+
+    def _run(self, start: float, end: float) -> None:
+        """Blocks of steps at the real agent's pace (behind it when this machine's CPU runs short:
+        produced < offered); in free production a version poll every ``fetch_every_steps`` vector
+        steps of the real agent's pace, on the clock, so the parameter traffic stays a real
+        agent's even when the simulated steps lag."""
+        cfg = self.profile
+        lockstep = self.spec.sync == "lockstep"
+        block = cfg.flush_steps if lockstep else min(cfg.fetch_every_steps, cfg.flush_steps)
+        period = block * cfg.num_envs / cfg.rate  # seconds per block at the real agent's rate
+        jitter = random.Random(self.agent_id)
+        due = start + jitter.uniform(0, period)
+        self._poll_period = cfg.fetch_every_steps * cfg.num_envs / cfg.rate
+        self._poll_due = math.inf if lockstep else start + jitter.uniform(0, self._poll_period)
+        self._end = end
+        while True:
+            wake = min(due, self._poll_due, end)
+            if wake > time.monotonic():
+                time.sleep(wake - time.monotonic())
+            if time.monotonic() >= end:
+                break
+            self._poll_if_due()
+            if time.monotonic() < due:
+                continue
+            if lockstep:
+                if not self._claim(end):
+                    break
+                self._add(block)
+                self.flush()
+            else:
+                self._add(block)
+            self._made += block * cfg.num_envs
+            self.rec.steps.append((time.monotonic(), self._made))
+            due += period
+
+    def _poll_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self._poll_due and now < self._end:
+            self._poll()
+            self._poll_due = max(self._poll_due + self._poll_period, time.monotonic())
+
+    def close(self) -> None:
+        if self.news is not None:
+            self.news.close()
+        for client in (self.client, *self.replicas):
+            client.close()
+
+
+def _arrays(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
+    return np.asarray(rows, dtype=np.float64).reshape(-1, width)
+
+
+def _run_agents(agents: Sequence[SimAgent], window: Window) -> None:
+    threads = [threading.Thread(target=a.run, args=(window.start, window.end), daemon=True) for a in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [a.error for a in agents if a.error]
+    if failed:
+        raise RuntimeError(f"{len(failed)} agents failed:\n{failed[0]}")
+
+
+def _agent_worker(spec: CaseSpec, hub: HubServers, agent_ids: list[int], control: Any, results: Any) -> None:
+    """One agent process: set the agents up (a thread each), report ready; run phase A, report
+    the chunks stored; run phase B, report them again; when told, flush every agent and report
+    every measurement. Runs under SCHED_IDLE where the OS
+    has it: the agents stand for other machines, so on shared cores Redis, the reader, the
+    publisher and the probe come first and the agents make what CPU is left."""
+    try:
+        if spec.idle_priority and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        traj = base_trajectory(spec.env, spec.profile.num_envs, 4 * spec.profile.flush_steps, seed=agent_ids[0])
+        agents = [SimAgent(spec, hub, i, traj) for i in agent_ids]
+        errors: list[str] = []
+
+        def setup(agent: SimAgent) -> None:
+            try:
+                agent.setup()
+            except BaseException:
+                errors.append(traceback.format_exc())
+
+        threads = [threading.Thread(target=setup, args=(a,), daemon=True) for a in agents]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise RuntimeError(f"agent setup failed:\n{errors[0]}")
+        results.put(("ready", os.getpid(), None))
+        cpu = []
+        for phase in ("paused", "ended"):
+            window: Window = control.get(timeout=_SETUP_TIMEOUT_S * 2)
+            before = time.process_time()
+            _run_agents(agents, window)
+            cpu.append(time.process_time() - before)
+            results.put((phase, os.getpid(), sum(a.sender.stats().chunks for a in agents)))
+        control.get(timeout=_SETUP_TIMEOUT_S * 2)  # then send what is left
+        for agent in agents:
+            agent.flush()
+        payload = {
+            "insert": _arrays([r for a in agents for r in a.rec.insert], 2),
+            "poll": _arrays([r for a in agents for r in a.rec.poll], 2),
+            "claim": _arrays([r for a in agents for r in a.rec.claim], 2),
+            "download": _arrays([r for a in agents for r in a.rec.download], 4),
+            "steps": [_arrays(a.rec.steps, 2) for a in agents],
+            "versions": [_arrays(a.rec.versions, 2) for a in agents],
+            "senders": [{k: float(v) for k, v in a.sender.stats()._asdict().items()} for a in agents],
+            "claim_wait_s": sum(a.rec.claim_wait_s for a in agents),
+            "cpu_s": cpu,
+        }
+        for agent in agents:
+            agent.close()
+        results.put(("done", os.getpid(), payload))
+    except BaseException:
+        results.put(("error", os.getpid(), traceback.format_exc()))
+
+
+# ---------------------------------------------------------------- learner side, publisher, probe
+
+def _learner(spec: CaseSpec, url: str, control: Any, results: Any) -> None:
+    """Move, read, decode and ack every chunk (counting each origin), the janitor every 5 s.
+    Control messages: ``("drain", n)``: report ``"drained"`` once n chunks came in all;
+    ``("finish", n)``: likewise, then report everything and end."""
+    try:
+        client = connect(url)
+        receiver = ExperienceReceiver(client, ReceiverConfig(), RUN, spec.num_shards)
+        receiver.start()
+        janitor = HubJanitor(client, RetentionConfig(max_age_s=120.0), RUN, spec.num_shards, ReceiverConfig(),
+                             dead_letters=receiver.count_dead_letters)
+        if spec.sync == "lockstep":
+            ProductionQuota(client, RUN).load_script()
+        results.put(("ready", os.getpid(), None))
+        acked: list[tuple[float, int, int]] = []
+        origins: set[tuple[str, int, int]] = set()
+        duplicates = chunks = 0
+        target: tuple[str, int] | None = None
+        deadline = math.inf
+        next_gc = time.monotonic() + _GC_EVERY_S
+        drained: list[tuple[float, float]] = [(time.monotonic(), time.process_time())]
+        while True:
+            if target is None:
+                try:
+                    target = control.get_nowait()
+                    deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+                except queue.Empty:
+                    pass
+            if target is not None and chunks >= target[1]:
+                drained.append((time.monotonic(), time.process_time()))
+                if target[0] == "finish":
+                    break
+                results.put(("drained", os.getpid(), drained[-1]))
+                target, deadline = None, math.inf
+                continue
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {chunks} of {target and target[1]} chunks came within {_DRAIN_TIMEOUT_S}s")
+            batch = receiver.receive(max_chunks=spec.profile.receive_batch, block_ms=50)
+            if batch:
+                receiver.ack(batch)
+                acked.append((time.monotonic(), sum(item.chunk.num_steps for item in batch), len(batch)))
+                for item in batch:
+                    chunks += 1
+                    origin = item.origin
+                    key = ("", -1, chunks) if origin is None else (origin.sender, origin.seq, origin.position)
+                    if key in origins:
+                        duplicates += 1
+                    origins.add(key)
+            if time.monotonic() >= next_gc:
+                janitor.run_once()
+                next_gc = time.monotonic() + _GC_EVERY_S
+        results.put(("done", os.getpid(), {
+            "acked": _arrays(acked, 3), "chunks": chunks, "unique": len(origins), "duplicates": duplicates,
+            "drained": _arrays(drained, 2), "stats": receiver.stats()._asdict(), "dead": dict(receiver.dead_by_reason)}))
+        client.close()
+    except BaseException:
+        results.put(("error", os.getpid(), traceback.format_exc()))
+
+
+def _publisher(spec: CaseSpec, url: str, params: ParamDict, control: Any, results: Any) -> None:
+    """Publish a tiny v1 (and in lockstep grant it plenty) before the agents start, so that setup
+    moves no big blob; in phase B publish the real parameters at its start and every
+    ``publish_every_s`` (each version's weights differ)."""
+    try:
+        client = connect(url)
+        publisher = ParameterPublisher(client, RUN, PublisherConfig())
+        quota = ProductionQuota(client, RUN)
+        cfg = spec.profile
+        weights = as_dtype(params, spec.broadcast.dtype)
+        nudged = max(weights, key=lambda name: weights[name].size)
+        grant = int(spec.agents * cfg.rate * 120)  # two minutes of offered steps: claims answer OK or STALE
+        rows: list[tuple[float, float, float]] = []  # (time live, version, seconds the publish took)
+
+        def publish(what: ParamDict) -> None:
+            start = time.monotonic()
+            version = publisher.publish(what, iteration=len(rows))
+            if version is None:
+                raise RuntimeError("publish skipped (min_publish_interval)")
+            if spec.sync == "lockstep":
+                quota.grant(version, grant)
+            rows.append((time.monotonic(), float(version), time.monotonic() - start))
+
+        if spec.broadcast.enabled or spec.sync == "lockstep":
+            publish({"placeholder": np.zeros(1, np.float32)})
+        results.put(("ready", os.getpid(), None))
+        window: Window = control.get(timeout=_SETUP_TIMEOUT_S * 2)
+        due = window.start
+        while spec.broadcast.enabled and due < window.end:
+            time.sleep(max(0.0, due - time.monotonic()))
+            weights[nudged] = weights[nudged].copy()
+            weights[nudged].flat[0] += 1  # a new version's bytes differ from the last one's
+            publish(weights)
+            due += cfg.publish_every_s
+        nbytes = int(client.hget(RunKeys(RUN).params.meta, "nbytes") or 0)
+        results.put(("done", os.getpid(), {"publishes": _arrays(rows, 3), "nbytes": nbytes}))
+        client.close()
+    except BaseException:
+        results.put(("error", os.getpid(), traceback.format_exc()))
+
+
+def _probe(url: str, control: Any, results: Any) -> None:
+    """Poll the version and PING from a quiet single-threaded process, 50 times a second, until
+    told to stop."""
+    try:
+        client = connect(url)
+        meta = RunKeys(RUN).params.meta
+        client.ping()
+        results.put(("ready", os.getpid(), None))
+        polls, pings = [], []
+        while True:
+            try:
+                control.get_nowait()
+                break
+            except queue.Empty:
+                pass
+            start = time.perf_counter()
+            client.hget(meta, "version")
+            middle = time.perf_counter()
+            client.ping()
+            polls.append((time.monotonic(), middle - start))
+            pings.append((time.monotonic(), time.perf_counter() - middle))
+            time.sleep(_PROBE_EVERY_S)
+        results.put(("done", os.getpid(), {"poll": _arrays(polls, 2), "ping": _arrays(pings, 2)}))
+        client.close()
+    except BaseException:
+        results.put(("error", os.getpid(), traceback.format_exc()))
+
+
+# ---------------------------------------------------------------- server and machine readings
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all cores so far (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        values = [float(v) for v in stat.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0.0)
+    return sum(values) - idle, sum(values)
+
+
+def _snapshot(servers: Sequence[tuple[str, RedisClient]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"t": time.monotonic(), "machine": _machine_busy()}
+    for label, client in servers:
+        stats = client.info("stats")
+        memory = client.info("memory")
+        out[label] = {
+            "cpu": server_cpu_s(client),
+            "clients": int(client.info("clients")["connected_clients"]),
+            "mem_clients": int(memory["mem_clients_normal"]),
+            "used_memory": int(memory["used_memory"]),
+            "net_out": int(stats["total_net_output_bytes"]),
+            "net_in": int(stats["total_net_input_bytes"]),
+            "cmd_usec": {name.removeprefix("cmdstat_"): float(v["usec"])
+                         for name, v in client.info("commandstats").items()},
+        }
+    return out
+
+
+class _Mailbox:
+    """The children's messages ``(kind, pid, payload)``, kept until asked for."""
+
+    def __init__(self, results: Any) -> None:
+        self.results = results
+        self.kept: dict[tuple[str, int], Any] = {}
+
+    def wait_for(self, pids: set[int], what: str, timeout: float,
+                 servers: Sequence[tuple[str, RedisClient]] = (), samples: list[dict[str, Any]] | None = None
+                 ) -> dict[int, Any]:
+        """The ``what`` messages of ``pids``; raises with a child's traceback. With ``samples``,
+        a snapshot of ``servers`` is appended every 0.5 s meanwhile."""
+        deadline = time.monotonic() + timeout
+        while not all((what, pid) in self.kept for pid in pids):
+            try:
+                kind, pid, payload = self.results.get(timeout=max(0.1, min(0.5, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    missing = [pid for pid in pids if (what, pid) not in self.kept]
+                    raise RuntimeError(f"{len(missing)} processes not {what} within {timeout:.0f}s") from None
+                if samples is not None:
+                    samples.append(_snapshot(servers))
+                continue
+            if kind == "error":
+                raise RuntimeError(f"a bench process failed:\n{payload}")
+            self.kept[(kind, pid)] = payload
+        return {pid: self.kept.pop((what, pid)) for pid in pids}
+
+
+def _sleep_until(instant: float, servers: Sequence[tuple[str, RedisClient]], samples: list[dict[str, Any]]) -> None:
+    while (left := instant - time.monotonic()) > 0:
+        time.sleep(min(0.5, left))
+        if time.monotonic() < instant:
+            samples.append(_snapshot(servers))
+
+
+def _pct(samples: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(samples, q)) if len(samples) else None
+
+
+def _in(rows: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    return rows[(rows[:, 0] >= t0) & (rows[:, 0] < t1)] if len(rows) else rows
+
+
+def _steps_in(series: Sequence[np.ndarray], t0: float, t1: float) -> float:
+    """Env steps the agents made between t0 and t1 (each agent's cumulative count)."""
+    total = 0.0
+    for rows in series:
+        if not len(rows):
+            continue
+        before = rows[rows[:, 0] < t0, 1]
+        upto = rows[rows[:, 0] < t1, 1]
+        total += (upto[-1] if len(upto) else 0.0) - (before[-1] if len(before) else 0.0)
+    return total
+
+
+def version_ages(versions: Sequence[np.ndarray], publishes: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    """Every agent's version age (live version - the version it holds, in publishes) on a 50 ms
+    grid from t0 to t1, all agents together. ``versions``: per agent, rows (time loaded, version);
+    ``publishes``: rows (time live, version, ...)."""
+    grid = np.arange(t0, t1, _AGE_GRID_S)
+    if not len(publishes) or not len(grid):
+        return np.zeros(0)
+    order = np.argsort(publishes[:, 0])
+    live_t, live_v = publishes[order, 0], np.maximum.accumulate(publishes[order, 1])
+    live_index = np.searchsorted(live_t, grid, side="right") - 1
+    live = np.where(live_index >= 0, live_v[np.maximum(live_index, 0)], 0.0)
+    ages = []
+    for rows in versions:
+        if not len(rows):
+            continue
+        index = np.searchsorted(rows[:, 0], grid, side="right") - 1
+        held = np.where(index >= 0, rows[np.maximum(index, 0), 1], 0.0)
+        ages.append(live - held)
+    return np.concatenate(ages) if ages else np.zeros(0)
+
+
+def _ms(samples: np.ndarray) -> dict[str, float | None]:
+    seconds = samples[:, 1] if len(samples) else np.zeros(0)
+    p50, p99 = _pct(seconds, 50), _pct(seconds, 99)
+    return {"n": int(len(seconds)), "p50_ms": None if p50 is None else 1e3 * p50,
+            "p99_ms": None if p99 is None else 1e3 * p99}
+
+
+# ---------------------------------------------------------------- one case
+
+class _Marks(NamedTuple):
+    """The instants of one case (``time.monotonic()``) and the server snapshots taken at them."""
+
+    idle: tuple[dict[str, Any], dict[str, Any]]
+    a: Window  # phase A: experience and polls
+    a_drained: dict[str, Any]  # snapshot once the reader had every chunk stored in phase A
+    a_start: dict[str, Any]
+    a_measured: dict[str, Any]
+    a_end: dict[str, Any]
+    b: Window  # phase B: experience, polls and publishes
+    b_start: dict[str, Any]
+    b_end: dict[str, Any]
+    b_drained: dict[str, Any]  # once the reader had every chunk stored in phase B (before the last flush)
+
+
+def run_case(spec: CaseSpec, params: ParamDict) -> dict[str, Any]:
+    """Measure one case (see the module docstring) and return its results. Blocks for setup plus
+    ``warmup_s + quiet_s + loaded_s`` plus two drains; starts and stops its own servers and
+    processes. Raises RuntimeError with a child's traceback when one fails."""
+    log.info("case %s: setting up", spec.label)
+    started = time.monotonic()
+    samples: list[dict[str, Any]] = []
+    with hub_servers(spec) as hub:
+        ctx = mp.get_context("fork")  # this process never imports torch (load_params spawns for it)
+        results = ctx.Queue()
+        mail = _Mailbox(results)
+        learner_control, publisher_control, probe_control = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        procs: list[Any] = []
+
+        def spawn(target: Callable[..., None], *args: Any) -> int:
+            proc = ctx.Process(target=target, args=(*args, results), daemon=True)
+            proc.start()
+            procs.append(proc)
+            if proc.pid is None:
+                raise RuntimeError(f"{target.__name__} did not start")
+            return proc.pid
+
+        try:
+            learner = spawn(_learner, spec, hub.url, learner_control)
+            mail.wait_for({learner}, "ready", _SETUP_TIMEOUT_S)
+            publisher = spawn(_publisher, spec, hub.url, params, publisher_control)
+            mail.wait_for({publisher}, "ready", _SETUP_TIMEOUT_S)
+            workers = min(spec.workers, spec.agents)
+            ids = [list(range(w, spec.agents, workers)) for w in range(workers)]
+            controls = [ctx.Queue() for _ in ids]
+            worker_pids = {spawn(_agent_worker, spec, hub, agent_ids, control) for agent_ids, control in zip(ids, controls)}
+            probe = spawn(_probe, hub.url, probe_control)
+            mail.wait_for({*worker_pids, probe}, "ready", _SETUP_TIMEOUT_S)
+            setup_s = time.monotonic() - started
+            idle_start = _snapshot(hub.servers)
+            time.sleep(_IDLE_S)  # agents connected and waiting, the reader polling: the fixed cost
+            idle = (idle_start, _snapshot(hub.servers))
+            go = time.monotonic() + 0.2
+            window_a = Window(go, go + spec.warmup_s, go + spec.warmup_s + spec.quiet_s)
+            log.info("case %s: %d agents ready in %.1fs", spec.label, spec.agents, setup_s)
+            for control in controls:
+                control.put(window_a)
+            _sleep_until(window_a.start, hub.servers, samples)
+            a_start = _snapshot(hub.servers)
+            _sleep_until(window_a.measured, hub.servers, samples)
+            a_measured = _snapshot(hub.servers)
+            _sleep_until(window_a.end, hub.servers, samples)
+            a_end = _snapshot(hub.servers)
+            paused = mail.wait_for(worker_pids, "paused", _SETUP_TIMEOUT_S, hub.servers, samples)
+            learner_control.put(("drain", sum(paused.values())))
+            mail.wait_for({learner}, "drained", _DRAIN_TIMEOUT_S + 30, hub.servers, samples)
+            a_drained = _snapshot(hub.servers)
+            start = time.monotonic() + 0.3
+            window_b = Window(start, start, start + spec.loaded_s)
+            for control in (*controls, publisher_control):
+                control.put(window_b)
+            _sleep_until(window_b.start, hub.servers, samples)
+            b_start = _snapshot(hub.servers)
+            _sleep_until(window_b.end, hub.servers, samples)
+            b_end = _snapshot(hub.servers)
+            ended = mail.wait_for(worker_pids, "ended", _SETUP_TIMEOUT_S, hub.servers, samples)
+            learner_control.put(("drain", sum(ended.values())))
+            mail.wait_for({learner}, "drained", _DRAIN_TIMEOUT_S + 30, hub.servers, samples)
+            b_drained = _snapshot(hub.servers)
+            for control in controls:
+                control.put("flush")
+            done = mail.wait_for(worker_pids, "done", _SETUP_TIMEOUT_S, hub.servers, samples)
+            stored = int(sum(s["chunks"] for payload in done.values() for s in payload["senders"]))
+            learner_control.put(("finish", stored))
+            learner_done = mail.wait_for({learner}, "done", _DRAIN_TIMEOUT_S + 30, hub.servers, samples)[learner]
+            probe_control.put("stop")
+            publisher_done = mail.wait_for({publisher}, "done", 30)[publisher]
+            probe_done = mail.wait_for({probe}, "done", 30)[probe]
+        finally:
+            for proc in procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+    marks = _Marks(idle, window_a, a_drained, a_start, a_measured, a_end, window_b, b_start, b_end,
+                   b_drained)
+    out = _summarize(spec, hub, marks, samples, list(done.values()), learner_done, publisher_done, probe_done)
+    out["setup_s"] = round(setup_s, 2)
+    out["seconds"] = round(time.monotonic() - started, 2)
+    log.info("case %s: %s", spec.label, _headline(out))
+    return out
+
+
+def _headline(out: Mapping[str, Any]) -> str:
+    a, b = out["phase_a"], out["phase_b"]
+    cap = out["capacity"]["agents_per_hub"]
+    return (f"offered {out['offered_sps']:,.0f}/s, produced {a['produced_sps']:,.0f}, acked {a['acked_sps']:,.0f} "
+            f"(B: {b['produced_sps']:,.0f}, {b['acked_sps']:,.0f}); busiest Redis {a['redis_cpu_frac_max']:.2f}/"
+            f"{b['redis_cpu_frac_max']:.2f} CPU; version age p99 {b.get('version_age_p99')}; "
+            f"{'-' if cap is None else f'{cap:,.0f}'} agents per hub at full rate")
+
+
+def _phase(spec: CaseSpec, labels: Sequence[str], window: Window, first: Mapping[str, Any], last: Mapping[str, Any],
+           merged: Mapping[str, np.ndarray], steps: Sequence[np.ndarray], acked: np.ndarray, probe: Mapping[str, Any],
+           samples: Sequence[Mapping[str, Any]], client_cpu_s: float) -> dict[str, Any]:
+    """Rates, latencies and server loads over ``window.measured .. window.end``."""
+    t0, t1 = window.measured, window.end
+    dur = t1 - t0
+    cpu = {label: last[label]["cpu"] - first[label]["cpu"] for label in labels}
+    usec = {label: {cmd: v - first[label]["cmd_usec"].get(cmd, 0.0) for cmd, v in last[label]["cmd_usec"].items()}
+            for label in labels}
+    downloads = _in(merged["download"], t0, t1)
+    busy = (last["machine"][0] - first["machine"][0]) / max(1.0, last["machine"][1] - first["machine"][1])
+    peak = [s for s in samples if t0 <= s["t"] < t1] + [last]
+    return {
+        "seconds": dur,
+        "produced_sps": _steps_in(steps, t0, t1) / dur,
+        "acked_sps": float(_in(acked, t0, t1)[:, 1].sum()) / dur if len(acked) else 0.0,
+        "insert": _ms(_in(merged["insert"], t0, t1)),
+        "poll": _ms(_in(merged["poll"], t0, t1)),
+        "claim": _ms(_in(merged["claim"], t0, t1)),
+        "download": _ms(downloads),
+        "probe_poll": _ms(_in(probe["poll"], t0, t1)),
+        "probe_ping": _ms(_in(probe["ping"], t0, t1)),
+        "redis_cpu_frac": {label: c / dur for label, c in cpu.items()},
+        "redis_cpu_frac_max": max(c / dur for c in cpu.values()),
+        "param_cmd_usec_share": {label: sum(max(0.0, u.get(c, 0.0)) for c in PARAM_COMMANDS)
+                                 / max(1.0, sum(max(0.0, v) for v in u.values())) for label, u in usec.items()},
+        "downloads": int(len(downloads)),
+        "gb_served": float(downloads[:, 2].sum() / 1e9) if len(downloads) else 0.0,
+        "gb_from_replicas": float((downloads[:, 2] * downloads[:, 3]).sum() / 1e9) if len(downloads) else 0.0,
+        "machine_busy": busy,
+        "client_cpu_frac": client_cpu_s / (window.end - window.start) / (os.cpu_count() or 1),
+        "mem_clients_peak": {label: max(s[label]["mem_clients"] for s in peak) for label in labels},
+    }
+
+
+def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dict[str, Any]],
+               workers: list[dict[str, Any]], learner: dict[str, Any], publisher: dict[str, Any],
+               probe: dict[str, Any]) -> dict[str, Any]:
+    cfg = spec.profile
+    labels = [label for label, _ in hub.servers]
+    merged = {kind: np.concatenate([w[kind] for w in workers]) for kind in ("insert", "poll", "claim", "download")}
+    steps = [rows for w in workers for rows in w["steps"]]
+    versions = [rows for w in workers for rows in w["versions"]]
+    senders = [s for w in workers for s in w["senders"]]
+    acked, publishes, drained = learner["acked"], publisher["publishes"], learner["drained"]
+    offered = spec.agents * cfg.rate
+    a = _phase(spec, labels, marks.a, marks.a_measured, marks.a_end, merged, steps, acked, probe, samples,
+               sum(w["cpu_s"][0] for w in workers))
+    b = _phase(spec, labels, marks.b, marks.b_start, marks.b_end, merged, steps, acked, probe, samples,
+               sum(w["cpu_s"][1] for w in workers))
+    if spec.broadcast.enabled:
+        ages = version_ages(versions, publishes, marks.b.measured, marks.b.end)
+        if len(ages):
+            b.update(version_age_p50=float(np.percentile(ages, 50)), version_age_p99=float(np.percentile(ages, 99)),
+                     version_age_max=float(ages.max()), version_age_le2=float((ages <= 2).mean()))
+    # Exact accounting: each phase's Redis CPU is counted from its start until the reader had all
+    # of its chunks; less the idle rate (the reader's polling, the cron, idle connections, measured
+    # with every agent connected and waiting) that is experience per transition in phase A, and in
+    # phase B what is left after experience is the parameter traffic's.
+    fixed = {label: (marks.idle[1][label]["cpu"] - marks.idle[0][label]["cpu"]) / (marks.idle[1]["t"] - marks.idle[0]["t"])
+             for label in labels}
+    t_a_drained, t_b_drained = drained[1, 0], drained[2, 0]
+    steps_a = float(_in(acked, marks.a.start - 1.0, t_a_drained + 1e-6)[:, 1].sum()) if len(acked) else 0.0
+    steps_b = float(_in(acked, t_a_drained + 1e-6, t_b_drained + 1e-6)[:, 1].sum()) if len(acked) else 0.0
+    span_a = marks.a_drained["t"] - marks.a_start["t"]
+    span_b = marks.b_drained["t"] - marks.b_start["t"]
+    cpu_a = {label: marks.a_drained[label]["cpu"] - marks.a_start[label]["cpu"] for label in labels}
+    cpu_b = {label: marks.b_drained[label]["cpu"] - marks.b_start[label]["cpu"] for label in labels}
+    per_t = {label: max(0.0, cpu_a[label] - fixed[label] * span_a) / steps_a if steps_a else None for label in labels}
+    param_cpu = {label: max(0.0, cpu_b[label] - fixed[label] * span_b - (per_t[label] or 0.0) * steps_b)
+                 for label in labels}
+    late = _in(merged["download"], marks.b.start, math.inf)  # those ending after the window too
+    gb = float(late[:, 2].sum() / 1e9) if len(late) else 0.0
+    params_server = hub.params_server
+    out: dict[str, Any] = {
+        "label": spec.label, "spec": asdict(spec), "profile": asdict(cfg), "offered_sps": offered,
+        "phase_a": a, "phase_b": b,
+        "totals": {kind: _ms(rows) for kind, rows in merged.items()},
+        "accounting": {"fixed_cpu_frac": fixed, "phase_a_steps": steps_a, "phase_b_steps": steps_b,
+                       "phase_a_cpu_s": cpu_a, "phase_b_cpu_s": cpu_b, "phase_a_span_s": span_a,
+                       "phase_b_span_s": span_b, "drain_a_s": t_a_drained - marks.a.end,
+                       "drain_b_s": t_b_drained - marks.b.end, "param_cpu_s": param_cpu},
+        "redis_cpu_s_per_1k_transitions": {label: None if v is None else 1e3 * v for label, v in per_t.items()},
+        "redis_cpu_s_per_1k_total": 1e3 * sum(v or 0.0 for v in per_t.values()) if steps_a else None,
+        "redis_cpu_s_per_gb": {label: param_cpu[label] / gb if gb else None for label in labels},
+        "redis_cpu_s_per_gb_total": sum(param_cpu.values()) / gb if gb else None,
+        "params_server": params_server,
+        "param_share_of_params_server": param_cpu[params_server] / cpu_b[params_server] if cpu_b[params_server] else None,
+        "connections": {label: marks.a_end[label]["clients"] for label in labels},
+        "mem_per_connection_bytes": {label: marks.a_end[label]["mem_clients"] / max(1, marks.a_end[label]["clients"])
+                                     for label in labels},
+        "used_memory_idle": {label: marks.idle[0][label]["used_memory"] for label in labels},
+        "used_memory_end": {label: marks.b_drained[label]["used_memory"] for label in labels},
+        "param_nbytes": publisher["nbytes"],
+        "chunks_stored": int(sum(s["chunks"] for s in senders)),
+        "chunks_dropped": int(sum(s["chunks_dropped"] for s in senders)),
+        "steps_dropped": int(sum(s["steps_dropped"] for s in senders)),
+        "sender_retries": int(sum(s["missing_retries"] + s["oom_retries"] + s["error_retries"] for s in senders)),
+        "chunks_acked": learner["chunks"], "chunks_unique": learner["unique"], "chunks_duplicated": learner["duplicates"],
+        "receiver": learner["stats"], "dead_letters": learner["dead"],
+        "learner_cpu_frac": {"a": (drained[1, 1] - drained[0, 1]) / max(1e-9, t_a_drained - drained[0, 0]),
+                             "b": (drained[2, 1] - drained[1, 1]) / max(1e-9, t_b_drained - t_a_drained)},
+        "claim_wait_s": sum(w["claim_wait_s"] for w in workers),
+        "load_avg": os.getloadavg(),
+    }
+    out["capacity"] = _capacity(spec, fixed, per_t, param_cpu, gb, publisher["nbytes"])
+    return out
+
+
+def _capacity(spec: CaseSpec, fixed: Mapping[str, float], per_t: Mapping[str, float | None],
+              param_cpu: Mapping[str, float], gb: float, nbytes: int) -> dict[str, Any]:
+    """What each server's thread would carry with every agent at the full rate: its idle rate, its
+    experience CPU per transition x the offered rate, and its CPU per GB of phase B (each server's
+    share of the downloads as measured) x the GB/s that N agents downloading every version they
+    fetch need. The busiest server bounds the hub; ``agents_per_hub``: the N that fills its one
+    core (load 1.0), experience and parameters together and experience alone."""
+    cfg = spec.profile
+    offered = spec.agents * cfg.rate
+    needed = 0.0
+    if spec.broadcast.enabled:
+        needed = spec.agents * nbytes / cfg.publish_every_s / spec.broadcast.min_lag / 1e9
+    experience = {label: (v or 0.0) * offered for label, v in per_t.items()}
+    params = {label: param_cpu[label] / gb * needed if gb else 0.0 for label in per_t}
+    load = {label: fixed[label] + experience[label] + params[label] for label in per_t}
+    per_agent = {label: (experience[label] + params[label]) / spec.agents for label in per_t}
+    fits = {label: (1.0 - fixed[label]) / per_agent[label] if per_agent[label] else math.inf for label in per_t}
+    fits_exp = {label: (1.0 - fixed[label]) / (experience[label] / spec.agents) if experience[label] else math.inf
+                for label in per_t}
+    bottleneck = min(fits, key=lambda label: fits[label])
+    agents = fits[bottleneck]
+    exp_only = min(fits_exp.values())
+    return {"needed_gb_per_s": needed, "load_at_full_rate": load, "bottleneck": bottleneck,
+            "agents_per_hub": None if math.isinf(agents) else agents,
+            "agents_per_hub_experience_only": None if math.isinf(exp_only) else exp_only}
+
+
+# ---------------------------------------------------------------- the whole benchmark
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """Which cases :func:`run_scale_bench` measures. ``agents``: the N of section 1 for each env on
+    one primary; ``replica_agents`` / ``cluster_agents``: the N measured with read replicas and with
+    a cluster; ``broadcast_agents``: the Pong N of the parameter-broadcast options (section 2)."""
+
+    envs: tuple[str, ...] = ("pong", "halfcheetah")
+    agents: tuple[int, ...] = (8, 64, 256, 1024)
+    replica_agents: tuple[int, ...] = (64, 256, 1024)
+    cluster_agents: tuple[int, ...] = (256, 1024)
+    broadcast_agents: int | None = 1024
+    lockstep_agents: tuple[int, ...] = (256,)
+    workers: int = 4
+    warmup_s: float = 1.0
+    quiet_s: float = 3.0
+    loaded_s: float = 5.0
+    publish_every_s: float | None = None
+
+    @classmethod
+    def quick(cls) -> BenchPlan:
+        return cls(agents=(8,), replica_agents=(16,), cluster_agents=(), broadcast_agents=None, lockstep_agents=(8,),
+                   workers=2, warmup_s=0.5, quiet_s=1.5, loaded_s=2.5)
+
+    def cases(self) -> list[CaseSpec]:
+        common: dict[str, Any] = {"workers": self.workers, "warmup_s": self.warmup_s, "quiet_s": self.quiet_s,
+                  "loaded_s": self.loaded_s, "publish_every_s": self.publish_every_s}
+        cases = [CaseSpec(env, n, **common) for env in self.envs for n in self.agents]
+        cases += [CaseSpec(env, n, hub="replicas", **common) for env in self.envs for n in self.replica_agents]
+        cases += [CaseSpec(env, n, hub="cluster", **common) for env in self.envs for n in self.cluster_agents]
+        if "pong" in self.envs:
+            cases += [CaseSpec("pong", n, sync="lockstep", **common) for n in self.lockstep_agents]
+            if self.broadcast_agents:
+                n = self.broadcast_agents
+                for hub, options in (("primary", BroadcastOptions(min_lag=2)),
+                                     ("primary", BroadcastOptions(dtype="float16")),
+                                     ("primary", BroadcastOptions(dtype="float16", min_lag=2)),
+                                     ("replicas", BroadcastOptions(dtype="float16")),
+                                     ("replicas", BroadcastOptions(dtype="float16", min_lag=2))):
+                    cases.append(CaseSpec("pong", n, hub=hub, broadcast=options, **common))
+        return cases
+
+
+def machine() -> dict[str, Any]:
+    """CPU count, model and load of this machine."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model, "load_avg": os.getloadavg()}
+
+
+def run_scale_bench(plan: BenchPlan, quick: bool = False) -> dict[str, Any]:
+    """Every case of ``plan`` one after another, the fp16 logit check, capacities and the
+    parameter-broadcast targets (section 2: with ``broadcast_agents`` Pong agents, version age
+    p99 <= 2 publishes and < 25% of the parameter server's CPU on parameters; which options meet
+    them). Blocks for the whole run."""
+    started = time.monotonic()
+    params = load_params(plan.envs)
+    out: dict[str, Any] = {"quick": quick, "machine_start": machine(), "plan": asdict(plan), "cases": []}
+    for spec in plan.cases():
+        out["cases"].append(run_case(spec, params[spec.env]))
+    if "pong" in params:
+        out["fp16_check"] = fp16_logit_check(params["pong"])
+    out["broadcast"] = broadcast_summary(out["cases"], plan.broadcast_agents)
+    out["machine_end"] = machine()
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def broadcast_summary(cases: Sequence[Mapping[str, Any]], agents: int | None) -> list[dict[str, Any]]:
+    """Section 2: for every Pong case at ``agents`` (all Pong cases at the largest N measured when
+    None) with parameters on, its version age p99 and the parameter server's CPU share on
+    parameters in phase B, and whether each meets its target."""
+    pong = [c for c in cases if c["spec"]["env"] == "pong" and c["spec"]["broadcast"]["enabled"]]
+    if not pong:
+        return []
+    n = agents if agents is not None else max(c["spec"]["agents"] for c in pong)
+    rows = []
+    for case in pong:
+        if case["spec"]["agents"] != n:
+            continue
+        b = case["phase_b"]
+        age, share = b.get("version_age_p99"), case["param_share_of_params_server"]
+        rows.append({"label": case["label"], "version_age_p99": age, "param_cpu_share": share,
+                     "age_met": age is not None and age <= 2, "share_met": share is not None and share < 0.25,
+                     "produced_over_offered": b["produced_sps"] / case["offered_sps"],
+                     "download_p99_ms": b["download"]["p99_ms"], "gb_served_per_s": b["gb_served"] / b["seconds"]})
+    return rows
+
+
+# ---------------------------------------------------------------- the figure
+
+def scale_figure(result: Mapping[str, Any]) -> Any:
+    """Four panels over N (log scale), a line per env and hub: acked over offered env steps/s;
+    Redis's busiest thread (CPU fraction, phase B); p99 of insert and download latency; version age p99."""
+    from surreal_redis.plots import _figure
+
+    figure = _figure(4, width=4.2, height=3.6)
+    axes = [figure.add_subplot(1, 4, i + 1) for i in range(4)]
+    lines: dict[str, list[Mapping[str, Any]]] = {}
+    for case in result["cases"]:
+        spec = case["spec"]
+        if spec["broadcast"] != asdict(BroadcastOptions()) or spec["sync"] != "free":
+            continue
+        lines.setdefault(f"{spec['env']} {spec['hub']}", []).append(case)
+    for number, (name, cases) in enumerate(sorted(lines.items())):
+        cases = sorted(cases, key=lambda c: c["spec"]["agents"])
+        n = [c["spec"]["agents"] for c in cases]
+        style: dict[str, Any] = {"color": f"C{number % 10}", "marker": "o", "label": name}
+        axes[0].plot(n, [c["phase_a"]["acked_sps"] / c["offered_sps"] for c in cases], **style)
+        axes[1].plot(n, [c["phase_b"]["redis_cpu_frac_max"] for c in cases], **style)
+        axes[2].plot(n, [c["phase_a"]["insert"]["p99_ms"] or math.nan for c in cases], linestyle="-", **style)
+        axes[2].plot(n, [c["phase_b"]["download"]["p99_ms"] or math.nan for c in cases], linestyle=":",
+                     **{**style, "label": None})
+        axes[3].plot(n, [c["phase_b"].get("version_age_p99", math.nan) for c in cases], **style)
+    titles = ("acked / offered env steps/s", "busiest Redis thread, CPU (B)",
+              "p99 ms: insert (solid), download (dotted)", "version age p99 (publishes)")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("simulated agents")
+        ax.set_title(title, fontsize="medium")
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[3].axhline(2, color="gray", linestyle=":", linewidth=1, label="target 2")
+    axes[1].axhline(1, color="gray", linestyle=":", linewidth=1)
+    axes[0].legend(fontsize="small")
+    mach = result.get("machine_start", {})
+    figure.suptitle(f"surreal-redis scale bench ({mach.get('cpus')} cores, shared by agents, reader and Redis)")
+    return figure
