@@ -55,21 +55,25 @@ def _receive(receiver: ExperienceReceiver, want: int, timeout: float = 20.0) -> 
     return got
 
 
-def test_shards_spread_over_primaries_and_round_trip(redis_cluster):
+@pytest.mark.parametrize("apart", [None, 1], ids=["payloads-inline", "payloads-apart"])
+def test_shards_spread_over_primaries_and_round_trip(redis_cluster, apart):
+    """Also with every payload stored apart: the sender's SADD and SETNX and the receiver's payload
+    MGET go to each shard's primary."""
     client = connect(redis_cluster.url)
     assert is_cluster(client) and len(primary_clients(client)) == 3
-    run = "rt"
+    run = f"rt{apart}"
+    config = SenderConfig(flush_steps=4, dedup_min_bytes=16, payload_ref_min_bytes=apart)
     owners = {client.get_node_from_key(RunKeys(run).shard(i).exp).name for i in range(3)}
     assert len(owners) == 3, "three shards on three primaries"
     receiver = ExperienceReceiver(client, ReceiverConfig(), run, 3)
     receiver.start()
     for agent in range(6):  # two agents per shard, blobs deduplicated (insert.lua), 2 chunks each
-        _steps(ExperienceSender(client, SenderConfig(flush_steps=4, dedup_min_bytes=16), run, agent, 3), 5)
+        _steps(ExperienceSender(client, config, run, agent, 3), 5)
     got = _receive(receiver, 12)
-    assert len(got) == 12 and {item.shard for item in got} == {0, 1, 2}
+    assert len(got) == 12 and {item.shard for item in got} == {0, 1, 2} and receiver.stats().dead == 0
     assert {item.chunk.agent_id for item in got} == set(range(6))
     # one quiet shard never starves the others: data on the last shard arrives within one call
-    _steps(ExperienceSender(client, SenderConfig(flush_steps=4, dedup_min_bytes=16), run, 2, 3), 5)
+    _steps(ExperienceSender(client, config, run, 2, 3), 5)
     assert {item.shard for item in _receive(receiver, 2)} == {2}
     # gc.lua per shard, and drop on every primary
     stats = HubJanitor(client, RetentionConfig(max_entries=1), run, 3).run_once()

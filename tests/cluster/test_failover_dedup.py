@@ -144,17 +144,20 @@ def identity(item: ReceivedChunk) -> tuple[int, float]:
     return item.chunk.env_index, float(item.chunk.obs[0, 0])
 
 
-def test_failover_never_hands_the_learner_a_chunk_twice(pair):
+@pytest.mark.parametrize("apart", [None, 1], ids=["payloads-inline", "payloads-apart"])
+def test_failover_never_hands_the_learner_a_chunk_twice(pair, apart):
     """Before the lag: 4 batches queued, 2 of them moved and delivered (pending). While the
     replica lags, the learner acks those, moves, reads and acks the other 2, and the agent queues
     batch 5, which the learner has not read when the primary dies. The promoted replica hands the
     first 4 batches out again (2 from the pending list, 2 moved again: the dedup window went with
     the primary): the learner drops all 8 chunks. Batch 5 is lost (acked to the agent, never
-    read); batch 6, sent after the failover, arrives."""
+    read); batch 6, sent after the failover, arrives. The same with every payload stored apart
+    (the replica holds each queued batch's payload blobs: they were written before the batch)."""
     learner_client, agent_client = pair.client(), pair.client()
     receiver = ExperienceReceiver(learner_client, ReceiverConfig(block_ms=100), RUN, 1)
     receiver.start()
-    sender = ExperienceSender(agent_client, SenderConfig(flush_steps=2, max_wait_s=30), RUN, 0, 1)
+    config = SenderConfig(flush_steps=2, max_wait_s=30, payload_ref_min_bytes=apart)
+    sender = ExperienceSender(agent_client, config, RUN, 0, 1)
     step = send_batches(sender, 0, 2)
     delivered = receiver.receive(256, block_ms=0)  # moved and delivered, not acked yet
     assert len(delivered) == 4
@@ -184,6 +187,7 @@ def test_failover_never_hands_the_learner_a_chunk_twice(pair):
     assert stats.duplicates_consumed == 8 and stats.chunks == 10
     assert sender.stats().chunks == 12  # 2 of them (batch 5) lost: acked to the agent, never read
     assert replica.xpending(keys.exp, CONSUMER_GROUP)["pending"] == 0
+    assert stats.dead == 0 and (apart is None or sender.stats().payloads_stored == 12)
 
 
 def test_a_learner_resumed_from_its_checkpoint_after_a_failover_drops_what_it_consumed(pair):
