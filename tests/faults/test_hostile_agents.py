@@ -220,3 +220,47 @@ def test_a_batch_with_misplaced_fields_puts_nothing_into_obsref_and_janitor_set_
     assert not real_redis.exists(KEYS.obsref) and real_redis.xlen(KEYS.dead) == 2
     assert stats.set_aside == 2 and receiver.stats().dead == 2  # hub/dead_entries_total
     assert receiver.dead_by_reason == {"malformed_batch": 2}
+
+
+# ---------------------------------------------------------------- 6: payloads stored apart
+
+def test_junk_stored_ahead_under_a_payloads_digest_is_set_aside_never_delivered(real_redis):
+    """An agent that knew another's payload bytes in advance stores junk under their digest first
+    (its SETNX): the honest sender's SETNX then stores nothing, and its chunk is dead-lettered
+    (digest_mismatch), never handed to the learner with the junk; the other chunks arrive."""
+    config = SenderConfig(flush_steps=2, dedup_min_bytes=1 << 20, payload_ref_min_bytes=1)  # frames inline
+    rng = np.random.default_rng(7)
+    frames = [rng.integers(0, 256, (2, 84, 84), dtype=np.uint8) for _ in range(3)]
+    rehearsal = RunKeys("rehearsal").shard(0)  # the hostile agent's prediction: the same steps elsewhere
+    add_steps(ExperienceSender(real_redis, config, "rehearsal", 0, 1), 0, 3, rng, frames=lambda k: frames[k])
+    move_inbox(Scripts(real_redis), rehearsal)
+    predicted = [fields[b"p"].decode() for _, fields in real_redis.xrange(rehearsal.exp)]
+    assert len(predicted) == 2  # one chunk per env
+    assert real_redis.setnx(KEYS.obs(predicted[0]), b"SRC1 junk the hostile agent chose")
+    honest = ExperienceSender(real_redis, config, RUN, 0, 1)
+    add_steps(honest, 0, 3, rng, frames=lambda k: frames[k])
+    assert honest.stats().payloads_stored == 1  # env 0's SETNX found the junk there
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
+    got = drain(receiver)
+    assert assert_exactly_once(got) == {(0, 1, 1.0)}  # env 1's chunk only
+    assert receiver.dead_by_reason == {"digest_mismatch": 1}
+
+
+def test_thousands_of_junk_pins_are_scored_in_bounded_pages_and_collect_nothing_else(real_redis):
+    """An agent SADDs 3000 pins, some no digest: each move scores at most 1024 of them, drops the
+    ones that are no digest, and gc then deletes nothing any retained entry needs."""
+    sender, = honest_senders(real_redis, 1)
+    add_steps(sender, 0, 3, np.random.default_rng(8), n=1)
+    junk = [f"{i:032x}" for i in range(2990)] + [f"not-a-digest-{i}" for i in range(10)]
+    real_redis.sadd(KEYS.pinned, *junk)
+    pins = real_redis.scard(KEYS.pinned)  # the junk and the queued batch's own frames
+    scripts = Scripts(real_redis)
+    assert move_inbox(scripts, KEYS).added == 1 and real_redis.scard(KEYS.pinned) == pins - 1024
+    while real_redis.exists(KEYS.pinned):
+        move_inbox(scripts, KEYS)
+    frames = set(real_redis.xrange(KEYS.exp)[0][1][b"o"].decode().split(","))
+    members = {m.decode() for m in real_redis.zrange(KEYS.obsref, 0, -1)}
+    assert members == set(junk[:2990]) | frames
+    HubJanitor(real_redis, RetentionConfig(max_entries=None), RUN, 1).run_once()
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
+    assert len(drain(receiver)) == 1 and receiver.stats().dead == 0
