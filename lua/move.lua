@@ -27,9 +27,9 @@
 -- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest. Once the
 -- inbox is empty no batch references a pin: up to 1024 pins a call then go into obsref (ZADD NX at
 -- the current time's score, so one a retained entry references keeps its score), and gc collects
--- the blobs that no retained entry references (an agent stopped between pinning and storing a
--- payload and its insert, a resend the dedup window dropped, a batch set aside): no pinned blob is
--- left behind. Pins that are no digest are dropped.
+-- the blobs no retained entry references once the stream is past them (of an agent stopped after
+-- storing a payload but before its insert, of a resend the dedup window dropped, of a batch set
+-- aside): no pinned blob is left behind. Pins that are no digest are dropped.
 local MAX_ITEMS, MAX_CHUNKS, MAX_REFS, WINDOW, SLOTS, PIN_PAGE = 256, 64, 256, 1024, 1024, 1024
 -- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
 local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
@@ -116,11 +116,11 @@ local function parse(item)
       refs[#refs + 1] = digest
     end
     local payload = f[4 * c + 4]
-    local stored = string.match(payload, DIGEST) and payload or nil  -- anchored: a payload fails at once
-    if stored and seen_refs[stored] then
-      return nil, 'chunk ' .. c .. ' names its payload ' .. stored .. ' among its observations'
+    local apart = string.match(payload, DIGEST) and payload or nil  -- anchored: a payload fails at once
+    if apart and seen_refs[apart] then
+      return nil, 'chunk ' .. c .. ' names its payload ' .. apart .. ' among its observations'
     end
-    chunks[c] = {f[4 * c + 1], f[4 * c + 2], f[4 * c + 3], payload, refs, stored}
+    chunks[c] = {f[4 * c + 1], f[4 * c + 2], f[4 * c + 3], payload, refs, apart}
   end
   return {uuid = uuid, seq = seq, floor = floor, chunks = chunks}
 end

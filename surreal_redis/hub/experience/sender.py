@@ -8,7 +8,8 @@ the batch into the stream once per (sender uuid, seq) (``move.lua``). Blobs
 that the sender remembers as stored travel again only when the script answers MISSING (gc
 collected them meanwhile). A chunk payload of at least ``payload_ref_min_bytes`` never passes
 through Lua: in the same pipeline, before the call, the sender pins its digest (SADD) and stores
-it as a blob itself (SETNX ``obs:<digest>``), and the batch carries only the digest. Commands are packed and sent without redis-py's pipeline (see
+it as a blob itself (SETNX ``obs:<digest>``), and the batch carries only the digest. Commands are
+packed and sent without redis-py's pipeline (see
 :func:`surreal_redis.hub.experience.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.experience.wire`.
 """
 
