@@ -4,8 +4,9 @@
 (:mod:`surreal_redis.testing.bench_data`), measures
 
 - ``hub_tps`` / ``naive_tps``: transitions per second stored by 2 sender processes, through the
-  :class:`~surreal_redis.hub.experience.sender.ExperienceSender` (vectorized ``add``) versus one pipelined
-  XADD per transition carrying the obs and next_obs bytes;
+  :class:`~surreal_redis.hub.experience.sender.ExperienceSender` (vectorized ``add``, default
+  settings: humanoid's 96 KB chunk payloads are stored apart, ``payload_ref_min_bytes``) versus one
+  pipelined XADD per transition carrying the obs and next_obs bytes;
 - ``hub_bytes_per_t`` / ``naive_bytes_per_t``: Redis ``used_memory`` growth per stored transition;
 - ``recv_tps``: transitions per second the learner-side receiver reads and decodes, and
   ``recv_server_cpu_us_per_t``: redis-server's CPU per transition meanwhile (moving the inboxes into
