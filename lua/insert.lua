@@ -11,9 +11,10 @@
 --   payload may be a digest instead (see below)
 -- returns {"OK"} (queued) | {"MISSING", digest ...}; nothing is written unless "OK" (all checks run
 -- before the first write, so an OOM refusal also writes nothing).
--- A payload that is itself a digest (a payload proper begins with "SRC1") references the blob
--- holding it, one of KEYS and none of the chunk's observations: the agent stores big payloads with
--- its own SETNX, after pinning them with SADD, so their bytes never pass through Lua.
+-- A payload that is a blob id (the digest grammar; a payload proper begins with "SRC1") references
+-- the blob holding it, one of KEYS and none of the chunk's observations: the agent stores big
+-- payloads under a random id with its own SETNX, after pinning the id with SADD, so their bytes
+-- never pass through Lua.
 -- Runs as the agent, whose ACL user may only append to the inbox: it queues the batch there as one
 -- item (netstrings "<len>:<bytes>" of uuid, seq, floor, m and the 4m fields) and pins every digest
 -- the chunks reference, so gc keeps those observations until the learner's move.lua has moved the

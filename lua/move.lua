@@ -22,8 +22,8 @@
 -- so a batch refused before a later one was queued is still stored when resent. Seqs below a new
 -- floor are forgotten: the set stays under 1024. Windows idle for ARGV[2] ms are dropped, two
 -- random fields checked per call.
--- A chunk whose payload field is a digest (insert.lua: the payload stored as a blob by the agent)
--- becomes an entry with field p (that digest) instead of d; its blob is scored like an observation.
+-- A chunk whose payload field is a blob id (insert.lua: the payload stored as a blob by the agent)
+-- becomes an entry with field p (that id) instead of d; its blob is scored like an observation.
 -- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest. Once the
 -- inbox is empty no batch references a pin: up to 1024 pins a call then go into obsref (ZADD NX at
 -- the current time's score, so one a retained entry references keeps its score), and gc collects

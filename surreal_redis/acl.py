@@ -16,7 +16,7 @@ Agent user (Redis 7 ACL selectors, so each command is allowed on its own keys on
   keeps the dedup windows and ``obsref`` scores, which agents cannot touch), SADD on ``pinned``,
   SETNX (never SET: an observation, once stored, cannot be overwritten) and EXISTS on ``obs:*``;
   the sender also runs SADD and SETNX itself, for the chunk payloads it stores apart (blobs
-  ``obs:<digest>`` like observations, whose bytes never pass through the scripts);
+  ``obs:<id>`` like observations, under random ids; their bytes never pass through the scripts);
   XINFO GROUPS, XLEN, XRANGE on ``exp`` and LLEN on ``inbox`` (backpressure).
 - EVALSHA of ``claim.lua`` (lockstep production) and what it runs: HMGET/HINCRBY on ``quota``.
 - Parameters read-only: HGET/HGETALL/HMGET on ``meta``, GETRANGE on ``blob:*``, SUBSCRIBE to the

@@ -129,8 +129,9 @@ class ShardKeys:
         return f"{self.tag}:obs:"
 
     def obs(self, digest: str) -> str:
-        """String key holding one blob: an encoded observation leaf or frame, or a chunk payload
-        stored apart (entry field ``p``)."""
+        """String key holding one blob: an encoded observation leaf or frame (named by its digest),
+        or a chunk payload stored apart (entry field ``p``, named by a random id in the same
+        grammar)."""
         if not _DIGEST.fullmatch(digest):
             raise ValueError(f"invalid observation digest {digest!r}")
         return f"{self.tag}:obs:{digest}"

@@ -224,26 +224,27 @@ def test_a_batch_with_misplaced_fields_puts_nothing_into_obsref_and_janitor_set_
 
 # ---------------------------------------------------------------- 6: payloads stored apart
 
-def test_junk_stored_ahead_under_a_payloads_digest_is_set_aside_never_delivered(real_redis):
-    """An agent that knew another's payload bytes in advance stores junk under their digest first
-    (its SETNX): the honest sender's SETNX then stores nothing, and its chunk is dead-lettered
-    (digest_mismatch), never handed to the learner with the junk; the other chunks arrive."""
-    config = SenderConfig(flush_steps=2, dedup_min_bytes=1 << 20, payload_ref_min_bytes=1)  # frames inline
+def test_no_agent_can_store_under_a_payloads_id_first(real_redis):
+    """A payload's blob id is 128 random bits, not its digest: the same steps sent twice get other
+    ids (an agent that knows another's payload cannot name its blob). An id read from the stream
+    names a blob that exists (SETNX refuses); once its entry is collected, junk stored under it is
+    referenced by nothing (a resend of that batch is dropped as a copy: test_hub_payloads)."""
+    config = SenderConfig(flush_steps=2, dedup_min_bytes=1 << 20, payload_ref_min_bytes=1, retry_base_s=0.01)
     rng = np.random.default_rng(7)
     frames = [rng.integers(0, 256, (2, 84, 84), dtype=np.uint8) for _ in range(3)]
-    rehearsal = RunKeys("rehearsal").shard(0)  # the hostile agent's prediction: the same steps elsewhere
-    add_steps(ExperienceSender(real_redis, config, "rehearsal", 0, 1), 0, 3, rng, frames=lambda k: frames[k])
-    move_inbox(Scripts(real_redis), rehearsal)
-    predicted = [fields[b"p"].decode() for _, fields in real_redis.xrange(rehearsal.exp)]
-    assert len(predicted) == 2  # one chunk per env
-    assert real_redis.setnx(KEYS.obs(predicted[0]), b"SRC1 junk the hostile agent chose")
-    honest = ExperienceSender(real_redis, config, RUN, 0, 1)
-    add_steps(honest, 0, 3, rng, frames=lambda k: frames[k])
-    assert honest.stats().payloads_stored == 1  # env 0's SETNX found the junk there
+    twins = [ExperienceSender(real_redis, config, RUN, agent, 1) for agent in (0, 0)]
+    for sender in twins:
+        add_steps(sender, 0, 3, rng, frames=lambda k: frames[k])
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
     got = drain(receiver)
-    assert assert_exactly_once(got) == {(0, 1, 1.0)}  # env 1's chunk only
-    assert receiver.dead_by_reason == {"digest_mismatch": 1}
+    assert len(got) == 4 and receiver.stats().dead == 0
+    ids = [fields[b"p"].decode() for _, fields in real_redis.xrange(KEYS.exp)]
+    assert len(set(ids)) == 4 and all(is_digest(i) for i in ids)
+    assert not any(real_redis.setnx(KEYS.obs(i), b"SRC1 junk") for i in ids)  # the blobs are there
+    HubJanitor(real_redis, RetentionConfig(max_entries=0, orphan_scan_count=0), RUN, 1).run_once()
+    assert not real_redis.keys(KEYS.obs_prefix + "*")
+    assert real_redis.setnx(KEYS.obs(ids[0]), b"SRC1 junk")  # after collection: an orphan, named by no entry
+    assert drain(receiver) == [] and receiver.stats().dead == 0
 
 
 def test_thousands_of_junk_pins_are_scored_in_bounded_pages_and_collect_nothing_else(real_redis):

@@ -14,7 +14,7 @@ from surreal_redis.hub.experience.wire import (
     WireError,
     parse_entry,
     parse_id,
-    payload_digest,
+    payload_blob_id,
     referenced_slots,
 )
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
@@ -89,7 +89,7 @@ def dedup_ratio(client: RedisClient, keys: ShardKeys, length: int) -> tuple[floa
     stored: dict[int, str] = {}
     for position, (_, fields) in enumerate(recent):
         try:
-            d = payload_digest(fields)
+            d = payload_blob_id(fields)
         except WireError:
             continue
         if d is not None:
@@ -106,7 +106,7 @@ def dedup_ratio(client: RedisClient, keys: ShardKeys, length: int) -> tuple[floa
         except (WireError, CodecError):
             continue
     if recent:
-        blobs = max(0, blobs - round(len(set(stored.values())) / len(recent) * length))  # payloads may repeat
+        blobs = max(0, blobs - round(len(set(stored.values())) / len(recent) * length))  # one blob per entry
     if not blobs or not slots:
         return None, blobs
     return float(np.mean(slots)) * length / blobs, blobs

@@ -7,8 +7,9 @@ No entry's data can stop this: any exception it provokes (RecursionError, Memory
 ...) makes that entry a failure with a reason, and the others go on. A blob must hash to its digest
 (``verify_digests``), declare the dtype and shape the entry's template gives it, stay under
 ``max_obs_bytes`` and under the compression ratio lz4 can reach; only then is it decompressed, and
-only once it decoded is it cached. A payload blob must hash to its digest too (``verify_digests``);
-payloads are never cached (each belongs to one entry).
+only once it decoded is it cached. A payload blob is named by a random id, not a digest (see
+:class:`~surreal_redis.hub.experience.sender.ExperienceSender`): it is decoded and checked like an
+inline payload, and never cached (it belongs to one entry).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from surreal_redis.hub.experience.wire import (
     build_chunk,
     expected_frames,
     parse_entry,
-    payload_digest,
+    payload_blob_id,
 )
 from surreal_redis.keys import ShardKeys
 
@@ -115,15 +116,14 @@ class EntryDecoder:
         return good, failures
 
     def _fetch_payloads(self, entries: list[Entry]) -> tuple[dict[int, bytes], dict[int, tuple[str, str]]]:
-        """The payload blobs of the entries with field ``p`` (one MGET per shard, each digest once),
-        by position in ``entries``, and (reason, detail) for the positions whose payload is unusable:
-        ``p`` not a digest (format), the blob gone (missing_payload), or not hashing to its digest
-        (digest_mismatch)."""
+        """The payload blobs of the entries with field ``p`` (one MGET per shard, each id once), by
+        position in ``entries``, and (reason, detail) for the positions whose payload is unusable:
+        ``p`` not a blob id (format) or the blob gone (missing_payload)."""
         wanted: dict[int, dict[str, list[int]]] = {}  # shard -> digest -> positions
         unusable: dict[int, tuple[str, str]] = {}
         for position, (shard, _, fields) in enumerate(entries):
             try:
-                d = payload_digest(fields)
+                d = payload_blob_id(fields)
             except Exception as exc:  # one entry's data: see the module docstring
                 unusable[position] = (failure_reason(exc), _detail(exc))
                 continue
@@ -137,16 +137,11 @@ class EntryDecoder:
             pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
         for digests, blobs in zip(wanted.values(), pipe.execute()):
             for (d, positions), blob in zip(digests.items(), blobs):
-                problem = None
-                if blob is None:
-                    problem = ("missing_payload", f"payload blob {d} is gone (collected)")
-                elif self.limits.verify_digests and digest(blob) != d:  # its bytes count in its entry's nbytes
-                    problem = ("digest_mismatch", f"payload blob {d} holds data of digest {digest(blob)}")
-                for position in positions:
-                    if problem is None:
-                        payloads[position] = blob
+                for position in positions:  # its bytes count in its entry's nbytes
+                    if blob is None:
+                        unusable[position] = ("missing_payload", f"payload blob {d} is gone (collected)")
                     else:
-                        unusable[position] = problem
+                        payloads[position] = blob
         return payloads, unusable
 
     def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:

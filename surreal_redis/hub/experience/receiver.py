@@ -6,7 +6,7 @@ reading new entries the receiver moves them into the stream with ``lua/move.lua`
 each (sender uuid, seq) once, in queue order, and sets malformed items aside. Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), fetches the payloads stored
 apart (entries with field ``p``: one MGET per shard and batch), resolves observation digests with
 one MGET per shard and batch plus a bounded cache of decoded arrays, optionally verifies every
-blob's digest, and hands out chunks to be acked once they are in replay.
+observation blob's digest, and hands out chunks to be acked once they are in replay.
 
 Exactly once: every entry the group hands this consumer stays in its pending list until
 :meth:`~ExperienceReceiver.ack` (or until it is set aside). The receiver remembers what it holds
@@ -82,7 +82,8 @@ class ReceiverConfig:
     gets its own pending entries back at once). ``block_ms``: default wait of :meth:`receive`.
     ``cache_entries``/``cache_bytes``: decoded observation arrays kept by digest (both bound the
     cache). ``max_obs_bytes``: decoded size of one observation blob beyond which it is refused.
-    ``verify_digests``: check blake2b(blob) == digest for every fetched blob.
+    ``verify_digests``: check blake2b(blob) == digest for every fetched observation blob (payload
+    blobs are named by random ids, not digests).
     ``claim_min_idle_ms``: take over entries pending this long on other consumers (a dead
     learner's), checked every ``claim_every_s`` (then the group's other consumers with nothing
     pending are removed); ``claim_count``: entries per claim or pending-list read.

@@ -7,8 +7,9 @@ writes them together with the batch, all-or-nothing, into the shard's inbox; the
 the batch into the stream once per (sender uuid, seq) (``move.lua``). Blobs
 that the sender remembers as stored travel again only when the script answers MISSING (gc
 collected them meanwhile). A chunk payload of at least ``payload_ref_min_bytes`` never passes
-through Lua: in the same pipeline, before the call, the sender pins its digest (SADD) and stores
-it as a blob itself (SETNX ``obs:<digest>``), and the batch carries only the digest. Commands are
+through Lua: it gets a random id (128 bits, the digests' grammar), and in the same pipeline, before
+the call, the sender pins the id (SADD) and stores the payload under it itself (SETNX
+``obs:<id>``); the batch carries only the id. Commands are
 packed and sent without redis-py's pipeline (see
 :func:`surreal_redis.hub.experience.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.experience.wire`.
 """
@@ -16,6 +17,7 @@ packed and sent without redis-py's pipeline (see
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from surreal_redis.codec import Tree, digest
+from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter
 from surreal_redis.hub.experience.backlog import read_backlog
 from surreal_redis.hub.experience.batching import (
@@ -39,7 +41,7 @@ from surreal_redis.hub.experience.batching import (
 from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
 from surreal_redis.hub.experience.ledger import Ledger
 from surreal_redis.hub.experience.wire import sender_tag
-from surreal_redis.keys import RunKeys
+from surreal_redis.keys import DIGEST_CHARS, RunKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -68,9 +70,9 @@ class SenderConfig:
     long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long as
     it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its referenced
     observations) of at least this many bytes is stored once as a blob by the sender's own SETNX,
-    beside the insert call, and only its digest passes through the scripts (Lua copies each byte it
-    handles several times, ~1 µs per KiB each; a blob costs ~250 B of Redis memory, a digest on
-    both sides and the learner one more round trip). Measured (docs/benchmarks.md, Hub), the CPU
+    beside the insert call, and only its id passes through the scripts (Lua copies each byte it
+    handles several times, ~1 µs per KiB each; a blob costs ~250 B of Redis memory and the learner
+    one more round trip). Measured (docs/benchmarks.md, Hub), the CPU
     of sender, receiver and Redis together breaks even at about 8 KiB, Redis' own at about 4 KiB.
     The default (16 KiB) stores MuJoCo Humanoid's 96 KB and robosuite Lift's ~20 KB (100 steps of
     42 floats) chunks apart and keeps CartPole's 2 KB, HalfCheetah's 7-10 KB and Atari's ~1 KB
@@ -167,7 +169,7 @@ class ExperienceSender:
         self._counts = dict.fromkeys((f for f in SenderStats._fields if f != "backpressure_wait_s"), 0)
         self._backpressure_wait_s = 0.0
         self._unsent: dict[int, EncodedChunk] = {}  # id(fields) -> chunk, while a flush is being sent
-        self._payloads: dict[str, bytes] = {}  # digest -> payload stored apart, while a flush is being sent
+        self._payloads: dict[str, bytes] = {}  # id -> payload stored apart, while a flush is being sent
 
     # ------------------------------------------------------------ public API
 
@@ -248,15 +250,19 @@ class ExperienceSender:
             self._buffer.release()
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
-        """The chunk with its payload replaced by the payload's digest when it is at least
-        ``payload_ref_min_bytes`` (the blob waits in ``_payloads``); else the chunk itself."""
+        """The chunk with its payload replaced by a fresh blob id when it is at least
+        ``payload_ref_min_bytes`` (the blob waits in ``_payloads``); else the chunk itself.
+
+        The id is 128 random bits (``secrets``), not the payload's digest: no agent can store
+        anything under it first, since it is seen only once the blob exists (in the stream), and
+        hashing 96 KB would cost the sender and the learner ~3 µs per step each."""
         limit = self.config.payload_ref_min_bytes
         agent, env, refs, payload = chunk.fields
         if limit is None or len(payload) < limit:
             return chunk
-        d = digest(payload)
-        self._payloads[d] = payload
-        return EncodedChunk((agent, env, refs, d.encode()), [*chunk.digests, d], chunk.steps)
+        blob_id = secrets.token_hex(DIGEST_CHARS // 2)
+        self._payloads[blob_id] = payload
+        return EncodedChunk((agent, env, refs, blob_id.encode()), [*chunk.digests, blob_id], chunk.steps)
 
     def _send(self, chunks: list[EncodedChunk]) -> None:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.

@@ -10,10 +10,11 @@ the fields in this fixed order (so Redis stores field names once per stream node
   template's referenced leaves use every one of them (an entry naming a digest its template never
   uses, which would keep that blob alive for nothing, is refused);
 - ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays);
-  or, instead of ``d``, ``p``: the digest of the blob ``obs:<p>`` holding the payload (a payload of
-  at least ``sender.payload_ref_min_bytes``, which the agent stores itself with SETNX, so its bytes
-  never pass through the Lua scripts; the blob is collected like an observation once its entry is
-  trimmed);
+  or, instead of ``d``, ``p``: the id of the blob ``obs:<p>`` holding the payload (a payload of at
+  least ``sender.payload_ref_min_bytes``, which the agent stores itself with SETNX, so its bytes
+  never pass through the Lua scripts; the id is 128 random bits in the grammar of digests,
+  :func:`surreal_redis.keys.is_digest`; the blob is collected like an observation once its entry
+  is trimmed);
 - ``s`` (written by ``move.lua``; optional, an entry without it has no origin): the chunk's origin,
   ``<sender tag>:<batch seq>:<index>:<count>`` (:class:`Origin`; the tag is :func:`sender_tag`, the
   SHA1 of the sender's uuid, which stays secret from the agents that read the stream), so the
@@ -38,7 +39,7 @@ from surreal_redis.hub.experience import payload as pl
 from surreal_redis.keys import is_digest
 
 FIELDS = (b"a", b"e", b"o", b"d")
-PAYLOAD_FIELD = b"p"  # instead of d: the digest of the blob holding the payload
+PAYLOAD_FIELD = b"p"  # instead of d: the id of the blob holding the payload
 STORED_FIELDS = (b"a", b"e", b"o", PAYLOAD_FIELD)
 ORIGIN_FIELD = b"s"
 _FIELDS_WITH_ORIGIN = (*FIELDS, ORIGIN_FIELD)
@@ -121,10 +122,10 @@ class ParsedEntry(NamedTuple):
     origin: Origin | None = None
 
 
-def payload_digest(fields: Mapping[bytes, bytes]) -> str | None:
-    """The digest of the blob holding an entry's payload (field ``p``), or None when the payload
-    is inline (field ``d``, or no such field: :func:`parse_entry` refuses that). WireError when
-    ``p`` is not a digest."""
+def payload_blob_id(fields: Mapping[bytes, bytes]) -> str | None:
+    """The id of the blob holding an entry's payload (field ``p``), or None when the payload is
+    inline (field ``d``, or no such field: :func:`parse_entry` refuses that). WireError when the
+    fields are not a stored payload's or ``p`` is not a blob id (the grammar of digests)."""
     value = fields.get(PAYLOAD_FIELD) if isinstance(fields, Mapping) else None
     if value is None:
         return None
@@ -133,7 +134,7 @@ def payload_digest(fields: Mapping[bytes, bytes]) -> str | None:
                         f"{ORIGIN_FIELD!r})")
     text = value.decode("ascii", "replace") if isinstance(value, bytes) else ""
     if not is_digest(text):
-        raise WireError(f"entry field p = {value!r:.80} is not a payload digest")
+        raise WireError(f"entry field p = {value!r:.80} is not a payload blob id (32 lower-case hex digits)")
     return text
 
 
@@ -167,7 +168,7 @@ def parse_entry(fields: Mapping[bytes, bytes], layouts: dict[bytes, pl.Layout] |
     nbytes = sum(len(v) for v in fields.values())
     data = fields.get(b"d")
     if data is None:
-        stored = payload_digest(fields)
+        stored = payload_blob_id(fields)
         if payload is None:
             raise WireError(f"the payload blob {stored} of this entry was not fetched")
         data, nbytes = payload, nbytes + len(payload)
