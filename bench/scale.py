@@ -23,7 +23,7 @@ from pathlib import Path
 
 from surreal_redis import plots
 from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.scale_bench import PROFILES, BenchPlan, run_scale_bench, scale_figure
+from surreal_redis.testing.scale_bench import PROFILES, BenchPlan, markdown_tables, run_scale_bench, scale_figure
 
 log = logging.getLogger("bench.scale")
 
@@ -40,16 +40,17 @@ def _counts(parser: argparse.ArgumentParser, name: str, text: str) -> tuple[int,
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, BenchPlan]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a ~30 s smoke run: 8 and 16 agents, short phases")
+    parser.add_argument("--quick", action="store_true", help="a ~30 s smoke run: 8 agents, short phases")
     parser.add_argument("--json", type=Path, help="write the results here and the figure beside it (.png)")
     parser.add_argument("--envs", help=f"comma-separated, of {', '.join(PROFILES)}")
     parser.add_argument("--agents", help="N on one primary, comma-separated (default 8,64,256,1024)")
-    parser.add_argument("--replica-agents", help="N with 2 read replicas (default 64,256,1024; '' for none)")
-    parser.add_argument("--cluster-agents", help="N on a 3-primary cluster (default 256,1024; '' for none)")
+    parser.add_argument("--replica-agents", help="N with 2 read replicas (default 256,1024; '' for none)")
+    parser.add_argument("--cluster-agents", help="N on a 3-primary cluster (default 1024; '' for none)")
+    parser.add_argument("--lockstep-agents", help="Pong N producing on grants, with claims (default 256; '' for none)")
     parser.add_argument("--broadcast-agents", type=int, help="Pong N of the parameter-broadcast options (0: none)")
     parser.add_argument("--workers", type=int, help="agent processes (default 4)")
     parser.add_argument("--publish-every-s", type=float, help="seconds between publishes (default: per env, 1.0)")
-    parser.add_argument("--seconds", type=float, help="phase B seconds (phase A is 3/5 of it)")
+    parser.add_argument("--seconds", type=float, help="phase B seconds (phase A is 3/5 of it, phase P half)")
     args = parser.parse_args(argv)
     plan = BenchPlan.quick() if args.quick else BenchPlan()
     changes: dict = {}
@@ -59,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Bench
         if unknown or not envs:
             parser.error(f"unknown envs {unknown} (known: {', '.join(PROFILES)})")
         changes["envs"] = envs
-    for name in ("agents", "replica_agents", "cluster_agents"):
+    for name in ("agents", "replica_agents", "cluster_agents", "lockstep_agents"):
         text = getattr(args, name)
         if text is not None:
             changes[name] = _counts(parser, name.replace("_", "-"), text)
@@ -78,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Bench
     if args.seconds is not None:
         if args.seconds <= 0:
             parser.error(f"--seconds must be > 0, got {args.seconds}")
-        changes["loaded_s"], changes["quiet_s"] = args.seconds, 0.6 * args.seconds
+        changes["loaded_s"], changes["quiet_s"], changes["params_s"] = args.seconds, 0.6 * args.seconds, 0.5 * args.seconds
     return args, dataclasses.replace(plan, **changes)
 
 
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     args, plan = parse_args(argv)
     setup_logging("INFO")
     result = run_scale_bench(plan, quick=args.quick)
+    log.info("results:\n%s", markdown_tables(result))
     text = json.dumps(result, default=float)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

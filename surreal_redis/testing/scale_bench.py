@@ -36,6 +36,7 @@ side runs out of CPU before Redis does: the results say which.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import multiprocessing as mp
@@ -46,15 +47,17 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
+import redis
 
 from surreal_redis.codec import ParamDict
-from surreal_redis.connection import EmbeddedRedis, RedisClient, connect
+from surreal_redis.connection import EmbeddedRedis, RedisClient, RedisSettings, connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
@@ -78,6 +81,12 @@ _GC_EVERY_S = 5.0  # learner.gc_every_s's default
 _PROBE_EVERY_S = 0.02
 _AGE_GRID_S = 0.05
 _IDLE_S = 1.0
+ACTION_STEPS = 8
+"""Vector steps a simulated agent makes per action (the agent's steps come in blocks of this many,
+at its real pace); ``flush_steps`` and ``fetch_every_steps`` are multiples of it."""
+CLAIM_RETRY_S = 0.1
+_PATIENT = RedisSettings(socket_timeout=120.0)  # the bench's own INFO reads wait out a busy server
+_OUTAGES = (redis.ConnectionError, redis.TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -150,11 +159,13 @@ class CaseSpec:
     sync: str = "free"
     broadcast: BroadcastOptions = field(default_factory=BroadcastOptions)
     workers: int = 4
+    threads: int = 16
     num_shards: int = 6
     replicas: int = 2
     primaries: int = 3
     warmup_s: float = 1.0
     quiet_s: float = 3.0
+    params_s: float = 2.0
     loaded_s: float = 5.0
     rate: float | None = None
     publish_every_s: float | None = None
@@ -167,10 +178,10 @@ class CaseSpec:
             raise ValueError(f"unknown hub {self.hub!r} (known: {', '.join(HUBS)})")
         if self.sync not in SYNCS:
             raise ValueError(f"unknown sync {self.sync!r} (known: {', '.join(SYNCS)})")
-        for name in ("agents", "workers", "num_shards", "replicas", "primaries"):
+        for name in ("agents", "workers", "threads", "num_shards", "replicas", "primaries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("quiet_s", "loaded_s"):
+        for name in ("quiet_s", "params_s", "loaded_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.warmup_s < 0:
@@ -197,11 +208,13 @@ class CaseSpec:
 
 class Window(NamedTuple):
     """One phase in ``time.monotonic()`` instants (one clock for every process of this machine):
-    agents produce from ``start`` to ``end``; latencies and rates count from ``measured``."""
+    agents run from ``start`` to ``end`` (``produce`` False: they only poll and download);
+    latencies and rates count from ``measured``."""
 
     start: float
     measured: float
     end: float
+    produce: bool = True
 
 
 # ---------------------------------------------------------------- parameters
@@ -315,7 +328,7 @@ def hub_servers(spec: CaseSpec, maxmemory: str = "8gb") -> Iterator[HubServers]:
         clients: list[RedisClient] = []
         try:
             ports = cluster.ports[:spec.primaries]
-            clients = [cluster.node(port) for port in ports]
+            clients = [connect(f"redis://127.0.0.1:{port}/0", _PATIENT) for port in ports]
             params_port = cluster.primary_port_of(RunKeys(RUN).params.meta)
             yield HubServers(cluster.url, [], [(f"node{i}", c) for i, c in enumerate(clients)],
                              f"node{ports.index(params_port)}")
@@ -326,7 +339,7 @@ def hub_servers(spec: CaseSpec, maxmemory: str = "8gb") -> Iterator[HubServers]:
         return
     count = 1 + (spec.replicas if spec.hub == "replicas" else 0)
     servers = [EmbeddedRedis(maxmemory=maxmemory, port=_free_port()).start() for _ in range(count)]
-    clients = [connect(server.url) for server in servers]
+    clients = [connect(server.url, _PATIENT) for server in servers]
     try:
         clients[0].config_set("repl-diskless-sync-delay", 0)
         for replica in clients[1:]:
@@ -377,9 +390,9 @@ class _Recorder:
 
 
 class SimAgent:
-    """One simulated agent (see the module docstring). :meth:`setup` connects and loads the first
-    parameters; :meth:`run` produces from ``start`` to ``end``, then flushes. Runs in its own
-    thread; every call blocks on Redis round trips."""
+    """One simulated agent (see the module docstring): :meth:`setup` connects and loads the first
+    parameters; per window, :meth:`begin`, then :meth:`act` whenever it is due (a pool thread of
+    its worker calls it, never two at once); :meth:`flush` at the end."""
 
     def __init__(self, spec: CaseSpec, hub: HubServers, agent_id: int, traj: Trajectory) -> None:
         self.spec, self.profile, self.agent_id, self.traj = spec, spec.profile, agent_id, traj
@@ -392,9 +405,10 @@ class SimAgent:
         self._vector_step = 0  # vector steps made so far (the replay position)
         self._adds = 0  # adds since the last flush: every flush_steps-th one sends
         self._made = 0.0
-        self._poll_due = math.inf
-        self._poll_period = math.inf
-        self._end = 0.0
+        self._window = Window(0.0, 0.0, 0.0)
+        self._due = self._poll_due = math.inf
+        self._block_s = self._poll_s = 0.0
+        self._claimed = False
 
     def setup(self) -> None:
         """Connect (one client per server, as an agent process does) and load the first version."""
@@ -440,8 +454,7 @@ class SimAgent:
 
     def _add(self, count: int) -> None:
         """``count`` vector steps into the sender; an add that sends (the sender completes and
-        sends the chunks at the step after every ``flush_steps``) is timed as an insert. A poll
-        that falls due meanwhile is made between two steps."""
+        sends the chunks at the step after every ``flush_steps``) is timed as an insert."""
         version = self.params.info.version
         flush = self.profile.flush_steps
         for _ in range(count):
@@ -454,7 +467,6 @@ class SimAgent:
                 self.rec.insert.append((time.monotonic(), time.perf_counter() - start))
             self._vector_step += 1
             self._adds += 1
-            self._poll_if_due()
 
     def flush(self) -> None:
         """Send the partial chunks, completed by the next step's observation (timed as an insert)."""
@@ -492,86 +504,76 @@ class SimAgent:
         if live - self.params.info.version >= self.spec.broadcast.min_lag:
             self._download(at_least=live)
 
-    def _claim(self, end: float) -> bool:
+    def _claim(self) -> bool:
         """Lockstep: claim the next flush as the agent's ``_claim_flush`` does (STALE: claim the
-        live version, then download it; WAIT: wait on the notify channel for a grant). False at
-        ``end``."""
+        live version, then download it). True when the flush may be produced; False on WAIT
+        (the agent claims again a little later; grants here are plenty, so it is rare)."""
         assert self.news is not None
         steps = self.profile.flush_steps * self.profile.num_envs
-        waited = time.monotonic()
-        try:
-            while time.monotonic() < end:
-                self.news.drain()
-                held = self.params.info.version
-                version = max(held, self.news.granted_version)
-                start = time.perf_counter()
-                claim = self.quota.claim(version, steps)
-                self.rec.claim.append((time.monotonic(), time.perf_counter() - start))
-                if claim.status == "STALE" and claim.live_version > held:
-                    version = claim.live_version
-                    start = time.perf_counter()
-                    claim = self.quota.claim(version, steps)
-                    self.rec.claim.append((time.monotonic(), time.perf_counter() - start))
-                if claim.status == "OK":
-                    if version > self.params.info.version:
-                        self._download(at_least=version)
-                    return True
-                if claim.status == "WAIT":
-                    self.news.wait(min(0.5, max(0.0, end - time.monotonic())), grants_only=True)
+        self.news.drain()
+        held = self.params.info.version
+        version = max(held, self.news.granted_version)
+        start = time.perf_counter()
+        claim = self.quota.claim(version, steps)
+        self.rec.claim.append((time.monotonic(), time.perf_counter() - start))
+        if claim.status == "STALE" and claim.live_version > held:
+            version = claim.live_version
+            start = time.perf_counter()
+            claim = self.quota.claim(version, steps)
+            self.rec.claim.append((time.monotonic(), time.perf_counter() - start))
+        if claim.status != "OK":
             return False
-        finally:
-            self.rec.claim_wait_s += time.monotonic() - waited
+        if version > self.params.info.version:
+            self._download(at_least=version)
+        return True
 
     # ------------------------------------------------------------ loop
 
-    def run(self, start: float, end: float) -> None:
-        """Produce at the profile's rate from ``start`` (plus a jitter under one block) to ``end``;
-        what is not sent yet stays for the next run or :meth:`flush`. Errors are kept in
-        :attr:`error`."""
-        try:
-            self._run(start, end)
-        except BaseException:
-            self.error = traceback.format_exc()
-
-    def _run(self, start: float, end: float) -> None:
-        """Blocks of steps at the real agent's pace (behind it when this machine's CPU runs short:
-        produced < offered); in free production a version poll every ``fetch_every_steps`` vector
-        steps of the real agent's pace, on the clock, so the parameter traffic stays a real
-        agent's even when the simulated steps lag."""
+    def begin(self, window: Window) -> float:
+        """Start a window: the first block falls due within one block of its start, the first
+        poll within one poll period (jittered per agent). Returns when the agent is next due."""
         cfg = self.profile
-        lockstep = self.spec.sync == "lockstep"
-        block = cfg.flush_steps if lockstep else min(cfg.fetch_every_steps, cfg.flush_steps)
-        period = block * cfg.num_envs / cfg.rate  # seconds per block at the real agent's rate
-        jitter = random.Random(self.agent_id)
-        due = start + jitter.uniform(0, period)
-        self._poll_period = cfg.fetch_every_steps * cfg.num_envs / cfg.rate
-        self._poll_due = math.inf if lockstep else start + jitter.uniform(0, self._poll_period)
-        self._end = end
-        while True:
-            wake = min(due, self._poll_due, end)
-            if wake > time.monotonic():
-                time.sleep(wake - time.monotonic())
-            if time.monotonic() >= end:
-                break
-            self._poll_if_due()
-            if time.monotonic() < due:
-                continue
-            if lockstep:
-                if not self._claim(end):
-                    break
-                self._add(block)
-                self.flush()
-            else:
-                self._add(block)
-            self._made += block * cfg.num_envs
-            self.rec.steps.append((time.monotonic(), self._made))
-            due += period
+        jitter = random.Random(self.agent_id * 7919 + int(window.start))
+        self._window = window
+        self._block_s = ACTION_STEPS * cfg.num_envs / cfg.rate
+        self._poll_s = cfg.fetch_every_steps * cfg.num_envs / cfg.rate
+        self._due = window.start + jitter.uniform(0, self._block_s) if window.produce else math.inf
+        free = self.spec.sync == "free" and self.spec.broadcast.enabled
+        self._poll_due = window.start + jitter.uniform(0, self._poll_s) if free else math.inf
+        return self.next_due()
 
-    def _poll_if_due(self) -> None:
+    def next_due(self) -> float:
+        return min(self._due, self._poll_due)
+
+    def act(self) -> float | None:
+        """Do what is due: a version poll (in free production every ``fetch_every_steps`` vector
+        steps at the real agent's pace, on the clock, so the parameter traffic stays a real
+        agent's even when this machine's CPU runs short), else :data:`ACTION_STEPS` vector steps
+        (in lockstep, claiming each flush first and sending it at its end). Returns when the
+        agent is next due, None once that is past the window. Blocks for its Redis round trips."""
         now = time.monotonic()
-        if now >= self._poll_due and now < self._end:
+        if now >= self._window.end:
+            return None
+        cfg = self.profile
+        if self._poll_due <= now:
             self._poll()
-            self._poll_due = max(self._poll_due + self._poll_period, time.monotonic())
+            self._poll_due = max(self._poll_due + self._poll_s, time.monotonic())
+        elif self._due <= now:
+            lockstep = self.spec.sync == "lockstep"
+            if lockstep and self._adds == 0 and not self._claimed:
+                self._claimed = self._claim()
+                if not self._claimed:
+                    self._due = time.monotonic() + CLAIM_RETRY_S
+                    return self._due if self._due < self._window.end else None
+            self._add(ACTION_STEPS)
+            if lockstep and self._adds == cfg.flush_steps:
+                self.flush()
+                self._claimed = False
+            self._made += ACTION_STEPS * cfg.num_envs
+            self.rec.steps.append((time.monotonic(), self._made))
+            self._due += self._block_s  # behind the pace when the CPU runs short: produced < offered
+        due = self.next_due()
+        return due if due < self._window.end else None
 
     def close(self) -> None:
         if self.news is not None:
@@ -584,54 +586,101 @@ def _arrays(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64).reshape(-1, width)
 
 
-def _run_agents(agents: Sequence[SimAgent], window: Window) -> None:
-    threads = [threading.Thread(target=a.run, args=(window.start, window.end), daemon=True) for a in agents]
-    for thread in threads:
+class _LogCount(logging.Handler):
+    """Counts the hub clients' log records in an agent process by message template (fetch
+    failures, insert retries: hundreds at a time under a download storm) instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = f"{record.levelname} {record.msg}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def install(self, name: str = "surreal_redis.hub") -> None:
+        """Take over ``name``'s records for the rest of this (agent) process."""
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        logger.addHandler(self)
+
+
+def _drive(agents: Sequence[SimAgent], window: Window, threads: int) -> None:
+    """Run ``agents`` through ``window`` on ``threads`` pool threads: each thread takes the agent
+    most overdue (earliest due time), lets it act, and puts it back with its next due time, so
+    that an agent never runs twice at once and, when the CPU runs short, all fall behind alike.
+    Returns once every agent is past the window; raises with the first agent error."""
+    heap = [(due, i) for i, agent in enumerate(agents) if (due := agent.begin(window)) < window.end]
+    heapq.heapify(heap)
+    running = 0
+    cond = threading.Condition()
+    errors: list[str] = []
+
+    def loop() -> None:
+        nonlocal running
+        while True:
+            with cond:
+                while True:
+                    if errors or (not heap and running == 0):
+                        cond.notify_all()
+                        return
+                    if heap:
+                        wait = heap[0][0] - time.monotonic()
+                        if wait <= 0:
+                            _, index = heapq.heappop(heap)
+                            running += 1
+                            break
+                    cond.wait(min(wait, 0.05) if heap else 0.05)
+            try:
+                due = agents[index].act()
+            except BaseException:
+                due = None
+                errors.append(traceback.format_exc())
+            with cond:
+                running -= 1
+                if due is not None:
+                    heapq.heappush(heap, (due, index))
+                cond.notify_all()
+
+    pool = [threading.Thread(target=loop, daemon=True) for _ in range(min(threads, len(agents)))]
+    for thread in pool:
         thread.start()
-    for thread in threads:
+    for thread in pool:
         thread.join()
-    failed = [a.error for a in agents if a.error]
-    if failed:
-        raise RuntimeError(f"{len(failed)} agents failed:\n{failed[0]}")
+    if errors:
+        raise RuntimeError(f"{len(errors)} agents failed:\n{errors[0]}")
 
 
 def _agent_worker(spec: CaseSpec, hub: HubServers, agent_ids: list[int], control: Any, results: Any) -> None:
-    """One agent process: set the agents up (a thread each), report ready; run phase A, report
-    the chunks stored; run phase B, report them again; when told, flush every agent and report
-    every measurement. Runs under SCHED_IDLE where the OS
-    has it: the agents stand for other machines, so on shared cores Redis, the reader, the
-    publisher and the probe come first and the agents make what CPU is left."""
+    """One agent process: set the agents up, report ready; run phase A (``spec.threads`` pool
+    threads driving all of its agents, see :func:`_drive`), report
+    the chunks stored; run phases P and B, report them again; when told, flush every agent and report
+    every measurement. Once set up it runs under SCHED_IDLE where the OS has it: the agents
+    stand for other machines, so on shared cores Redis, the reader, the publisher and the probe
+    come first and the agents make what CPU is left."""
     try:
-        if spec.idle_priority and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         traj = base_trajectory(spec.env, spec.profile.num_envs, 4 * spec.profile.flush_steps, seed=agent_ids[0])
         agents = [SimAgent(spec, hub, i, traj) for i in agent_ids]
-        errors: list[str] = []
+        counted = _LogCount()
+        counted.install()
 
-        def setup(agent: SimAgent) -> None:
-            try:
-                agent.setup()
-            except BaseException:
-                errors.append(traceback.format_exc())
-
-        threads = [threading.Thread(target=setup, args=(a,), daemon=True) for a in agents]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise RuntimeError(f"agent setup failed:\n{errors[0]}")
+        with ThreadPoolExecutor(spec.threads) as pool:
+            list(pool.map(SimAgent.setup, agents))
+        if spec.idle_priority and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # the pool threads started later inherit it
         results.put(("ready", os.getpid(), None))
         cpu = []
         for phase in ("paused", "ended"):
-            window: Window = control.get(timeout=_SETUP_TIMEOUT_S * 2)
+            windows: list[Window] = control.get(timeout=_SETUP_TIMEOUT_S * 2)
             before = time.process_time()
-            _run_agents(agents, window)
+            for window in windows:
+                _drive(agents, window, spec.threads)
             cpu.append(time.process_time() - before)
             results.put((phase, os.getpid(), sum(a.sender.stats().chunks for a in agents)))
         control.get(timeout=_SETUP_TIMEOUT_S * 2)  # then send what is left
-        for agent in agents:
-            agent.flush()
+        with ThreadPoolExecutor(spec.threads) as pool:
+            list(pool.map(SimAgent.flush, agents))
         payload = {
             "insert": _arrays([r for a in agents for r in a.rec.insert], 2),
             "poll": _arrays([r for a in agents for r in a.rec.poll], 2),
@@ -642,6 +691,7 @@ def _agent_worker(spec: CaseSpec, hub: HubServers, agent_ids: list[int], control
             "senders": [{k: float(v) for k, v in a.sender.stats()._asdict().items()} for a in agents],
             "claim_wait_s": sum(a.rec.claim_wait_s for a in agents),
             "cpu_s": cpu,
+            "log_counts": counted.counts,
         }
         for agent in agents:
             agent.close()
@@ -657,8 +707,8 @@ def _learner(spec: CaseSpec, url: str, control: Any, results: Any) -> None:
     Control messages: ``("drain", n)``: report ``"drained"`` once n chunks came in all;
     ``("finish", n)``: likewise, then report everything and end."""
     try:
-        client = connect(url)
-        receiver = ExperienceReceiver(client, ReceiverConfig(), RUN, spec.num_shards)
+        client = connect(url, _PATIENT)
+        receiver = ExperienceReceiver(client, ReceiverConfig(), RUN, spec.num_shards, settings=_PATIENT)
         receiver.start()
         janitor = HubJanitor(client, RetentionConfig(max_age_s=120.0), RUN, spec.num_shards, ReceiverConfig(),
                              dead_letters=receiver.count_dead_letters)
@@ -667,7 +717,7 @@ def _learner(spec: CaseSpec, url: str, control: Any, results: Any) -> None:
         results.put(("ready", os.getpid(), None))
         acked: list[tuple[float, int, int]] = []
         origins: set[tuple[str, int, int]] = set()
-        duplicates = chunks = 0
+        duplicates = chunks = timeouts = 0
         target: tuple[str, int] | None = None
         deadline = math.inf
         next_gc = time.monotonic() + _GC_EVERY_S
@@ -688,7 +738,11 @@ def _learner(spec: CaseSpec, url: str, control: Any, results: Any) -> None:
                 continue
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {chunks} of {target and target[1]} chunks came within {_DRAIN_TIMEOUT_S}s")
-            batch = receiver.receive(max_chunks=spec.profile.receive_batch, block_ms=50)
+            try:
+                batch = receiver.receive(max_chunks=spec.profile.receive_batch, block_ms=50)
+            except _OUTAGES:  # the learner's OutageGuard rides these out; the receiver recovers
+                timeouts += 1
+                continue
             if batch:
                 receiver.ack(batch)
                 acked.append((time.monotonic(), sum(item.chunk.num_steps for item in batch), len(batch)))
@@ -700,11 +754,15 @@ def _learner(spec: CaseSpec, url: str, control: Any, results: Any) -> None:
                         duplicates += 1
                     origins.add(key)
             if time.monotonic() >= next_gc:
-                janitor.run_once()
+                try:
+                    janitor.run_once()
+                except _OUTAGES:
+                    timeouts += 1
                 next_gc = time.monotonic() + _GC_EVERY_S
         results.put(("done", os.getpid(), {
             "acked": _arrays(acked, 3), "chunks": chunks, "unique": len(origins), "duplicates": duplicates,
-            "drained": _arrays(drained, 2), "stats": receiver.stats()._asdict(), "dead": dict(receiver.dead_by_reason)}))
+            "drained": _arrays(drained, 2), "stats": receiver.stats()._asdict(), "dead": dict(receiver.dead_by_reason),
+            "timeouts": timeouts}))
         client.close()
     except BaseException:
         results.put(("error", os.getpid(), traceback.format_exc()))
@@ -715,7 +773,7 @@ def _publisher(spec: CaseSpec, url: str, params: ParamDict, control: Any, result
     moves no big blob; in phase B publish the real parameters at its start and every
     ``publish_every_s`` (each version's weights differ)."""
     try:
-        client = connect(url)
+        client = connect(url, _PATIENT)
         publisher = ParameterPublisher(client, RUN, PublisherConfig())
         quota = ProductionQuota(client, RUN)
         cfg = spec.profile
@@ -724,9 +782,15 @@ def _publisher(spec: CaseSpec, url: str, params: ParamDict, control: Any, result
         grant = int(spec.agents * cfg.rate * 120)  # two minutes of offered steps: claims answer OK or STALE
         rows: list[tuple[float, float, float]] = []  # (time live, version, seconds the publish took)
 
+        failed: list[str] = []
+
         def publish(what: ParamDict) -> None:
             start = time.monotonic()
-            version = publisher.publish(what, iteration=len(rows))
+            try:
+                version = publisher.publish(what, iteration=len(rows))
+            except _OUTAGES as exc:  # the learner logs it and publishes again after its next update
+                failed.append(repr(exc))
+                return
             if version is None:
                 raise RuntimeError("publish skipped (min_publish_interval)")
             if spec.sync == "lockstep":
@@ -745,7 +809,7 @@ def _publisher(spec: CaseSpec, url: str, params: ParamDict, control: Any, result
             publish(weights)
             due += cfg.publish_every_s
         nbytes = int(client.hget(RunKeys(RUN).params.meta, "nbytes") or 0)
-        results.put(("done", os.getpid(), {"publishes": _arrays(rows, 3), "nbytes": nbytes}))
+        results.put(("done", os.getpid(), {"publishes": _arrays(rows, 3), "nbytes": nbytes, "failed": failed}))
         client.close()
     except BaseException:
         results.put(("error", os.getpid(), traceback.format_exc()))
@@ -760,6 +824,7 @@ def _probe(url: str, control: Any, results: Any) -> None:
         client.ping()
         results.put(("ready", os.getpid(), None))
         polls, pings = [], []
+        timeouts = 0
         while True:
             try:
                 control.get_nowait()
@@ -767,13 +832,17 @@ def _probe(url: str, control: Any, results: Any) -> None:
             except queue.Empty:
                 pass
             start = time.perf_counter()
-            client.hget(meta, "version")
-            middle = time.perf_counter()
-            client.ping()
+            try:
+                client.hget(meta, "version")
+                middle = time.perf_counter()
+                client.ping()
+            except _OUTAGES:  # counted at its timeout: the latency an agent would have seen
+                middle = time.perf_counter()
+                timeouts += 1
             polls.append((time.monotonic(), middle - start))
             pings.append((time.monotonic(), time.perf_counter() - middle))
             time.sleep(_PROBE_EVERY_S)
-        results.put(("done", os.getpid(), {"poll": _arrays(polls, 2), "ping": _arrays(pings, 2)}))
+        results.put(("done", os.getpid(), {"poll": _arrays(polls, 2), "ping": _arrays(pings, 2), "timeouts": timeouts}))
         client.close()
     except BaseException:
         results.put(("error", os.getpid(), traceback.format_exc()))
@@ -843,6 +912,14 @@ def _sleep_until(instant: float, servers: Sequence[tuple[str, RedisClient]], sam
             samples.append(_snapshot(servers))
 
 
+def _merge_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for one in counts:
+        for key, n in one.items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
 def _pct(samples: np.ndarray, q: float) -> float | None:
     return float(np.percentile(samples, q)) if len(samples) else None
 
@@ -902,6 +979,8 @@ class _Marks(NamedTuple):
     a_start: dict[str, Any]
     a_measured: dict[str, Any]
     a_end: dict[str, Any]
+    p: Window  # phase P: polls and publishes, no experience
+    p_start: dict[str, Any]
     b: Window  # phase B: experience, polls and publishes
     b_start: dict[str, Any]
     b_end: dict[str, Any]
@@ -949,7 +1028,7 @@ def run_case(spec: CaseSpec, params: ParamDict) -> dict[str, Any]:
             window_a = Window(go, go + spec.warmup_s, go + spec.warmup_s + spec.quiet_s)
             log.info("case %s: %d agents ready in %.1fs", spec.label, spec.agents, setup_s)
             for control in controls:
-                control.put(window_a)
+                control.put([window_a])
             _sleep_until(window_a.start, hub.servers, samples)
             a_start = _snapshot(hub.servers)
             _sleep_until(window_a.measured, hub.servers, samples)
@@ -961,9 +1040,13 @@ def run_case(spec: CaseSpec, params: ParamDict) -> dict[str, Any]:
             mail.wait_for({learner}, "drained", _DRAIN_TIMEOUT_S + 30, hub.servers, samples)
             a_drained = _snapshot(hub.servers)
             start = time.monotonic() + 0.3
-            window_b = Window(start, start, start + spec.loaded_s)
-            for control in (*controls, publisher_control):
-                control.put(window_b)
+            window_p = Window(start, start, start + spec.params_s, produce=False)
+            window_b = Window(window_p.end, window_p.end, window_p.end + spec.loaded_s)
+            for control in controls:
+                control.put([window_p, window_b])
+            publisher_control.put(Window(window_p.start, window_p.start, window_b.end))
+            _sleep_until(window_p.start, hub.servers, samples)
+            p_start = _snapshot(hub.servers)
             _sleep_until(window_b.start, hub.servers, samples)
             b_start = _snapshot(hub.servers)
             _sleep_until(window_b.end, hub.servers, samples)
@@ -987,7 +1070,7 @@ def run_case(spec: CaseSpec, params: ParamDict) -> dict[str, Any]:
                 if proc.is_alive():
                     proc.kill()
                     proc.join()
-    marks = _Marks(idle, window_a, a_drained, a_start, a_measured, a_end, window_b, b_start, b_end,
+    marks = _Marks(idle, window_a, a_drained, a_start, a_measured, a_end, window_p, p_start, window_b, b_start, b_end,
                    b_drained)
     out = _summarize(spec, hub, marks, samples, list(done.values()), learner_done, publisher_done, probe_done)
     out["setup_s"] = round(setup_s, 2)
@@ -1053,8 +1136,11 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
     offered = spec.agents * cfg.rate
     a = _phase(spec, labels, marks.a, marks.a_measured, marks.a_end, merged, steps, acked, probe, samples,
                sum(w["cpu_s"][0] for w in workers))
+    share_b = spec.loaded_s / (spec.params_s + spec.loaded_s)  # the agents' CPU of P and B, pro rata
+    p = _phase(spec, labels, marks.p, marks.p_start, marks.b_start, merged, steps, acked, probe, samples,
+               sum(w["cpu_s"][1] for w in workers) * (1 - share_b))
     b = _phase(spec, labels, marks.b, marks.b_start, marks.b_end, merged, steps, acked, probe, samples,
-               sum(w["cpu_s"][1] for w in workers))
+               sum(w["cpu_s"][1] for w in workers) * share_b)
     if spec.broadcast.enabled:
         ages = version_ages(versions, publishes, marks.b.measured, marks.b.end)
         if len(ages):
@@ -1079,18 +1165,28 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
     late = _in(merged["download"], marks.b.start, math.inf)  # those ending after the window too
     gb = float(late[:, 2].sum() / 1e9) if len(late) else 0.0
     params_server = hub.params_server
+    # Phase P: parameter traffic alone, counted in the bytes each server sent (pieces in flight at
+    # its end count where they were sent).
+    span_p = marks.b_start["t"] - marks.p_start["t"]
+    net_p = {label: (marks.b_start[label]["net_out"] - marks.p_start[label]["net_out"]) / 1e9 for label in labels}
+    cpu_p = {label: marks.b_start[label]["cpu"] - marks.p_start[label]["cpu"] for label in labels}
+    per_gb = {label: max(0.0, cpu_p[label] - fixed[label] * span_p) / net_p[label] if net_p[label] > 1e-3 else None
+              for label in labels}
+    total_net_p = sum(net_p.values())
     out: dict[str, Any] = {
         "label": spec.label, "spec": asdict(spec), "profile": asdict(cfg), "offered_sps": offered,
-        "phase_a": a, "phase_b": b,
+        "phase_a": a, "phase_p": p, "phase_b": b,
         "totals": {kind: _ms(rows) for kind, rows in merged.items()},
         "accounting": {"fixed_cpu_frac": fixed, "phase_a_steps": steps_a, "phase_b_steps": steps_b,
                        "phase_a_cpu_s": cpu_a, "phase_b_cpu_s": cpu_b, "phase_a_span_s": span_a,
                        "phase_b_span_s": span_b, "drain_a_s": t_a_drained - marks.a.end,
-                       "drain_b_s": t_b_drained - marks.b.end, "param_cpu_s": param_cpu},
+                       "drain_b_s": t_b_drained - marks.b.end, "param_cpu_s": param_cpu,
+                       "phase_p_cpu_s": cpu_p, "phase_p_net_gb": net_p, "phase_p_span_s": span_p},
         "redis_cpu_s_per_1k_transitions": {label: None if v is None else 1e3 * v for label, v in per_t.items()},
         "redis_cpu_s_per_1k_total": 1e3 * sum(v or 0.0 for v in per_t.values()) if steps_a else None,
-        "redis_cpu_s_per_gb": {label: param_cpu[label] / gb if gb else None for label in labels},
-        "redis_cpu_s_per_gb_total": sum(param_cpu.values()) / gb if gb else None,
+        "redis_cpu_s_per_gb": per_gb,
+        "param_gb_share": {label: net_p[label] / total_net_p if total_net_p else None for label in labels},
+        "redis_cpu_s_per_gb_mixed": {label: param_cpu[label] / gb if gb else None for label in labels},
         "params_server": params_server,
         "param_share_of_params_server": param_cpu[params_server] / cpu_b[params_server] if cpu_b[params_server] else None,
         "connections": {label: marks.a_end[label]["clients"] for label in labels},
@@ -1108,37 +1204,46 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
         "learner_cpu_frac": {"a": (drained[1, 1] - drained[0, 1]) / max(1e-9, t_a_drained - drained[0, 0]),
                              "b": (drained[2, 1] - drained[1, 1]) / max(1e-9, t_b_drained - t_a_drained)},
         "claim_wait_s": sum(w["claim_wait_s"] for w in workers),
+        "agent_log_counts": _merge_counts(w["log_counts"] for w in workers),
+        "param_fetch_failures": sum(n for w in workers for k, n in w["log_counts"].items()
+                                    if "parameter fetch failed" in k),
+        "reader_timeouts": learner["timeouts"], "probe_timeouts": probe["timeouts"],
+        "publish_failures": publisher["failed"],
         "load_avg": os.getloadavg(),
     }
-    out["capacity"] = _capacity(spec, fixed, per_t, param_cpu, gb, publisher["nbytes"])
+    out["capacity"] = capacity(spec, fixed, per_t, per_gb, out["param_gb_share"], publisher["nbytes"], params_server)
     return out
 
 
-def _capacity(spec: CaseSpec, fixed: Mapping[str, float], per_t: Mapping[str, float | None],
-              param_cpu: Mapping[str, float], gb: float, nbytes: int) -> dict[str, Any]:
-    """What each server's thread would carry with every agent at the full rate: its idle rate, its
-    experience CPU per transition x the offered rate, and its CPU per GB of phase B (each server's
-    share of the downloads as measured) x the GB/s that N agents downloading every version they
-    fetch need. The busiest server bounds the hub; ``agents_per_hub``: the N that fills its one
-    core (load 1.0), experience and parameters together and experience alone."""
+def capacity(spec: CaseSpec, fixed: Mapping[str, float], per_t: Mapping[str, float | None],
+             per_gb: Mapping[str, float | None], gb_share: Mapping[str, float | None], nbytes: int,
+             params_server: str) -> dict[str, Any]:
+    """What each server's one thread would carry with every agent at the full rate: its idle rate,
+    its experience CPU per transition x the offered rate, and its CPU per GB (phase P) x its share
+    of the GB/s that N agents downloading every version they fetch need. The busiest server bounds
+    the hub: ``agents_per_hub`` is the N that fills its core (load 1.0), experience and parameters
+    together and experience alone; ``param_share_at_full_rate``: the parameters' share of the
+    parameter server's load."""
     cfg = spec.profile
-    offered = spec.agents * cfg.rate
     needed = 0.0
     if spec.broadcast.enabled:
         needed = spec.agents * nbytes / cfg.publish_every_s / spec.broadcast.min_lag / 1e9
-    experience = {label: (v or 0.0) * offered for label, v in per_t.items()}
-    params = {label: param_cpu[label] / gb * needed if gb else 0.0 for label in per_t}
+    experience = {label: (v or 0.0) * spec.agents * cfg.rate for label, v in per_t.items()}
+    params = {label: (per_gb[label] or 0.0) * (gb_share[label] or 0.0) * needed for label in per_t}
     load = {label: fixed[label] + experience[label] + params[label] for label in per_t}
-    per_agent = {label: (experience[label] + params[label]) / spec.agents for label in per_t}
-    fits = {label: (1.0 - fixed[label]) / per_agent[label] if per_agent[label] else math.inf for label in per_t}
-    fits_exp = {label: (1.0 - fixed[label]) / (experience[label] / spec.agents) if experience[label] else math.inf
-                for label in per_t}
-    bottleneck = min(fits, key=lambda label: fits[label])
-    agents = fits[bottleneck]
-    exp_only = min(fits_exp.values())
-    return {"needed_gb_per_s": needed, "load_at_full_rate": load, "bottleneck": bottleneck,
-            "agents_per_hub": None if math.isinf(agents) else agents,
-            "agents_per_hub_experience_only": None if math.isinf(exp_only) else exp_only}
+
+    def fits(label: str, with_params: bool) -> float:
+        per_agent = (experience[label] + params[label] * with_params) / spec.agents
+        return (1.0 - fixed[label]) / per_agent if per_agent > 0 else math.inf
+
+    bottleneck = min(per_t, key=lambda label: fits(label, True))
+    agents = fits(bottleneck, True)
+    exp_only = min(fits(label, False) for label in per_t)
+    server = params_server
+    return {"needed_gb_per_s": needed, "load_at_full_rate": load, "param_load_at_full_rate": params,
+            "bottleneck": bottleneck, "agents_per_hub": None if math.isinf(agents) else agents,
+            "agents_per_hub_experience_only": None if math.isinf(exp_only) else exp_only,
+            "param_share_at_full_rate": params[server] / load[server] if load[server] else None}
 
 
 # ---------------------------------------------------------------- the whole benchmark
@@ -1151,24 +1256,26 @@ class BenchPlan:
 
     envs: tuple[str, ...] = ("pong", "halfcheetah")
     agents: tuple[int, ...] = (8, 64, 256, 1024)
-    replica_agents: tuple[int, ...] = (64, 256, 1024)
-    cluster_agents: tuple[int, ...] = (256, 1024)
+    replica_agents: tuple[int, ...] = (256, 1024)
+    cluster_agents: tuple[int, ...] = (1024,)
     broadcast_agents: int | None = 1024
     lockstep_agents: tuple[int, ...] = (256,)
     workers: int = 4
     warmup_s: float = 1.0
-    quiet_s: float = 3.0
-    loaded_s: float = 5.0
+    quiet_s: float = 2.5
+    params_s: float = 2.0
+    loaded_s: float = 4.0
     publish_every_s: float | None = None
 
     @classmethod
     def quick(cls) -> BenchPlan:
-        return cls(agents=(8,), replica_agents=(16,), cluster_agents=(), broadcast_agents=None, lockstep_agents=(8,),
-                   workers=2, warmup_s=0.5, quiet_s=1.5, loaded_s=2.5)
+        return cls(agents=(8,), replica_agents=(), cluster_agents=(), broadcast_agents=None, lockstep_agents=(8,),
+                   workers=2, warmup_s=0.3, quiet_s=1.2, params_s=1.0, loaded_s=2.0)
 
     def cases(self) -> list[CaseSpec]:
         common: dict[str, Any] = {"workers": self.workers, "warmup_s": self.warmup_s, "quiet_s": self.quiet_s,
-                  "loaded_s": self.loaded_s, "publish_every_s": self.publish_every_s}
+                                  "params_s": self.params_s, "loaded_s": self.loaded_s,
+                                  "publish_every_s": self.publish_every_s}
         cases = [CaseSpec(env, n, **common) for env in self.envs for n in self.agents]
         cases += [CaseSpec(env, n, hub="replicas", **common) for env in self.envs for n in self.replica_agents]
         cases += [CaseSpec(env, n, hub="cluster", **common) for env in self.envs for n in self.cluster_agents]
@@ -1183,6 +1290,67 @@ class BenchPlan:
                                      ("replicas", BroadcastOptions(dtype="float16", min_lag=2))):
                     cases.append(CaseSpec("pong", n, hub=hub, broadcast=options, **common))
         return cases
+
+
+def _role(case: Mapping[str, Any], label: str) -> str:
+    if label == case["params_server"]:
+        return "params"
+    return "replica" if label.startswith("replica") else "other"
+
+
+def pooled_per_gb(cases: Sequence[Mapping[str, Any]], least_gb: float = 0.05) -> dict[tuple[str, str], float]:
+    """Redis CPU seconds per GB of phase P pooled over every case of one hub kind, per server role
+    (``params``: the server holding the parameter keys; ``replica``; ``other``: cluster nodes
+    without them), over the cases whose servers sent at least ``least_gb`` (a small blob's few
+    MB leave the figure to noise)."""
+    cpu: dict[tuple[str, str], float] = {}
+    gb: dict[tuple[str, str], float] = {}
+    for case in cases:
+        acc = case["accounting"]
+        for label, net in acc["phase_p_net_gb"].items():
+            if net < least_gb:
+                continue
+            key = (case["spec"]["hub"], _role(case, label))
+            cpu[key] = cpu.get(key, 0.0) + max(0.0, acc["phase_p_cpu_s"][label]
+                                               - acc["fixed_cpu_frac"][label] * acc["phase_p_span_s"])
+            gb[key] = gb.get(key, 0.0) + net
+    return {key: cpu[key] / gb[key] for key in cpu}
+
+
+def best_per_t(cases: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """Redis CPU seconds per transition per (env, hub kind, server role), from the case of each
+    env and hub kind whose phase A stored the most transitions (at large N this machine's agents
+    may not fill a single chunk each within phase A)."""
+    best: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for case in cases:
+        key = (case["spec"]["env"], case["spec"]["hub"])
+        if case["accounting"]["phase_a_steps"] > (best[key]["accounting"]["phase_a_steps"] if key in best else 0):
+            best[key] = case
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for (env, hub), case in best.items():
+        for label, v in case["redis_cpu_s_per_1k_transitions"].items():
+            if v is not None:
+                out.setdefault((env, hub, _role(case, label)), []).append(v / 1e3)
+    return {key: sum(v) / len(v) for key, v in out.items()}
+
+
+def pooled_capacity(case: Mapping[str, Any], pooled: Mapping[tuple[str, str], float],
+                    per_t_pooled: Mapping[tuple[str, str, str], float], least_steps: float = 20_000) -> dict[str, Any]:
+    """:func:`capacity` of ``case`` with the pooled CPU per GB of its hub kind and, when its own
+    phase A stored fewer than ``least_steps`` transitions, the per-transition CPU of
+    :func:`best_per_t` (its own values where nothing was pooled for a server's role)."""
+    raw = case["spec"]
+    spec = CaseSpec(**{**raw, "broadcast": BroadcastOptions(**raw["broadcast"])})
+    own = case["accounting"]["phase_a_steps"] >= least_steps
+    per_t = {label: None if v is None else v / 1e3 for label, v in case["redis_cpu_s_per_1k_transitions"].items()}
+    if not own:
+        per_t = {label: per_t_pooled.get((raw["env"], raw["hub"], _role(case, label)), per_t[label] or 0.0)
+                 for label in per_t}
+    per_gb = {label: pooled.get((raw["hub"], _role(case, label)), case["redis_cpu_s_per_gb"][label]) for label in per_t}
+    out = capacity(spec, case["accounting"]["fixed_cpu_frac"], per_t, per_gb, case["param_gb_share"],
+                   case["param_nbytes"], case["params_server"])
+    out["per_transition_from"] = "own" if own else "pooled"
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -1206,6 +1374,12 @@ def run_scale_bench(plan: BenchPlan, quick: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"quick": quick, "machine_start": machine(), "plan": asdict(plan), "cases": []}
     for spec in plan.cases():
         out["cases"].append(run_case(spec, params[spec.env]))
+    pooled = pooled_per_gb(out["cases"])
+    per_t = best_per_t(out["cases"])
+    out["pooled_cpu_s_per_gb"] = {f"{hub} {role}": v for (hub, role), v in pooled.items()}
+    out["pooled_cpu_s_per_1k_transitions"] = {f"{env} {hub} {role}": 1e3 * v for (env, hub, role), v in per_t.items()}
+    for case in out["cases"]:
+        case["capacity_pooled"] = pooled_capacity(case, pooled, per_t)
     if "pong" in params:
         out["fp16_check"] = fp16_logit_check(params["pong"])
     out["broadcast"] = broadcast_summary(out["cases"], plan.broadcast_agents)
@@ -1215,9 +1389,10 @@ def run_scale_bench(plan: BenchPlan, quick: bool = False) -> dict[str, Any]:
 
 
 def broadcast_summary(cases: Sequence[Mapping[str, Any]], agents: int | None) -> list[dict[str, Any]]:
-    """Section 2: for every Pong case at ``agents`` (all Pong cases at the largest N measured when
-    None) with parameters on, its version age p99 and the parameter server's CPU share on
-    parameters in phase B, and whether each meets its target."""
+    """Section 2: every Pong case at ``agents`` (at the largest N measured when None) with
+    parameters on: version age p99 in phase B (target <= 2 publishes) and the parameter server's
+    CPU share on parameters (target < 25%), both as measured here (phase B, this machine's agents
+    short of CPU) and at the full rate (the pooled capacity model)."""
     pong = [c for c in cases if c["spec"]["env"] == "pong" and c["spec"]["broadcast"]["enabled"]]
     if not pong:
         return []
@@ -1228,22 +1403,33 @@ def broadcast_summary(cases: Sequence[Mapping[str, Any]], agents: int | None) ->
             continue
         b = case["phase_b"]
         age, share = b.get("version_age_p99"), case["param_share_of_params_server"]
-        rows.append({"label": case["label"], "version_age_p99": age, "param_cpu_share": share,
+        model = case.get("capacity_pooled", case["capacity"])
+        full_share = model["param_share_at_full_rate"]
+        params_load = model["load_at_full_rate"][case["params_server"]]
+        rows.append({"label": case["label"], "version_age_p99": age, "version_age_le2": b.get("version_age_le2"),
+                     "param_cpu_share": share, "param_share_at_full_rate": full_share,
+                     "params_server_load_at_full_rate": params_load,
+                     "busiest_load_at_full_rate": max(model["load_at_full_rate"].values()),
                      "age_met": age is not None and age <= 2, "share_met": share is not None and share < 0.25,
+                     "share_met_at_full_rate": full_share is not None and full_share < 0.25,
                      "produced_over_offered": b["produced_sps"] / case["offered_sps"],
-                     "download_p99_ms": b["download"]["p99_ms"], "gb_served_per_s": b["gb_served"] / b["seconds"]})
+                     "download_p99_ms": b["download"]["p99_ms"], "gb_served_per_s": b["gb_served"] / b["seconds"],
+                     "needed_gb_per_s": model["needed_gb_per_s"]})
     return rows
 
 
 # ---------------------------------------------------------------- the figure
 
 def scale_figure(result: Mapping[str, Any]) -> Any:
-    """Four panels over N (log scale), a line per env and hub: acked over offered env steps/s;
-    Redis's busiest thread (CPU fraction, phase B); p99 of insert and download latency; version age p99."""
+    """Top row, over N (log scale), a line per env and hub (fp32, free production): acked over
+    offered env steps/s (phase A); agents one hub would carry at the full rate (the pooled model);
+    p99 insert (solid) and download (dotted) latency; version age p99 (phase B). Bottom row, the
+    parameter-broadcast options at the section-2 N: version age p99, the parameters' share of the
+    parameter server's CPU at the full rate, and the busiest server's load at the full rate."""
     from surreal_redis.plots import _figure
 
-    figure = _figure(4, width=4.2, height=3.6)
-    axes = [figure.add_subplot(1, 4, i + 1) for i in range(4)]
+    figure = _figure(4, width=4.2, height=7.2)
+    axes = [figure.add_subplot(2, 4, i + 1) for i in range(4)]
     lines: dict[str, list[Mapping[str, Any]]] = {}
     for case in result["cases"]:
         spec = case["spec"]
@@ -1254,24 +1440,85 @@ def scale_figure(result: Mapping[str, Any]) -> Any:
         cases = sorted(cases, key=lambda c: c["spec"]["agents"])
         n = [c["spec"]["agents"] for c in cases]
         style: dict[str, Any] = {"color": f"C{number % 10}", "marker": "o", "label": name}
-        axes[0].plot(n, [c["phase_a"]["acked_sps"] / c["offered_sps"] for c in cases], **style)
-        axes[1].plot(n, [c["phase_b"]["redis_cpu_frac_max"] for c in cases], **style)
-        axes[2].plot(n, [c["phase_a"]["insert"]["p99_ms"] or math.nan for c in cases], linestyle="-", **style)
+        axes[0].plot(n, [max(c["phase_a"]["acked_sps"], 1.0) / c["offered_sps"] for c in cases], **style)
+        model = [c.get("capacity_pooled", c["capacity"])["agents_per_hub"] for c in cases]
+        axes[1].plot(n, [math.nan if m is None else m for m in model], **style)
+        axes[2].plot(n, [c["totals"]["insert"]["p99_ms"] or math.nan for c in cases], **style)
         axes[2].plot(n, [c["phase_b"]["download"]["p99_ms"] or math.nan for c in cases], linestyle=":",
                      **{**style, "label": None})
         axes[3].plot(n, [c["phase_b"].get("version_age_p99", math.nan) for c in cases], **style)
-    titles = ("acked / offered env steps/s", "busiest Redis thread, CPU (B)",
-              "p99 ms: insert (solid), download (dotted)", "version age p99 (publishes)")
+    titles = ("acked / offered env steps/s (A)", "agents one hub carries at full rate",
+              "p99 ms: insert (solid), download (dotted)", "version age p99, publishes (B)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("simulated agents")
         ax.set_title(title, fontsize="medium")
         ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[2].set_yscale("log")
+    for ax in axes[:3]:
+        ax.set_yscale("log")
     axes[3].axhline(2, color="gray", linestyle=":", linewidth=1, label="target 2")
-    axes[1].axhline(1, color="gray", linestyle=":", linewidth=1)
     axes[0].legend(fontsize="small")
+    rows = result.get("broadcast") or []
+    if rows:
+        labels = [row["label"].split(" / ", 2)[-1] for row in rows]
+        panels = (("version age p99 (B)", [row["version_age_p99"] for row in rows], 2.0),
+                  ("param share of its server, full rate", [row["param_share_at_full_rate"] for row in rows], 0.25),
+                  ("busiest server load, full rate", [row["busiest_load_at_full_rate"] for row in rows], 1.0))
+        for index, (title, values, target) in enumerate(panels):
+            ax = figure.add_subplot(2, 4, 5 + index)
+            ax.bar(range(len(values)), [math.nan if v is None else v for v in values],
+                   color=[f"C{i % 10}" for i in range(len(values))])
+            ax.set_xticks(range(len(values)), labels, rotation=35, ha="right", fontsize="x-small")
+            ax.axhline(target, color="gray", linestyle=":", linewidth=1)
+            ax.set_title(f"{title}, {rows[0]['label'].split(' / ')[1]} Pong agents", fontsize="small")
+            ax.grid(axis="y", alpha=0.3)
+            if index == 2:
+                ax.set_yscale("log")
     mach = result.get("machine_start", {})
-    figure.suptitle(f"surreal-redis scale bench ({mach.get('cpus')} cores, shared by agents, reader and Redis)")
+    figure.suptitle(f"bench/scale.py ({mach.get('cpus')} cores shared by the simulated agents, reader, publisher and Redis)")
     return figure
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}" if abs(value) < 10 else f"{value:.0f}"
+
+
+def _pair(summary: Mapping[str, Any]) -> str:
+    return f"{_fmt(summary['p50_ms'])} / {_fmt(summary['p99_ms'])}" if summary["n"] else "—"
+
+
+def markdown_tables(result: Mapping[str, Any]) -> str:
+    """The results as the docs' two Markdown tables: per case, and the parameter-broadcast options."""
+    lines = ["| env | hub | N | offered steps/s | produced / acked (A) | insert ms p50 / p99 | poll ms p50 / p99 "
+             "| download ms p50 / p99 (B) | busiest Redis CPU A / B | Redis CPU-s per 1k steps | per GB (P) "
+             "| KB per connection | agents per hub at full rate (experience only) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for case in result["cases"]:
+        spec, a, b = case["spec"], case["phase_a"], case["phase_b"]
+        hub = spec["hub"] + ("" if spec["sync"] == "free" else f", {spec['sync']}")
+        if spec["broadcast"] != asdict(BroadcastOptions()):
+            hub += ", " + BroadcastOptions(**spec["broadcast"]).label
+        model = case.get("capacity_pooled", case["capacity"])
+        per_gb = case["redis_cpu_s_per_gb"].get(case["params_server"])
+        kb = max(case["mem_per_connection_bytes"].values()) / 1024
+        lines.append(
+            f"| {spec['env']} | {hub} | {spec['agents']} | {_fmt(case['offered_sps'])} "
+            f"| {_fmt(a['produced_sps'])} / {_fmt(a['acked_sps'])} | {_pair(case['totals']['insert'])} "
+            f"| {_pair(a['poll'])} | {_pair(b['download'])} "
+            f"| {a['redis_cpu_frac_max']:.2f} / {b['redis_cpu_frac_max']:.2f} "
+            f"| {_fmt(case['redis_cpu_s_per_1k_total'], 3)} | {_fmt(per_gb)} | {kb:.1f} "
+            f"| {_fmt(model['agents_per_hub'])} ({_fmt(model['agents_per_hub_experience_only'])}) |")
+    rows = result.get("broadcast") or []
+    if rows:
+        lines += ["", "| parameters | version age p99 (B) | their share of its server's CPU (B) | at full rate "
+                      "| busiest server's load at full rate | GB/s needed at full rate |",
+                  "|---|---|---|---|---|---|"]
+        for row in rows:
+            lines.append(f"| {row['label']} | {_fmt(row['version_age_p99'])} | {_fmt(row['param_cpu_share'])} "
+                         f"| {_fmt(row['param_share_at_full_rate'])} | {_fmt(row['busiest_load_at_full_rate'])} "
+                         f"| {_fmt(row['needed_gb_per_s'])} |")
+    return "\n".join(lines)
