@@ -1,11 +1,12 @@
 """APPO against lockstep PPO, whole launches side by side in one run:
-``python bench/appo.py [--seeds 3] [--race-s 300] [--agents 1,2,4,8] [--scaling-s 45]
+``python bench/appo.py [--seeds 3] [--race-s 300] [--race-modes lockstep,appo] [--agents 1,2,4,8] [--scaling-s 45]
 [--scaling-envs cartpole,halfcheetah] [--skip-race] [--skip-scaling] [--json PATH]``.
 
 - **Race** (HalfCheetah-v5): per seed (``experiment.seed`` 1..``--seeds``), ``configs/ppo_halfcheetah.yaml``
   (lockstep, its default) and ``configs/appo_halfcheetah.yaml`` for ``--race-s`` learner seconds
   each, one after the other (:func:`halfcheetah.run_ours`: training window of 10 episodes, the
-  eval of the final checkpoint). Per mode: the eval and training returns (mean, min, max over
+  eval of the final checkpoint); ``appo_fixed_epochs`` (APPO with all 20 epochs per update, as
+  lockstep) separates the lag's effect from that of fewer epochs. Per mode: the eval and training returns (mean, min, max over
   seeds), env steps and updates; ``appo_minus_lockstep_eval`` (equal wall-clock) and, at equal env
   steps, APPO's training return when its env steps first reached lockstep's final count
   (``appo_train_at_lockstep_steps``) against lockstep's final training return.
@@ -37,7 +38,10 @@ import utilization  # noqa: E402
 from surreal_redis import plots  # noqa: E402
 
 log = logging.getLogger("bench.appo")
-RACE = {"lockstep": "ppo_halfcheetah.yaml", "appo": "appo_halfcheetah.yaml"}
+RACE = {"lockstep": ("ppo_halfcheetah.yaml", []), "appo": ("appo_halfcheetah.yaml", []),
+        "appo_fixed_epochs": ("appo_halfcheetah.yaml", ["appo.min_epochs=null"])}
+"""Race modes: config and overrides. ``appo_fixed_epochs`` runs all 20 epochs per update as
+lockstep does, so against lockstep at equal env steps only the lag (and V-trace) differs."""
 WINDOW = 10
 
 
@@ -61,29 +65,38 @@ def train_return_at(curves: plots.RunCurves | None, env_steps: float) -> float |
     return None
 
 
-def race(seeds: int, budget_s: float) -> dict:
-    """The HalfCheetah race, lockstep then APPO per seed."""
-    runs: dict[str, list[dict]] = {mode: [] for mode in RACE}
+def race(seeds: int, budget_s: float, modes: list[str]) -> dict:
+    """The HalfCheetah race, the modes one after the other per seed; each APPO mode against
+    lockstep when lockstep ran."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     at_equal_steps: list[dict] = []
     for seed in range(1, seeds + 1):
         finals = {}
-        for mode, config in RACE.items():
+        for mode in modes:
+            config, overrides = RACE[mode]
             with tempfile.TemporaryDirectory(prefix=f"surreal-appo-{mode}-") as tmp:
-                result = halfcheetah.run_ours(config, budget_s, WINDOW, None, [f"experiment.seed={seed}"], Path(tmp))
+                result = halfcheetah.run_ours(config, budget_s, WINDOW, None, [f"experiment.seed={seed}", *overrides], Path(tmp))
                 finals[mode] = (result, halfcheetah.our_curves(Path(tmp)))
             runs[mode].append({"seed": seed, **result})
             log.info("race seed %d %s: %s", seed, mode, result)
-        lockstep = finals["lockstep"][0]
-        at_equal_steps.append({"seed": seed, "env_steps": lockstep["env_steps"], "lockstep_train": lockstep["train_return"],
-                               "appo_train": train_return_at(finals["appo"][1], lockstep["env_steps"])})
+        if "lockstep" in finals:
+            lockstep = finals["lockstep"][0]
+            at_equal_steps.append({"seed": seed, "env_steps": lockstep["env_steps"], "lockstep_train": lockstep["train_return"],
+                                   **{f"{mode}_train": train_return_at(finals[mode][1], lockstep["env_steps"])
+                                      for mode in modes if mode != "lockstep"}})
     out: dict = {"budget_s": budget_s, "seeds": seeds, "runs": runs, "at_lockstep_steps": at_equal_steps}
-    for mode in RACE:
+    for mode in modes:
         for key in ("eval_return", "train_return", "env_steps", "updates"):
             out[f"{mode}_{key}"] = spread([r[key] for r in runs[mode]])
-    pairs = [(a["eval_return"], b["eval_return"]) for a, b in zip(runs["appo"], runs["lockstep"])]
-    out["appo_minus_lockstep_eval"] = spread([a - b if a is not None and b is not None else None for a, b in pairs])
-    out["appo_train_at_lockstep_steps"] = spread([row["appo_train"] for row in at_equal_steps])
+    if "lockstep" not in modes:
+        return out
     out["lockstep_train_final"] = spread([row["lockstep_train"] for row in at_equal_steps])
+    for mode in modes:
+        if mode != "lockstep":
+            pairs = [(a["eval_return"], b["eval_return"]) for a, b in zip(runs[mode], runs["lockstep"])]
+            out[f"{mode}_minus_lockstep_eval"] = spread([a - b if a is not None and b is not None else None
+                                                         for a, b in pairs])
+            out[f"{mode}_train_at_lockstep_steps"] = spread([row[f"{mode}_train"] for row in at_equal_steps])
     return out
 
 
@@ -99,7 +112,8 @@ def scaling(envs: list[str], agents: list[int], seconds: float) -> dict:
                 agent_cores = case["cores_by_role"].get("agent", 0.0)
                 rows[str(count)] = {
                     "env_steps_per_s": round(case["env_steps"] / seconds), "updates_per_s": round(case["updates"] / seconds, 2),
-                    "machine_used": case["machine_used"], "cores_by_role": case["cores_by_role"], "used": case["used"],
+                    "machine_used": case["machine_used"], "machine_used_steady": case["machine_used_steady"],
+                    "cores_by_role": case["cores_by_role"], "used": case["used"],
                     "agents_idle": case["agents_idle"], "learner_busy": case["learner_busy"],
                     "policy_lag_p90": case["policy_lag_p90"],
                     # agent cores are averaged over the launch's whole wall time, steps over the learner's
@@ -112,6 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--race-s", type=float, default=300.0, help="learner seconds per race launch")
+    parser.add_argument("--race-modes", default="lockstep,appo", help=f"of {', '.join(RACE)}")
     parser.add_argument("--agents", default="1,2,4,8", help="agent counts of the scaling launches")
     parser.add_argument("--scaling-s", type=float, default=45.0, help="learner seconds per scaling launch")
     parser.add_argument("--scaling-envs", default="cartpole,halfcheetah")
@@ -129,6 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--agents must be comma-separated integers, got {options.agents!r}")
     if min(options.agents) < 1:
         parser.error(f"--agents needs counts >= 1, got {options.agents}")
+    options.race_modes = options.race_modes.split(",")
+    if unknown := sorted(set(options.race_modes) - set(RACE)):
+        parser.error(f"unknown --race-modes {unknown} (known: {', '.join(RACE)})")
     unknown = sorted(set(options.scaling_envs.split(",")) - {"cartpole", "halfcheetah", "pong"})
     if unknown:
         parser.error(f"unknown --scaling-envs {unknown} (known: cartpole, halfcheetah, pong)")
@@ -142,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not options.skip_scaling:
         result["scaling"] = scaling(options.scaling_envs.split(","), options.agents, options.scaling_s)
     if not options.skip_race:
-        result["race"] = race(options.seeds, options.race_s)
+        result["race"] = race(options.seeds, options.race_s, options.race_modes)
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result))
     if options.json:

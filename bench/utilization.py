@@ -10,6 +10,8 @@ Per env and mode, ``surreal-redis launch`` of the shipped config (PPO: ``ppo_<en
   eval; ``/proc/<pid>/stat`` of its process tree every ``POLL_S``, each process's last reading,
   so at most ``POLL_S`` of each is missed: ``getrusage`` would miss the processes the launcher
   does not reap) over ``wall_s x cores``: start-up and shutdown included, as a user pays them;
+  ``machine_used_steady`` the same from 20% to 90% of the wall time (:data:`STEADY`), and
+  ``cores_by_role`` the cores each part used over the wall time (learner, agent, redis, ...);
 - ``updates``, ``env_steps``, ``mean_return`` (the last ``stop.return_window`` training
   episodes), and from the learner's whole-run status: ``used`` (the fraction of env steps that
   reached an update), ``policy_lag_p90``, ``rho_clipped`` (APPO: samples whose importance weight
@@ -98,6 +100,21 @@ def process_role(command: str) -> str:
     return "other"
 
 
+STEADY = (0.2, 0.9)
+"""The part of a launch's wall time that ``machine_used_steady`` covers: past start-up (imports,
+the first parameters, MLflow's start) and before the shutdown."""
+
+
+def steady_use(timeline: list[tuple[float, float]], wall: float, cores: int) -> float | None:
+    """Machine used between :data:`STEADY`'s fractions of ``wall``, from ``(seconds, CPU-seconds
+    so far)`` samples; None with fewer than two samples in that window."""
+    inside = [(t, cpu) for t, cpu in timeline if STEADY[0] * wall <= t <= STEADY[1] * wall]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    (t0, cpu0), (t1, cpu1) = inside[0], inside[-1]
+    return round((cpu1 - cpu0) / ((t1 - t0) * cores), 3)
+
+
 def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s: float) -> dict:
     """One whole launch; its wall time, summary and the CPU-seconds of all its processes."""
     name = f"{env}_{mode}_{len(list(workdir.iterdir()))}"
@@ -110,6 +127,7 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
         proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         cpu_by_pid: dict[int, float] = {}
         role_of: dict[int, str] = {}
+        timeline: list[tuple[float, float]] = []  # (seconds since start, CPU-seconds of the tree so far)
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
                 proc.kill()
@@ -120,6 +138,7 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
                     cpu_by_pid[pid] = seconds
                     if role_of.get(pid, "other") == "other":  # a process just forked may not show its command yet
                         role_of[pid] = process_role(cmdline(pid))
+            timeline.append((time.monotonic() - started, sum(cpu_by_pid.values())))
             time.sleep(POLL_S)
         wall = time.monotonic() - started
         stderr.seek(0)
@@ -132,7 +151,7 @@ def run_case(env: str, mode: str, overrides: list[str], workdir: Path, timeout_s
     for pid, seconds in cpu_by_pid.items():
         by_role[role_of[pid]] = by_role.get(role_of[pid], 0.0) + seconds
     result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "processes": len(cpu_by_pid),
-              "machine_used": round(cpu / (wall * cores), 3),
+              "machine_used": round(cpu / (wall * cores), 3), "machine_used_steady": steady_use(timeline, wall, cores),
               "cores_by_role": {role: round(seconds / wall, 2) for role, seconds in sorted(by_role.items())},
               **parse_summary(text)}
     solved = SOLVED.search((workdir / name / "logs" / "learner.log").read_text(errors="replace"))

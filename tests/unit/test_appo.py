@@ -280,7 +280,7 @@ def test_the_section_and_the_declaration_load_without_torch():
 def test_the_shipped_configs_are_ppos_with_free_production():
     """configs/appo_*.yaml keep their PPO counterpart's network and PPO settings, produce freely,
     and bound both the staleness the learner accepts and the backlog agents may build."""
-    for task in ("cartpole", "halfcheetah"):
+    for task in ("cartpole", "halfcheetah", "pong"):
         appo, ppo = load_config(f"appo_{task}"), load_config(f"ppo_{task}")
         assert appo.algo == "appo" and appo.learner.on_policy_sync == "free"
         shared = {f.name for f in dataclasses.fields(PPOConfig)}
@@ -288,6 +288,7 @@ def test_the_shipped_configs_are_ppos_with_free_production():
         assert appo.learner.steps_per_update == ppo.learner.steps_per_update
         assert appo.replay.fifo.max_policy_lag is not None and 1 <= appo.replay.fifo.max_policy_lag <= 8
         assert appo.hub.sender.max_lag is not None and appo.hub.sender.max_lag >= 1
+        assert appo.algo_config.min_epochs == 1 and appo.agent.nice > 0
 
 
 def test_min_epochs_need_a_prefetch_queue_that_holds_the_next_batch():

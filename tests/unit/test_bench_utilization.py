@@ -79,3 +79,11 @@ def test_json_writes_the_result_and_its_bars_beside_it(utilization, monkeypatch,
     figure = plots.draw_bars(panels, columns=3)
     assert [p.get_height() for p in figure.axes[1].patches] == [100.0, 150.0, 140.0]
     assert [t.get_text() for t in figure.axes[5].texts] == ["n/a", "n/a", "n/a"]  # agents idle unmeasured
+
+
+def test_steady_use_is_the_machine_used_between_start_up_and_shutdown(utilization):
+    """CPU-seconds of the samples inside 20%..90% of the wall time, over that span and the cores."""
+    timeline = [(0.0, 0.0), (10.0, 5.0), (20.0, 15.0), (30.0, 35.0), (40.0, 55.0), (50.0, 75.0), (60.0, 80.0)]
+    assert utilization.steady_use(timeline, 60.0, 2) == 1.0  # samples at 20..50 s: 60 CPU-s in 30 s on 2 cores
+    assert utilization.steady_use(timeline, 60.0, 4) == 0.5
+    assert utilization.steady_use([(0.0, 0.0), (59.0, 10.0)], 60.0, 2) is None  # nothing inside the window
