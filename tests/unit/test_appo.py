@@ -210,6 +210,23 @@ def test_the_update_differs_from_ppos_only_through_the_targets(monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(parameters(appo), parameters(appo_again)))
 
 
+def test_the_surrogate_clips_around_the_learners_policy_not_the_agents():
+    """On chunks 3 versions old, APPO's first gradient step sees ratios pi/pi_prox of exactly 1
+    (no sample clipped, approx KL 0): the lag is in the advantages' rho; PPO's ratios pi/mu on
+    the same chunks are not 1."""
+    config = dict(SMALL, update_epochs=1, num_minibatches=1, learning_rate=0.02)
+    appo, policy, collector = cartpole(APPOConfig(**config), APPOAlgorithm)
+    ppo, _, _ = cartpole(PPOConfig(**config), PPOAlgorithm)
+    lagged = collector.collect(48)
+    for _ in range(3):
+        fresh = collector.collect(48)
+        appo.update(fresh)
+        ppo.update(fresh)
+    appo_stats, ppo_stats = appo.update(lagged), ppo.update(lagged)
+    assert appo_stats["approx_kl"] == pytest.approx(0.0, abs=1e-6) and appo_stats["clip_fraction"] == 0.0
+    assert ppo_stats["approx_kl"] > 1e-4 and appo_stats["rho_mean"] < 1.0
+
+
 def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     """Past min_epochs an update runs another epoch only while ``more_epochs()`` says the next
     batch has not arrived, up to update_epochs; PPO (and APPO without min_epochs) runs them all."""

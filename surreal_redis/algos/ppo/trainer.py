@@ -151,6 +151,10 @@ class Targets(NamedTuple):
     advantages: torch.Tensor
     returns: torch.Tensor
     diagnostics: dict[str, torch.Tensor]
+    proximal_logp: torch.Tensor | None = None
+    """The log-probs the clipped surrogate's ratio is taken against; None: the agents' behaviour
+    log-probs (PPO). APPO: the learner's own at the start of the update, the advantages carrying
+    the importance weight of the lag."""
 
 
 class _Rollout(NamedTuple):
@@ -274,7 +278,8 @@ class PPOAlgorithm(Algorithm):
                 next_values[t_idx, b_idx] = self.net.value(z_final)
             targets = self._targets(reward_batch, all_values[:steps], next_values, terminated, truncated, logp,
                                     target_logp.reshape(steps, batch))
-        return _Rollout(tree_map(lambda v: v[:steps], obs), actions, logp, targets.advantages, targets.returns,
+        reference_logp = logp if targets.proximal_logp is None else targets.proximal_logp
+        return _Rollout(tree_map(lambda v: v[:steps], obs), actions, reference_logp, targets.advantages, targets.returns,
                         all_values[:steps], ref_head, episode_start[:steps], targets.diagnostics, state)
 
     def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
