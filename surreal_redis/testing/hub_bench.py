@@ -14,11 +14,13 @@
 - ``{hub,naive}_{client,server}_cpu_us_per_t`` and ``cpu_ratio`` (hub / naive): CPU cost per
   transition of the senders and of redis-server, steadier than rates on a shared machine;
 
-and for parameters the latency of a no-op poll (next to a PING) and of fetching 1 MB / 10 MB
-blobs next to a raw GET of the same bytes (ratios of the best of several tries, the ones least
-disturbed by other processes on a shared machine, as ``timeit`` advises). Everything is measured, nothing asserted: ``targets``
-says which goals were met. The hub half is measured before the naive half, so any allocator warm-up favours the
-baseline.
+each the best of ``BenchSizes.repeats`` rounds of hub then naive (highest rates, lowest costs:
+the rounds least disturbed by other processes on a shared machine, as ``timeit`` advises; every
+round's ingest ratio is kept in ``tps_ratio_rounds``), and for parameters the latency of a no-op
+poll (next to a PING) and of fetching 1 MB / 10 MB blobs next to a raw GET of the same bytes
+(ratios of the best of several tries). Everything is measured, nothing asserted: ``targets`` says
+which goals were met. In each round the hub half is measured before the naive half, so any
+allocator warm-up favours the baseline.
 """
 
 from __future__ import annotations
@@ -61,19 +63,25 @@ class KindSize:
 
 @dataclass(frozen=True)
 class BenchSizes:
-    """How much work each measurement does. ``param_megabytes``: parameter blob sizes (MiB of
+    """How much work each measurement does. ``repeats``: rounds of hub then naive ingestion per
+    kind (the best of each is reported); ``param_megabytes``: parameter blob sizes (MiB of
     float32); ``fetch_repeats``: fetches per size (medians reported); ``polls``: no-op polls."""
 
     kinds: dict[str, KindSize] = field(default_factory=lambda: {
         "cartpole": KindSize(16, 2000), "humanoid": KindSize(16, 500), "atari": KindSize(8, 600)})
+    repeats: int = 3
     param_megabytes: tuple[int, ...] = (1, 10)
     fetch_repeats: int = 15
     polls: int = 5000
 
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"BenchSizes.repeats must be >= 1, got {self.repeats}")
+
     @classmethod
     def quick(cls) -> BenchSizes:
         return cls(kinds={"cartpole": KindSize(16, 800), "humanoid": KindSize(8, 300), "atari": KindSize(8, 200)},
-                   fetch_repeats=11, polls=2000)
+                   repeats=2, fetch_repeats=11, polls=2000)
 
 
 # ---------------------------------------------------------------- sender processes
@@ -206,31 +214,42 @@ def server_cpu_s(client: RedisClient) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure_kind(client: RedisClient, url: str, kind: str, size: KindSize) -> dict[str, float]:
-    """Hub then naive ingestion of the same transitions, and the receive rate, for one kind.
+def _measure_mode(client: RedisClient, url: str, kind: str, size: KindSize, mode: str) -> dict[str, float]:
+    """One ingestion of ``kind`` by ``mode`` ("hub" or "naive") into an emptied server (and, for
+    the hub, the learner-side receive of it): rates, bytes and CPU per transition."""
+    out: dict[str, float] = {}
+    client.flushall()
+    before, cpu = used_memory(client), server_cpu_s(client)
+    result = run_senders(mode, url, f"bench-{mode}-{kind}", kind, size)
+    out[f"{mode}_server_cpu_us_per_t"] = 1e6 * (server_cpu_s(client) - cpu) / result.sent
+    out[f"{mode}_client_cpu_us_per_t"] = 1e6 * result.cpu_s / result.sent
+    out[f"{mode}_tps"] = result.tps
+    out[f"{mode}_bytes_per_t"] = (used_memory(client) - before) / result.sent
+    log.info("%s %s: %.0f transitions/s, %.0f bytes, %.1f + %.1f us CPU (sender + server) per "
+             "transition (%d sent)", kind, mode, result.tps, out[f"{mode}_bytes_per_t"],
+             out[f"{mode}_client_cpu_us_per_t"], out[f"{mode}_server_cpu_us_per_t"], result.sent)
+    if mode == "hub":
+        cpu = server_cpu_s(client)
+        out["recv_tps"] = receive_all(client, f"bench-hub-{kind}", result.sent)
+        out["recv_server_cpu_us_per_t"] = 1e6 * (server_cpu_s(client) - cpu) / result.sent
+        log.info("%s receive: %.0f transitions/s, %.1f us Redis CPU per transition", kind, out["recv_tps"],
+                 out["recv_server_cpu_us_per_t"])
+    return out
+
+
+def measure_kind(client: RedisClient, url: str, kind: str, size: KindSize, repeats: int = 1) -> dict:
+    """``repeats`` rounds of hub then naive ingestion of the same transitions, and the receive
+    rate, for one kind: the best of the rounds (highest rates, lowest bytes and CPU per
+    transition), and ``tps_ratio_rounds``, each round's hub / naive rate.
 
     Besides the wall-clock rates it reports CPU microseconds per transition of the senders and of
     redis-server: on a shared machine those are steadier than rates.
     """
-    out: dict[str, float] = {}
     warm_up(client, kind)
-    for mode in ("hub", "naive"):
-        client.flushall()
-        before, cpu = used_memory(client), server_cpu_s(client)
-        result = run_senders(mode, url, f"bench-{mode}-{kind}", kind, size)
-        out[f"{mode}_server_cpu_us_per_t"] = 1e6 * (server_cpu_s(client) - cpu) / result.sent
-        out[f"{mode}_client_cpu_us_per_t"] = 1e6 * result.cpu_s / result.sent
-        out[f"{mode}_tps"] = result.tps
-        out[f"{mode}_bytes_per_t"] = (used_memory(client) - before) / result.sent
-        log.info("%s %s: %.0f transitions/s, %.0f bytes, %.1f + %.1f us CPU (sender + server) per "
-                 "transition (%d sent)", kind, mode, result.tps, out[f"{mode}_bytes_per_t"],
-                 out[f"{mode}_client_cpu_us_per_t"], out[f"{mode}_server_cpu_us_per_t"], result.sent)
-        if mode == "hub":
-            cpu = server_cpu_s(client)
-            out["recv_tps"] = receive_all(client, f"bench-hub-{kind}", result.sent)
-            out["recv_server_cpu_us_per_t"] = 1e6 * (server_cpu_s(client) - cpu) / result.sent
-            log.info("%s receive: %.0f transitions/s, %.1f us Redis CPU per transition", kind, out["recv_tps"],
-                     out["recv_server_cpu_us_per_t"])
+    rounds = [{**_measure_mode(client, url, kind, size, "hub"), **_measure_mode(client, url, kind, size, "naive")}
+              for _ in range(repeats)]
+    out: dict = {name: (max if name.endswith("_tps") else min)(r[name] for r in rounds) for name in rounds[0]}
+    out["tps_ratio_rounds"] = [r["hub_tps"] / r["naive_tps"] for r in rounds]
     out["tps_ratio"] = out["hub_tps"] / out["naive_tps"]
     out["bytes_ratio"] = out["hub_bytes_per_t"] / out["naive_bytes_per_t"]
     out["cpu_ratio"] = ((out["hub_client_cpu_us_per_t"] + out["hub_server_cpu_us_per_t"])
@@ -321,7 +340,7 @@ def run_hub_bench(quick: bool, sizes: BenchSizes | None = None) -> dict:
 
     ``quick`` picks :meth:`BenchSizes.quick` (under a minute on 2 cores) unless ``sizes`` is
     given. Blocks for the duration; starts and stops its own server and sender processes.
-    Keys: one dict per kind in :data:`KINDS`, ``params``, ``targets``, ``sizes``, ``redis``.
+    Keys: one dict per kind in :data:`KINDS`, ``params``, ``targets``, ``sizes``, ``repeats``, ``redis``.
     """
     sizes = sizes or (BenchSizes.quick() if quick else BenchSizes())
     unknown = set(sizes.kinds) - set(KINDS)
@@ -331,11 +350,11 @@ def run_hub_bench(quick: bool, sizes: BenchSizes | None = None) -> dict:
     with EmbeddedRedis(maxmemory="4gb") as server:
         client = connect(server.url)
         try:
-            results: dict = {"quick": quick, "redis": client.info("server")["redis_version"],
+            results: dict = {"quick": quick, "redis": client.info("server")["redis_version"], "repeats": sizes.repeats,
                              "sizes": {k: [SENDERS, s.num_envs, s.steps] for k, s in sizes.kinds.items()}}
             for kind, size in sizes.kinds.items():
                 log.info("measuring %s: %d senders x %d envs x %d steps", kind, SENDERS, size.num_envs, size.steps)
-                results[kind] = measure_kind(client, server.url, kind, size)
+                results[kind] = measure_kind(client, server.url, kind, size, sizes.repeats)
             client.flushall()
             results["params"] = measure_params(client, sizes)
         finally:

