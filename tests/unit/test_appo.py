@@ -210,12 +210,12 @@ def test_the_update_differs_from_ppos_only_through_the_targets(monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(parameters(appo), parameters(appo_again)))
 
 
-def test_the_surrogate_clips_around_the_learners_policy_not_the_agents():
-    """On chunks 3 versions old, APPO's first gradient step sees ratios pi/pi_prox of exactly 1
-    (no sample clipped, approx KL 0): the lag is in the advantages' rho; PPO's ratios pi/mu on
-    the same chunks are not 1."""
+def test_clip_against_proximal_clips_around_the_learners_policy_not_the_agents():
+    """On chunks 3 versions old, APPO's first gradient step with ``clip_against: proximal`` sees
+    ratios pi/pi_prox of exactly 1 (no sample clipped, approx KL 0): the lag is in the
+    advantages' rho; PPO's ratios pi/mu on the same chunks are not 1."""
     config = dict(SMALL, update_epochs=1, num_minibatches=1, learning_rate=0.02)
-    appo, policy, collector = cartpole(APPOConfig(**config), APPOAlgorithm)
+    appo, policy, collector = cartpole(APPOConfig(clip_against="proximal", **config), APPOAlgorithm)
     ppo, _, _ = cartpole(PPOConfig(**config), PPOAlgorithm)
     lagged = collector.collect(48)
     for _ in range(3):
@@ -260,6 +260,7 @@ def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     (dict(gae_lambda=1.5), "gae_lambda"),  # PPO's checks still run
     (dict(min_epochs=0), r"min_epochs must be an int in 1..update_epochs \(4\) or None, got 0"),
     (dict(min_epochs=5), "min_epochs must be .* got 5"),
+    (dict(clip_against="mu"), "clip_against must be 'behaviour' or 'proximal', got 'mu'"),
 ])
 def test_config_validation_names_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -3,10 +3,10 @@ targets in place of GAE.
 
 V-trace is Espeholt et al. 2018 (IMPALA, arXiv:1802.01561): section 4.1, eq. (1), for the value
 targets, section 4.2 for the policy-gradient advantage. PPO's clipped surrogate on those
-advantages takes its ratio pi_theta / pi_prox against the network at the start of the update
-(the proximal policy of decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's
-importance weight rho = min(rho_bar, pi_prox / mu) being in the advantage already; without lag
-pi_prox = mu and it is PPO's ratio. Written like CleanRL: time-major ``[T, B]`` tensors, one
+advantages takes its ratio against the agents' behaviour log-probs (Sample Factory's APPO) or,
+with ``clip_against: proximal``, against the network at the start of the update (the proximal
+policy of decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's importance weight
+rho = min(rho_bar, pi_prox / mu) being in the advantage already; without lag the two agree. Written like CleanRL: time-major ``[T, B]`` tensors, one
 backward loop.
 
 Episode ends stay apart, as in PPO's GAE: a terminated step bootstraps from 0, a truncated one from
@@ -82,8 +82,8 @@ def vtrace(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tenso
 
 class APPOAlgorithm(PPOAlgorithm):
     """Learner side of APPO: :class:`PPOAlgorithm` (the same network, minibatches, clipped
-    surrogate, value loss, reward scaling and z-filter) with :func:`vtrace` targets, the
-    surrogate's ratio taken against the network at the start of the update: ``returns`` are v_s, ``advantages`` the policy-gradient
+    surrogate, value loss, reward scaling and z-filter) with :func:`vtrace` targets (and, with
+    ``clip_against: proximal``, the surrogate's ratio against the network at the update's start): ``returns`` are v_s, ``advantages`` the policy-gradient
     advantages, both for the network at the start of the update. The update's stats add
     ``rho_clipped_fraction`` (share of steps whose pi/mu exceeded ``vtrace_rho_bar``) and
     ``rho_mean`` (mean of the truncated weights rho_t; 1 without lag)."""
@@ -101,10 +101,9 @@ class APPOAlgorithm(PPOAlgorithm):
         cfg = self.config
         out = vtrace(rewards, values, next_values, terminated, truncated, target_logp - behaviour_logp,
                      cfg.gamma, cfg.gae_lambda, cfg.vtrace_rho_bar, cfg.vtrace_c_bar)
-        # the surrogate's ratio against the network at the start of the update (the proximal
-        # policy), not against the agents' mu: the advantages already carry rho_s = min(rho_bar,
-        # pi/mu), and clipping pi/mu would zero the gradient of every sample lagging by more than
-        # the clip range, however good its corrected advantage (decoupled PPO, Hilton et al.
-        # 2021, arXiv:2110.00641, eq. 2; RLlib's APPO clips against its target network likewise)
+        # clip_against proximal: the surrogate's ratio against the network at the start of the
+        # update, not the agents' mu, the advantages carrying rho_s = min(rho_bar, pi/mu) already:
+        # clipping pi/mu zeroes the gradient of every sample lagging past the clip range
+        # (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641, eq. 2)
         return Targets(out.pg_advantages, out.vs, {"rho_clipped_fraction": out.rho_clipped, "rho_mean": out.rhos},
-                       proximal_logp=target_logp)
+                       proximal_logp=target_logp if cfg.clip_against == "proximal" else None)
