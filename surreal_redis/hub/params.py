@@ -491,11 +491,16 @@ class ParameterClient:
     def _poll(self, force: bool, at_least: int) -> tuple[RedisClient, int]:
         """(the server to download from, the version published there; 0: none). A replica's
         answer counts only when it is at least the version held, at least ``at_least`` and not 0;
-        else (or when the primary is due, or ``force``) the primary is asked."""
+        else (or when the primary is due, or ``force``) the primary is asked. A new version that
+        only the periodic primary poll found is still downloaded from a replica, which must hold
+        at least that version (else :meth:`_download_from` reads the primary): the check on the
+        replicas must not send one download in every ``primary_poll_every_s`` of every agent to
+        the primary (at 1024 agents, a tenth of the parameter bytes)."""
         if not self._replicas and not force and at_least > self._info.version:
             return self._client, at_least  # the download reads meta anyway: no poll needed
         now = time.monotonic()
-        if self._replicas and not force and now < self._primary_due and now >= self._replica_retry_at:
+        replica_usable = bool(self._replicas) and not force and now >= self._replica_retry_at
+        if replica_usable and now < self._primary_due:
             replica = self._replicas[self._replica]
             try:
                 raw = replica.hget(self._keys.meta, "version")
@@ -506,9 +511,13 @@ class ParameterClient:
                 self._replica_backoff.reset()
                 if version >= max(self._info.version, at_least, 1):
                     return replica, version
+            replica_usable = False  # it failed or lags: the primary serves this one
         self._primary_due = now + self._config.primary_poll_every_s
         raw = self._client.hget(self._keys.meta, "version")
-        return self._client, 0 if raw is None else _parse_version(raw)
+        version = 0 if raw is None else _parse_version(raw)
+        if replica_usable and version > self._info.version:
+            return self._replicas[self._replica], version
+        return self._client, version
 
     def _download_from(self, source: RedisClient, version: int) -> tuple[ParamDict, ParamInfo]:
         """Download ``version`` (or a newer one published since) from ``source``; from a replica,
