@@ -141,7 +141,8 @@ class BroadcastOptions:
             return "no params"
         parts = ["fp16" if self.dtype == "float16" else "fp32"]
         if self.min_lag > 1:
-            parts.append(f"every {self.min_lag}th version")
+            suffix = {2: "nd", 3: "rd"}.get(self.min_lag, "th")
+            parts.append(f"every {self.min_lag}{suffix} version")
         return ", ".join(parts)
 
 
@@ -529,9 +530,10 @@ class SimAgent:
 
     # ------------------------------------------------------------ loop
 
-    def begin(self, window: Window) -> float:
-        """Start a window: the first block falls due within one block of its start, the first
-        poll within one poll period (jittered per agent). Returns when the agent is next due."""
+    def begin(self, window: Window) -> tuple[float, float]:
+        """Start a window; returns when the first block of steps and the first version poll are
+        due (within one block and one poll period of its start, jittered per agent; inf for
+        none: no production in the window, or no polls in lockstep or without parameters)."""
         cfg = self.profile
         jitter = random.Random(self.agent_id * 7919 + int(window.start))
         self._window = window
@@ -540,40 +542,45 @@ class SimAgent:
         self._due = window.start + jitter.uniform(0, self._block_s) if window.produce else math.inf
         free = self.spec.sync == "free" and self.spec.broadcast.enabled
         self._poll_due = window.start + jitter.uniform(0, self._poll_s) if free else math.inf
-        return self.next_due()
+        return self._due, self._poll_due
 
-    def next_due(self) -> float:
-        return min(self._due, self._poll_due)
+    def _within(self, due: float) -> float | None:
+        return due if due < self._window.end else None
 
-    def act(self) -> float | None:
-        """Do what is due: a version poll (in free production every ``fetch_every_steps`` vector
-        steps at the real agent's pace, on the clock, so the parameter traffic stays a real
-        agent's even when this machine's CPU runs short), else :data:`ACTION_STEPS` vector steps
-        (in lockstep, claiming each flush first and sending it at its end). Returns when the
-        agent is next due, None once that is past the window. Blocks for its Redis round trips."""
+    def poll_action(self) -> float | None:
+        """The version poll due now (free production: every ``fetch_every_steps`` vector steps at
+        the real agent's pace, on the clock, so the parameter traffic stays a real agent's even
+        when this machine's CPU runs short), downloading a new version. Returns when the next
+        one is due, None past the window. Blocks for its round trips."""
+        if time.monotonic() >= self._window.end:
+            return None
+        self._poll()
+        self._poll_due = max(self._poll_due + self._poll_s, time.monotonic())
+        return self._within(self._poll_due)
+
+    def produce_action(self) -> float | None:
+        """:data:`ACTION_STEPS` vector steps (in lockstep, claiming each flush first and sending it
+        at its end). An agent behind its pace by more than a block does not catch up: it never
+        runs faster than a real one, and produced < offered says what this machine's CPU could
+        not make. Returns when the next block is due, None past the window."""
         now = time.monotonic()
         if now >= self._window.end:
             return None
         cfg = self.profile
-        if self._poll_due <= now:
-            self._poll()
-            self._poll_due = max(self._poll_due + self._poll_s, time.monotonic())
-        elif self._due <= now:
-            lockstep = self.spec.sync == "lockstep"
-            if lockstep and self._adds == 0 and not self._claimed:
-                self._claimed = self._claim()
-                if not self._claimed:
-                    self._due = time.monotonic() + CLAIM_RETRY_S
-                    return self._due if self._due < self._window.end else None
-            self._add(ACTION_STEPS)
-            if lockstep and self._adds == cfg.flush_steps:
-                self.flush()
-                self._claimed = False
-            self._made += ACTION_STEPS * cfg.num_envs
-            self.rec.steps.append((time.monotonic(), self._made))
-            self._due += self._block_s  # behind the pace when the CPU runs short: produced < offered
-        due = self.next_due()
-        return due if due < self._window.end else None
+        lockstep = self.spec.sync == "lockstep"
+        if lockstep and self._adds == 0 and not self._claimed:
+            self._claimed = self._claim()
+            if not self._claimed:
+                self._due = time.monotonic() + CLAIM_RETRY_S
+                return self._within(self._due)
+        self._add(ACTION_STEPS)
+        if lockstep and self._adds == cfg.flush_steps:
+            self.flush()
+            self._claimed = False
+        self._made += ACTION_STEPS * cfg.num_envs
+        self.rec.steps.append((time.monotonic(), self._made))
+        self._due = max(self._due + self._block_s, time.monotonic() - self._block_s)
+        return self._within(self._due)
 
     def close(self) -> None:
         if self.news is not None:
@@ -607,49 +614,100 @@ class _LogCount(logging.Handler):
 
 
 def _drive(agents: Sequence[SimAgent], window: Window, threads: int) -> None:
-    """Run ``agents`` through ``window`` on ``threads`` pool threads: each thread takes the agent
-    most overdue (earliest due time), lets it act, and puts it back with its next due time, so
-    that an agent never runs twice at once and, when the CPU runs short, all fall behind alike.
-    Returns once every agent is past the window; raises with the first agent error."""
-    heap = [(due, i) for i, agent in enumerate(agents) if (due := agent.begin(window)) < window.end]
-    heapq.heapify(heap)
-    running = 0
+    """Run ``agents`` through ``window``: half of ``threads`` make the version polls, each the
+    one due earliest, so every agent polls on a real agent's clock; the other half make the
+    steps, always of the lowest-numbered agent whose next block is due, so that when this
+    machine's CPU runs short some agents still produce at a real agent's pace (full chunks,
+    as Redis would see them) and the others only poll. An agent never runs two actions at once
+    (its lock). Returns once every agent is past the window; raises with the first agent error."""
+    polls: list[tuple[float, int]] = []
+    later: list[tuple[float, int]] = []  # production not due yet
+    ready: list[int] = []  # production due: the lowest agent number first
+    for i, agent in enumerate(agents):
+        produce_due, poll_due = agent.begin(window)
+        if produce_due < window.end:
+            later.append((produce_due, i))
+        if poll_due < window.end:
+            polls.append((poll_due, i))
+    heapq.heapify(polls)
+    heapq.heapify(later)
+    locks = [threading.Lock() for _ in agents]
     cond = threading.Condition()
+    busy = {"poll": 0, "produce": 0}
     errors: list[str] = []
 
-    def loop() -> None:
-        nonlocal running
+    def take(kind: str) -> int | None:
+        """The next agent for a ``kind`` thread (None: nothing left of that kind); holds cond."""
+        while not errors:
+            now = time.monotonic()
+            while later and later[0][0] <= now:
+                heapq.heappush(ready, heapq.heappop(later)[1])
+            if kind == "poll" and polls and polls[0][0] <= now:
+                return heapq.heappop(polls)[1]
+            if kind == "produce" and ready:
+                return heapq.heappop(ready)
+            pending = polls if kind == "poll" else later
+            if not pending and busy[kind] == 0 and (kind == "poll" or not ready):
+                return None
+            cond.wait(min(0.05, max(0.0, pending[0][0] - now)) if pending else 0.05)
+        return None
+
+    def loop(kind: str) -> None:
         while True:
             with cond:
-                while True:
-                    if errors or (not heap and running == 0):
-                        cond.notify_all()
-                        return
-                    if heap:
-                        wait = heap[0][0] - time.monotonic()
-                        if wait <= 0:
-                            _, index = heapq.heappop(heap)
-                            running += 1
-                            break
-                    cond.wait(min(wait, 0.05) if heap else 0.05)
+                index = take(kind)
+                if index is None:
+                    cond.notify_all()
+                    return
+                busy[kind] += 1
             try:
-                due = agents[index].act()
+                with locks[index]:
+                    agent = agents[index]
+                    due = agent.poll_action() if kind == "poll" else agent.produce_action()
             except BaseException:
                 due = None
                 errors.append(traceback.format_exc())
             with cond:
-                running -= 1
+                busy[kind] -= 1
                 if due is not None:
-                    heapq.heappush(heap, (due, index))
+                    heapq.heappush(polls if kind == "poll" else later, (due, index))
                 cond.notify_all()
 
-    pool = [threading.Thread(target=loop, daemon=True) for _ in range(min(threads, len(agents)))]
+    each = max(1, threads // 2)
+    pool = [threading.Thread(target=loop, args=(kind,), daemon=True)
+            for kind in ("poll", "produce") for _ in range(min(each, len(agents)))]
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join()
     if errors:
         raise RuntimeError(f"{len(errors)} agents failed:\n{errors[0]}")
+
+
+def _cheap_client_setup() -> None:
+    """Setup-only speedups of redis-py for an agent process holding hundreds of clients (what
+    Redis sees afterwards is unchanged): the library's version is read from the package metadata
+    once, not at every connection (~3 ms each), and a cluster client's COMMAND table (~30 ms to
+    fetch and parse per client) is fetched once per process and shared (it is only read)."""
+    import functools
+
+    import redis.utils
+
+    redis.utils.get_lib_version = functools.cache(redis.utils.get_lib_version)
+    try:
+        from redis._parsers.commands import CommandsParser
+    except ImportError:  # another redis-py layout: every client fetches its own
+        return
+    original = CommandsParser.initialize
+    table: dict[str, Any] = {}
+
+    def initialize(self: Any, r: Any) -> None:
+        if "commands" not in table:
+            original(self, r)
+            table["commands"] = self.commands
+        self.commands = table["commands"]
+
+    setattr(CommandsParser, "initialize", initialize)
 
 
 def _agent_worker(spec: CaseSpec, hub: HubServers, agent_ids: list[int], control: Any, results: Any) -> None:
@@ -660,6 +718,7 @@ def _agent_worker(spec: CaseSpec, hub: HubServers, agent_ids: list[int], control
     stand for other machines, so on shared cores Redis, the reader, the publisher and the probe
     come first and the agents make what CPU is left."""
     try:
+        _cheap_client_setup()
         traj = base_trajectory(spec.env, spec.profile.num_envs, 4 * spec.profile.flush_steps, seed=agent_ids[0])
         agents = [SimAgent(spec, hub, i, traj) for i in agent_ids]
         counted = _LogCount()
@@ -973,6 +1032,7 @@ def _ms(samples: np.ndarray) -> dict[str, float | None]:
 class _Marks(NamedTuple):
     """The instants of one case (``time.monotonic()``) and the server snapshots taken at them."""
 
+    before_agents: dict[str, Any]  # the reader, publisher and this process connected, no agent yet
     idle: tuple[dict[str, Any], dict[str, Any]]
     a: Window  # phase A: experience and polls
     a_drained: dict[str, Any]  # snapshot once the reader had every chunk stored in phase A
@@ -1014,6 +1074,7 @@ def run_case(spec: CaseSpec, params: ParamDict) -> dict[str, Any]:
             mail.wait_for({learner}, "ready", _SETUP_TIMEOUT_S)
             publisher = spawn(_publisher, spec, hub.url, params, publisher_control)
             mail.wait_for({publisher}, "ready", _SETUP_TIMEOUT_S)
+            before_agents = _snapshot(hub.servers)
             workers = min(spec.workers, spec.agents)
             ids = [list(range(w, spec.agents, workers)) for w in range(workers)]
             controls = [ctx.Queue() for _ in ids]
@@ -1070,7 +1131,7 @@ def run_case(spec: CaseSpec, params: ParamDict) -> dict[str, Any]:
                 if proc.is_alive():
                     proc.kill()
                     proc.join()
-    marks = _Marks(idle, window_a, a_drained, a_start, a_measured, a_end, window_p, p_start, window_b, b_start, b_end,
+    marks = _Marks(before_agents, idle, window_a, a_drained, a_start, a_measured, a_end, window_p, p_start, window_b, b_start, b_end,
                    b_drained)
     out = _summarize(spec, hub, marks, samples, list(done.values()), learner_done, publisher_done, probe_done)
     out["setup_s"] = round(setup_s, 2)
@@ -1193,6 +1254,9 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
         "mem_per_connection_bytes": {label: marks.a_end[label]["mem_clients"] / max(1, marks.a_end[label]["clients"])
                                      for label in labels},
         "used_memory_idle": {label: marks.idle[0][label]["used_memory"] for label in labels},
+        "memory_per_agent_bytes": {
+            label: (marks.idle[0][label]["used_memory"] - marks.before_agents[label]["used_memory"])
+            / max(1, marks.idle[0][label]["clients"] - marks.before_agents[label]["clients"]) for label in labels},
         "used_memory_end": {label: marks.b_drained[label]["used_memory"] for label in labels},
         "param_nbytes": publisher["nbytes"],
         "chunks_stored": int(sum(s["chunks"] for s in senders)),
@@ -1250,21 +1314,25 @@ def capacity(spec: CaseSpec, fixed: Mapping[str, float], per_t: Mapping[str, flo
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """Which cases :func:`run_scale_bench` measures. ``agents``: the N of section 1 for each env on
-    one primary; ``replica_agents`` / ``cluster_agents``: the N measured with read replicas and with
-    a cluster; ``broadcast_agents``: the Pong N of the parameter-broadcast options (section 2)."""
+    """Which cases :func:`run_scale_bench` measures: every env of ``envs`` at each N of ``agents``
+    on one primary, at ``replica_agents`` with read replicas and at ``cluster_agents`` on a
+    cluster (``cluster_envs`` only); Pong at ``lockstep_agents`` producing on grants; and at
+    ``broadcast_agents`` Pong agents (section 2) the parameter-broadcast options of
+    :data:`BROADCAST_OPTIONS`. Times in seconds (see :class:`CaseSpec`)."""
 
     envs: tuple[str, ...] = ("pong", "halfcheetah")
     agents: tuple[int, ...] = (8, 64, 256, 1024)
     replica_agents: tuple[int, ...] = (256, 1024)
-    cluster_agents: tuple[int, ...] = (1024,)
+    replica_envs: tuple[str, ...] = ("pong",)
+    cluster_agents: tuple[int, ...] = (256, 1024)
+    cluster_envs: tuple[str, ...] = ("pong",)
     broadcast_agents: int | None = 1024
     lockstep_agents: tuple[int, ...] = (256,)
     workers: int = 4
-    warmup_s: float = 1.0
-    quiet_s: float = 2.5
-    params_s: float = 2.0
-    loaded_s: float = 4.0
+    warmup_s: float = 0.5
+    quiet_s: float = 2.0
+    params_s: float = 1.5
+    loaded_s: float = 3.0
     publish_every_s: float | None = None
 
     @classmethod
@@ -1277,19 +1345,26 @@ class BenchPlan:
                                   "params_s": self.params_s, "loaded_s": self.loaded_s,
                                   "publish_every_s": self.publish_every_s}
         cases = [CaseSpec(env, n, **common) for env in self.envs for n in self.agents]
-        cases += [CaseSpec(env, n, hub="replicas", **common) for env in self.envs for n in self.replica_agents]
-        cases += [CaseSpec(env, n, hub="cluster", **common) for env in self.envs for n in self.cluster_agents]
+        cases += [CaseSpec(env, n, hub="replicas", **common)
+                  for env in self.envs if env in self.replica_envs for n in self.replica_agents]
+        cases += [CaseSpec(env, n, hub="cluster", **common)
+                  for env in self.envs if env in self.cluster_envs for n in self.cluster_agents]
         if "pong" in self.envs:
             cases += [CaseSpec("pong", n, sync="lockstep", **common) for n in self.lockstep_agents]
             if self.broadcast_agents:
-                n = self.broadcast_agents
-                for hub, options in (("primary", BroadcastOptions(min_lag=2)),
-                                     ("primary", BroadcastOptions(dtype="float16")),
-                                     ("primary", BroadcastOptions(dtype="float16", min_lag=2)),
-                                     ("replicas", BroadcastOptions(dtype="float16")),
-                                     ("replicas", BroadcastOptions(dtype="float16", min_lag=2))):
-                    cases.append(CaseSpec("pong", n, hub=hub, broadcast=options, **common))
+                cases += [CaseSpec("pong", self.broadcast_agents, hub=hub, broadcast=options, **common)
+                          for hub, options in BROADCAST_OPTIONS]
         return cases
+
+
+BROADCAST_OPTIONS: tuple[tuple[str, BroadcastOptions], ...] = (
+    ("primary", BroadcastOptions(min_lag=2)),
+    ("primary", BroadcastOptions(dtype="float16")),
+    ("replicas", BroadcastOptions(dtype="float16")),
+    ("replicas", BroadcastOptions(dtype="float16", min_lag=2)),
+)
+"""Section 2's options besides plain fp32 downloads (measured in section 1): agents downloading
+every other version, fp16 payloads, read replicas, and the two together."""
 
 
 def _role(case: Mapping[str, Any], label: str) -> str:
