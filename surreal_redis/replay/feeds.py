@@ -137,9 +137,10 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
             return held < self.steps_per_update and not stop.is_set()
 
         adaptive = getattr(algo, "adaptive_epochs", False)
+        update: Callable[..., dict[str, float]] = algo.update  # takes more_epochs when adaptive
         while len(self.fifo) >= self.steps_per_update and not stop.is_set():
             batch = self.fifo.take(self.steps_per_update)
-            yield algo.update(batch, more_epochs=next_batch_short) if adaptive else algo.update(batch)
+            yield update(batch, more_epochs=next_batch_short) if adaptive else update(batch)
 
     def on_publish(self, version: int) -> None:
         self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped
