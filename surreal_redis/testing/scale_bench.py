@@ -1206,7 +1206,10 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
         ages = version_ages(versions, publishes, marks.b.measured, marks.b.end)
         if len(ages):
             b.update(version_age_p50=float(np.percentile(ages, 50)), version_age_p99=float(np.percentile(ages, 99)),
-                     version_age_max=float(ages.max()), version_age_le2=float((ages <= 2).mean()))
+                     version_age_max=float(ages.max()), version_age_le2=float((ages <= 2).mean()),
+                     # an agent still on the setup's v1 at the end is this far behind: a p99 there
+                     # says only that some agents got none of the run's versions
+                     version_age_cap=float(publishes[:, 1].max() - 1) if len(publishes) else 0.0)
     # Exact accounting: each phase's Redis CPU is counted from its start until the reader had all
     # of its chunks; less the idle rate (the reader's polling, the cron, idle connections, measured
     # with every agent connected and waiting) that is experience per transition in phase A, and in
@@ -1392,40 +1395,36 @@ def pooled_per_gb(cases: Sequence[Mapping[str, Any]], least_gb: float = 0.05) ->
     return {key: cpu[key] / gb[key] for key in cpu}
 
 
-def best_per_t(cases: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
-    """Redis CPU seconds per transition per (env, hub kind, server role), from the case of each
-    env and hub kind whose phase A stored the most transitions (at large N this machine's agents
-    may not fill a single chunk each within phase A)."""
-    best: dict[tuple[str, str], Mapping[str, Any]] = {}
+def pooled_per_t(cases: Sequence[Mapping[str, Any]], least_steps: float = 2000) -> dict[tuple[str, str, str], float]:
+    """Redis CPU seconds per transition per (env, hub kind, server role), pooled over every case
+    of that env and hub kind whose phase A stored at least ``least_steps`` transitions: the
+    phases' CPU beyond the idle rate over all their transitions."""
+    cpu: dict[tuple[str, str, str], float] = {}
+    steps: dict[tuple[str, str, str], float] = {}
     for case in cases:
-        key = (case["spec"]["env"], case["spec"]["hub"])
-        if case["accounting"]["phase_a_steps"] > (best[key]["accounting"]["phase_a_steps"] if key in best else 0):
-            best[key] = case
-    out: dict[tuple[str, str, str], list[float]] = {}
-    for (env, hub), case in best.items():
-        for label, v in case["redis_cpu_s_per_1k_transitions"].items():
-            if v is not None:
-                out.setdefault((env, hub, _role(case, label)), []).append(v / 1e3)
-    return {key: sum(v) / len(v) for key, v in out.items()}
+        acc = case["accounting"]
+        if acc["phase_a_steps"] < least_steps:
+            continue
+        for label, used in acc["phase_a_cpu_s"].items():
+            key = (case["spec"]["env"], case["spec"]["hub"], _role(case, label))
+            cpu[key] = cpu.get(key, 0.0) + max(0.0, used - acc["fixed_cpu_frac"][label] * acc["phase_a_span_s"])
+            steps[key] = steps.get(key, 0.0) + acc["phase_a_steps"]
+    return {key: cpu[key] / steps[key] for key in cpu}
 
 
 def pooled_capacity(case: Mapping[str, Any], pooled: Mapping[tuple[str, str], float],
-                    per_t_pooled: Mapping[tuple[str, str, str], float], least_steps: float = 20_000) -> dict[str, Any]:
-    """:func:`capacity` of ``case`` with the pooled CPU per GB of its hub kind and, when its own
-    phase A stored fewer than ``least_steps`` transitions, the per-transition CPU of
-    :func:`best_per_t` (its own values where nothing was pooled for a server's role)."""
+                    per_t_pooled: Mapping[tuple[str, str, str], float]) -> dict[str, Any]:
+    """:func:`capacity` of ``case`` with the pooled CPU per GB of its hub kind and the pooled
+    per-transition CPU of its env and hub kind (its own values where nothing was pooled for a
+    server's role): the costs of all N together, applied to this case's N, shares and idle rate."""
     raw = case["spec"]
     spec = CaseSpec(**{**raw, "broadcast": BroadcastOptions(**raw["broadcast"])})
-    own = case["accounting"]["phase_a_steps"] >= least_steps
-    per_t = {label: None if v is None else v / 1e3 for label, v in case["redis_cpu_s_per_1k_transitions"].items()}
-    if not own:
-        per_t = {label: per_t_pooled.get((raw["env"], raw["hub"], _role(case, label)), per_t[label] or 0.0)
-                 for label in per_t}
+    per_t = {label: per_t_pooled.get((raw["env"], raw["hub"], _role(case, label)),
+                                     None if v is None else v / 1e3)
+             for label, v in case["redis_cpu_s_per_1k_transitions"].items()}
     per_gb = {label: pooled.get((raw["hub"], _role(case, label)), case["redis_cpu_s_per_gb"][label]) for label in per_t}
-    out = capacity(spec, case["accounting"]["fixed_cpu_frac"], per_t, per_gb, case["param_gb_share"],
-                   case["param_nbytes"], case["params_server"])
-    out["per_transition_from"] = "own" if own else "pooled"
-    return out
+    return capacity(spec, case["accounting"]["fixed_cpu_frac"], per_t, per_gb, case["param_gb_share"],
+                    case["param_nbytes"], case["params_server"])
 
 
 def machine() -> dict[str, Any]:
@@ -1450,7 +1449,7 @@ def run_scale_bench(plan: BenchPlan, quick: bool = False) -> dict[str, Any]:
     for spec in plan.cases():
         out["cases"].append(run_case(spec, params[spec.env]))
     pooled = pooled_per_gb(out["cases"])
-    per_t = best_per_t(out["cases"])
+    per_t = pooled_per_t(out["cases"])
     out["pooled_cpu_s_per_gb"] = {f"{hub} {role}": v for (hub, role), v in pooled.items()}
     out["pooled_cpu_s_per_1k_transitions"] = {f"{env} {hub} {role}": 1e3 * v for (env, hub, role), v in per_t.items()}
     for case in out["cases"]:
@@ -1482,8 +1481,10 @@ def broadcast_summary(cases: Sequence[Mapping[str, Any]], agents: int | None) ->
         full_share = model["param_share_at_full_rate"]
         params_load = model["load_at_full_rate"][case["params_server"]]
         rows.append({"label": case["label"], "version_age_p99": age, "version_age_le2": b.get("version_age_le2"),
+                     "version_age_cap": b.get("version_age_cap"),
                      "param_cpu_share": share, "param_share_at_full_rate": full_share,
                      "params_server_load_at_full_rate": params_load,
+                     "param_only_load_at_full_rate": max(model["param_load_at_full_rate"].values()),
                      "busiest_load_at_full_rate": max(model["load_at_full_rate"].values()),
                      "age_met": age is not None and age <= 2, "share_met": share is not None and share < 0.25,
                      "share_met_at_full_rate": full_share is not None and full_share < 0.25,
@@ -1536,19 +1537,28 @@ def scale_figure(result: Mapping[str, Any]) -> Any:
     rows = result.get("broadcast") or []
     if rows:
         labels = [row["label"].split(" / ", 2)[-1] for row in rows]
-        panels = (("version age p99 (B)", [row["version_age_p99"] for row in rows], 2.0),
-                  ("param share of its server, full rate", [row["param_share_at_full_rate"] for row in rows], 0.25),
-                  ("busiest server load, full rate", [row["busiest_load_at_full_rate"] for row in rows], 1.0))
-        for index, (title, values, target) in enumerate(panels):
-            ax = figure.add_subplot(2, 4, 5 + index)
-            ax.bar(range(len(values)), [math.nan if v is None else v for v in values],
-                   color=[f"C{i % 10}" for i in range(len(values))])
-            ax.set_xticks(range(len(values)), labels, rotation=35, ha="right", fontsize="x-small")
+        n = rows[0]["label"].split(" / ")[1]
+        x = np.arange(len(rows))
+        ax = figure.add_subplot(2, 4, 5)
+        ax.bar(x - 0.2, [row["needed_gb_per_s"] for row in rows], 0.4, color="C7", label="needed at full rate")
+        ax.bar(x + 0.2, [row["gb_served_per_s"] for row in rows], 0.4, color="C0", label="served here (B)")
+        ax.set_yscale("log")
+        ax.legend(fontsize="x-small")
+        panels = (("parameters' share of their server, full rate", "param_share_at_full_rate", 0.25),
+                  ("most parameter load on one server (cores), full rate", "param_only_load_at_full_rate", 1.0),
+                  ("busiest server's load (cores), full rate", "busiest_load_at_full_rate", 1.0))
+        axes_b = [ax] + [figure.add_subplot(2, 4, 6 + i) for i in range(3)]
+        axes_b[0].set_title(f"parameter GB/s, {n} Pong agents", fontsize="small")
+        for ax, (title, key, target) in zip(axes_b[1:], panels):
+            values = [row[key] for row in rows]
+            ax.bar(x, [math.nan if v is None else v for v in values], color=[f"C{i % 10}" for i in range(len(rows))])
             ax.axhline(target, color="gray", linestyle=":", linewidth=1)
-            ax.set_title(f"{title}, {rows[0]['label'].split(' / ')[1]} Pong agents", fontsize="small")
-            ax.grid(axis="y", alpha=0.3)
-            if index == 2:
+            ax.set_title(f"{title}, {n} Pong agents", fontsize="small")
+            if key != "param_share_at_full_rate":
                 ax.set_yscale("log")
+        for ax in axes_b:
+            ax.set_xticks(x, labels, rotation=35, ha="right", fontsize="x-small")
+            ax.grid(axis="y", alpha=0.3)
     mach = result.get("machine_start", {})
     figure.suptitle(f"bench/scale.py ({mach.get('cpus')} cores shared by the simulated agents, reader, publisher and Redis)")
     return figure
@@ -1578,7 +1588,8 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
         if spec["broadcast"] != asdict(BroadcastOptions()):
             hub += ", " + BroadcastOptions(**spec["broadcast"]).label
         model = case.get("capacity_pooled", case["capacity"])
-        per_gb = case["redis_cpu_s_per_gb"].get(case["params_server"])
+        shares = {k: v or 0.0 for k, v in case["param_gb_share"].items()}
+        per_gb = case["redis_cpu_s_per_gb"].get(max(shares, key=lambda k: shares[k]))
         kb = max(case["mem_per_connection_bytes"].values()) / 1024
         lines.append(
             f"| {spec['env']} | {hub} | {spec['agents']} | {_fmt(case['offered_sps'])} "
@@ -1590,10 +1601,14 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
     rows = result.get("broadcast") or []
     if rows:
         lines += ["", "| parameters | version age p99 (B) | their share of its server's CPU (B) | at full rate "
-                      "| busiest server's load at full rate | GB/s needed at full rate |",
-                  "|---|---|---|---|---|---|"]
+                      "| most parameter load on one server at full rate | busiest server's load at full rate "
+                      "| GB/s needed at full rate |",
+                  "|---|---|---|---|---|---|---|"]
         for row in rows:
-            lines.append(f"| {row['label']} | {_fmt(row['version_age_p99'])} | {_fmt(row['param_cpu_share'])} "
-                         f"| {_fmt(row['param_share_at_full_rate'])} | {_fmt(row['busiest_load_at_full_rate'])} "
+            capped = row["version_age_p99"] is not None and row["version_age_p99"] >= (row["version_age_cap"] or math.inf)
+            lines.append(f"| {row['label']} | {'>= ' if capped else ''}{_fmt(row['version_age_p99'])} "
+                         f"| {_fmt(row['param_cpu_share'])} "
+                         f"| {_fmt(row['param_share_at_full_rate'])} | {_fmt(row['param_only_load_at_full_rate'])} "
+                         f"| {_fmt(row['busiest_load_at_full_rate'])} "
                          f"| {_fmt(row['needed_gb_per_s'])} |")
     return "\n".join(lines)

@@ -5,6 +5,8 @@ against any time: the machine may be busy)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,17 @@ def test_version_ages_count_publishes_behind_on_the_clock():
     first = live - np.where(grid >= 11.5, 2, 1)
     second = live - np.where(grid >= 12.2, 3, 1)
     np.testing.assert_array_equal(ages, np.concatenate([first, second]))
+
+
+def test_capacity_adds_idle_experience_and_parameter_loads():
+    spec = CaseSpec("pong", 100, publish_every_s=1.0)  # 500 env steps/s per agent
+    out = scale_bench.capacity(spec, fixed={"primary": 0.1}, per_t={"primary": 1e-5}, per_gb={"primary": 1.0},
+                               gb_share={"primary": 1.0}, nbytes=1_000_000, params_server="primary")
+    assert out["needed_gb_per_s"] == pytest.approx(0.1)  # 100 agents x 1 MB per publish each second
+    assert out["load_at_full_rate"]["primary"] == pytest.approx(0.1 + 0.5 + 0.1)
+    assert out["agents_per_hub"] == pytest.approx(0.9 / 0.006)
+    assert out["agents_per_hub_experience_only"] == pytest.approx(0.9 / 0.005)
+    assert out["param_share_at_full_rate"] == pytest.approx(0.1 / 0.7)
+    skipping = scale_bench.capacity(replace(spec, broadcast=BroadcastOptions(min_lag=2)), {"primary": 0.1},
+                                    {"primary": 1e-5}, {"primary": 1.0}, {"primary": 1.0}, 1_000_000, "primary")
+    assert skipping["needed_gb_per_s"] == pytest.approx(0.05)
