@@ -71,12 +71,14 @@ class SenderConfig:
     it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its referenced
     observations) of at least this many bytes is stored once as a blob by the sender's own SETNX,
     beside the insert call, and only its id passes through the scripts (Lua copies each byte it
-    handles several times, ~1 µs per KiB each; a blob costs ~250 B of Redis memory and the learner
-    one more round trip). Measured (docs/benchmarks.md, Hub), the CPU
-    of sender, receiver and Redis together breaks even at about 8 KiB, Redis' own at about 4 KiB.
-    The default (16 KiB) stores MuJoCo Humanoid's 96 KB and robosuite Lift's ~20 KB (100 steps of
-    42 floats) chunks apart and keeps CartPole's 2 KB, HalfCheetah's 7-10 KB and Atari's ~1 KB
-    (frames by digest) inline; None: always inline.
+    handles several times, ~1 µs per KiB each; a blob costs ~200 B of Redis memory and the learner
+    one more round trip). Measured (docs/benchmarks.md, Hub): Redis spends less CPU on a payload
+    stored apart at every size from 2 KB, sender, receiver and Redis together as much at 2-4 KB
+    and less from 8 KB; the default (16 KiB) keeps the memory a blob costs under 1.5% of its
+    payload: it stores MuJoCo
+    Humanoid's 96 KB and robosuite Lift's ~20 KB (100 steps of 42 floats) chunks apart and keeps
+    CartPole's 2 KB, HalfCheetah's 7-10 KB and Atari's ~1 KB (frames by digest) inline. None:
+    always inline.
     """
 
     flush_steps: int = 64
