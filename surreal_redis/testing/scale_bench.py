@@ -1237,6 +1237,7 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
     per_gb = {label: max(0.0, cpu_p[label] - fixed[label] * span_p) / net_p[label] if net_p[label] > 1e-3 else None
               for label in labels}
     total_net_p = sum(net_p.values())
+    download_share = _download_share(spec.hub, params_server, net_p, p, b)
     out: dict[str, Any] = {
         "label": spec.label, "spec": asdict(spec), "profile": asdict(cfg), "offered_sps": offered,
         "phase_a": a, "phase_p": p, "phase_b": b,
@@ -1250,6 +1251,7 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
         "redis_cpu_s_per_1k_total": 1e3 * sum(v or 0.0 for v in per_t.values()) if steps_a else None,
         "redis_cpu_s_per_gb": per_gb,
         "param_gb_share": {label: net_p[label] / total_net_p if total_net_p else None for label in labels},
+        "param_download_share": download_share,
         "redis_cpu_s_per_gb_mixed": {label: param_cpu[label] / gb if gb else None for label in labels},
         "params_server": params_server,
         "param_share_of_params_server": param_cpu[params_server] / cpu_b[params_server] if cpu_b[params_server] else None,
@@ -1278,39 +1280,62 @@ def _summarize(spec: CaseSpec, hub: HubServers, marks: _Marks, samples: list[dic
         "publish_failures": publisher["failed"],
         "load_avg": os.getloadavg(),
     }
-    out["capacity"] = capacity(spec, fixed, per_t, per_gb, out["param_gb_share"], publisher["nbytes"], params_server)
+    out["capacity"] = capacity(spec, fixed, per_t, per_gb, download_share, publisher["nbytes"], params_server)
     return out
 
 
+def _download_share(hub: str, params_server: str, net_p: Mapping[str, float],
+                    *phases: Mapping[str, Any]) -> dict[str, float]:
+    """Each server's share of the downloads as the agents saw them in the first of ``phases``
+    that completed any: with read replicas, the primary's is what agents read from it (its bytes
+    are mostly the replication stream, which :func:`capacity` counts apart; none completed: 0)
+    and the replicas split the rest as their bytes in phase P did (evenly if they sent none)."""
+    if hub != "replicas":
+        return {label: float(label == params_server) for label in net_p}
+    served = next((phase for phase in phases if phase["gb_served"]), None)
+    from_replicas = 1.0 if served is None else served["gb_from_replicas"] / served["gb_served"]
+    replicas = [label for label in net_p if label != params_server]
+    replica_net = sum(net_p[label] for label in replicas)
+    return {label: 1.0 - from_replicas if label == params_server
+            else from_replicas * (net_p[label] / replica_net if replica_net else 1 / len(replicas)) for label in net_p}
+
+
 def capacity(spec: CaseSpec, fixed: Mapping[str, float], per_t: Mapping[str, float | None],
-             per_gb: Mapping[str, float | None], gb_share: Mapping[str, float | None], nbytes: int,
+             per_gb: Mapping[str, float | None], download_share: Mapping[str, float | None], nbytes: int,
              params_server: str) -> dict[str, Any]:
-    """What each server's one thread would carry with every agent at the full rate: its idle rate,
-    its experience CPU per transition x the offered rate, and its CPU per GB (phase P) x its share
-    of the GB/s that N agents downloading every version they fetch need. The busiest server bounds
-    the hub: ``agents_per_hub`` is the N that fills its core (load 1.0), experience and parameters
-    together and experience alone; ``param_share_at_full_rate``: the parameters' share of the
-    parameter server's load."""
+    """What each server's one thread would carry with every agent at the full rate: its idle rate;
+    its experience CPU per transition x the offered rate; its CPU per GB (phase P) x its share of
+    the downloads x the GB/s that N agents downloading every version they fetch need; and, on a
+    primary with read replicas, its CPU per GB x the replication stream of each publish to each
+    replica (which does not grow with N). The busiest server bounds the hub: ``agents_per_hub`` is
+    the N that fills its core (load 1.0), experience and parameters together and experience
+    alone; ``param_share_at_full_rate``: the parameters' share of the load of the server holding
+    them (the primary)."""
     cfg = spec.profile
     needed = 0.0
     if spec.broadcast.enabled:
         needed = spec.agents * nbytes / cfg.publish_every_s / spec.broadcast.min_lag / 1e9
+    replication = 0.0
+    if spec.hub == "replicas" and spec.broadcast.enabled:
+        replication = nbytes * spec.replicas / cfg.publish_every_s / 1e9
     experience = {label: (v or 0.0) * spec.agents * cfg.rate for label, v in per_t.items()}
-    params = {label: (per_gb[label] or 0.0) * (gb_share[label] or 0.0) * needed for label in per_t}
-    load = {label: fixed[label] + experience[label] + params[label] for label in per_t}
+    downloads = {label: (per_gb[label] or 0.0) * (download_share.get(label) or 0.0) * needed for label in per_t}
+    base = {label: fixed[label] + (per_gb[label] or 0.0) * replication * (label == params_server) for label in per_t}
+    params = {label: downloads[label] + base[label] - fixed[label] for label in per_t}
+    load = {label: base[label] + experience[label] + downloads[label] for label in per_t}
 
     def fits(label: str, with_params: bool) -> float:
-        per_agent = (experience[label] + params[label] * with_params) / spec.agents
-        return (1.0 - fixed[label]) / per_agent if per_agent > 0 else math.inf
+        per_agent = (experience[label] + downloads[label] * with_params) / spec.agents
+        return (1.0 - base[label] * with_params - fixed[label] * (not with_params)) / per_agent if per_agent > 0 else math.inf
 
     bottleneck = min(per_t, key=lambda label: fits(label, True))
     agents = fits(bottleneck, True)
     exp_only = min(fits(label, False) for label in per_t)
-    server = params_server
-    return {"needed_gb_per_s": needed, "load_at_full_rate": load, "param_load_at_full_rate": params,
-            "bottleneck": bottleneck, "agents_per_hub": None if math.isinf(agents) else agents,
+    return {"needed_gb_per_s": needed, "replication_gb_per_s": replication, "load_at_full_rate": load,
+            "param_load_at_full_rate": params, "bottleneck": bottleneck,
+            "agents_per_hub": None if math.isinf(agents) else agents,
             "agents_per_hub_experience_only": None if math.isinf(exp_only) else exp_only,
-            "param_share_at_full_rate": params[server] / load[server] if load[server] else None}
+            "param_share_at_full_rate": params[params_server] / load[params_server] if load[params_server] else None}
 
 
 # ---------------------------------------------------------------- the whole benchmark
@@ -1423,8 +1448,10 @@ def pooled_capacity(case: Mapping[str, Any], pooled: Mapping[tuple[str, str], fl
                                      None if v is None else v / 1e3)
              for label, v in case["redis_cpu_s_per_1k_transitions"].items()}
     per_gb = {label: pooled.get((raw["hub"], _role(case, label)), case["redis_cpu_s_per_gb"][label]) for label in per_t}
-    return capacity(spec, case["accounting"]["fixed_cpu_frac"], per_t, per_gb, case["param_gb_share"],
-                    case["param_nbytes"], case["params_server"])
+    share = _download_share(raw["hub"], case["params_server"], case["accounting"]["phase_p_net_gb"], case["phase_p"],
+                            case["phase_b"])
+    return capacity(spec, case["accounting"]["fixed_cpu_frac"], per_t, per_gb, share, case["param_nbytes"],
+                    case["params_server"])
 
 
 def machine() -> dict[str, Any]:
@@ -1497,8 +1524,8 @@ def broadcast_summary(cases: Sequence[Mapping[str, Any]], agents: int | None) ->
 # ---------------------------------------------------------------- the figure
 
 def scale_figure(result: Mapping[str, Any]) -> Any:
-    """Top row, over N (log scale), a line per env and hub (fp32, free production): acked over
-    offered env steps/s (phase A); agents one hub would carry at the full rate (the pooled model);
+    """Top row, over N (log scale), a line per env and hub (fp32, free production): produced over
+    offered env steps/s (phase A: what this machine's agents could make); agents one hub would carry at the full rate (the pooled model);
     p99 insert (solid) and download (dotted) latency; version age p99 (phase B). Bottom row, the
     parameter-broadcast options at the section-2 N: version age p99, the parameters' share of the
     parameter server's CPU at the full rate, and the busiest server's load at the full rate."""
@@ -1516,14 +1543,14 @@ def scale_figure(result: Mapping[str, Any]) -> Any:
         cases = sorted(cases, key=lambda c: c["spec"]["agents"])
         n = [c["spec"]["agents"] for c in cases]
         style: dict[str, Any] = {"color": f"C{number % 10}", "marker": "o", "label": name}
-        axes[0].plot(n, [max(c["phase_a"]["acked_sps"], 1.0) / c["offered_sps"] for c in cases], **style)
+        axes[0].plot(n, [max(c["phase_a"]["produced_sps"], 1.0) / c["offered_sps"] for c in cases], **style)
         model = [c.get("capacity_pooled", c["capacity"])["agents_per_hub"] for c in cases]
         axes[1].plot(n, [math.nan if m is None else m for m in model], **style)
         axes[2].plot(n, [c["totals"]["insert"]["p99_ms"] or math.nan for c in cases], **style)
         axes[2].plot(n, [c["phase_b"]["download"]["p99_ms"] or math.nan for c in cases], linestyle=":",
                      **{**style, "label": None})
         axes[3].plot(n, [c["phase_b"].get("version_age_p99", math.nan) for c in cases], **style)
-    titles = ("acked / offered env steps/s (A)", "agents one hub carries at full rate",
+    titles = ("produced / offered env steps/s (A)", "agents one hub carries at full rate",
               "p99 ms: insert (solid), download (dotted)", "version age p99, publishes (B)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
