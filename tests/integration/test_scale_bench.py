@@ -93,7 +93,7 @@ def test_version_ages_count_publishes_behind_on_the_clock():
 def test_capacity_adds_idle_experience_and_parameter_loads():
     spec = CaseSpec("pong", 100, publish_every_s=1.0)  # 500 env steps/s per agent
     out = scale_bench.capacity(spec, fixed={"primary": 0.1}, per_t={"primary": 1e-5}, per_gb={"primary": 1.0},
-                               gb_share={"primary": 1.0}, nbytes=1_000_000, params_server="primary")
+                               download_share={"primary": 1.0}, nbytes=1_000_000, params_server="primary")
     assert out["needed_gb_per_s"] == pytest.approx(0.1)  # 100 agents x 1 MB per publish each second
     assert out["load_at_full_rate"]["primary"] == pytest.approx(0.1 + 0.5 + 0.1)
     assert out["agents_per_hub"] == pytest.approx(0.9 / 0.006)
@@ -102,3 +102,17 @@ def test_capacity_adds_idle_experience_and_parameter_loads():
     skipping = scale_bench.capacity(replace(spec, broadcast=BroadcastOptions(min_lag=2)), {"primary": 0.1},
                                     {"primary": 1e-5}, {"primary": 1.0}, {"primary": 1.0}, 1_000_000, "primary")
     assert skipping["needed_gb_per_s"] == pytest.approx(0.05)
+
+
+def test_capacity_with_replicas_counts_the_replication_stream_once_per_replica():
+    spec = CaseSpec("pong", 100, hub="replicas", publish_every_s=1.0)
+    labels = ("primary", "replica1", "replica2")
+    out = scale_bench.capacity(spec, fixed=dict.fromkeys(labels, 0.0), per_t=dict.fromkeys(labels, 1e-5),
+                               per_gb=dict.fromkeys(labels, 1.0),
+                               download_share={"primary": 0.0, "replica1": 0.5, "replica2": 0.5},
+                               nbytes=1_000_000, params_server="primary")
+    assert out["replication_gb_per_s"] == pytest.approx(0.002)  # 1 MB to each of 2 replicas a second
+    assert out["param_load_at_full_rate"]["primary"] == pytest.approx(0.002)  # whatever the N
+    assert out["param_load_at_full_rate"]["replica1"] == pytest.approx(0.05)
+    assert out["load_at_full_rate"]["replica2"] == pytest.approx(0.5 + 0.05)
+    assert out["param_share_at_full_rate"] == pytest.approx(0.002 / 0.502)
