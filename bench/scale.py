@@ -23,7 +23,13 @@ from pathlib import Path
 
 from surreal_redis import plots
 from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.scale_bench import PROFILES, BenchPlan, markdown_tables, run_scale_bench, scale_figure
+from surreal_redis.testing.scale_bench import (
+    PROFILES,
+    BenchPlan,
+    markdown_tables,
+    run_scale_bench,
+    scale_figure,
+)
 
 log = logging.getLogger("bench.scale")
 

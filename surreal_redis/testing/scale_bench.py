@@ -61,7 +61,12 @@ from surreal_redis.connection import EmbeddedRedis, RedisClient, RedisSettings, 
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
-from surreal_redis.hub.params import ParameterClient, ParameterClientConfig, ParameterPublisher, PublisherConfig
+from surreal_redis.hub.params import (
+    ParameterClient,
+    ParameterClientConfig,
+    ParameterPublisher,
+    PublisherConfig,
+)
 from surreal_redis.hub.quota import ProductionQuota, QuotaNews
 from surreal_redis.keys import RunKeys
 from surreal_redis.testing.bench_data import Trajectory, VecStep, _vector, synthetic_trajectory
@@ -707,7 +712,7 @@ def _cheap_client_setup() -> None:
             table["commands"] = self.commands
         self.commands = table["commands"]
 
-    setattr(CommandsParser, "initialize", initialize)
+    CommandsParser.initialize = initialize  # type: ignore[method-assign]
 
 
 def _agent_worker(spec: CaseSpec, hub: HubServers, agent_ids: list[int], control: Any, results: Any) -> None:

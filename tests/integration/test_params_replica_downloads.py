@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 
 from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
-from surreal_redis.hub.params import ParameterClient, ParameterClientConfig, ParameterPublisher, PublisherConfig
+from surreal_redis.hub.params import (
+    ParameterClient,
+    ParameterClientConfig,
+    ParameterPublisher,
+    PublisherConfig,
+)
 
 pytestmark = pytest.mark.integration
 
