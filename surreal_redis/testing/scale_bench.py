@@ -233,14 +233,16 @@ def real_params(env: str) -> ParamDict:
     (:func:`load_params`) so forked processes never inherit torch's threads."""
     import gymnasium as gym
 
-    from surreal_redis.algos.ppo.config import PPOConfig
     from surreal_redis.algos.ppo.policy import ActorCritic, params_to_numpy
+    from surreal_redis.algos.registry import algorithm
+
+    section = algorithm("ppo").config_class  # the shipped PPO configs' section
 
     if env == "pong":
         frame = gym.spaces.Box(0, 255, (84, 84), np.uint8)
-        net = ActorCritic(PPOConfig(hidden_sizes=()), gym.spaces.Tuple([frame] * 4), gym.spaces.Discrete(6))
+        net = ActorCritic(section(hidden_sizes=()), gym.spaces.Tuple([frame] * 4), gym.spaces.Discrete(6))
     elif env == "halfcheetah":
-        net = ActorCritic(PPOConfig(hidden_sizes=(256, 256), activation="relu", normalize_obs=True),
+        net = ActorCritic(section(hidden_sizes=(256, 256), activation="relu", normalize_obs=True),
                           gym.spaces.Box(-np.inf, np.inf, (17,), np.float32), gym.spaces.Box(-1, 1, (6,), np.float32))
     else:
         raise ValueError(f"unknown env {env!r} (known: {', '.join(PROFILES)})")
@@ -270,8 +272,10 @@ def fp16_logit_check(params: ParamDict, frames: int = 64, seed: int = 0) -> dict
     agrees and the largest KL(fp32 || fp16) of the action distributions (nats)."""
     import gymnasium as gym
 
-    from surreal_redis.algos.ppo.config import PPOConfig
     from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
+    from surreal_redis.algos.registry import algorithm
+
+    section = algorithm("ppo").config_class  # the shipped PPO configs' section
 
     frame = gym.spaces.Box(0, 255, (84, 84), np.uint8)
     space = gym.spaces.Tuple([frame] * 4)
@@ -279,7 +283,7 @@ def fp16_logit_check(params: ParamDict, frames: int = 64, seed: int = 0) -> dict
     obs = traj.steps[-1].obs
     out: dict[str, np.ndarray] = {}
     for name, weights in (("fp32", params), ("fp16", as_dtype(params, "float16"))):
-        policy = NumpyPPOPolicy(PPOConfig(hidden_sizes=()), space, gym.spaces.Discrete(6), num_envs=frames)
+        policy = NumpyPPOPolicy(section(hidden_sizes=()), space, gym.spaces.Discrete(6), num_envs=frames)
         policy.load_params(weights, 1)
         z = policy.encoder(obs)
         out[name + "_logits"] = policy.actor(z).astype(np.float64)
