@@ -4,7 +4,7 @@
 --   its last batch (ms), ARGV[3] dead-letter stream MAXLEN (approximate), ARGV[4] byte budget: no
 --   item is taken once the items taken hold this many bytes (the first always is)
 -- returns {items taken, entries added, duplicate items, malformed items, items left in the inbox,
---   items whose storing failed (set aside with the error)}
+--   items whose storing failed (set aside with the error), pins left to score (inbox empty)}
 -- Runs as the learner: moves the oldest batches agents queued with insert.lua into the stream, in
 -- order, each batch once per (sender uuid, seq). An item that is not a well-formed batch (an agent
 -- may push anything to the inbox) goes to the dead-letter stream with its reason, so nothing an
@@ -25,8 +25,9 @@
 -- A chunk whose payload field is a blob id (insert.lua: the payload stored as a blob by the agent)
 -- becomes an entry with field p (that id) instead of d; its blob is scored like an observation.
 -- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest. Once the
--- inbox is empty no batch references a pin: up to 1024 pins a call then go into obsref (ZADD NX at
--- the current time's score, so one a retained entry references keeps its score), and gc collects
+-- inbox is empty no batch references a pin: up to 1024 pins a call (the caller calls again while
+-- pins are left, as while batches are) go into obsref (ZADD NX at the current time's score, so
+-- one a retained entry references keeps its score), and gc collects
 -- the blobs no retained entry references once the stream is past them (of an agent stopped after
 -- storing a payload but before its insert, of a resend the dedup window dropped, of a batch set
 -- aside): no pinned blob is left behind. Pins that are no digest are dropped.
@@ -217,7 +218,7 @@ for i, item in ipairs(items) do
     end
   end
 end
-local left = redis.call('LLEN', KEYS[1])
+local left, pins_left = redis.call('LLEN', KEYS[1]), 0
 if left == 0 then
   local now_score = string.format('%.0f', now * SLOTS)
   local args = {}
@@ -230,6 +231,7 @@ if left == 0 then
   if #args > 0 then
     redis.call('ZADD', KEYS[3], 'NX', unpack(args))
   end
+  pins_left = redis.call('SCARD', KEYS[5])
 end
 local sample = redis.call('HRANDFIELD', KEYS[4], 2)
 for _, sender in ipairs(type(sample) == 'table' and sample or {}) do
@@ -238,4 +240,4 @@ for _, sender in ipairs(type(sample) == 'table' and sample or {}) do
     redis.call('HDEL', KEYS[4], sender)
   end
 end
-return {#items, added, duplicates, malformed, left, failed}
+return {#items, added, duplicates, malformed, left, failed, pins_left}

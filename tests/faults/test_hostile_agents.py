@@ -256,7 +256,8 @@ def test_thousands_of_junk_pins_are_scored_in_bounded_pages_and_collect_nothing_
     real_redis.sadd(KEYS.pinned, *junk)
     pins = real_redis.scard(KEYS.pinned)  # the junk and the queued batch's own frames
     scripts = Scripts(real_redis)
-    assert move_inbox(scripts, KEYS).added == 1 and real_redis.scard(KEYS.pinned) == pins - 1024
+    first = move_inbox(scripts, KEYS)
+    assert first.added == 1 and first.pins == real_redis.scard(KEYS.pinned) == pins - 1024
     while real_redis.exists(KEYS.pinned):
         move_inbox(scripts, KEYS)
     frames = set(real_redis.xrange(KEYS.exp)[0][1][b"o"].decode().split(","))

@@ -320,3 +320,28 @@ def test_the_dedup_ratio_counts_observation_blobs_not_payloads(real_redis):
         move_inbox(Scripts(real_redis), keys)
         ratios.append(dedup_ratio(real_redis, keys, real_redis.xlen(keys.exp)))
     assert ratios[0] == ratios[1] and ratios[0][0] > 3 and ratios[0][1] == 2 * (4 + 40)
+
+
+def test_one_janitor_run_scores_every_pin_of_a_burst_and_collects_its_blobs(real_redis):
+    """Batches moved while the inbox never emptied leave more pins than one move scores (1024):
+    the movers call again until every pin is scored, so one janitor run after the trim collects
+    every blob (a pin still held would spare its blob: memory the janitor could not free)."""
+    scripts = Scripts(real_redis)
+    digests = [digest_n(i) for i in range(1, 1301)]
+    for seq, start in enumerate(range(0, 1300, 250), start=1):
+        batch = digests[start:start + 250]
+        args = ["aa01", seq, 1, 1, len(batch), *[b"x" * 64] * len(batch), b"0", b"0", ",".join(batch).encode(),
+                b"SRC1 payload"]
+        assert scripts.call("insert", [KEYS.inbox, KEYS.pinned, *[KEYS.obs(d) for d in batch]], args) == [b"OK"]
+    assert real_redis.scard(KEYS.pinned) == 1300
+    moved = move_inbox(scripts, KEYS, max_items=256)
+    assert (moved.taken, moved.left, moved.pins) == (6, 0, 1300 - 1024) and not moved.done
+    assert move_inbox(scripts, KEYS).done and not real_redis.exists(KEYS.pinned)
+    for seq, start in enumerate(range(0, 1300, 250), start=10):  # again, collected by the janitor alone
+        batch = digests[start:start + 250]
+        args = ["aa01", seq, 10, 1, len(batch), *[b"x" * 64] * len(batch), b"0", b"0", ",".join(batch).encode(),
+                b"SRC1 payload"]
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, *[KEYS.obs(d) for d in batch]], args)
+    stats = janitor(real_redis, 0).run_once()
+    assert stats.moved == 6 and stats.obs_deleted == 1300
+    assert not blob_keys(real_redis) and not real_redis.exists(KEYS.pinned, KEYS.obsref)

@@ -15,7 +15,8 @@ from surreal_redis.scripts import Scripts
 class Moved(NamedTuple):
     """What one ``move.lua`` call did: inbox items taken, stream entries added, items dropped as
     copies of a stored batch, malformed items set aside, items left in the inbox, items set aside
-    because storing them failed (the error is their dead letter's detail)."""
+    because storing them failed (the error is their dead letter's detail), and, once the inbox is
+    empty, pins left to score in obsref (a call scores 1024; gc spares a pinned blob)."""
 
     taken: int
     added: int
@@ -23,6 +24,12 @@ class Moved(NamedTuple):
     malformed: int
     left: int
     failed: int
+    pins: int = 0
+
+    @property
+    def done(self) -> bool:
+        """Nothing left for another call: the inbox is empty and every pin scored."""
+        return not self.left and not self.pins
 
     @property
     def set_aside(self) -> dict[str, int]:

@@ -581,7 +581,7 @@ class ExperienceReceiver:
 
     def _move_inboxes(self) -> None:
         """Move every shard's queued batches into its stream (``move.lua``, ``move_items`` per
-        call, until the inbox is empty or ``MOVE_CALLS`` calls per shard). It runs in a full
+        call, until the inbox is empty and its pins are scored, or ``MOVE_CALLS`` calls per shard). It runs in a full
         Redis too. A call the script refuses (it wrote nothing) is counted and logged, and
         reading goes on: what is already in the streams still reaches the learner."""
         cfg = self.config
@@ -599,7 +599,7 @@ class ExperienceReceiver:
                 self._counts["duplicates"] += moved.duplicates
                 for reason, count in moved.set_aside.items():
                     self._dead.count_written(reason, shard, count)
-                if not moved.left:
+                if moved.done:
                     break
 
     def _xreadgroup(self, streams: dict[KeyT, StreamIdT], count: int) -> StreamRead:

@@ -178,7 +178,7 @@ class HubJanitor:
                             reason)
                 if self._dead_letters is not None:
                     self._dead_letters(reason, keys.shard, count)
-            if not result.left:
+            if result.done:
                 break
         first: bytes | None = None
         passes: list[tuple[str, str | int]] = []
