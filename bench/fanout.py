@@ -32,6 +32,7 @@ from surreal_redis.hub.params import (
     PublisherConfig,
 )
 from surreal_redis.runtime import setup_logging
+from surreal_redis.testing.cluster import attach_replica
 
 log = logging.getLogger("bench.fanout")
 RUN = "fanout"
@@ -90,15 +91,6 @@ def read_phase(primary, replicas, urls: dict, readers: int, downloads: int, use_
             "downloads_from_primary": sum(o[2] for o in outcomes)}
 
 
-def attach(replica, port: int) -> None:
-    replica.replicaof("127.0.0.1", port)
-    deadline = time.monotonic() + 30
-    while replica.info("replication").get("master_link_status") != "up":
-        if time.monotonic() > deadline:
-            raise RuntimeError("replica did not sync within 30 s")
-        time.sleep(0.05)
-
-
 def free_port() -> int:
     import socket
 
@@ -115,7 +107,7 @@ def run_fanout_bench(readers: int, replicas: int, megabytes: int, downloads: int
         primary, replica_clients = clients[0], clients[1:]
         primary.config_set("repl-diskless-sync-delay", 0)
         for replica in replica_clients:
-            attach(replica, servers[0].port)
+            attach_replica(replica, servers[0].port)
         rng = np.random.default_rng(0)
         params = {"w": rng.standard_normal(megabytes * (1 << 20) // 4, dtype=np.float32)}
         ParameterPublisher(primary, RUN, PublisherConfig()).publish(params, 1)

@@ -19,7 +19,18 @@ from pathlib import Path
 import redis
 from redis.crc import key_slot
 
-from surreal_redis.connection import find_redis_server
+from surreal_redis.connection import RedisClient, find_redis_server
+
+
+def attach_replica(replica: RedisClient, port: int, timeout_s: float = 30.0) -> None:
+    """Make ``replica`` a replica of the server on 127.0.0.1:``port`` and block until its link is
+    up (``master_link_status``); RuntimeError after ``timeout_s``."""
+    replica.replicaof("127.0.0.1", port)
+    deadline = time.monotonic() + timeout_s
+    while replica.info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"replica did not sync with 127.0.0.1:{port} within {timeout_s} s")
+        time.sleep(0.02)
 
 SLOTS = 16384
 

@@ -70,7 +70,7 @@ from surreal_redis.hub.params import (
 from surreal_redis.hub.quota import ProductionQuota, QuotaNews
 from surreal_redis.keys import RunKeys
 from surreal_redis.testing.bench_data import Trajectory, VecStep, _vector, synthetic_trajectory
-from surreal_redis.testing.cluster import LocalCluster
+from surreal_redis.testing.cluster import LocalCluster, attach_replica
 from surreal_redis.testing.hub_bench import server_cpu_s
 
 log = logging.getLogger(__name__)
@@ -321,15 +321,6 @@ class HubServers(NamedTuple):
     params_server: str
 
 
-def _attach(replica: RedisClient, port: int) -> None:
-    replica.replicaof("127.0.0.1", port)
-    deadline = time.monotonic() + 30
-    while replica.info("replication").get("master_link_status") != "up":
-        if time.monotonic() > deadline:
-            raise RuntimeError("replica did not sync within 30 s")
-        time.sleep(0.05)
-
-
 @contextmanager
 def hub_servers(spec: CaseSpec, maxmemory: str = "8gb") -> Iterator[HubServers]:
     """Start the case's servers (TCP on loopback, as remote agents reach them); stop them after."""
@@ -353,7 +344,7 @@ def hub_servers(spec: CaseSpec, maxmemory: str = "8gb") -> Iterator[HubServers]:
     try:
         clients[0].config_set("repl-diskless-sync-delay", 0)
         for replica in clients[1:]:
-            _attach(replica, servers[0].port)
+            attach_replica(replica, servers[0].port)
         labels = ["primary"] + [f"replica{i}" for i in range(1, count)]
         yield HubServers(servers[0].url, [s.url for s in servers[1:]], list(zip(labels, clients)), "primary")
     finally:

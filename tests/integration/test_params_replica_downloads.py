@@ -6,7 +6,6 @@ met a new version downloaded it from the primary: with 1024 Pong agents polling 
 and the primary asked every 5 s, about a tenth of 6.9 GB per publish (bench/scale.py)."""
 
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from surreal_redis.hub.params import (
     ParameterPublisher,
     PublisherConfig,
 )
+from surreal_redis.testing.cluster import attach_replica
 
 pytestmark = pytest.mark.integration
 
@@ -41,11 +41,7 @@ def servers():
     clients = [connect(server.url) for server in started]
     try:
         clients[0].config_set("repl-diskless-sync-delay", 0)
-        clients[1].replicaof("127.0.0.1", port)
-        deadline = time.monotonic() + 10
-        while clients[1].info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "replica did not sync"
-            time.sleep(0.02)
+        attach_replica(clients[1], port, timeout_s=10)
         yield clients[0], clients[1:]
     finally:
         for client in clients:

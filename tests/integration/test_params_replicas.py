@@ -19,6 +19,7 @@ from surreal_redis.hub.params import (
     PublisherConfig,
 )
 from surreal_redis.keys import RunKeys
+from surreal_redis.testing.cluster import attach_replica
 
 pytestmark = pytest.mark.integration
 
@@ -38,11 +39,7 @@ def params_of(version, n=64 * 1024):
 
 
 def attach(replica, port):
-    replica.replicaof("127.0.0.1", port)
-    deadline = time.monotonic() + 10
-    while replica.info("replication").get("master_link_status") != "up":
-        assert time.monotonic() < deadline, "replica did not sync"
-        time.sleep(0.02)
+    attach_replica(replica, port, timeout_s=10)
 
 
 def synced(primary, count):
