@@ -90,6 +90,12 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for port in self.ports:
             self._until(functools.partial(self._pings, port), f"node {port} did not start")
+        # distinct config epochs before the nodes meet, as redis-cli --cluster create gives them: left
+        # at 0, the nodes resolve the collision by bumping epochs after cluster_state is ok, and a
+        # replica whose primary dies before it heard of the bump asks for the failover with a stale
+        # epoch, is denied ("slot epoch (5) > reqEpoch (3)") and retries for ever
+        for epoch, port in enumerate(self.ports, start=1):
+            self.node(port).execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
         first = self.node(self.ports[0])
         for i, port in enumerate(self.ports[:self.primaries]):
             lo, hi = i * SLOTS // self.primaries, (i + 1) * SLOTS // self.primaries - 1

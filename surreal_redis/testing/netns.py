@@ -293,6 +293,9 @@ class LabCluster:
                 "--repl-diskless-sync-delay", "0", "--save", "", "--appendonly", "no", "--protected-mode", "no",
                 "--maxmemory", "256mb", "--maxmemory-policy", "noeviction"])
         self._until(lambda: all(self._answers(h) for h in self.node_hosts), "nodes answer PING", timeout_s)
+        # distinct config epochs before the nodes meet (see testing.cluster.LocalCluster.start)
+        for epoch, name in enumerate(self.node_hosts, start=1):
+            self.cli(name, "CLUSTER", "SET-CONFIG-EPOCH", str(epoch))
         for i, name in enumerate(self.node_hosts[:self.primaries]):
             self.cli(name, "CLUSTER", "ADDSLOTSRANGE", str(i * slots // self.primaries),
                      str((i + 1) * slots // self.primaries - 1))
