@@ -10,8 +10,8 @@ Every chunk an agent got acknowledged (origin ``tag:seq:position:size``) ends in
   (``entries trimmed before the learner read them``, memory pressure's ``N of them unread``,
   ``trimmed while pending``) -- only as many as were reported;
 - lost in a failover or partition: not classified yet (the runs here use one standalone Redis
-  with ``appendfsync always`` and no partitions, where nothing acknowledged may be lost: such a
-  loss counts as unaccounted);
+  with ``appendfsync always`` and no failover, where a partition delays what was acknowledged
+  but may lose none of it: such a loss counts as unaccounted);
 - unaccounted: everything else (must be 0).
 
 Chunks trained that no agent's ledger acknowledged (an agent killed between insert.lua's reply
@@ -57,7 +57,8 @@ class Accounting(NamedTuple):
     reported_trims: int
     examples: dict[str, list[Origin]]
 
-    def table(self, faults: Counter, finished: str) -> str:
+    def table(self, faults: Counter, finished: str, lost: str = "n/a (standalone Redis, no partitions)") -> str:
+        """The run's table; ``lost``: what the "lost with a failover or partition" row says."""
         rows = [("faults injected", ", ".join(f"{k} {v}" for k, v in sorted(faults.items())) or "none"),
                 ("chunks acknowledged", self.acknowledged),
                 ("trained once", self.trained_once),
@@ -65,7 +66,7 @@ class Accounting(NamedTuple):
                 ("dropped: dead-lettered", self.dead_lettered),
                 ("dropped: trimmed unread (reported)", f"{self.trimmed} (log reports {self.reported_trims})"),
                 ("unread at the stop (in stream/inbox)", self.unread_at_stop),
-                ("lost with a failover or partition", "n/a (standalone Redis, no partitions)"),
+                ("lost with a failover or partition", lost),
                 ("unaccounted (must be 0)", self.unaccounted),
                 ("trained, no ack line (agent killed)", self.trained_without_ack_record),
                 ("retrained: kill -9 between line and XACK", self.retrained_after_kill),
