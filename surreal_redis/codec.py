@@ -126,18 +126,21 @@ def _array_prefix(codec: int, name: str, shape: tuple[int, ...]) -> bytes:
     return header + struct.pack(f"<{len(shape)}I", *shape)
 
 
-def encode_raw(data: bytes, dtype: np.dtype, shape: tuple[int, ...], compress_min_bytes: int | None = None) -> bytes:
+def encode_raw(data: bytes | memoryview | np.ndarray, dtype: np.dtype, shape: tuple[int, ...],
+               compress_min_bytes: int | None = None) -> bytes:
     """:func:`encode_array` of the array whose C-order little-endian bytes are ``data`` (for
-    callers that already hold them: no second copy)."""
+    callers that already hold them: no second copy). ``data`` may be any C-contiguous buffer, a
+    numpy array of that dtype included: it is compressed straight from it (copied only when it
+    travels raw)."""
     name = _NAME_BY_DTYPE.get(dtype)
-    if name is None or len(shape) > MAX_NDIM or len(data) != math.prod(shape) * dtype.itemsize:
-        raise CodecError(f"cannot encode {len(data)} bytes as {dtype}{tuple(shape)}")
-    codec = 0
-    if compress_min_bytes is not None and len(data) >= compress_min_bytes:
+    size = data.nbytes if isinstance(data, (memoryview, np.ndarray)) else len(data)
+    if name is None or len(shape) > MAX_NDIM or size != math.prod(shape) * dtype.itemsize:
+        raise CodecError(f"cannot encode {size} bytes as {dtype}{tuple(shape)}")
+    if compress_min_bytes is not None and size >= compress_min_bytes:
         packed = lz4.block.compress(data, store_size=False)
-        if len(packed) < len(data):
-            data, codec = packed, 1
-    return _array_prefix(codec, name, tuple(shape)) + data
+        if len(packed) < size:
+            return _array_prefix(1, name, tuple(shape)) + packed
+    return _array_prefix(0, name, tuple(shape)) + bytes(data)
 
 
 def array_header(buf: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], str, int]:

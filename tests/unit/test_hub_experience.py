@@ -156,6 +156,78 @@ def test_frame_stacks_upload_one_new_frame_per_step(fake_redis):
     assert len(first & second) == 4
 
 
+def test_frames_in_a_reused_buffer_and_in_strided_views_are_stored_as_they_were_added(fake_redis):
+    """Frames are identified by a hash of their bytes read in place: a buffer the env overwrites
+    after each step (as vector envs do) and frames passed as strided views (a slice of a bigger
+    screen, a transposed array) must still arrive as they were at add(); a frame stack still
+    uploads one new frame per step and env."""
+    screens = np.zeros((N, 84, 168), np.uint8)  # frames are its even columns: strided views
+    reused = [np.zeros((N, 84, 84), np.uint8) for _ in range(4)]
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 0, 1)
+    added = []
+    steps = 2 * T
+    for step in range(steps + 1):
+        for k in range(4):  # the stack shifts by one frame per step; the buffers are rewritten in place
+            reused[k][:] = [frame(1000 * env + step + k) for env in range(N)]
+        screens[:, :, ::2] = reused[3]
+        obs = {"stack": tuple(reused), "strided": screens[:, :, ::2], "transposed": reused[2].transpose(0, 2, 1)}
+        added.append({"stack": tuple(f.copy() for f in reused), "strided": reused[3].copy(),
+                      "transposed": reused[2].transpose(0, 2, 1).copy()})
+        if step < steps:
+            sender.add(obs, np.zeros(N, np.int64), np.ones(N, np.float32), np.zeros(N, bool), np.zeros(N, bool))
+    sender.flush(obs)
+    # row 0: 4 stack frames (the strided one repeats frame 3, the transposed one is new); then per
+    # step one new stack frame, its repeat, and one new transposed frame
+    assert sender.stats().obs_uploaded == N * (5 + 2 * steps)
+    chunks = [item.chunk for item in ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(100, 0)]
+    assert sum(c.num_steps for c in chunks) == N * steps
+    for position, c in enumerate(chunks):  # one flush after the other, env by env
+        start = T * (position // N)
+        for t in range(c.num_steps + 1):
+            assert_tree_equal(index(c.obs, t), index(added[start + t], c.env_index))
+
+
+def test_a_step_refused_after_its_frames_were_read_leaves_no_trace(fake_redis):
+    """add() refuses a step (bad actions) after reading its frames: the retried step is compared
+    with the step before it, not with the refused one (whose leaves 1-3 here equal the retried
+    step's leaves 0-2, as a shifted stack would, while the step before holds other frames)."""
+    def stack(step):
+        return tuple(np.stack([frame(100 * step + 10 * env + k) for env in range(N)]) for k in range(4))
+
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 0, 1)
+    good = np.zeros(N, np.int64)
+    rest = (np.ones(N, np.float32), np.zeros(N, bool), np.zeros(N, bool))
+    for step in range(T):
+        if step == 2:
+            refused = (np.stack([frame(999)] * N),) + stack(2)[:3]
+            with pytest.raises(ValueError, match="actions"):
+                sender.add(refused, np.zeros((N, 2), np.int64), *rest)
+        sender.add(stack(step), good, *rest)
+    sender.flush(stack(T))
+    chunks = [item.chunk for item in ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(100, 0)]
+    assert len(chunks) == N
+    for c in chunks:
+        for t in range(T + 1):
+            assert_tree_equal(index(c.obs, t), index(stack(t), c.env_index))
+
+
+def test_equal_bytes_of_leaves_with_different_shapes_are_not_shared(fake_redis):
+    """Two referenced leaves whose frames hold the same bytes but differ in shape (or dtype) are
+    stored apart: each decodes to its own shape."""
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 0, 1)
+    for step in range(T + 1):
+        wide = np.stack([frame(step + env) for env in range(N)])
+        obs = (wide, wide.reshape(N, 42, 168), wide.view(np.int8))
+        sender.add(obs, np.zeros(N, np.int64), np.ones(N, np.float32), np.zeros(N, bool), np.zeros(N, bool))
+    chunks = [item.chunk for item in ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1).receive(100, 0)]
+    assert len(chunks) == N
+    for c in chunks:
+        square, tall, signed = c.obs
+        assert square.shape[1:] == (84, 84) and tall.shape[1:] == (42, 168) and signed.dtype == np.int8
+        np.testing.assert_array_equal(tall, square.reshape(-1, 42, 168))
+        np.testing.assert_array_equal(signed.view(np.uint8), square)
+
+
 def test_small_observations_travel_inline(fake_redis):
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=T), RUN, 0, 1)
     for step in range(T + 1):

@@ -171,3 +171,15 @@ def test_encode_raw_matches_encode_array():
         encode_raw(frame.tobytes()[:-1], frame.dtype, frame.shape)
     with pytest.raises(CodecError, match="cannot encode"):
         encode_raw(b"x" * 8, np.dtype(object), (1,))
+
+
+def test_encode_raw_reads_a_contiguous_array_in_place():
+    from surreal_redis.codec import encode_array, encode_raw
+
+    frames = [np.tile(np.arange(84, dtype=np.uint8), (84, 1)), np.random.default_rng(0).random((30, 40), np.float32)]
+    for frame in frames:
+        for compress in (None, 512):
+            assert encode_raw(frame, frame.dtype, frame.shape, compress) == encode_array(frame, compress)
+            assert encode_raw(memoryview(frame), frame.dtype, frame.shape, compress) == encode_array(frame, compress)
+    with pytest.raises(CodecError, match="cannot encode"):
+        encode_raw(frames[0][:-1], frames[0].dtype, frames[0].shape)
