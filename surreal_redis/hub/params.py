@@ -8,7 +8,9 @@ Wire layout (key names from :class:`surreal_redis.keys.ParamKeys`):
   grace period after the next version replaces it. A published blob never changes.
 - ``meta``: hash ``version nbytes piece digest codec spec iteration time message``, swapped
   atomically by the publish script, which also announces ``version`` on the ``notify`` channel.
-  ``spec`` (JSON ``{name: [dtype, shape]}``) tells the shapes without a download.
+  ``spec`` (JSON ``{name: [dtype, shape]}``) tells the shapes without a download, with the dtypes
+  the learner holds: with ``hub.publisher.dtype: float16`` the blob carries float32 leaves as
+  float16, ``codec`` ends in ``+float16``, and clients cast those leaves back to the spec's float32.
 
 Agents poll ``HGET meta version`` (one tiny round trip); only a new version costs a download, read
 in ``piece``-sized GETRANGE pieces so that hundreds of agents fetching a big blob at once do not
@@ -70,6 +72,10 @@ CODEC = "srt1"  # the encode_tree format; "+lz4" is appended when leaves may be 
 DIGEST_ALGO = "xxh3_128"
 MAX_BLOB_BYTES = 512 * 1024 * 1024  # Redis proto-max-bulk-len: the largest string a key can hold
 DEFAULT_PIECE_BYTES = 1 << 20  # 1 MiB reads keep Redis' client output buffers small (research §4)
+WIRE_DTYPES = ("float32", "float16")  # PublisherConfig.dtype: what float32 leaves travel as
+# every codec a client can read: the encode_tree format, "+lz4" when leaves may be compressed,
+# "+float16" when float32 leaves travel as float16 (older clients refuse it as unknown)
+CODECS = frozenset(CODEC + lz4 + wire for lz4 in ("", "+lz4") for wire in ("", "+float16"))
 
 T = TypeVar("T")
 
@@ -127,6 +133,16 @@ class PublisherConfig:
     - ``wait_replica_ms``: after each publish, block up to this many ms until one replica of the
       parameters' server has it (``WAIT 1``), so a failover right after a publish does not take
       the version back; 0: off (replication stays asynchronous; docs/deployment.md, Redis Cluster).
+    - ``dtype``: what float32 leaves travel as, ``float32`` or ``float16`` (half the bytes per
+      download; see :func:`to_wire`). Other dtypes (float64 normalizer statistics, integers) and
+      float32 leaves with a finite value beyond float16's range (65504) travel unchanged. Clients
+      cast the float16 leaves back to float32 on load, so agents and evals run inference in
+      float32 with weights rounded to float16 (relative error <= 2**-11; docs/benchmarks.md, Scale,
+      gives the logit differences measured). The learner's own weights and its checkpoints stay
+      float32. On-policy consequence: an agent's recorded behaviour log-prob comes from the
+      rounded weights, not the learner's, so PPO's ratio at the first epoch is not exactly 1 (it
+      treats the rounding as a tiny policy lag) and APPO's V-trace importance weights correct for
+      it like for any lag.
     """
 
     min_publish_interval: float = 0.0
@@ -138,8 +154,14 @@ class PublisherConfig:
     retries: int = 3
     retry_base_s: float = 0.05
     wait_replica_ms: int = 0
+    # what float32 leaves travel as: float32 or float16 (half the bytes; agents cast back to
+    # float32 on load and act in float32 with the rounded weights; the learner and its checkpoints
+    # stay float32; on-policy, PPO's ratio sees the rounding, APPO's V-trace corrects for it)
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.dtype not in WIRE_DTYPES:
+            raise ValueError(f"publisher dtype must be one of {', '.join(WIRE_DTYPES)}, got {self.dtype!r}")
         if self.wait_replica_ms < 0:
             raise ValueError(f"wait_replica_ms must be >= 0, got {self.wait_replica_ms}")
         if self.min_publish_interval < 0:
@@ -176,6 +198,13 @@ class ParameterClientConfig:
     - ``replica_backoff_s`` / ``replica_backoff_cap_s``: after a replica failed (unreachable or
       erroring), read from the primary for between this and twice this before trying a replica
       again, doubling per further failure up to the cap (seconds, jittered).
+    - ``min_version_lag``: a poll downloads only a version at least this many versions above
+      the one held (or any, while none is held); 1: every newer version. 2 halves the bytes
+      agents download and leaves them up to 2 publishes behind (plus the poll period). A version
+      the caller asks for (``fetch(at_least=...)``: agents producing on grants load the version
+      a claim names) is downloaded whatever the lag, so the lag only acts on free production.
+      There, on-policy runs drop chunks more than ``replay.fifo.max_policy_lag`` versions old:
+      set that to at least this lag.
     """
 
     max_in_flight: int = 4
@@ -185,8 +214,15 @@ class ParameterClientConfig:
     primary_poll_every_s: float = 5.0
     replica_backoff_s: float = 1.0
     replica_backoff_cap_s: float = 30.0
+    # a poll downloads only a version at least this many above the one held (1: every newer
+    # one); versions a claim names (learner.on_policy_sync) are downloaded whatever the lag. With
+    # free production on-policy, set replay.fifo.max_policy_lag to at least this
+    min_version_lag: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.min_version_lag, bool) or not isinstance(self.min_version_lag, int) \
+                or self.min_version_lag < 1:
+            raise ValueError(f"min_version_lag must be an integer >= 1, got {self.min_version_lag!r}")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if self.piece_bytes is not None and self.piece_bytes < 1024:
@@ -213,6 +249,48 @@ def param_spec(params: ParamDict) -> dict[str, list]:
             raise TypeError(f"parameter {name!r} is a {type(value).__name__}, not a numpy array")
         spec[name] = [value.dtype.name, list(value.shape)]
     return spec
+
+
+def to_wire(params: ParamDict, dtype: str) -> ParamDict:
+    """``params`` as a publisher with ``PublisherConfig.dtype`` ``dtype`` sends them: every
+    float32 leaf cast to ``dtype``, except one holding a finite value that ``dtype`` cannot
+    represent (beyond float16's 65504: it would arrive as inf), which stays float32 like every
+    other dtype. New arrays for the cast leaves, the same objects for the others; ``params`` is
+    not changed. Raises ``ValueError`` naming a bad ``dtype``."""
+    if dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire dtype must be one of {', '.join(WIRE_DTYPES)}, got {dtype!r}")
+    if dtype == "float32":
+        return dict(params)
+    wire: ParamDict = {}
+    for name, value in params.items():
+        if value.dtype == np.float32:
+            with np.errstate(over="ignore"):  # an overflow is seen below and kept float32
+                cast = value.astype(dtype)
+            if np.array_equal(np.isinf(cast), np.isinf(value)):
+                wire[name] = cast
+                continue
+            log.debug("parameter %r has values beyond %s's range: sent as float32", name, dtype)
+        wire[name] = value
+    return wire
+
+
+def from_wire(tree: ParamDict, spec: dict[str, list]) -> ParamDict:
+    """The parameters a client returns for a ``+float16`` blob: each leaf that ``spec`` (meta's
+    ``{name: [dtype, shape]}``) lists as float32 and that arrived as float16 cast back to float32
+    (a new array); leaves already of their spec's dtype unchanged. Raises :class:`ParamFetchError`
+    for a leaf missing from ``spec`` or of another dtype than the spec's and not float16 for float32."""
+    out: ParamDict = {}
+    for name, value in tree.items():
+        want = spec.get(name)
+        if not isinstance(want, list) or not want:
+            raise ParamFetchError(f"parameter {name!r} is not in the published spec")
+        if value.dtype.name == want[0]:
+            out[name] = value
+        elif want[0] == "float32" and value.dtype == np.float16:
+            out[name] = value.astype(np.float32)
+        else:
+            raise ParamFetchError(f"parameter {name!r} arrived as {value.dtype.name}, the spec says {want[0]}")
+    return out
 
 
 class ParameterPublisher:
@@ -289,11 +367,13 @@ class ParameterPublisher:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
         if not isinstance(message, str):
             raise ValueError(f"message must be a string, got {message!r}")
-        spec = json.dumps(param_spec(params), separators=(",", ":"))
-        blob = encode_tree(params, self._config.compress_min_bytes)
+        spec = json.dumps(param_spec(params), separators=(",", ":"))  # the dtypes clients load
+        blob = encode_tree(to_wire(params, self._config.dtype), self._config.compress_min_bytes)
         if len(blob) > MAX_BLOB_BYTES:
             raise ValueError(f"encoded parameters are {len(blob)} bytes, above Redis' {MAX_BLOB_BYTES}-byte limit")
         codec = CODEC + ("+lz4" if self._config.compress_min_bytes is not None else "")
+        if self._config.dtype != "float32":
+            codec += "+" + self._config.dtype
         fields = [blob_digest(blob), codec, spec, int(iteration), repr(time.time()), message]
         try:
             self._upload(blob)
@@ -443,10 +523,14 @@ class ParameterClient:
         from the primary). ``at_least``: a version the caller knows is live (a claim told it): a
         replica that shows less is lagging, so the primary is asked instead; without replicas, an
         ``at_least`` above the version held is downloaded without polling first.
+        ``min_version_lag`` (config) > 1: a polled version less than that many above the one held
+        is not downloaded (``(None, info)``); an ``at_least`` above the one held, ``force`` and a
+        client holding nothing yet download whatever the lag.
 
         Returns ``(params, info)`` for a new version (the arrays are read-only views of the
-        downloaded blob: copy before writing), ``(None, info)`` when nothing changed,
-        nothing is published yet, the version was rejected less than its backoff ago, or the
+        downloaded blob, or float32 copies of its float16 leaves: copy before writing; of the
+        dtypes meta's ``spec`` lists), ``(None, info)`` when nothing changed or not enough
+        (``min_version_lag``), nothing is published yet, the version was rejected less than its backoff ago, or the
         download failed (warning logged); ``info`` always describes the parameters this client
         holds. Blocks for one round trip when nothing changed (two when a replica lags, none for
         a known ``at_least``); for a download, one more for meta and the first ``max_in_flight``
@@ -462,6 +546,11 @@ class ParameterClient:
                 return None, self._info
             if not force and version == self._info.version:
                 self._recovered()
+                return None, self._info
+            held = self._info.version
+            if (not force and held > 0 and at_least <= held
+                    and held < version < held + self._config.min_version_lag):
+                self._recovered()  # newer, but fewer than min_version_lag versions newer: not yet
                 return None, self._info
             if not force and version == self._rejected_version and time.monotonic() < self._retry_at:
                 return None, self._info
@@ -557,12 +646,12 @@ class ParameterClient:
         pipe.hgetall(self._keys.meta)
         pipe.getrange(self._keys.blob(version), 0, head_bytes - 1)
         meta, head = pipe.execute()
-        info, piece, codec = _parse_meta(meta)
+        info, piece, codec, spec = _parse_meta(meta)
         if info.version == 0:
             raise ParamFetchError("parameter metadata vanished between poll and download")
         if info.version < floor:
             raise ParamFetchError(f"meta went back from v{version} to v{info.version} after the poll")
-        if codec not in (CODEC, CODEC + "+lz4"):
+        if codec not in CODECS:
             raise ParamFetchError(f"v{info.version}: unknown parameter codec {codec!r}")
         if not info.digest.startswith(f"{DIGEST_ALGO}:"):
             raise ParamFetchError(f"v{info.version}: unknown digest {info.digest!r} (expected {DIGEST_ALGO})")
@@ -599,7 +688,16 @@ class ParameterClient:
         tree = decode_tree(buf, copy=False)  # read-only views: consumers copy into their own tensors
         if not isinstance(tree, dict):
             raise ParamFetchError(f"v{info.version}: blob holds a {type(tree).__name__}, not a parameter dict")
-        return {name: np.asarray(value) for name, value in tree.items()}, info
+        params = {name: np.asarray(value) for name, value in tree.items()}
+        if codec.endswith("+float16"):  # float32 leaves travelled as float16: float32 again
+            try:
+                listed = json.loads(spec)
+            except ValueError:
+                listed = None
+            if not isinstance(listed, dict):
+                raise ParamFetchError(f"v{info.version}: malformed parameter spec {spec[:80]!r}")
+            params = from_wire(params, listed)
+        return params, info
 
     def _rejected(self, version: int, exc: Exception) -> None:
         self._rejections += 1
@@ -635,17 +733,18 @@ def _parse_version(raw: bytes | str) -> int:
     return version
 
 
-def _parse_meta(meta: dict[bytes | str, bytes | str]) -> tuple[ParamInfo, int, str]:
-    """(info, read piece size, codec) from a raw meta hash; empty meta gives version 0."""
+def _parse_meta(meta: dict[bytes | str, bytes | str]) -> tuple[ParamInfo, int, str, str]:
+    """(info, read piece size, codec, spec JSON text) from a raw meta hash; empty meta gives
+    version 0."""
     if not meta:
-        return ParamInfo.nothing(), 0, ""
+        return ParamInfo.nothing(), 0, "", ""
     try:
         fields = {as_text(k): as_text(v) for k, v in meta.items()}
         info = ParamInfo(version=int(fields["version"]), iteration=int(fields["iteration"]),
                          time=float(fields["time"]), digest=fields["digest"], nbytes=int(fields["nbytes"]))
-        piece, codec = int(fields["piece"]), fields["codec"]
+        piece, codec, spec = int(fields["piece"]), fields["codec"], fields.get("spec", "")
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise ParamFetchError(f"malformed parameter metadata {meta!r}: {exc!r}") from None
     if not (0 < info.nbytes <= MAX_BLOB_BYTES and piece >= 1024):
         raise ParamFetchError(f"implausible parameter metadata: nbytes {info.nbytes}, piece {piece}")
-    return info, piece, codec
+    return info, piece, codec, spec

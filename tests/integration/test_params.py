@@ -194,3 +194,25 @@ def test_restart_mid_upload_is_uploaded_again(redis_server):
     got, info = ParameterClient(client, RUN, ParameterClientConfig()).fetch()
     np.testing.assert_array_equal(got["actor/w"], big_params(1)["actor/w"])
     client.close()
+
+
+def test_float16_blobs_in_pieces_and_a_version_lag_on_a_real_server(real_redis):
+    """8 MB of float32 weights travel as 4 MB of float16 (in 1 MiB pieces) and load as float32;
+    with min_version_lag 2 an agent skips one version, then downloads, and a claimed version
+    (``at_least``) is downloaded at once."""
+    pub = ParameterPublisher(real_redis, RUN, PublisherConfig(dtype="float16"))
+    client = ParameterClient(real_redis, RUN, ParameterClientConfig(min_version_lag=2))
+    params = big_params(8)
+    assert pub.publish(params, 1) == 1
+    assert int(real_redis.hget(KEYS.meta, "nbytes")) < 4.01 * (1 << 20)
+    got, info = client.fetch()
+    assert info.version == 1 and got["actor/w"].dtype == np.float32
+    np.testing.assert_array_equal(got["actor/w"], params["actor/w"].astype(np.float16).astype(np.float32))
+    pub.publish(big_params(8, seed=1), 2)
+    assert client.fetch()[0] is None and client.info.version == 1
+    pub.publish(big_params(8, seed=2), 3)
+    got, info = client.fetch()
+    assert info.version == 3
+    np.testing.assert_array_equal(got["actor/b"], big_params(8, seed=2)["actor/b"].astype(np.float16).astype(np.float32))
+    pub.publish(big_params(8, seed=3), 4)
+    assert client.fetch(at_least=4)[1].version == 4
