@@ -6,8 +6,10 @@ at a real agent's rate, poll and download parameters; a learner-side reader move
 a publisher publishes the real network's parameters. Per N: env steps/s offered, produced and
 acked; p50/p99 of insert, poll, claim and download latency; Redis CPU per 1k transitions and per
 GB of parameters; memory per connection; the same with read replicas and a 3-primary cluster; and
-the parameter broadcast at 1024 Pong agents with its options (see
-:mod:`surreal_redis.testing.scale_bench`).
+the parameter broadcast at 1024 Pong agents with its options: ``hub.params_client.min_version_lag: 2``
+(agents download every other version), ``hub.publisher.dtype: float16`` (half the bytes), read
+replicas, and the combinations (see :mod:`surreal_redis.testing.scale_bench`); and how far the Pong
+network's outputs move with float16 weights, fresh and (without ``--quick``) trained.
 
 Progress goes to stderr through logging; the last line of stdout is one JSON object with the
 results; ``--json PATH`` writes them there too, with the figure beside it (``PATH`` with ``.png``).
@@ -94,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("INFO")
     result = run_scale_bench(plan, quick=args.quick)
     log.info("results:\n%s", markdown_tables(result))
+    for key in ("fp16_check", "fp16_check_trained"):
+        if key in result:
+            log.info("%s: %s", key, json.dumps(result[key]))
     text = json.dumps(result, default=float)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

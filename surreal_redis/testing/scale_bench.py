@@ -14,7 +14,8 @@ replicas for the parameters; or a Redis Cluster of 3 primaries), then
   agent and dedup stays what it is within one agent's stream; HalfCheetah-like 17-float vectors)
   through ``sender.add`` at the per-agent rate of a real agent of that env (:data:`PROFILES`), polls
   the parameter version every ``fetch_every_steps`` vector steps (free production) or claims every
-  flush (lockstep), and downloads every new version;
+  flush (lockstep), and downloads every new version (with ``BroadcastOptions.min_version_lag``,
+  the client's ``min_version_lag``: only one that many publishes ahead);
 - one learner-side process: :class:`~surreal_redis.hub.experience.receiver.ExperienceReceiver`
   moving the inboxes, reading, decoding and acking (what the learner's prefetch thread and feed do),
   plus the :class:`~surreal_redis.hub.experience.retention.HubJanitor` every 5 s;
@@ -51,7 +52,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import redis
@@ -66,6 +67,9 @@ from surreal_redis.hub.params import (
     ParameterClientConfig,
     ParameterPublisher,
     PublisherConfig,
+    from_wire,
+    param_spec,
+    to_wire,
 )
 from surreal_redis.hub.quota import ProductionQuota, QuotaNews
 from surreal_redis.keys import RunKeys
@@ -124,30 +128,37 @@ PROFILES: dict[str, EnvProfile] = {
 @dataclass(frozen=True)
 class BroadcastOptions:
     """What the parameter path does. ``enabled`` False: no polls, downloads nor publishes (the
-    experience path alone). ``dtype`` "float16": the publisher sends float32 leaves as float16
-    (half the bytes; agents cast back to float32 on load, see :func:`fp16_logit_check`).
-    ``min_lag``: an agent downloads only once the live version is at least this many publishes
-    ahead of the one it holds (1: every new version; 2: every other one, which keeps a version
-    age of 2 publishes)."""
+    experience path alone). ``dtype``: the publisher's ``hub.publisher.dtype`` ("float16": float32
+    leaves travel as float16, half the bytes; the clients cast them back to float32, see
+    :func:`fp16_logit_check`). ``min_version_lag``: the agents' ``hub.params_client.min_version_lag``
+    (a poll downloads only a version at least this many publishes ahead of the one held; 1: every
+    new version; 2: every other one, which keeps a version age of 2 publishes). Raises
+    ``ValueError`` naming a bad value, as the config does."""
 
     enabled: bool = True
     dtype: str = "float32"
-    min_lag: int = 1
+    min_version_lag: int = 1
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "float16"):
-            raise ValueError(f"broadcast dtype must be float32 or float16, got {self.dtype!r}")
-        if self.min_lag < 1:
-            raise ValueError(f"broadcast min_lag must be >= 1, got {self.min_lag}")
+        self.publisher_config()
+        self.client_config()
+
+    def publisher_config(self) -> PublisherConfig:
+        """The publisher's config in this case."""
+        return PublisherConfig(dtype=self.dtype)
+
+    def client_config(self) -> ParameterClientConfig:
+        """Each simulated agent's parameter-client config in this case."""
+        return ParameterClientConfig(min_version_lag=self.min_version_lag)
 
     @property
     def label(self) -> str:
         if not self.enabled:
             return "no params"
         parts = ["fp16" if self.dtype == "float16" else "fp32"]
-        if self.min_lag > 1:
-            suffix = {2: "nd", 3: "rd"}.get(self.min_lag, "th")
-            parts.append(f"every {self.min_lag}{suffix} version")
+        if self.min_version_lag > 1:
+            suffix = {2: "nd", 3: "rd"}.get(self.min_version_lag, "th")
+            parts.append(f"every {self.min_version_lag}{suffix} version")
         return ", ".join(parts)
 
 
@@ -249,6 +260,58 @@ def real_params(env: str) -> ParamDict:
     return params_to_numpy(net)
 
 
+def trained_pong_params(updates: int = 12, seed: int = 0) -> ParamDict:
+    """Pong's network (as :func:`real_params` builds it) after ``updates`` PPO updates (1e-3
+    learning rate, 2 epochs of 2 minibatches, 4 envs x 64 steps each) on a paddle task over the
+    synthetic Pong screens of :mod:`~surreal_redis.testing.bench_data`: reward 1 for "up" (action 2)
+    while the ball is above the left paddle's centre, for "down" (3) while below, 64-step episodes.
+    The CNN has to find the ball and the paddle in the frames to earn it: 12 updates take the mean
+    return from ~11 (chance) to ~50 of 64, the logits' spread from ~0.01 to ~6 nats. Trained
+    weights for :func:`fp16_logit_check`; imports torch (call it in a child process, like
+    :func:`real_params`); ~25 s of CPU."""
+    import gymnasium as gym
+    import torch
+
+    from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
+    from surreal_redis.algos.registry import algorithm
+    from surreal_redis.testing.bench_data import _Pong
+    from surreal_redis.testing.local_loop import LocalLoopConfig, OnPolicyLearner, run_local
+
+    frame = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+
+    class PaddleEnv(gym.Env):
+        observation_space = gym.spaces.Tuple([frame] * 4)
+        action_space = gym.spaces.Discrete(6)
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+            super().reset(seed=seed)
+            self.game, self.t = _Pong(self.np_random), 0
+            self.stack = [self.game.frame()] * 4
+            return tuple(self.stack), {}
+
+        def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+            wanted = 2 if self.game.ball[0] < self.game.paddles[0] + 5 else 3
+            reward = float(action == wanted)
+            self.game.step()
+            self.t += 1
+            self.stack = self.stack[1:] + [self.game.frame()]
+            return tuple(self.stack), reward, False, self.t >= 64, {}
+
+    spec = algorithm("ppo")
+    section = spec.config_class(hidden_sizes=(), learning_rate=1e-3, update_epochs=2, num_minibatches=2,
+                                device="cpu")
+    torch.manual_seed(seed)
+    envs = gym.vector.SyncVectorEnv([PaddleEnv] * 4, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    trainer = spec.make_trainer(section, envs.single_observation_space, envs.single_action_space, seed)
+    policy = NumpyPPOPolicy(section, envs.single_observation_space, envs.single_action_space, 4, seed=seed)
+    loop = LocalLoopConfig(total_steps=4 * 64 * updates, chunk_steps=64, seed=seed, return_window=4,
+                           log_every=max(1, updates // 3))
+    result = run_local(cast(OnPolicyLearner, trainer), policy, envs, loop)
+    envs.close()
+    log.info("trained Pong network: mean return %.0f of 64 after %d updates", result.mean_return, result.updates)
+    return trainer.actor_params()
+
+
 def load_params(envs: Sequence[str]) -> dict[str, ParamDict]:
     """:func:`real_params` of each env, built in one spawned child (torch stays out of this
     process). Blocks for the child's torch import (a few seconds)."""
@@ -257,19 +320,16 @@ def load_params(envs: Sequence[str]) -> dict[str, ParamDict]:
         return {env: pool.apply(real_params, (env,)) for env in envs}
 
 
-def as_dtype(params: ParamDict, dtype: str) -> ParamDict:
-    """``params`` with every float32 leaf cast to ``dtype`` (float64 normalizer statistics and
-    integer leaves unchanged)."""
-    return {name: value.astype(dtype) if value.dtype == np.float32 else value for name, value in params.items()}
-
-
 def fp16_logit_check(params: ParamDict, frames: int = 64, seed: int = 0) -> dict[str, float]:
-    """How far Pong's policy moves when its weights travel as float16: the numpy agent policy
-    (``agent.inference: numpy``) loaded with ``params`` and with ``as_dtype(params, "float16")``
-    (cast back to float32 at load, as :func:`~surreal_redis.algos.numpy_nets.take` does), acting
+    """How far Pong's policy (fresh, :func:`real_params`, or trained, :func:`trained_pong_params`)
+    moves when its weights travel as float16: the numpy agent policy
+    (``agent.inference: numpy``) loaded with ``params`` and with what a client loads when the
+    publisher's ``dtype`` is float16 (:func:`~surreal_redis.hub.params.to_wire`, then
+    :func:`~surreal_redis.hub.params.from_wire` back to float32), acting
     on ``frames`` synthetic Pong observations. Returns the largest logit and value differences
     (absolute, and relative to the fp32 logits' spread), the share of frames whose greedy action
-    agrees and the largest KL(fp32 || fp16) of the action distributions (nats)."""
+    agrees, the largest log-prob difference (what PPO's ratio sees) and the largest
+    KL(fp32 || fp16) of the action distributions (nats)."""
     import gymnasium as gym
 
     from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
@@ -282,7 +342,8 @@ def fp16_logit_check(params: ParamDict, frames: int = 64, seed: int = 0) -> dict
     traj = synthetic_trajectory("atari", num_envs=frames, steps=8, seed=seed)
     obs = traj.steps[-1].obs
     out: dict[str, np.ndarray] = {}
-    for name, weights in (("fp32", params), ("fp16", as_dtype(params, "float16"))):
+    rounded = from_wire(to_wire(params, "float16"), param_spec(params))
+    for name, weights in (("fp32", params), ("fp16", rounded)):
         policy = NumpyPPOPolicy(section(hidden_sizes=()), space, gym.spaces.Discrete(6), num_envs=frames)
         policy.load_params(weights, 1)
         z = policy.encoder(obs)
@@ -295,6 +356,7 @@ def fp16_logit_check(params: ParamDict, frames: int = 64, seed: int = 0) -> dict
     spread = float(np.ptp(a)) or 1.0
     return {"frames": frames, "max_abs_logit_diff": float(np.abs(a - b).max()),
             "max_rel_logit_diff": float(np.abs(a - b).max() / spread),
+            "max_abs_logp_diff": float(np.abs(log_p - log_q).max()),
             "max_abs_value_diff": float(np.abs(out["fp32_value"] - out["fp16_value"]).max()),
             "greedy_agreement": float((a.argmax(1) == b.argmax(1)).mean()), "max_kl": float(kl.max()),
             "logit_spread": spread}
@@ -418,11 +480,10 @@ class SimAgent:
         self.replicas = [connect(url) for url in self.replica_urls]
         self.sender = ExperienceSender(self.client, SenderConfig(flush_steps=cfg.flush_steps), RUN, self.agent_id,
                                        self.spec.num_shards)
-        self.params = ParameterClient(self.client, RUN, ParameterClientConfig(), replicas=self.replicas)
+        self.params = ParameterClient(self.client, RUN, self.spec.broadcast.client_config(),
+                                      replicas=self.replicas)
         self.quota = ProductionQuota(self.client, RUN)
         self.news = QuotaNews(self.client, RUN) if self.spec.sync == "lockstep" else None
-        self._poll_client = self.replicas[self.agent_id % len(self.replicas)] if self.replicas else self.client
-        self._meta = RunKeys(RUN).params.meta
         if self.news is not None:
             self.news.drain()  # subscribes now: grants from the start are heard
         if self.spec.broadcast.enabled or self.spec.sync == "lockstep":
@@ -491,19 +552,10 @@ class SimAgent:
             self.rec.poll.append((time.monotonic(), took))
 
     def _poll(self) -> None:
-        """A version poll as ``agent.fetch_every_steps`` makes it (downloading a new version);
-        with ``min_lag`` > 1, the agent reads the version itself and downloads only that far
-        behind."""
-        if not self.spec.broadcast.enabled:
-            return
-        if self.spec.broadcast.min_lag == 1:
+        """A version poll as ``agent.fetch_every_steps`` makes it (downloading a new version
+        once it is ``min_version_lag`` publishes ahead, as the client's config says)."""
+        if self.spec.broadcast.enabled:
             self._download()
-            return
-        start = time.perf_counter()
-        live = int(self._poll_client.hget(self._meta, "version") or 0)
-        self.rec.poll.append((time.monotonic(), time.perf_counter() - start))
-        if live - self.params.info.version >= self.spec.broadcast.min_lag:
-            self._download(at_least=live)
 
     def _claim(self) -> bool:
         """Lockstep: claim the next flush as the agent's ``_claim_flush`` does (STALE: claim the
@@ -833,10 +885,10 @@ def _publisher(spec: CaseSpec, url: str, params: ParamDict, control: Any, result
     ``publish_every_s`` (each version's weights differ)."""
     try:
         client = connect(url, _PATIENT)
-        publisher = ParameterPublisher(client, RUN, PublisherConfig())
+        publisher = ParameterPublisher(client, RUN, spec.broadcast.publisher_config())
         quota = ProductionQuota(client, RUN)
         cfg = spec.profile
-        weights = as_dtype(params, spec.broadcast.dtype)
+        weights = dict(params)  # float32: the publisher casts them as hub.publisher.dtype says
         nudged = max(weights, key=lambda name: weights[name].size)
         grant = int(spec.agents * cfg.rate * 120)  # two minutes of offered steps: claims answer OK or STALE
         rows: list[tuple[float, float, float]] = []  # (time live, version, seconds the publish took)
@@ -1314,7 +1366,7 @@ def capacity(spec: CaseSpec, fixed: Mapping[str, float], per_t: Mapping[str, flo
     cfg = spec.profile
     needed = 0.0
     if spec.broadcast.enabled:
-        needed = spec.agents * nbytes / cfg.publish_every_s / spec.broadcast.min_lag / 1e9
+        needed = spec.agents * nbytes / cfg.publish_every_s / spec.broadcast.min_version_lag / 1e9
     replication = 0.0
     if spec.hub == "replicas" and spec.broadcast.enabled:
         replication = nbytes * spec.replicas / cfg.publish_every_s / 1e9
@@ -1386,10 +1438,10 @@ class BenchPlan:
 
 
 BROADCAST_OPTIONS: tuple[tuple[str, BroadcastOptions], ...] = (
-    ("primary", BroadcastOptions(min_lag=2)),
+    ("primary", BroadcastOptions(min_version_lag=2)),
     ("primary", BroadcastOptions(dtype="float16")),
     ("replicas", BroadcastOptions(dtype="float16")),
-    ("replicas", BroadcastOptions(dtype="float16", min_lag=2)),
+    ("replicas", BroadcastOptions(dtype="float16", min_version_lag=2)),
 )
 """Section 2's options besides plain fp32 downloads (measured in section 1): agents downloading
 every other version, fp16 payloads, read replicas, and the two together."""
@@ -1466,7 +1518,8 @@ def machine() -> dict[str, Any]:
 
 
 def run_scale_bench(plan: BenchPlan, quick: bool = False) -> dict[str, Any]:
-    """Every case of ``plan`` one after another, the fp16 logit check, capacities and the
+    """Every case of ``plan`` one after another, the fp16 logit check (fresh weights; also
+    trained ones, :func:`trained_pong_params`, unless ``quick``), capacities and the
     parameter-broadcast targets (section 2: with ``broadcast_agents`` Pong agents, version age
     p99 <= 2 publishes and < 25% of the parameter server's CPU on parameters; which options meet
     them). Blocks for the whole run."""
@@ -1483,6 +1536,9 @@ def run_scale_bench(plan: BenchPlan, quick: bool = False) -> dict[str, Any]:
         case["capacity_pooled"] = pooled_capacity(case, pooled, per_t)
     if "pong" in params:
         out["fp16_check"] = fp16_logit_check(params["pong"])
+        if not quick:
+            with mp.get_context("spawn").Pool(1) as pool:  # torch stays out of this process
+                out["fp16_check_trained"] = fp16_logit_check(pool.apply(trained_pong_params))
     out["broadcast"] = broadcast_summary(out["cases"], plan.broadcast_agents)
     out["machine_end"] = machine()
     out["seconds"] = round(time.monotonic() - started, 1)

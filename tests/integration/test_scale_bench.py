@@ -60,8 +60,10 @@ def test_pong_agents_free_production_every_chunk_once_and_latencies_reported():
 
 
 def test_halfcheetah_lockstep_claims_and_fp16_every_other_version():
-    out = run_case(_tiny("halfcheetah", sync="lockstep", broadcast=BroadcastOptions(dtype="float16", min_lag=2)),
-                   PARAMS)
+    """hub.publisher.dtype float16 and hub.params_client.min_version_lag 2: claims name the live
+    version, which agents download whatever the lag (else they would wait for it forever)."""
+    options = BroadcastOptions(dtype="float16", min_version_lag=2)
+    out = run_case(_tiny("halfcheetah", sync="lockstep", broadcast=options), PARAMS)
     _assert_exactly_once(out)
     totals = out["totals"]
     _assert_latencies(totals["claim"], least=4)  # every flush is claimed first
@@ -69,6 +71,17 @@ def test_halfcheetah_lockstep_claims_and_fp16_every_other_version():
     assert totals["poll"]["n"] == 0  # on grants, claims tell the live version
     # the blob went out as float16: about half the float32 bytes
     assert out["param_nbytes"] < 0.6 * sum(v.nbytes for v in PARAMS.values())
+
+
+def test_pong_agents_polling_with_a_lag_of_2_download_every_other_float16_version():
+    spec = _tiny("pong", broadcast=BroadcastOptions(dtype="float16", min_version_lag=2))
+    out = run_case(spec, PARAMS)
+    _assert_exactly_once(out)
+    assert out["param_fetch_failures"] == 0
+    assert out["param_nbytes"] < 0.6 * sum(v.nbytes for v in PARAMS.values())
+    # ~6 publishes in phase B: every agent downloads at most every other one (every one: ~24)
+    publishes = spec.loaded_s / spec.publish_every_s
+    assert 1 <= out["phase_b"]["downloads"] <= spec.agents * (publishes / 2 + 1)
 
 
 def test_replicas_serve_the_downloads():
@@ -99,7 +112,7 @@ def test_capacity_adds_idle_experience_and_parameter_loads():
     assert out["agents_per_hub"] == pytest.approx(0.9 / 0.006)
     assert out["agents_per_hub_experience_only"] == pytest.approx(0.9 / 0.005)
     assert out["param_share_at_full_rate"] == pytest.approx(0.1 / 0.7)
-    skipping = scale_bench.capacity(replace(spec, broadcast=BroadcastOptions(min_lag=2)), {"primary": 0.1},
+    skipping = scale_bench.capacity(replace(spec, broadcast=BroadcastOptions(min_version_lag=2)), {"primary": 0.1},
                                     {"primary": 1e-5}, {"primary": 1.0}, {"primary": 1.0}, 1_000_000, "primary")
     assert skipping["needed_gb_per_s"] == pytest.approx(0.05)
 
