@@ -303,6 +303,13 @@ class ExperimentConfig:
                 raise ValueError(f"{spec.name}.min_epochs needs learner.prefetch_chunks >= {needed} (the chunks of one "
                                  f"update: steps_per_update / hub.sender.flush_steps), got {self.learner.prefetch_chunks}")
 
+        lag = self.replay.fifo.max_policy_lag
+        skip = self.hub.params_client.min_version_lag
+        if spec.on_policy and not self.lockstep and lag is not None and lag < skip:
+            # an agent keeps producing with a version until it is `skip` behind: its chunks reach that lag
+            raise ValueError(f"hub.params_client.min_version_lag {skip} needs replay.fifo.max_policy_lag >= {skip} "
+                             f"in free production (chunks that old would all be dropped), got {lag}")
+
     @property
     def algorithm(self) -> AlgorithmSpec:
         """The declaration of the algorithm ``algo`` names."""

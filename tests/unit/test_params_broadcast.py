@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from surreal_redis.config import load_config
+from surreal_redis.configtools import ConfigError
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,
@@ -231,3 +233,14 @@ def test_a_trained_pong_network_acts_alike_from_float16_weights():
     assert check["max_kl"] < 1e-6
     assert check["greedy_agreement"] >= 0.95
     assert check["max_abs_value_diff"] < 0.02
+
+
+def test_a_version_lag_beyond_the_learners_staleness_limit_is_refused_in_free_production():
+    with pytest.raises(ConfigError, match=r"min_version_lag 3 needs replay.fifo.max_policy_lag >= 3 .*got 2"):
+        load_config(None, ["learner.on_policy_sync=free", "hub.params_client.min_version_lag=3",
+                           "replay.fifo.max_policy_lag=2"])
+    # lockstep agents load the version each claim names: the lag does not apply to them
+    assert load_config(None, ["learner.on_policy_sync=lockstep", "hub.params_client.min_version_lag=3",
+                              "replay.fifo.max_policy_lag=1"]).hub.params_client.min_version_lag == 3
+    assert load_config(None, ["learner.on_policy_sync=free", "hub.params_client.min_version_lag=3",
+                              "replay.fifo.max_policy_lag=3"]).replay.fifo.max_policy_lag == 3
