@@ -14,8 +14,9 @@ test's tmp dir and put in the assertion message.
 The short run (~2 min) is in the default suite; the long one (30 min, more faults, Redis down for
 a minute) runs with ``SURREAL_LONG_TESTS=1``. ``SURREAL_CHAOS_SEED=<n>`` replays a schedule
 (on a machine that can build namespaces or one that cannot, not across the two). The launch may
-restart each process as often as the schedule kills it, no more: an outage or a cut that crashed
-one would use up its restarts and fail the run.
+restart the learner as often as the schedule kills it and each agent as often as the schedule
+kills the agent it kills most, no more: an outage or a cut that crashed a process would use up
+its restarts and fail the run.
 """
 
 from __future__ import annotations
