@@ -4,7 +4,8 @@ machine, in the same run.
 
     python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--skip-sb3] [--keep DIR] [--json PATH]
 
-- PPO CartPole-v1 (2 and 4 agents) and APPO (``appo_cartpole.yaml``): wall seconds from ``launch`` until the learner stops because
+- PPO CartPole-v1 (2 and 4 agents in its own overlap mode, 2 in lockstep) and APPO (``appo_cartpole.yaml``):
+  wall seconds from ``launch`` until the learner stops because
   the mean of the last 100 training-episode returns reached 475; SB3 PPO: until its
   ``ep_info_buffer`` (the last 100 training episodes) has a mean >= 475.
 - DDPG Pendulum-v1: ours stops when a complete eval (20 deterministic episodes) averages >= -200;
@@ -79,9 +80,10 @@ def phases(learner_log: str, started: float, ended: float) -> Phases:
     return Phases(None if first is None else first - started, None if stop is None else ended - stop)
 
 
-def launch_name(config: str, agents: int) -> str:
+def launch_name(config: str, agents: int, overrides: tuple[str, ...] = ()) -> str:
     """experiment.name of one launch (its folder under the work folder)."""
-    return f"{Path(config).stem}_{agents}a"
+    suffix = "".join("_" + re.sub(r"[^a-z0-9]+", "_", o.rpartition(".")[2].lower()) for o in overrides)
+    return f"{Path(config).stem}_{agents}a{suffix}"
 
 
 def launch_curves(run_dir: Path, label: str, startup_s: float | None) -> plots.RunCurves | None:
@@ -116,12 +118,14 @@ def solve_figure(rows: list[tuple[str, list[plots.RunCurves]]]):
                                  xlabels={"time": "seconds (ours: from launch; SB3: from its process start)"})
 
 
-def run_launch(config: str, agents: int, budget_s: float, workdir: Path) -> tuple[float | None, int | None, Phases]:
+def run_launch(config: str, agents: int, budget_s: float, workdir: Path,
+               overrides: tuple[str, ...] = ()) -> tuple[float | None, int | None, Phases]:
     """Wall seconds and env steps to the target ((None, steps) when it was not reached), and the phases."""
-    name = launch_name(config, agents)
+    name = launch_name(config, agents, overrides)
     args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / config),
             "--agents", str(agents), "-o", f"experiment.root={workdir}", "-o", f"experiment.name={name}",
-            "-o", f"stop.max_seconds={budget_s}", "-o", "eval.final_episodes=0"]
+            "-o", f"stop.max_seconds={budget_s}", "-o", "eval.final_episodes=0",
+            *(arg for o in overrides for arg in ("-o", o))]
     started, clock = time.monotonic(), time.time()
     done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=budget_s + 300)
     wall = time.monotonic() - started
@@ -153,12 +157,14 @@ ZOO = {
 }
 # the env, the target and how many of the last training episodes SB3's check averages
 TASKS = {"ppo": ("CartPole-v1", 475.0, 100), "ddpg": ("Pendulum-v1", -200.0, 20), "sac": ("Pendulum-v1", -200.0, 20)}
-# ours: (JSON key, config, agents) for each launch; the first one's key names the case
-LAUNCHES = {
-    "ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2), ("ppo_cartpole_4_agents", "ppo_cartpole.yaml", 4),
-            ("appo_cartpole", "appo_cartpole.yaml", 2)),
-    "ddpg": (("ddpg_pendulum", "ddpg_pendulum.yaml", 2),),
-    "sac": (("sac_pendulum", "sac_pendulum.yaml", 2),),
+# ours: (JSON key, config, agents, overrides) for each launch; the first one's key names the case
+# (ppo_cartpole.yaml's own mode is overlap; lockstep is the one APPO is held against)
+LAUNCHES: dict[str, tuple[tuple[str, str, int, tuple[str, ...]], ...]] = {
+    "ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2, ()), ("ppo_cartpole_4_agents", "ppo_cartpole.yaml", 4, ()),
+            ("ppo_cartpole_lockstep", "ppo_cartpole.yaml", 2, ("learner.on_policy_sync=lockstep",)),
+            ("appo_cartpole", "appo_cartpole.yaml", 2, ())),
+    "ddpg": (("ddpg_pendulum", "ddpg_pendulum.yaml", 2, ()),),
+    "sac": (("sac_pendulum", "sac_pendulum.yaml", 2, ()),),
 }
 UNTIL_STOPPED = 10_000_000  # total_timesteps where the target or the budget ends the run
 
@@ -296,7 +302,7 @@ def add_ratios(result: dict) -> None:
         case = launches[0][0]
         for settings in ("zoo", "defaults"):
             theirs = result.get(f"sb3_{settings}_{case}_s")
-            for key, _, _ in launches:
+            for key, *_ in launches:
                 ours = result.get(f"{key}_s")
                 if ours and theirs:
                     result[f"{key}_time_ratio_vs_sb3_{settings}"] = ours / theirs
@@ -316,11 +322,13 @@ def main(argv: list[str] | None = None) -> dict:
             if options.only not in (None, algo):
                 continue
             curves = []
-            for key, config, agents in launches:
-                result[f"{key}_s"], result[f"{key}_steps"], split = run_launch(config, agents, options.budget_s, Path(tmp))
+            for key, config, agents, overrides in launches:
+                result[f"{key}_s"], result[f"{key}_steps"], split = run_launch(config, agents, options.budget_s,
+                                                                               Path(tmp), overrides)
                 result[f"{key}_startup_s"], result[f"{key}_shutdown_s"] = split
                 if options.json:
-                    curves.append(launch_curves(Path(tmp) / launch_name(config, agents), key, split.startup_s))
+                    curves.append(launch_curves(Path(tmp) / launch_name(config, agents, overrides), key,
+                                                split.startup_s))
             if not options.skip_sb3:
                 case = launches[0][0]
                 for settings in ("zoo", "defaults"):

@@ -50,7 +50,7 @@ def test_phases_from_the_learner_log(solve):
 def test_only_names_each_case_and_sac_is_in_the_default_set(solve, capsys):
     assert solve.parse_args(["--only", "sac"]).only == "sac"
     assert solve.parse_args([]).only is None and set(solve.LAUNCHES) == {"ppo", "ddpg", "sac"}
-    assert solve.LAUNCHES["sac"] == (("sac_pendulum", "sac_pendulum.yaml", 2),)
+    assert solve.LAUNCHES["sac"] == (("sac_pendulum", "sac_pendulum.yaml", 2, ()),)
     with pytest.raises(SystemExit):
         solve.parse_args(["--only", "td3"])
     with pytest.raises(SystemExit):
@@ -87,7 +87,7 @@ def test_our_sac_pendulum_stops_on_a_complete_eval(solve):
 def test_the_sac_case_writes_its_times_and_the_ratio_to_sb3(solve, monkeypatch, capsys):
     launched, sb3 = [], []
 
-    def fake_launch(config, agents, budget_s, workdir):
+    def fake_launch(config, agents, budget_s, workdir, overrides=()):
         launched.append((config, agents, budget_s))
         return 30.0, 6000, solve.Phases(5.0, 1.0)
 
@@ -108,10 +108,11 @@ def test_the_sac_case_writes_its_times_and_the_ratio_to_sb3(solve, monkeypatch, 
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     launched.clear()
     assert "sac_pendulum_s" in solve.main(["--skip-sb3"]) and [c for c, _, _ in launched] == [
-        "ppo_cartpole.yaml", "ppo_cartpole.yaml", "appo_cartpole.yaml", "ddpg_pendulum.yaml", "sac_pendulum.yaml"]
+        "ppo_cartpole.yaml", "ppo_cartpole.yaml", "ppo_cartpole.yaml", "appo_cartpole.yaml", "ddpg_pendulum.yaml",
+        "sac_pendulum.yaml"]
     result = solve.main(["--only", "ppo"])  # every launch of a task against that task's SB3 runs
     assert sb3[-2:] == [("ppo", "zoo"), ("ppo", "defaults")]
-    for key in ("ppo_cartpole", "ppo_cartpole_4_agents", "appo_cartpole"):
+    for key in ("ppo_cartpole", "ppo_cartpole_4_agents", "ppo_cartpole_lockstep", "appo_cartpole"):
         assert result[f"{key}_time_ratio_vs_sb3_zoo"] == 0.5 and result[f"{key}_time_ratio_vs_sb3_defaults"] == 0.75
 
 
@@ -121,8 +122,8 @@ def test_json_writes_the_result_and_the_learning_curves_beside_it(solve, monkeyp
     points, its deterministic eval at the stop as one point."""
     from surreal_redis.tracking import Tracker
 
-    def fake_launch(config, agents, budget_s, workdir):
-        run_dir = workdir / solve.launch_name(config, agents)
+    def fake_launch(config, agents, budget_s, workdir, overrides=()):
+        run_dir = workdir / solve.launch_name(config, agents, overrides)
         tracker = Tracker(run_dir, "exp", run_dir.name)
         tracker.log_params({"stop.target_return": -200.0})
         for update, (steps, seconds, train, evaluated) in enumerate([(1000, 4.0, -1100.0, -900.0),
