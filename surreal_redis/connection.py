@@ -241,6 +241,14 @@ def node_client(client: RedisClient, key: str | bytes) -> redis.Redis:
     return client.get_redis_connection(client.get_node_from_key(key))
 
 
+def node_name(client: RedisClient, key: str | bytes) -> str | None:
+    """``host:port`` of the cluster primary serving ``key``'s slot (as of the last slot-map
+    refresh: the node :func:`node_client` gives), or None for a standalone client."""
+    if not isinstance(client, RedisCluster):
+        return None
+    return str(client.get_node_from_key(key).name)
+
+
 def refresh_topology(client: RedisClient, reason: BaseException) -> None:
     """After a connection error or a MOVED reply on a raw connection: reload a cluster client's
     slot map (no-op when standalone). A failure to reload is logged; the next call tries again."""

@@ -9,7 +9,7 @@ from functools import cache
 import redis
 from redis.commands.core import Script
 
-from surreal_redis.connection import RedisClient
+from surreal_redis.connection import OUTAGE_ERRORS, RedisClient
 from surreal_redis.resources import resource_dir
 
 
@@ -41,10 +41,11 @@ class Scripts:
 
     def call(self, name: str, keys: list, args: list, client: redis.Redis | None = None):
         """Run script ``name``; a Redis error reply that the script raised becomes ScriptError,
-        while OOM and connection errors propagate unchanged for the caller's backoff."""
+        while OOM, connection errors and outages (a cluster slot without a primary during a
+        failover: CLUSTERDOWN, TRYAGAIN) propagate unchanged for the caller's backoff."""
         try:
             return self.get(name)(keys=keys, args=args, client=client or self.client)
-        except (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError):
-            raise  # the caller backs off (OOM) or redis-py has already retried the load (NOSCRIPT)
+        except (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError, *OUTAGE_ERRORS):
+            raise  # the caller backs off (OOM, outage) or redis-py has already retried the load (NOSCRIPT)
         except redis.ResponseError as exc:
             raise ScriptError(f"{name}.lua: {exc}") from exc

@@ -3,7 +3,9 @@
 ``LocalCluster(primaries, replicas)`` starts ``primaries * (1 + replicas)`` redis-server nodes in
 cluster mode (``cluster-node-timeout`` 2000 ms, no persistence, ``noeviction``), splits the slots
 evenly over the primaries (CLUSTER ADDSLOTSRANGE, so one or two primaries work too), attaches the
-replicas and waits for ``cluster_state:ok`` with every replica link up (~3 s for 3+3)."""
+replicas and waits for ``cluster_state:ok`` with every replica link up (~3 s for 3+3). With
+``appendonly=True`` every node keeps an AOF fsynced on every write, so a node killed and restarted
+(:meth:`LocalCluster.restart`) comes back with everything it acknowledged."""
 
 from __future__ import annotations
 
@@ -38,11 +40,13 @@ SLOTS = 16384
 class LocalCluster:
     """``url``: its ``redis+cluster://`` URL; ``node(port)``: a plain client of one node;
     ``kill_primary_of(key)``: SIGKILL the primary serving ``key`` (its replica takes over in ~3 s);
-    ``wait_ok()``: block until the cluster is whole again. ``stop()`` kills every node and removes
-    the folder when the cluster made it."""
+    ``restart(port)``: start a killed node again (same argv and folder: it rejoins, as a replica when
+    its slots moved meanwhile); ``role(port)``: ``master`` or ``slave``; ``wait_ok()``: block until
+    the cluster is whole again. ``stop()`` kills every node and removes the folder when the cluster
+    made it."""
 
     def __init__(self, primaries: int = 3, replicas: int = 1, folder: Path | None = None,
-                 maxmemory: str = "256mb") -> None:
+                 maxmemory: str = "256mb", appendonly: bool = False) -> None:
         binary = find_redis_server()
         if binary is None or shutil.which("redis-cli") is None:
             raise RuntimeError("a local Redis Cluster needs redis-server and redis-cli on PATH")
@@ -50,8 +54,10 @@ class LocalCluster:
         self._own_folder = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="sr-cluster-")) if folder is None else Path(folder)
         self.primaries, self.replicas, self.maxmemory = primaries, replicas, maxmemory
+        self.appendonly = appendonly
         self.ports: list[int] = []
         self.processes: dict[int, subprocess.Popen] = {}
+        self._argv: dict[int, list[str]] = {}
 
     def _free_port(self) -> int:
         """A free loopback port whose cluster bus port (+10000) is free too."""
@@ -80,14 +86,15 @@ class LocalCluster:
             port = self._free_port()
             self.ports.append(port)
             folder = self.folder / str(port)
-            folder.mkdir()
-            self.processes[port] = subprocess.Popen(
-                [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", str(folder / "nodes.conf"), "--cluster-node-timeout", "2000",
-                 "--cluster-require-full-coverage", "no", "--repl-diskless-sync-delay", "0", "--dir", str(folder),
-                 "--save", "", "--appendonly", "no", "--maxmemory", self.maxmemory,
-                 "--maxmemory-policy", "noeviction", "--logfile", str(folder / "redis.log")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            folder.mkdir(parents=True)
+            persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
+            self._argv[port] = [
+                str(self.binary), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                "--cluster-config-file", str(folder / "nodes.conf"), "--cluster-node-timeout", "2000",
+                "--cluster-require-full-coverage", "no", "--repl-diskless-sync-delay", "0", "--dir", str(folder),
+                "--save", "", *persistence, "--maxmemory", self.maxmemory,
+                "--maxmemory-policy", "noeviction", "--logfile", str(folder / "redis.log")]
+            self._spawn(port)
         for port in self.ports:
             self._until(functools.partial(self._pings, port), f"node {port} did not start")
         # distinct config epochs before the nodes meet, as redis-cli --cluster create gives them: left
@@ -114,6 +121,22 @@ class LocalCluster:
             self.node(port).execute_command("CLUSTER", "REPLICATE", primary_id)
         self.wait_ok()
         return self
+
+    def _spawn(self, port: int) -> None:
+        self.processes[port] = subprocess.Popen(self._argv[port], stdin=subprocess.DEVNULL,
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def restart(self, port: int) -> None:
+        """Start the killed node on ``port`` again and block until it answers (loading its AOF
+        included); RuntimeError if it is still running."""
+        if self.processes[port].poll() is None:
+            raise RuntimeError(f"node {port} is still running")
+        self._spawn(port)
+        self._until(functools.partial(self._pings, port), f"node {port} did not restart")
+
+    def role(self, port: int) -> str:
+        """``master`` or ``slave``, as the node on ``port`` sees itself."""
+        return str(self.node(port).info("replication")["role"])
 
     def _pings(self, port: int) -> bool:
         try:

@@ -4,10 +4,12 @@ import json
 import re
 from collections import Counter
 
+import pytest
+
 from surreal_redis.hub.experience.ledger import Ledger
 from surreal_redis.hub.experience.wire import Origin
 
-from .ledger import account, reported_trims
+from .ledger import Demotion, account, reported_trims
 
 
 def test_every_acknowledged_chunk_lands_in_exactly_one_class(tmp_path):
@@ -53,3 +55,22 @@ def test_trims_are_read_from_every_kind_of_log_line():
            "shard 0: 2 entries were trimmed while pending, before anyone stored them\n"
            "memory pressure: trimmed 5 entries (0 of them unread, dropped)\n")
     assert reported_trims(log) == 21
+
+
+def test_a_chunk_lost_with_a_demoted_primary_is_classed_by_that_demotion_and_no_other(tmp_path):
+    ledger = tmp_path / "agent-1.jsonl"
+    lines = [{"k": "acked", "tag": "aa", "seq": 1, "n": 2, "t": 100.0, "node": "h:1"},  # long before the kill
+             {"k": "acked", "tag": "aa", "seq": 2, "n": 1, "t": 109.9, "node": "h:1"},  # just before it
+             {"k": "acked", "tag": "aa", "seq": 3, "n": 1, "t": 109.8, "node": "h:2"},  # a node never demoted
+             {"k": "acked", "tag": "aa", "seq": 4, "n": 1, "t": 109.7}]  # no node: standalone
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    Ledger(tmp_path, "learner").trained([Origin("aa", 1, 1, 2)])
+    demotion = Demotion("h:1", "kill -9", fault_at=110.0, seen_at=114.0)
+    result = account(tmp_path, [], trims_reported=1, demotions=[demotion, Demotion("h:1", "kill -9", 200.0, 204.0)])
+    # aa:1:2 (acked 10 s before: it was replicated, so its loss is not the failover's), aa:2:1 lost
+    # with the demotion, aa:3:1 and aa:4:1 gone: one covered by the reported trim, one unaccounted
+    assert (result.trained_once, result.lost_with_failover, result.trimmed, result.unaccounted) == (1, 1, 1, 2)
+    assert list(result.lost_by_demotion) == [demotion]
+    assert result.lost_by_demotion[demotion] == [pytest.approx(0.1)]
+    assert re.search(r"^lost with a failover or partition +1: 1 acked by h:1 -0.10 to -0.10 s from its kill -9 at "
+                     r"\d\d:\d\d:\d\d, demoted$", result.table(Counter(), "yes"), re.M)

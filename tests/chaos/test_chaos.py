@@ -26,52 +26,38 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from surreal_redis.connection import (
-    CONNECTION_ERRORS,
-    RedisSettings,
-    connect,
-    find_redis_server,
-    stream_entries,
-)
-from surreal_redis.hub.experience.inbox import move_inbox
+from surreal_redis.connection import CONNECTION_ERRORS, connect, find_redis_server
 from surreal_redis.hub.experience.ledger import LEDGER_DIR_ENV
-from surreal_redis.hub.experience.wire import entry_origin
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.hub.run.heartbeat import read_agents
-from surreal_redis.keys import RunKeys
-from surreal_redis.scripts import Scripts
 from surreal_redis.testing.netns import NetnsLab, netns_unavailable
 
+from .harness import (
+    AGENTS,
+    CLI,
+    PROBE,
+    RUN,
+    SMOKE,
+    Fault,
+    children,
+    quietly,
+    recover_and_stop,
+    stream_origins,
+    wait_for,
+)
 from .ledger import account, reported_trims
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CLI = [sys.executable, "-m", "surreal_redis.cli", "--log-level", "INFO"]
-SMOKE = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
-RUN, AGENTS, MAXMEMORY = "smoke", 2, 256 << 20
+MAXMEMORY = 256 << 20
 DEFAULT_SEED = 20261201
 SEED = int(os.environ.get("SURREAL_CHAOS_SEED", DEFAULT_SEED))
 LONG = os.environ.get("SURREAL_LONG_TESTS") == "1"
-PROBE = RedisSettings(socket_timeout=1.0, connect_timeout=1.0)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """``kind`` at ``after_s`` seconds past the previous fault's end, lasting ``duration_s``
-    (the outage, the freeze, the lowered limit); ``agent``: the agent killed."""
-
-    kind: str
-    after_s: float
-    duration_s: float = 0.0
-    agent: int = 0
 
 
 KINDS = ("redis_kill", "redis_stop", "learner_kill", "agent_kill", "maxmemory", "partition")
@@ -168,55 +154,6 @@ class ChaosRedis:
             self.process.wait(timeout=30)
 
 
-def children(pid: int) -> dict[str, int]:
-    """The launch's children by role: ``learner``, ``agent-<id>``, ``eval`` (live ones only)."""
-    found: dict[str, int] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            kids = (task / "children").read_text().split()
-        except OSError:
-            continue
-        for kid in map(int, kids):
-            try:
-                argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
-                state = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state == "Z":
-                continue
-            words = [a.decode() for a in argv]
-            if "learner" in words:
-                found["learner"] = kid
-            elif "agent" in words:
-                found[f"agent-{words[words.index('--id') + 1]}"] = kid
-            elif "eval" in words:
-                found.setdefault("eval", kid)
-    return found
-
-
-def wait_for(condition, timeout: float, what: str, launch: subprocess.Popen):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert launch.poll() is None, f"launch exited ({launch.returncode}) while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
-        time.sleep(0.5)
-
-
-def quietly(read, default=None):
-    """A Redis read that may meet the outage the test made."""
-    try:
-        return read()
-    except CONNECTION_ERRORS:
-        return default
-    except Exception as exc:  # a restarted Redis still loading its AOF answers LOADING
-        if "LOADING" in str(exc):
-            return default
-        raise
-
-
 class Chaos:
     def __init__(self, redis: ChaosRedis, launch: subprocess.Popen, rng: random.Random, log: list[str],
                  lab: NetnsLab | None = None) -> None:
@@ -271,36 +208,6 @@ class Chaos:
         self.injected[kind] += 1
 
 
-def all_alive(launch: subprocess.Popen, control: RunControl, client) -> dict | None:
-    """The roles and the learner's status when every process runs and reports, else None."""
-    running = children(launch.pid)
-    if set(running) != {"learner", "eval", *(f"agent-{a}" for a in range(AGENTS))}:
-        return None
-    status = quietly(control.learner_alive, {})
-    agents = quietly(lambda: [a for a in read_agents(client, RUN, 10) if not a.stale], [])
-    live = {int(a.agent_id) for a in agents if a.pid in running.values()}
-    if not status or status.get("pid") != running["learner"] or live != set(range(AGENTS)):
-        return None
-    return status
-
-
-def stream_origins(url: str) -> list:
-    """Origins of every entry left in the run's streams, after moving what the inboxes hold."""
-    client = connect(url)
-    try:
-        keys = RunKeys(RUN).shard(0)
-        scripts = Scripts(client)
-        while move_inbox(scripts, keys, 256).left:
-            pass
-        origins, start = [], b"-"
-        while entries := stream_entries(client.xrange(keys.exp, min=start, count=1000)):
-            origins += [entry_origin(fields) for _, fields in entries]
-            start = b"(" + entries[-1][0]
-        return [o for o in origins if o is not None]
-    finally:
-        client.close()
-
-
 @pytest.mark.parametrize("long", [
     pytest.param(False, id="short", marks=pytest.mark.timeout(600)),  # ~70 s; slower on a loaded machine
     pytest.param(True, id="long", marks=[pytest.mark.timeout(2700), pytest.mark.skipif(
@@ -344,18 +251,7 @@ def chaos_run(tmp_path: Path, long: bool, lab: NetnsLab | None) -> None:
                  "the first update", launch)
         for fault in schedule:
             chaos.inject(fault)
-        # recovery: every process back and reporting, and the learner training again
-        iteration = wait_for(lambda: all_alive(launch, control, client), 180, "every process alive", launch)["iteration"]
-        wait_for(lambda: (all_alive(launch, control, client) or {}).get("iteration", 0) >= iteration + 2, 180,
-                 "two more updates after the last fault", launch)
-        chaos.note("all processes alive and training; stopping the run")
-        stop = subprocess.run([*CLI, "stop", "--run", RUN, "--redis-url", redis.url], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
-        assert stop.returncode == 0, stop.stderr
-        code = launch.wait(timeout=180)
-        text = out_path.read_text()
-        finished = f"exit {code}, " + ("'finished' printed" if "finished" in text else "no 'finished' line")
-        ok = code == 0 and "run 'smoke' finished" in text
+        ok, finished = recover_and_stop(launch, control, client, redis.url, tmp_path, out_path, chaos.note)
     finally:
         if launch.poll() is None:
             launch.kill()
@@ -376,4 +272,4 @@ def chaos_run(tmp_path: Path, long: bool, lab: NetnsLab | None) -> None:
     assert accounting.acknowledged > 0 and sum(chaos.injected.values()) == len(schedule), report
     assert accounting.trained_twice == 0, report
     assert accounting.unaccounted == 0, report
-    assert ok, report + "\n" + text[-3000:]
+    assert ok, report + "\n" + out_path.read_text()[-3000:]

@@ -33,6 +33,23 @@ def test_oom_propagates_unwrapped_and_other_errors_name_the_script(real_redis, m
         scripts.call("failer", keys=["k"], args=[7])
 
 
+def test_outages_propagate_unwrapped_for_the_callers_backoff(real_redis, monkeypatch):
+    """A cluster slot with no primary during a failover answers CLUSTERDOWN or TRYAGAIN to any
+    script (the janitor's trim.lua included): an outage the learner's guard rides out, never the
+    ScriptError that stops it."""
+    scripts = Scripts(real_redis)
+    for error in (redis.exceptions.ClusterDownError("The cluster is down"),
+                  redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+                  redis.ConnectionError("Connection reset by peer")):
+        def failing(*_, error=error, **__):
+            raise error
+
+        monkeypatch.setattr(scripts, "get", lambda name, f=failing: f)
+        with pytest.raises(type(error)) as raised:
+            scripts.call("trim", keys=["exp"], args=[1])
+        assert raised.type is type(error)
+
+
 def test_trim_under_memory_pressure_takes_acked_entries_then_the_oldest_counting_unread(real_redis):
     real_redis.config_set("stream-node-max-entries", 2)
     ids = [real_redis.xadd("exp", {"n": str(i)}) for i in range(10)]

@@ -3,6 +3,7 @@ environment switch, and a reader that survives a line torn by a kill."""
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -30,7 +31,10 @@ def test_sender_and_receiver_record_every_acked_batch_and_chunk(fake_redis, tmp_
     receiver.set_aside(got[4], "unusable", "test")
     records = [record for _, record in read_ledger(tmp_path)]
     tag = sender_tag(sender.uuid)
-    assert [r for r in records if r["k"] == "acked"] == [{"k": "acked", "tag": tag, "seq": s, "n": 2} for s in (1, 2, 3)]
+    acked = [r for r in records if r["k"] == "acked"]
+    assert [{k: v for k, v in r.items() if k != "t"} for r in acked] == [
+        {"k": "acked", "tag": tag, "seq": s, "n": 2} for s in (1, 2, 3)]  # no "node": not a cluster
+    assert all(abs(r["t"] - time.time()) < 60 for r in acked)
     trained = [Origin(*o) for r in records if r["k"] == "trained" for o in r["o"]]
     assert trained == [item.origin for item in got[:4]] and {o.sender for o in trained} == {tag}
     assert [Origin(*o) for r in records if r["k"] == "dead" for o in r["o"]] == [got[4].origin]
@@ -46,17 +50,19 @@ def test_the_environment_switches_it_on_and_nothing_is_recorded_without_it(fake_
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)
     monkeypatch.delenv(LEDGER_DIR_ENV)  # read once, at construction
     send_steps(sender, 3)
-    records = list(read_ledger(tmp_path / "ledger"))
-    assert records == [(f"agent-{os.getpid()}.jsonl", {"k": "acked", "tag": sender_tag(sender.uuid), "seq": 1, "n": 2})]
+    ((name, record),) = read_ledger(tmp_path / "ledger")
+    assert name == f"agent-{os.getpid()}.jsonl"
+    assert record | {"t": 0} == {"k": "acked", "tag": sender_tag(sender.uuid), "seq": 1, "n": 2, "t": 0}
 
 
 def test_reader_skips_a_torn_last_line_and_refuses_a_bad_one_before_it(tmp_path):
     ledger = Ledger(tmp_path, "agent")
-    ledger.acked("ab", 1, 3)
+    ledger.acked("ab", 1, 3, node="127.0.0.1:7000")
     ledger.close()
     with ledger.path.open("a") as file:
         file.write('{"k":"acked","ta')  # killed while writing
-    assert [r for _, r in read_ledger(tmp_path)] == [{"k": "acked", "tag": "ab", "seq": 1, "n": 3}]
+    ((_, record),) = read_ledger(tmp_path)
+    assert record | {"t": 0} == {"k": "acked", "tag": "ab", "seq": 1, "n": 3, "t": 0, "node": "127.0.0.1:7000"}
     with ledger.path.open("a") as file:
         file.write('\n' + json.dumps({"k": "acked", "tag": "ab", "seq": 2, "n": 1}) + "\n")
     with pytest.raises(ValueError, match="line 2 is not JSON"):

@@ -7,8 +7,10 @@ one unbuffered ``write`` per line (a ``kill -9`` loses at most the line being wr
 :func:`read_ledger` skips; lines from two threads or two ledgers of one process never interleave:
 the file is opened ``O_APPEND``). Records:
 
-- ``{"k": "acked", "tag": <sender tag>, "seq": <batch seq>, "n": <chunks>}``: the sender got a
-  batch acknowledged by ``insert.lua`` (its chunks are origins ``tag:seq:1..n:n``);
+- ``{"k": "acked", "tag": <sender tag>, "seq": <batch seq>, "n": <chunks>, "t": <unix time>}``:
+  the sender got a batch acknowledged by ``insert.lua`` (its chunks are origins
+  ``tag:seq:1..n:n``); on Redis Cluster also ``"node": "<host>:<port>"``, the primary that
+  acknowledged it (a failover can lose what a demoted primary acknowledged);
 - ``{"k": "trained", "o": [[tag, seq, position, size], ...]}``: the learner acked these chunks,
   i.e. its feed holds them (recorded where the receiver marks them consumed);
 - ``{"k": "dead", "o": [...]}``: chunks the receiver set aside (dead-letter stream).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -52,8 +55,12 @@ class Ledger:
         log.info("recording the experience ledger in %s", ledger.path)
         return ledger
 
-    def acked(self, tag: str, seq: int, count: int) -> None:
-        self._write({"k": "acked", "tag": tag, "seq": seq, "n": count})
+    def acked(self, tag: str, seq: int, count: int, node: str | None = None) -> None:
+        """``node``: ``host:port`` of the cluster primary that acknowledged it (None standalone)."""
+        record: dict[str, Any] = {"k": "acked", "tag": tag, "seq": seq, "n": count, "t": round(time.time(), 3)}
+        if node is not None:
+            record["node"] = node
+        self._write(record)
 
     def trained(self, origins: Iterable[Origin | None]) -> None:
         self._origins("trained", origins)

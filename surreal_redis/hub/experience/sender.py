@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import redis
 
 from surreal_redis.codec import Tree
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter, node_name
 from surreal_redis.hub.experience.backlog import read_backlog
 from surreal_redis.hub.experience.batching import (
     SEQ_WINDOW,
@@ -341,6 +341,7 @@ class ExperienceSender:
             for fields in batch.chunks:
                 args += fields
             commands.append(pack_command("EVALSHA", sha, len(head) + len(obs_keys), *head, *obs_keys, *args))
+        node = node_name(self.client, keys.exp) if self._ledger is not None else None  # the one send_commands uses
         try:
             replies = send_commands(self.client, commands, keys.exp)
         except CONNECTION_ERRORS as exc:
@@ -371,7 +372,7 @@ class ExperienceSender:
                 self._counts["inserts"] += 1
                 self._counts["chunks"] += len(batch.chunks)
                 if self._ledger is not None:
-                    self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks))
+                    self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks), node)
                 self._counts["obs_uploaded"] += len(batch.upload)
                 self._remember([d for d in batch.digests if d not in payloads])
                 for fields in batch.chunks:
