@@ -137,6 +137,7 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
         # goes through one selector below.
         rules += [f"~{p}" for kind in ("inbox", "pinned", "obs", "meta", "quota") for p in patterns[kind]]
         rules += [f"+evalsha|{script_sha(name)}" for name in AGENT_SCRIPTS]
+        rules.append("+wait")  # hub.sender.wait_replica_ms: keyless, it only blocks the caller
         selectors = _AGENT_SELECTORS
     for kinds, access, commands in selectors:
         keys = " ".join(f"{access}{p}" for kind in kinds for p in patterns[kind])

@@ -64,8 +64,11 @@ def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clie
     learner, agent, evaluator = (login(redis_cluster, role) for role in ("learner", "agent", "eval"))
     receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 3)
     receiver.start()  # loads insert.lua on every primary: the agent may not
-    for agent_id in range(3):  # one sender per shard
-        _steps(ExperienceSender(agent, SenderConfig(flush_steps=2, dedup_min_bytes=16), RUN, agent_id, 3), 3)
+    for agent_id in range(3):  # one sender per shard, each insert acked by a replica too (WAIT)
+        config = SenderConfig(flush_steps=2, dedup_min_bytes=16, wait_replica_ms=5000, max_wait_s=10)
+        sender = ExperienceSender(agent, config, RUN, agent_id, 3)
+        _steps(sender, 3)
+        assert sender.stats().unreplicated_retries == 0
     got, deadline = [], time.monotonic() + 20
     while len(got) < 6 and time.monotonic() < deadline:
         batch = receiver.receive(64, block_ms=100)

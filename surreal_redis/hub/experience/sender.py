@@ -78,7 +78,13 @@ class SenderConfig:
     payload: it stores MuJoCo
     Humanoid's 96 KB and robosuite Lift's ~20 KB (100 steps of 42 floats) chunks apart and keeps
     CartPole's 2 KB, HalfCheetah's 7-10 KB and Atari's ~1 KB (frames by digest) inline. None:
-    always inline.
+    always inline. ``wait_replica_ms``: when > 0, an insert counts as stored only once a replica
+    of the primary has it too (``WAIT 1 <ms>`` after each pipeline; no replica within the time:
+    the batches are sent again under the same seqs, which the primary that has them answers DUP):
+    a failover then loses nothing the sender was told was stored, at the cost of one replication
+    round trip per flush, and senders stall while their shard's primary has no replica (up to
+    ``max_wait_s``). 0 (the default): acknowledged by the primary alone; a primary that dies or is
+    demoted before replicating loses that tail (docs/reliability.md).
     """
 
     flush_steps: int = 64
@@ -94,6 +100,7 @@ class SenderConfig:
     max_wait_s: float = 120.0
     backpressure_timeout_s: float | None = None
     payload_ref_min_bytes: int | None = 16 << 10
+    wait_replica_ms: int = 0
 
     def __post_init__(self) -> None:
         positive = ("flush_steps", "dedup_min_bytes", "compress_min_bytes", "lru_size",
@@ -113,6 +120,8 @@ class SenderConfig:
             raise ValueError(f"sender.backpressure_timeout_s must be > 0 or None, got {self.backpressure_timeout_s}")
         if self.payload_ref_min_bytes is not None and self.payload_ref_min_bytes <= 0:
             raise ValueError(f"sender.payload_ref_min_bytes must be > 0 or None, got {self.payload_ref_min_bytes}")
+        if self.wait_replica_ms < 0:
+            raise ValueError(f"sender.wait_replica_ms must be >= 0, got {self.wait_replica_ms}")
 
 
 class SenderStats(NamedTuple):
@@ -132,6 +141,7 @@ class SenderStats(NamedTuple):
     steps_dropped: int
     chunks_dropped: int
     payloads_stored: int = 0
+    unreplicated_retries: int = 0  # pipelines sent again: no replica had them in wait_replica_ms
 
 
 class HubUnavailableError(RuntimeError):
@@ -341,6 +351,9 @@ class ExperienceSender:
             for fields in batch.chunks:
                 args += fields
             commands.append(pack_command("EVALSHA", sha, len(head) + len(obs_keys), *head, *obs_keys, *args))
+        wait_ms = self.config.wait_replica_ms
+        if wait_ms:  # blocks until a replica has every write above, or wait_ms passes
+            commands.append(pack_command("WAIT", 1, wait_ms))
         node = node_name(self.client, keys.exp) if self._ledger is not None else None  # the one send_commands uses
         try:
             replies = send_commands(self.client, commands, keys.exp)
@@ -351,6 +364,7 @@ class ExperienceSender:
             return [(b, Outcome.BACKOFF) for b in batches], exc
         self._counts["bytes_sent"] += sum(batch.nbytes for batch in batches)
         retry: list[tuple[Batch, Outcome]] = []
+        stored_now: list[Batch] = []
         error = None
         position = 0
         for batch in batches:
@@ -369,14 +383,7 @@ class ExperienceSender:
             position += 1
             kind, detail = classify_reply(reply)
             if kind is Outcome.DONE:
-                self._counts["inserts"] += 1
-                self._counts["chunks"] += len(batch.chunks)
-                if self._ledger is not None:
-                    self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks), node)
-                self._counts["obs_uploaded"] += len(batch.upload)
-                self._remember([d for d in batch.digests if d not in payloads])
-                for fields in batch.chunks:
-                    self._unsent.pop(id(fields), None)
+                stored_now.append(batch)
                 continue
             if kind is Outcome.RELOAD:
                 try:
@@ -402,6 +409,23 @@ class ExperienceSender:
                 error = detail
                 log.info("shard %d: insert refused (%s); backing off", self.shard, detail)
             retry.append((batch, kind))  # nothing of it was written: resent under the same seq
+        if wait_ms and stored_now and not (isinstance(replies[-1], int) and replies[-1] >= 1):
+            # stored on the primary alone, which a failover may lose: sent again until a replica
+            # has it too (the primary that kept them answers DUP, a promoted replica stores them)
+            self._counts["unreplicated_retries"] += 1
+            error = RuntimeError(f"no replica acknowledged the insert within {wait_ms} ms ({replies[-1]!r})")
+            log.info("shard %d: %s; sending it again", self.shard, error)
+            retry += [(batch, Outcome.BACKOFF) for batch in stored_now]
+            stored_now = []
+        for batch in stored_now:
+            self._counts["inserts"] += 1
+            self._counts["chunks"] += len(batch.chunks)
+            if self._ledger is not None:
+                self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks), node)
+            self._counts["obs_uploaded"] += len(batch.upload)
+            self._remember([d for d in batch.digests if d not in payloads])
+            for fields in batch.chunks:
+                self._unsent.pop(id(fields), None)
         return retry, error
 
     def _wait_for_learner(self) -> None:
