@@ -18,8 +18,12 @@ senders - chunks consumed: the window of acknowledged writes that asynchronous r
 ``--lag-ms M``: the killed primary's replica is stopped (SIGSTOP) M ms before the kill and resumed
 after it, so it lags by that much (on loopback it otherwise keeps up within a millisecond).
 
+``--sender-wait-ms M``: the senders' ``hub.sender.wait_replica_ms`` (an insert counts as stored
+once a replica has it), for ``--loss``: then nothing acked may be lost.
+
 ``--wait-cost``: parameter publish latency (a ``--param-kb`` model) on a primary with one replica,
-with and without ``hub.publisher.wait_replica_ms`` (WAIT 1 replica after the publish).
+with and without ``hub.publisher.wait_replica_ms`` (WAIT 1 replica after the publish), and one
+sender's insert throughput with and without ``hub.sender.wait_replica_ms``.
 
 Progress goes to stderr; the last line of stdout is one JSON object.
 """
@@ -51,11 +55,13 @@ RUN = "cbench"
 ENVS, FLUSH, OBS_DIM = 8, 16, 32  # one chunk: 16 steps x 8 envs of 32 floats
 
 
-def sender_process(url: str, shard: int, num_shards: int, index: int, seconds: float, ready, go, results) -> None:
+def sender_process(url: str, shard: int, num_shards: int, index: int, seconds: float, wait_ms: int, ready, go,
+                   results) -> None:
     """Insert chunks into ``shard`` for ``seconds`` (after ``go``); put the chunks acked."""
     client = connect(url)
     agent_id = shard + num_shards * index  # agents send to shard agent_id % num_shards
-    sender = ExperienceSender(client, SenderConfig(flush_steps=FLUSH, max_wait_s=120), RUN, agent_id, num_shards)
+    config = SenderConfig(flush_steps=FLUSH, max_wait_s=120, wait_replica_ms=wait_ms)
+    sender = ExperienceSender(client, config, RUN, agent_id, num_shards)
     rng = np.random.default_rng(agent_id)
     obs = rng.standard_normal((ENVS, OBS_DIM), dtype=np.float32)
     zeros, actions, rewards = np.zeros(ENVS, bool), np.zeros(ENVS, np.int64), np.ones(ENVS, np.float32)
@@ -71,13 +77,14 @@ def sender_process(url: str, shard: int, num_shards: int, index: int, seconds: f
 
 
 def run_senders(url: str, senders: int, shards: list[int], num_shards: int, seconds: float,
-                during=None) -> tuple[int, float]:
-    """``senders`` processes over ``shards`` (round robin) for ``seconds``; ``during()`` runs in
-    between. Returns (chunks acked, wall seconds)."""
+                during=None, wait_ms: int = 0) -> tuple[int, float]:
+    """``senders`` processes over ``shards`` (round robin) for ``seconds``, with
+    ``hub.sender.wait_replica_ms`` ``wait_ms``; ``during()`` runs in between. Returns (chunks
+    acked, wall seconds)."""
     ctx = mp.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=sender_process, args=(url, shards[i % len(shards)], num_shards, i, seconds,
-                                                       ready, go, results)) for i in range(senders)]
+                                                       wait_ms, ready, go, results)) for i in range(senders)]
     for proc in procs:
         proc.start()
     for _ in procs:
@@ -125,9 +132,11 @@ def scaling(primaries: list[int], senders: int, num_shards: int, seconds: float)
     return {str(count): row for count, row in rows.items()}
 
 
-def kill_halfway(cluster: LocalCluster, seconds: float, lag_ms: int = 0) -> None:
+def kill_halfway(cluster: LocalCluster, seconds: float, lag_ms: int = 0, rejoin: bool = False) -> None:
     """Halfway through, SIGKILL the primary of shard 0; with ``lag_ms``, its replica is stopped
-    that long before (what it has not read by then is lost) and resumed after the kill."""
+    that long before (what it has not read by then is lost) and resumed after the kill. With
+    ``rejoin`` the killed node is started again once its replica took over, and rejoins as the
+    new primary's replica (senders that wait for a replica wait for it)."""
     key = RunKeys(RUN).shard(0).exp
     primary = cluster.primary_port_of(key)
     replica = next(p for p in cluster.ports if p != primary
@@ -136,9 +145,16 @@ def kill_halfway(cluster: LocalCluster, seconds: float, lag_ms: int = 0) -> None
     if lag_ms:
         cluster.processes[replica].send_signal(signal.SIGSTOP)
         time.sleep(lag_ms / 1000)
-    cluster.kill_primary_of(key)
+    killed = cluster.kill_primary_of(key)
     if lag_ms:
         cluster.processes[replica].send_signal(signal.SIGCONT)
+    if rejoin:
+        deadline = time.monotonic() + 60
+        while cluster.role(replica) != "master":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {replica} was not promoted within 60 s")
+            time.sleep(0.1)
+        cluster.restart(killed)
 
 
 class Consumer(threading.Thread):
@@ -170,7 +186,7 @@ class Consumer(threading.Thread):
                 time.sleep(0.1)
 
 
-def failover_loss(repeats: int, senders: int, seconds: float, lag_ms: int = 0) -> dict:
+def failover_loss(repeats: int, senders: int, seconds: float, lag_ms: int = 0, wait_ms: int = 0) -> dict:
     runs = []
     for attempt in range(repeats):
         cluster = LocalCluster(3, replicas=1, maxmemory="1gb").start()
@@ -181,8 +197,8 @@ def failover_loss(repeats: int, senders: int, seconds: float, lag_ms: int = 0) -
             stop = threading.Event()
             consumer = Consumer(cluster.url, shards, stop)
             consumer.start()
-            kill = partial(kill_halfway, cluster, seconds, lag_ms)
-            acked, _ = run_senders(cluster.url, senders, shards, 6, seconds, during=kill)
+            kill = partial(kill_halfway, cluster, seconds, lag_ms, rejoin=wait_ms > 0)
+            acked, _ = run_senders(cluster.url, senders, shards, 6, seconds, during=kill, wait_ms=wait_ms)
             cluster.wait_ok()
             while time.monotonic() - consumer.last_chunk < 2.0:  # until the shards are quiet
                 time.sleep(0.1)
@@ -206,7 +222,7 @@ def failover_loss(repeats: int, senders: int, seconds: float, lag_ms: int = 0) -
             "lost_ms_of_inserts_max": round(max(r["lost_chunks"] / rate * 1000 for r, rate in zip(runs, rates)), 1)}
 
 
-def wait_cost(param_kb: int, publishes: int) -> dict:
+def wait_cost(param_kb: int, publishes: int, seconds: float) -> dict:
     cluster = LocalCluster(1, replicas=1, maxmemory="1gb").start()
     try:
         client = connect(cluster.url)
@@ -222,9 +238,14 @@ def wait_cost(param_kb: int, publishes: int) -> dict:
             result[name] = {"publish_ms_median": round(float(np.median(times)) * 1000, 3),
                             "publish_ms_p90": round(float(np.percentile(times, 90)) * 1000, 3)}
         client.close()
+        for name, wait_ms in (("insert_no_wait", 0), ("insert_wait_1_replica", 1000)):
+            acked, wall = run_senders(cluster.url, 1, [0], 1, seconds, wait_ms=wait_ms)
+            result[name] = {"env_steps_per_s": round(acked * ENVS * FLUSH / wall)}
     finally:
         cluster.stop()
     result["wait_ratio"] = round(result["wait_1_replica"]["publish_ms_median"] / result["no_wait"]["publish_ms_median"], 3)
+    result["insert_wait_ratio"] = round(result["insert_wait_1_replica"]["env_steps_per_s"]
+                                        / result["insert_no_wait"]["env_steps_per_s"], 3)
     return result
 
 
@@ -236,7 +257,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of inserting per phase")
     parser.add_argument("--loss", type=int, default=0, help="failover loss runs (0: none)")
     parser.add_argument("--lag-ms", type=int, default=0, help="--loss: the replica lags this long at the kill")
-    parser.add_argument("--wait-cost", action="store_true", help="publish latency with and without WAIT")
+    parser.add_argument("--sender-wait-ms", type=int, default=0, help="--loss: hub.sender.wait_replica_ms")
+    parser.add_argument("--wait-cost", action="store_true", help="publish latency and insert rate with and without WAIT")
     parser.add_argument("--param-kb", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="1,2 primaries, 2 senders, 1 s: seconds")
     args = parser.parse_args()
@@ -251,15 +273,16 @@ def main() -> None:
                         ("param-kb", args.param_kb)):
         if value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
-    if args.seconds <= 0 or args.loss < 0 or args.lag_ms < 0:
-        parser.error(f"--seconds must be > 0, --loss and --lag-ms >= 0, got {args.seconds}, {args.loss}, "
-                     f"{args.lag_ms}")
+    if args.seconds <= 0 or args.loss < 0 or args.lag_ms < 0 or args.sender_wait_ms < 0:
+        parser.error(f"--seconds must be > 0, --loss, --lag-ms and --sender-wait-ms >= 0, got {args.seconds}, "
+                     f"{args.loss}, {args.lag_ms}, {args.sender_wait_ms}")
     out = {"senders": args.senders, "shards": args.shards, "seconds": args.seconds,
            "scaling": scaling(primaries, args.senders, args.shards, args.seconds)}
     if args.loss:
-        out["failover_loss"] = failover_loss(args.loss, args.senders, max(args.seconds, 4.0), args.lag_ms)
+        out["failover_loss"] = failover_loss(args.loss, args.senders, max(args.seconds, 4.0), args.lag_ms,
+                                             args.sender_wait_ms)
     if args.wait_cost:
-        out["wait_cost"] = wait_cost(args.param_kb, 20)
+        out["wait_cost"] = wait_cost(args.param_kb, 20, args.seconds)
     print(json.dumps(out))
 
 

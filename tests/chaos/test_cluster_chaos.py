@@ -86,6 +86,9 @@ def make_schedule(rng: random.Random, long: bool) -> list[Fault]:
             faults.append(Fault(kind, gap, agent=rng.randrange(AGENTS)))
         else:
             faults.append(Fault(kind, gap))
+    kills = [i for i, f in enumerate(faults) if f.kind == "primary_kill"]
+    if long and kills and all(faults[i].duration_s < 60 for i in kills):  # a primary down for a minute, at least once
+        faults[kills[0]] = Fault("primary_kill", faults[kills[0]].after_s, rng.uniform(60, 70), target=faults[kills[0]].target)
     return faults
 
 

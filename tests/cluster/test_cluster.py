@@ -215,6 +215,6 @@ def test_cluster_bench_runs_on_tiny_sizes():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["scaling"]) == {"1", "2"} and result["scaling"]["1"]["insert_ratio"] == 1.0
     assert all(row["insert_steps_per_s"] > 0 and row["receive_steps_per_s"] > 0 for row in result["scaling"].values())
-    assert result["wait_cost"]["wait_ratio"] > 0
+    assert result["wait_cost"]["wait_ratio"] > 0 and result["wait_cost"]["insert_wait_ratio"] > 0
     bad = subprocess.run([sys.executable, str(script), "--senders", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--senders must be >= 1, got 0" in bad.stderr
