@@ -365,7 +365,7 @@ class ExperienceSender:
         self._counts["bytes_sent"] += sum(batch.nbytes for batch in batches)
         retry: list[tuple[Batch, Outcome]] = []
         stored_now: list[Batch] = []
-        error = None
+        error: BaseException | None = None
         position = 0
         for batch in batches:
             if batch.direct:
