@@ -4,9 +4,12 @@ fast when the launch exits, reads that may meet an outage the test made, and the
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,12 @@ CLI = [sys.executable, "-m", "surreal_redis.cli", "--log-level", "INFO"]
 SMOKE = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
 RUN, AGENTS = "smoke", 2
 PROBE = RedisSettings(socket_timeout=1.0, connect_timeout=1.0)
+LONG = os.environ.get("SURREAL_LONG_TESTS") == "1"
+
+
+def chaos_seed(default: int) -> int:
+    """``SURREAL_CHAOS_SEED`` when set (a schedule to replay), else ``default``."""
+    return int(os.environ.get("SURREAL_CHAOS_SEED", default))
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,43 @@ class Fault:
     duration_s: float = 0.0
     agent: int = 0
     target: int = 0
+
+
+def launch_overrides(root: Path, schedule: list[Fault]) -> list[str]:
+    """The smoke launch's overrides for a chaos run: no stop but ``surreal-redis stop``, no MLflow,
+    and as many restarts as the schedule kills the learner and the most-killed agent, no more (a
+    crash an outage caused would use them up and fail the run)."""
+    kills = Counter("learner" if f.kind == "learner_kill" else f"agent-{f.agent}"
+                    for f in schedule if f.kind in ("learner_kill", "agent_kill"))
+    return [f"experiment.root={root}", "stop.max_env_steps=null", "stop.max_seconds=null", "tracking.enabled=false",
+            f"learner.max_restarts={kills['learner']}",
+            f"agent.max_restarts={max(kills[f'agent-{a}'] for a in range(AGENTS))}", "agent.heartbeat_ttl_s=10"]
+
+
+class FaultLog:
+    """What a chaos run did: faults ``injected`` by kind, the learner pids it killed, and a log of
+    timed lines (printed as they come)."""
+
+    def __init__(self, launch: subprocess.Popen) -> None:
+        self.launch = launch
+        self.injected: Counter = Counter()
+        self.killed_learners: set[int] = set()
+        self.log: list[str] = []
+        self.started = time.monotonic()
+
+    def note(self, text: str) -> None:
+        line = f"t={time.monotonic() - self.started:6.1f}s {text}"
+        self.log.append(line)
+        print(line, flush=True)
+
+    def kill_process(self, fault: Fault) -> None:
+        """kill -9 the learner (``learner_kill``) or agent ``fault.agent`` once it is running."""
+        role = "learner" if fault.kind == "learner_kill" else f"agent-{fault.agent}"
+        pid = wait_for(lambda: children(self.launch.pid).get(role), 90, f"{role} to be running", self.launch)
+        os.kill(pid, signal.SIGKILL)
+        if role == "learner":
+            self.killed_learners.add(pid)
+        self.note(f"{role} (pid {pid}) kill -9")
 
 
 def children(pid: int) -> dict[str, int]:

@@ -27,7 +27,6 @@ import random
 import signal
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -40,11 +39,14 @@ from surreal_redis.testing.netns import NetnsLab, netns_unavailable
 from .harness import (
     AGENTS,
     CLI,
+    LONG,
     PROBE,
     RUN,
     SMOKE,
     Fault,
-    children,
+    FaultLog,
+    chaos_seed,
+    launch_overrides,
     quietly,
     recover_and_stop,
     stream_origins,
@@ -56,8 +58,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MAXMEMORY = 256 << 20
 DEFAULT_SEED = 20261201
-SEED = int(os.environ.get("SURREAL_CHAOS_SEED", DEFAULT_SEED))
-LONG = os.environ.get("SURREAL_LONG_TESTS") == "1"
+SEED = chaos_seed(DEFAULT_SEED)
 
 
 KINDS = ("redis_kill", "redis_stop", "learner_kill", "agent_kill", "maxmemory", "partition")
@@ -154,18 +155,10 @@ class ChaosRedis:
             self.process.wait(timeout=30)
 
 
-class Chaos:
-    def __init__(self, redis: ChaosRedis, launch: subprocess.Popen, rng: random.Random, log: list[str],
-                 lab: NetnsLab | None = None) -> None:
-        self.redis, self.launch, self.rng, self.log, self.lab = redis, launch, rng, log, lab
-        self.injected: Counter = Counter()
-        self.killed_learners: set[int] = set()
-        self.started = time.monotonic()
-
-    def note(self, text: str) -> None:
-        line = f"t={time.monotonic() - self.started:6.1f}s {text}"
-        self.log.append(line)
-        print(line, flush=True)
+class Chaos(FaultLog):
+    def __init__(self, redis: ChaosRedis, launch: subprocess.Popen, lab: NetnsLab | None = None) -> None:
+        super().__init__(launch)
+        self.redis, self.lab = redis, lab
 
     def inject(self, fault: Fault) -> None:
         time.sleep(fault.after_s)
@@ -199,12 +192,7 @@ class Chaos:
             finally:
                 client.close()
         else:
-            role = "learner" if kind == "learner_kill" else f"agent-{fault.agent}"
-            pid = wait_for(lambda: children(self.launch.pid).get(role), 90, f"{role} to be running", self.launch)
-            os.kill(pid, signal.SIGKILL)
-            if role == "learner":
-                self.killed_learners.add(pid)
-            self.note(f"{role} (pid {pid}) kill -9")
+            self.kill_process(fault)
         self.injected[kind] += 1
 
 
@@ -226,13 +214,8 @@ def chaos_run(tmp_path: Path, long: bool, lab: NetnsLab | None) -> None:
     redis = ChaosRedis(tmp_path / "redis", lab)
     redis.start()
     ledger_dir = tmp_path / "ledger"
-    kills = Counter("learner" if f.kind == "learner_kill" else f"agent-{f.agent}"
-                    for f in schedule if f.kind.endswith("_kill") and f.kind != "redis_kill")
-    overrides = [f"experiment.root={tmp_path}", "stop.max_env_steps=null", "stop.max_seconds=null",
-                 "tracking.enabled=false", f"learner.max_restarts={kills['learner']}",
-                 f"agent.max_restarts={max(kills[f'agent-{a}'] for a in range(AGENTS))}", "agent.heartbeat_ttl_s=10"]
+    overrides = launch_overrides(tmp_path, schedule)
     env = {**os.environ, LEDGER_DIR_ENV: str(ledger_dir)}
-    events: list[str] = []
     client = connect(redis.url, PROBE)
     control = RunControl(client, RUN)
     argv = [*CLI, "launch", SMOKE, "--agents", str(AGENTS), "--redis-url", redis.run_url,
@@ -244,7 +227,7 @@ def chaos_run(tmp_path: Path, long: bool, lab: NetnsLab | None) -> None:
     else:
         started = lab.start("run", "launch", argv, env=env, cwd=tmp_path)
         launch, out_path = started.process, started.log_path
-    chaos = Chaos(redis, launch, rng, events, lab)
+    chaos = Chaos(redis, launch, lab)
     finished = "no"
     try:
         wait_for(lambda: quietly(lambda: control.learner_status().get("iteration", 0), 0) >= 1, 180,
@@ -266,7 +249,7 @@ def chaos_run(tmp_path: Path, long: bool, lab: NetnsLab | None) -> None:
     lost = ("0 allowed (standalone Redis, appendfsync always: a partition loses nothing acknowledged; "
             "a loss is unaccounted)" if chaos.injected["partition"] else "n/a (standalone Redis, no partitions)")
     table = accounting.table(chaos.injected, ("yes, " if ok else "NO, ") + finished, lost)
-    report = f"chaos seed {SEED} ({'long' if long else 'short'})\n{table}\nschedule:\n" + "\n".join(events)
+    report = f"chaos seed {SEED} ({'long' if long else 'short'})\n{table}\nschedule:\n" + "\n".join(chaos.log)
     (tmp_path / "chaos-table.txt").write_text(report + "\n")
     print(report, flush=True)
     assert accounting.acknowledged > 0 and sum(chaos.injected.values()) == len(schedule), report

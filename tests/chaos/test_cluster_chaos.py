@@ -29,7 +29,6 @@ import random
 import signal
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -43,11 +42,14 @@ from surreal_redis.testing.cluster import LocalCluster
 from .harness import (
     AGENTS,
     CLI,
+    LONG,
     PROBE,
     RUN,
     SMOKE,
     Fault,
-    children,
+    FaultLog,
+    chaos_seed,
+    launch_overrides,
     quietly,
     recover_and_stop,
     stream_origins,
@@ -58,8 +60,7 @@ from .ledger import Demotion, account, reported_trims
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DEFAULT_SEED = 20261202
-SEED = int(os.environ.get("SURREAL_CHAOS_SEED", DEFAULT_SEED))
-LONG = os.environ.get("SURREAL_LONG_TESTS") == "1"
+SEED = chaos_seed(DEFAULT_SEED)
 SHARDS, MAXMEMORY = 3, "256mb"
 KINDS = ("primary_kill", "primary_stop", "primary_maxmemory", "learner_kill", "agent_kill")
 # the keys whose primaries the schedule picks from: each shard's stream, then the parameters
@@ -93,19 +94,11 @@ def make_schedule(rng: random.Random, long: bool) -> list[Fault]:
     return faults
 
 
-class ClusterChaos:
+class ClusterChaos(FaultLog):
     def __init__(self, cluster: LocalCluster, launch: subprocess.Popen) -> None:
-        self.cluster, self.launch = cluster, launch
-        self.injected: Counter = Counter()
-        self.killed_learners: set[int] = set()
+        super().__init__(launch)
+        self.cluster = cluster
         self.demotions: list[Demotion] = []
-        self.log: list[str] = []
-        self.started = time.monotonic()
-
-    def note(self, text: str) -> None:
-        line = f"t={time.monotonic() - self.started:6.1f}s {text}"
-        self.log.append(line)
-        print(line, flush=True)
 
     def inject(self, fault: Fault) -> None:
         time.sleep(fault.after_s)
@@ -145,12 +138,7 @@ class ClusterChaos:
                 else:
                     self.note(f"{what} still primary")
         else:
-            role = "learner" if kind == "learner_kill" else f"agent-{fault.agent}"
-            pid = wait_for(lambda: children(self.launch.pid).get(role), 90, f"{role} to be running", self.launch)
-            os.kill(pid, signal.SIGKILL)
-            if role == "learner":
-                self.killed_learners.add(pid)
-            self.note(f"{role} (pid {pid}) kill -9")
+            self.kill_process(fault)
         self.injected[kind] += 1
 
 
@@ -180,11 +168,7 @@ def cluster_chaos_run(tmp_path: Path, long: bool, cluster: LocalCluster, wait_re
     name = f"cluster chaos seed {SEED} ({'long' if long else 'short'}, hub.sender.wait_replica_ms={wait_replica_ms})"
     print(f"\n{name}: SURREAL_CHAOS_SEED={SEED} replays it", flush=True)
     ledger_dir = tmp_path / "ledger"
-    kills = Counter("learner" if f.kind == "learner_kill" else f"agent-{f.agent}"
-                    for f in schedule if f.kind in ("learner_kill", "agent_kill"))
-    overrides = [f"experiment.root={tmp_path}", f"redis.num_shards={SHARDS}", "stop.max_env_steps=null",
-                 "stop.max_seconds=null", "tracking.enabled=false", f"learner.max_restarts={kills['learner']}",
-                 f"agent.max_restarts={max(kills[f'agent-{a}'] for a in range(AGENTS))}", "agent.heartbeat_ttl_s=10",
+    overrides = [*launch_overrides(tmp_path, schedule), f"redis.num_shards={SHARDS}",
                  f"hub.sender.wait_replica_ms={wait_replica_ms}"]
     env = {**os.environ, LEDGER_DIR_ENV: str(ledger_dir)}
     client = connect(cluster.url, PROBE)
