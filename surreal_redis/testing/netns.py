@@ -4,7 +4,9 @@ Every host is a namespace ``<tag>-<host>`` with one veth (``eth0``, address ``10
 whose other end is a port of a bridge in the lab's switch namespace ``<tag>-sw``. Cutting a host
 (:meth:`NetnsLab.cut`) sets its switch port down: from then on nothing it sends reaches anyone and
 nothing reaches it (TCP segments queue and are retransmitted, no RST, no error), so that host alone
-is partitioned from all the others until :meth:`NetnsLab.heal`. Addresses exist inside the lab's
+is partitioned from all the others until :meth:`NetnsLab.heal`. Splitting a group of hosts
+(:meth:`NetnsLab.split`) moves their switch ports onto a second bridge: they still reach each other
+and nobody else, until :meth:`NetnsLab.join` (a minority side with its clients). Addresses exist inside the lab's
 namespaces only: nothing outside can reach them, and two labs on one machine never collide.
 
 Needs root (``ip netns add``); :func:`netns_unavailable` says why a lab cannot be built here.
@@ -35,6 +37,8 @@ NETNS_DIR = Path("/run/netns")
 STALE_AFTER_S = 1800.0
 """A lab namespace older than this is left over from a killed run (no lab test takes so long)."""
 _SWITCH = "sw"
+SPLIT_BRIDGE = "br1"
+"""The bridge :meth:`NetnsLab.split` moves a group of hosts onto."""
 
 
 def netns_unavailable() -> str | None:
@@ -185,8 +189,9 @@ class NetnsLab:
         """Create the switch (a bridge), every host's namespace, veth and address."""
         self._add_namespace(self.switch)
         _ip("-n", self.switch, "link", "set", "lo", "up")
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for bridge in ("br0", SPLIT_BRIDGE):  # every port on br0; split groups move to the other
+            _ip("-n", self.switch, "link", "add", bridge, "type", "bridge")
+            _ip("-n", self.switch, "link", "set", bridge, "up")
         for host in self.hosts.values():
             self._add_namespace(host.namespace)
             _ip("-n", self.switch, "link", "add", host.switch_port, "type", "veth",
@@ -220,6 +225,19 @@ class NetnsLab:
         for name in names:
             _ip("-n", self.switch, "link", "set", self.host(name).switch_port, "up")
         log.info("lab %s: healed %s", self.tag, ", ".join(names))
+
+    def split(self, *names: str) -> None:
+        """Partition the named hosts, as a group, from every other host: they reach each other
+        and nobody else (their switch ports move to the second bridge)."""
+        for name in names:
+            _ip("-n", self.switch, "link", "set", self.host(name).switch_port, "master", SPLIT_BRIDGE)
+        log.info("lab %s: split %s from the others", self.tag, ", ".join(names))
+
+    def join(self, *names: str) -> None:
+        """Undo :meth:`split` for the named hosts."""
+        for name in names:
+            _ip("-n", self.switch, "link", "set", self.host(name).switch_port, "master", "br0")
+        log.info("lab %s: joined %s to the others", self.tag, ", ".join(names))
 
     def is_cut(self, name: str) -> bool:
         """Whether the host's switch port is down (administratively: :meth:`cut`)."""

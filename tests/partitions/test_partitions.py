@@ -67,6 +67,21 @@ def test_a_cut_partitions_that_host_alone(run):
     assert not run.lab.is_cut("agent0") and ping("agent0") == "PONG"
 
 
+def test_a_split_partitions_a_group_that_still_reaches_itself(run):
+    redis_address = run.lab.host("redis").address
+
+    def ping(host: str) -> str:
+        command = ["timeout", "3", "redis-cli", "-h", redis_address, "-p", str(PORT), "PING"]
+        return run.lab.run(host, command).stdout.strip()
+
+    run.lab.split("redis", "agent0")
+    try:
+        assert ping("agent0") == "PONG" and ping("agent1") != "PONG" and ping("observer") != "PONG"
+    finally:
+        run.lab.join("redis", "agent0")
+    assert ping("agent0") == ping("agent1") == ping("observer") == "PONG"
+
+
 def test_agents_cut_from_the_hub_for_5_s_resume(run):
     run.partition(AGENTS, 5.0)
 
