@@ -296,12 +296,15 @@ def test_the_section_and_the_declaration_load_without_torch():
 
 
 def test_the_shipped_configs_are_ppos_with_free_production():
-    """configs/appo_*.yaml keep their PPO counterpart's network and PPO settings, produce freely,
-    and bound both the staleness the learner accepts and the backlog agents may build."""
+    """configs/appo_*.yaml keep their PPO counterpart's network and PPO settings (but those their
+    comment says why they change), produce freely, and bound both the staleness the learner
+    accepts and the backlog agents may build."""
+    # CartPole: zoo's 20 epochs and a 300k-step anneal, with which every seed of 1-10 solved
+    changed = {"cartpole": {"update_epochs", "total_updates"}}
     for task in ("cartpole", "halfcheetah", "pong"):
         appo, ppo = load_config(f"appo_{task}"), load_config(f"ppo_{task}")
         assert appo.algo == "appo" and appo.learner.on_policy_sync == "free"
-        shared = {f.name for f in dataclasses.fields(PPOConfig)}
+        shared = {f.name for f in dataclasses.fields(PPOConfig)} - changed.get(task, set())
         assert {k: getattr(appo.algo_config, k) for k in shared} == {k: getattr(ppo.algo_config, k) for k in shared}
         assert appo.learner.steps_per_update == ppo.learner.steps_per_update
         assert appo.replay.fifo.max_policy_lag is not None and 1 <= appo.replay.fifo.max_policy_lag <= 8
