@@ -57,13 +57,30 @@ def free_cluster_run(tmp_path, request):
         yield request.param, cluster, run
 
 
+def shard0_nodes(cluster: LabCluster, run: Run, what: str) -> tuple[str, str, str]:
+    """(the primary of shard 0's stream, its replica, a third node the observer now asks, on the
+    majority side), once the run trains (``what``: the fault to come)."""
+    primary = cluster.primary_of_slot(key_slot(run.keys.shard(0).exp.encode()))
+    replica = NODES[NODES.index(primary) + 3]
+    witness = next(n for n in NODES if n not in (primary, replica))
+    run.redis_address = run.lab.host(witness).address
+    run.wait_training(run.iteration(), time.time(), f"before {what}")
+    return primary, replica, witness
+
+
+def account_after_rejoin(cluster: LabCluster, run: Run, old: str, promoted: str, witness: str) -> dict:
+    """Once the cluster is whole: ``old`` is a replica, ``promoted`` the primary, every process
+    still runs; then every chunk is accounted for (losses allowed and counted)."""
+    cluster.wait_ok(timeout_s=60)
+    roles = cluster.roles(witness)
+    assert roles[old] == "slave" and roles[promoted] == "master", roles
+    run.assert_all_running()
+    return account_for_every_chunk(run, may_lose=True)
+
+
 def test_a_primary_cut_off_past_the_node_timeout_fails_over_and_the_run_goes_on(cluster_run):
     cluster, run = cluster_run
-    cut = cluster.primary_of_slot(key_slot(run.keys.shard(0).exp.encode()))
-    replica = NODES[NODES.index(cut) + 3]
-    witness = next(n for n in NODES if n not in (cut, replica))
-    run.redis_address = run.lab.host(witness).address  # the observer asks a node on the majority side
-    run.wait_training(run.iteration(), time.time(), "before the cut")
+    cut, replica, witness = shard0_nodes(cluster, run, "the cut")
     run.lab.cut(cut)
     started, cut_at = time.monotonic(), time.time()
     try:
@@ -76,11 +93,7 @@ def test_a_primary_cut_off_past_the_node_timeout_fails_over_and_the_run_goes_on(
         run.lab.heal(cut)
     healed_at, cut_s = time.time(), time.monotonic() - started
     timings = run.wait_training(run.iteration(), healed_at, f"after {cut} was cut for {cut_s:.1f}s")
-    cluster.wait_ok(timeout_s=60)
-    roles = cluster.roles(witness)
-    assert roles[cut] == "slave" and roles[replica] == "master", roles
-    run.assert_all_running()
-    numbers = account_for_every_chunk(run, may_lose=True)
+    numbers = account_after_rejoin(cluster, run, cut, replica, witness)
     print(f"cluster: {cut} cut {cut_s:.1f}s, {replica} promoted {promoted:.1f}s after the cut, updates resumed "
           f"{during['updates_s']:.1f}s after that (still cut), and {timings['updates_s']:.1f}s after the heal; "
           f"lost {numbers['lost']}, dropped {numbers['dropped']}")
@@ -95,11 +108,7 @@ def test_a_primary_split_off_with_an_agent_loses_only_what_it_acknowledged_alone
     the minority side ``WAIT 1`` finds no replica, so those inserts never count as stored and go
     to the new primary after the join."""
     wait_ms, cluster, run = free_cluster_run
-    split = cluster.primary_of_slot(key_slot(run.keys.shard(0).exp.encode()))
-    replica = NODES[NODES.index(split) + 3]
-    witness = next(n for n in NODES if n not in (split, replica))
-    run.redis_address = run.lab.host(witness).address  # the observer asks a node on the majority side
-    run.wait_training(run.iteration(), time.time(), "before the split")
+    split, replica, witness = shard0_nodes(cluster, run, "the split")
     run.lab.split(split, "agent0")
     started = time.monotonic()
     try:
@@ -110,11 +119,7 @@ def test_a_primary_split_off_with_an_agent_loses_only_what_it_acknowledged_alone
         run.lab.join(split, "agent0")
     joined_at, split_s = time.time(), time.monotonic() - started
     timings = run.wait_training(run.iteration(), joined_at, f"after {split} and agent0 were split for {split_s:.1f}s")
-    cluster.wait_ok(timeout_s=60)
-    roles = cluster.roles(witness)
-    assert roles[split] == "slave" and roles[replica] == "master", roles
-    run.assert_all_running()
-    numbers = account_for_every_chunk(run, may_lose=True)
+    numbers = account_after_rejoin(cluster, run, split, replica, witness)
     print(f"cluster, wait_replica_ms={wait_ms}: {split} split off with agent0 for {split_s:.1f}s, {replica} "
           f"promoted {promoted:.1f}s in; updates {timings['updates_s']:.1f}s after the join; lost {numbers['lost']}, "
           f"dropped {numbers['dropped']}")
