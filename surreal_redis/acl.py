@@ -21,6 +21,8 @@ Agent user (Redis 7 ACL selectors, so each command is allowed on its own keys on
 - EVALSHA of ``claim.lua`` (lockstep production) and what it runs: HMGET/HINCRBY on ``quota``.
 - Parameters read-only: HGET/HGETALL/HMGET on ``meta``, GETRANGE on ``blob:*``, SUBSCRIBE to the
   notify channel; HGET/HGETALL/HMGET on ``control`` and ``config``.
+- SUBSCRIBE to the shards' ``reads`` channels, on which the learner announces its reads (a sender
+  waiting on the backlog wakes on them).
 - HSET/HDEL on ``agents`` (heartbeats), RPUSH on ``episodes:inbox`` (training episodes, which the
   learner moves into ``episodes``); PING.
 - What a Redis Cluster client sends to find its way (:data:`CLUSTER_CLIENT_COMMANDS`): CLUSTER
@@ -35,7 +37,7 @@ On a Redis Cluster every node keeps its own users (ACLs are not replicated):
 :func:`create_users` sets them on every primary and replica of the slot map; a node added later
 needs ``surreal-redis acl`` again.
 
-Learner user: every key and the notify channel of the run; every command except the
+Learner user: every key, the notify channel and the ``reads`` channels of the run; every command except the
 ``@dangerous`` ones (but INFO, which its ``hub/*`` metrics read), those that list or watch keys
 or channels of other runs (SCAN, RANDOMKEY, PUBSUB, CLIENT TRACKING, CLUSTER GETKEYSINSLOT) and
 those that drop or stop the scripts and functions of other runs.
@@ -126,6 +128,8 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
     patterns = RunKeys(run).acl_patterns(num_shards)
     rules = ["resetkeys", "resetchannels", "-@all"] + [f"&{p}" for p in patterns["notify"]]
+    if role != "eval":
+        rules += [f"&{p}" for p in patterns["reads"]]
     if role == "learner":
         rules += [f"~{p}" for kind in ("run", "shards", "params") for p in patterns[kind]]
         return rules + ["+@all"] + [f"-{command}" for command in _LEARNER_DENIED] + ["+info"]

@@ -342,6 +342,7 @@ class Agent:
             log.warning("agent %d: could not flush on shutdown (%s); %d steps unsent", self.agent_id, exc,
                         self.sender.stats().steps_dropped)
         self.news.close()
+        self.sender.close()
         self.envs.close()
         stats = self.sender.stats()
         log.info("agent %d: stopped after %d steps, %d episodes, %.0f%% of %.0fs idle; sender %s", self.agent_id,

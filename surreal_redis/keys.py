@@ -152,6 +152,12 @@ class ShardKeys:
         return obs_key[len(prefix) :]
 
     @property
+    def reads(self) -> str:
+        """Pub/sub channel on which the learner announces each read of new entries from
+        :attr:`exp` (payload: how many): senders waiting on its backlog look again at once."""
+        return f"{self.tag}:reads"
+
+    @property
     def seen(self) -> str:
         """Hash sender uuid -> that sender's dedup window (the batch seqs ``move.lua`` stored),
         written by the learner only."""
@@ -262,7 +268,7 @@ class RunKeys:
         Kinds: ``exp``, ``inbox``, ``pinned``, ``obsref``, ``seen``, ``obs``, ``dead``, ``shards`` (every key of a shard),
         ``config``, ``agents``, ``episodes``, ``episodes_inbox``, ``evals``, ``control``, ``learner``, ``run`` (every
         run-wide key), ``meta``, ``blob``, ``quota``, ``params`` (every parameter key), and
-        ``notify`` (the pub/sub channel). With ``num_shards`` the shard patterns name each shard exactly; without,
+        ``notify`` and ``reads`` (the pub/sub channels). With ``num_shards`` the shard patterns name each shard exactly; without,
         they match any shard number. Either way they match no key of another run.
         """
         tags = ([self.shard(i).tag for i in range(num_shards)] if num_shards is not None
@@ -281,7 +287,7 @@ class RunKeys:
             "control": [self.control], "learner": [self.learner], "run": [f"{self.tag}:*"],
             "meta": [params.meta], "blob": [f"{params.tag}:blob:*"], "quota": [params.quota],
             "params": [f"{params.tag}:*"],
-            "notify": [params.notify],
+            "notify": [params.notify], "reads": shard("reads"),
         }
 
     def all_patterns(self) -> list[str]:

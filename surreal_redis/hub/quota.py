@@ -27,7 +27,8 @@ from typing import Literal, NamedTuple
 
 import redis
 
-from surreal_redis.connection import RedisClient, refresh_topology
+from surreal_redis.connection import RedisClient
+from surreal_redis.hub.channel import Subscription
 from surreal_redis.keys import ParamKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -118,70 +119,40 @@ class QuotaNews:
     """An agent's ear on the notify channel while it waits for a claim: :meth:`drain` forgets the
     messages so far, :meth:`wait` blocks until a new one (a publish or a grant) or the timeout.
 
-    Subscribes on first use, on its own connection. A connection error propagates (the caller
-    backs off) and drops the subscription; the next call subscribes again. Not thread-safe."""
+    Subscribes on first use, on its own connection (:class:`~surreal_redis.hub.channel.Subscription`).
+    A connection error propagates (the caller backs off) and drops the subscription; the next call
+    subscribes again. Not thread-safe."""
 
     def __init__(self, client: RedisClient, run: str) -> None:
-        self.client = client
-        self.channel = ParamKeys(run).notify
-        self._pubsub: redis.client.PubSub | None = None
+        self._subscription = Subscription(client, ParamKeys(run).notify)
         self.granted_version = 0
         """The highest version a grant of steps was heard for (drained messages included; 0: none):
         a stale agent may claim it at once instead of learning the live version from a claim."""
 
-    def _heard(self, message: dict | None) -> bool:
-        """Note a message's grant; whether it was a message at all."""
-        if message is None:
-            return False
-        self.granted_version = max(self.granted_version, _granted_version(message["data"]))
-        return True
-
-    def _subscription(self) -> redis.client.PubSub:
-        if self._pubsub is None:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                pubsub.subscribe(self.channel)
-            except BaseException as exc:
-                pubsub.close()
-                if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-                    refresh_topology(self.client, exc)  # a cluster's pubsub never refreshes its slot map
-                raise
-            self._pubsub = pubsub
-        return self._pubsub
+    def _heard(self, data: bytes) -> int:
+        """Note a message's grant; the version it grants steps for (0: not a grant)."""
+        version = _granted_version(data)
+        self.granted_version = max(self.granted_version, version)
+        return version
 
     def drain(self) -> int:
         """Drop the messages received so far (without blocking); returns how many."""
-        pubsub, count = self._subscription(), 0
-        try:
-            while self._heard(pubsub.get_message(timeout=0.0)):
-                count += 1
-        except BaseException:
-            self.close()
-            raise
-        return count
+        received = self._subscription.drain()
+        for data in received:
+            self._heard(data)
+        return len(received)
 
     def wait(self, timeout: float, grants_only: bool = False) -> bool:
         """Block until a message arrives (True) or ``timeout`` seconds pass (False). With
         ``grants_only``, only a grant of steps counts: the learner grants after each publish, so
         waking on the publish too costs a claim that can only answer WAIT, and a grant of 0 steps
         lets nobody produce."""
-        pubsub = self._subscription()
         deadline = time.monotonic() + timeout
-        try:
-            while (left := deadline - time.monotonic()) > 0:
-                # subscribe confirmations are skipped, and get_message answers None for them
-                message = pubsub.get_message(timeout=left)
-                if self._heard(message) and (not grants_only or _granted_version(message["data"])):
-                    return True
-        except BaseException:
-            self.close()
-            raise
+        while (left := deadline - time.monotonic()) > 0:
+            data = self._subscription.next(left)
+            if data is not None and (self._heard(data) or not grants_only):
+                return True
         return False
 
     def close(self) -> None:
-        if self._pubsub is not None:
-            pubsub, self._pubsub = self._pubsub, None
-            try:
-                pubsub.close()
-            except redis.RedisError as exc:  # closing a broken connection: nothing left to do
-                log.debug("closing the notify subscription failed: %s", exc)
+        self._subscription.close()

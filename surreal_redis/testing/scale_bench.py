@@ -637,6 +637,7 @@ class SimAgent:
     def close(self) -> None:
         if self.news is not None:
             self.news.close()
+        self.sender.close()
         for client in (self.client, *self.replicas):
             client.close()
 

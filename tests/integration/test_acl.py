@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from surreal_redis.acl import ROLES, create_users, script_sha, username
+from surreal_redis.hub.channel import Subscription
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
@@ -168,14 +169,20 @@ def test_learner_reloads_the_insert_script_after_a_script_flush(redis_server, re
 
 # ---------------------------------------------------------------- runs are isolated
 def keys_of(run: str) -> list[str]:
-    """One key of every kind of ``run`` (shards 0, 1, 10, 11), and its notify channel last."""
+    """One key of every kind of ``run`` (shards 0, 1, 10, 11)."""
     keys = RunKeys(run)
     names = [keys.config, keys.agents, keys.episodes, keys.evals, keys.control, keys.learner, keys.params.meta,
              keys.params.blob(0), keys.params.blob(123), keys.params.staging("ab" * 8)]
     for shard in (keys.shard(i) for i in (0, 1, 10, 11)):
         names += [shard.exp, shard.obsref, shard.dead, shard.obs("cd" * 16), shard.seen, shard.inbox, shard.pinned]
     names.append(keys.episodes_inbox)
-    return names + [keys.params.notify]
+    return names
+
+
+def channels_of(run: str) -> list[str]:
+    """The pub/sub channels of ``run``: notify, and the reads channels of shards 0, 1, 10, 11."""
+    keys = RunKeys(run)
+    return [keys.params.notify] + [keys.shard(i).reads for i in (0, 1, 10, 11)]
 
 
 def denied_everywhere(admin: redis.Redis, run: str, foreign: list[str]) -> list[str]:
@@ -221,14 +228,16 @@ def test_no_user_or_drop_of_one_run_reaches_another_runs_keys(redis_server, real
     real_redis.flushall()
     create_users(real_redis, mine, PASSWORDS)  # no shard count: the widest patterns
     create_users(real_redis, theirs, PASSWORDS, num_shards=12)
-    assert denied_everywhere(real_redis, mine, keys_of(theirs)) == []
-    for key in keys_of(mine)[:-1]:  # while every key of a run is its learner's
+    assert denied_everywhere(real_redis, mine, keys_of(theirs) + channels_of(theirs)) == []
+    for key in keys_of(mine):  # while every key of a run is its learner's
         assert real_redis.execute_command("ACL", "DRYRUN", username(mine, "learner"), "GET", key) == b"OK", key
+    for channel in channels_of(mine):  # and so is every channel
+        assert real_redis.execute_command("ACL", "DRYRUN", username(mine, "learner"), "PUBLISH", channel, "1") == b"OK"
     # gc --drop of one run leaves the other's keys
-    for key in keys_of(mine)[:-1] + keys_of(theirs)[:-1]:
+    for key in keys_of(mine) + keys_of(theirs):
         real_redis.set(key, b"x")
-    assert RunControl(real_redis, mine).drop() == len(keys_of(mine)) - 1
-    assert real_redis.exists(*keys_of(theirs)[:-1]) == len(keys_of(theirs)) - 1
+    assert RunControl(real_redis, mine).drop() == len(keys_of(mine))
+    assert real_redis.exists(*keys_of(theirs)) == len(keys_of(theirs))
 
 
 # ---------------------------------------------------------------- what an agent cannot do
@@ -365,6 +374,51 @@ def test_agent_cannot_trim_the_stream_or_lower_a_reference(redis_server, real_re
     assert real_redis.lrange(KEYS.episodes_inbox, 0, -1) == [b"queued record"]
     # what it may do: append (a batch that is not one is set aside by the learner's move)
     assert agent.rpush(shard.inbox, b"junk") == 2 and agent.rpush(KEYS.episodes_inbox, b"junk") == 2
+
+
+def test_agent_hears_the_learners_reads_of_its_shard_but_cannot_announce_any(redis_server, real_redis):
+    """The reads channel wakes senders waiting on the backlog: the agent user may listen to it,
+    never publish on it (a hostile agent cannot make the others poll), and eval may not listen."""
+    create_users(real_redis, RUN, PASSWORDS, num_shards=2)
+    agent, learner, evaluator = (login(redis_server, role) for role in ("agent", "learner", "eval"))
+    shard = KEYS.shard(0)
+    heard = Subscription(agent, shard.reads)
+    heard.open()
+    sender = ExperienceSender(agent, SenderConfig(flush_steps=1), RUN, 0, 2)
+    receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 2)
+    receiver.start()
+    sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    assert len(receiver.receive(10, 0)) == 1
+    assert heard.next(5.0) == b"1"  # one entry read from shard 0
+    for command in (("PUBLISH", shard.reads, "1"), ("PUBLISH", KEYS.params.notify, "1")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.execute_command(*command)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        Subscription(evaluator, shard.reads).open()
+    heard.close()
+    for client in (agent, learner, evaluator):
+        client.close()
+
+
+def test_a_learner_user_without_the_reads_channel_still_reads(redis_server, real_redis, caplog):
+    """A learner user made before the reads channels existed may not announce its reads: it says
+    so once and reads on, and senders poll the backlog instead."""
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    real_redis.execute_command("ACL", "SETUSER", username(RUN, "learner"), "resetchannels", f"&{KEYS.params.notify}")
+    learner = login(redis_server, "learner")
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 1)
+    receiver.start()
+    with caplog.at_level(logging.WARNING, logger="surreal_redis.hub.experience.receiver"):
+        for round_ in range(2):
+            for _ in range(2):
+                sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+            got = receiver.receive(10, 0)
+            assert len(got) == 1 + round_  # the chunk still open after the first round is completed now
+            receiver.ack(got)
+    assert caplog.text.count("reads are not announced") == 1
+    learner.close()
 
 
 # ---------------------------------------------------------------- the learner user

@@ -3,7 +3,8 @@ objects.
 
 Agents queue batches in their shard's inbox (a list their ACL user may only append to); before
 reading new entries the receiver moves them into the stream with ``lua/move.lua``, which stores
-each (sender uuid, seq) once, in queue order, and sets malformed items aside. Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP), fetches the payloads stored
+each (sender uuid, seq) once, in queue order, and sets malformed items aside. Reads through the consumer group ``keys.CONSUMER_GROUP`` (XREADGROUP; each read of new entries
+is announced on the shard's ``reads`` channel, for the senders waiting on the backlog), fetches the payloads stored
 apart (entries with field ``p``: one MGET per shard and batch), resolves observation digests with
 one MGET per shard and batch plus a bounded cache of decoded arrays, optionally verifies every
 observation blob's digest, and hands out chunks to be acked once they are in replay.
@@ -244,6 +245,7 @@ class ExperienceReceiver:
         self._cluster = is_cluster(client)
         self._rotation = itertools.cycle(list(self._keys))  # the shard whose inbox the next wait watches
         self._ledger = ledger if ledger is not None else Ledger.from_environment("learner")
+        self._announce = True  # reads announced on each shard's reads channel
 
     def count_dead_letters(self, reason: str, shard: int, count: int) -> None:
         """Count ``count`` records another mover of this run (the janitor's ``move.lua`` calls)
@@ -578,6 +580,21 @@ class ExperienceReceiver:
         with self._lock:
             for name, entries in reply:
                 self._take(self._shard_of[bytes(name)], entries)
+        for name, entries in reply:
+            self._announce_read(self._shard_of[bytes(name)], len(entries))
+
+    def _announce_read(self, shard: int, count: int) -> None:
+        """PUBLISH ``count`` on the shard's ``reads`` channel: senders waiting on its backlog look
+        again now instead of at their next poll. A user not allowed to publish there (made by an
+        older ``surreal-redis acl``) is told once, and the senders keep polling."""
+        if not self._announce:
+            return
+        try:
+            self.client.publish(self._keys[shard].reads, count)
+        except redis.exceptions.NoPermissionError as exc:
+            self._announce = False
+            log.warning("shard %d: reads are not announced (%s); waiting senders poll the backlog instead. "
+                        "Run `surreal-redis acl` again to let this user publish them", shard, exc)
 
     def _move_inboxes(self) -> None:
         """Move every shard's queued batches into its stream (``move.lua``, ``move_items`` per
