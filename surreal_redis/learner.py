@@ -55,6 +55,7 @@ from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
 from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
 from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.plots import CURVES_FILE
+from surreal_redis.prefetch import Prefetcher, PrefetchQueue
 from surreal_redis.replay.feeds import Feed
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess
@@ -70,36 +71,6 @@ OOM_ERRORS = (redis.exceptions.OutOfMemoryError, PublishBackpressure)
 TRACKER_OPEN_AFTER_S = 30.0
 """MLflow opens at the learner's first update, or this long after the learner started building
 if no update came by then (an off-policy learner collecting ``learning_starts`` transitions)."""
-
-
-def queued_steps(batches: queue.Queue[list[ReceivedChunk]]) -> int:
-    """Env steps in the prefetch queue: read from Redis, not in the feed yet (thread-safe)."""
-    with batches.mutex:
-        return sum(item.chunk.num_steps for batch in batches.queue for item in batch)
-
-
-class Prefetcher(threading.Thread):
-    """Reads batches of decoded chunks into a bounded queue. Redis outages are ridden out with
-    capped backoff; any other error is kept in ``error`` and ends the thread (the learner exits
-    non-zero)."""
-
-    def __init__(self, receiver: ExperienceReceiver, out: queue.Queue, batch: int, stop: threading.Event) -> None:
-        super().__init__(name="prefetch", daemon=True)
-        self.receiver, self.out, self.batch, self.stop = receiver, out, batch, stop
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        guard = OutageGuard("prefetch", self.stop)
-        try:
-            while (items := guard.call(lambda: self.receiver.receive(self.batch))) is not None:
-                while items and not self.stop.is_set():
-                    try:
-                        self.out.put(items, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-        except BaseException as exc:  # handed to the main thread, which logs it and exits non-zero
-            self.error = exc
 
 
 class LearnerParts(NamedTuple):
@@ -225,8 +196,7 @@ class Learner:
         if not self.start():  # stopped while Redis was away or full
             self._finish("FINISHED")
             return 0
-        batches: queue.Queue[list[ReceivedChunk]] = queue.Queue(
-            maxsize=max(1, cfg.learner.prefetch_chunks // cfg.learner.receive_batch))
+        batches = PrefetchQueue(cfg.learner.prefetch_chunks)
         stop_prefetch = threading.Event()
         prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch)
         prefetcher.start()
@@ -250,7 +220,7 @@ class Learner:
         finally:
             stop_prefetch.set()
             prefetcher.join(timeout=5)
-            self._finish(status, unread_steps=queued_steps(batches))
+            self._finish(status, unread_steps=batches.steps())
         return 0
 
     def start(self) -> bool:
@@ -303,7 +273,7 @@ class Learner:
         except RETRY_ERRORS as again:  # the launcher sees the learner exit instead
             log.warning("learner: stopping (%s) without the run's stop request, Redis refused it (%s)", reason, again)
 
-    def iterate(self, batches: queue.Queue[list[ReceivedChunk]]) -> None:
+    def iterate(self, batches: PrefetchQueue) -> None:
         """One round: the next received batch into the feed (unless it has updates to run first;
         waits up to 0.2 s for one), the updates the feed allows, and housekeeping once a second."""
         items: list[ReceivedChunk] = []
@@ -312,7 +282,7 @@ class Learner:
                 items = batches.get(timeout=0.2)
         if items:
             self._ingest(items)
-        updates = self.feed.train(self.algo, self.stop, arriving=lambda: queued_steps(batches))
+        updates = self.feed.train(self.algo, self.stop, arriving=batches.steps)
         while True:
             if self.overlap and self.quota is not None and self.feed.steps_needed() == 0:
                 self._grant(ahead=1)  # an update runs now: agents make the next batch meanwhile

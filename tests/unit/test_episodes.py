@@ -1,13 +1,13 @@
 """Episode records: training and eval streams, and the train-return stop score (the ACL side is in
 tests/integration/test_acl.py)."""
 
-import queue
 
 import pytest
 
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord, TrainReturns
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
+from surreal_redis.prefetch import PrefetchQueue
 
 RUN = "eps"
 
@@ -126,9 +126,9 @@ def test_a_flooding_agent_does_not_stop_the_learner(fake_redis, tmp_path):
     log = EpisodeLog(fake_redis, config.run)
     log.record([episode("train", 20.0, 1, str(agent)) for agent in range(4) for _ in range(25)])
     log.record([episode("train", 492.5, 1, "3")] * 1000)
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert not learner.stop and learner.mean_return() == 492.5  # the charts' window is the flooder's
     log.record([episode("train", 480.0, 1, str(agent)) for agent in (0, 1) for _ in range(25)])
     learner._next_housekeeping = 0.0  # the next round's housekeeping, without waiting a second
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert learner.stop and "train return 480.0" in learner.stop.reason  # 3 of 4 agents reached it

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import queue
 import time
 from collections import Counter
 
@@ -31,6 +30,7 @@ from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
 from surreal_redis.learner import Learner, LearnerParts
 from surreal_redis.learner_metrics import AgentClocks, lag_percentile, use_summary
+from surreal_redis.prefetch import PrefetchQueue
 from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed, ReplayConfig
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplay
@@ -86,9 +86,9 @@ def send_steps(client, config: ExperimentConfig, learner: Learner, steps: int, a
     envs.close()
 
 
-def received(learner: Learner) -> queue.Queue:
+def received(learner: Learner) -> PrefetchQueue:
     """What the prefetch thread would hand the main loop: one batch of everything unread."""
-    batches: queue.Queue = queue.Queue()
+    batches = PrefetchQueue(1000)
     batches.put(learner.receiver.receive(1000, block_ms=0))
     return batches
 
@@ -141,13 +141,13 @@ def test_off_policy_learner_stops_reading_while_updates_are_owed(fake_redis, tmp
     send_steps(fake_redis, config, learner, 16, agent_id=1)
     batches = received(learner)
     learner.iterate(batches)
-    assert batches.qsize() == 1 and learner.env_steps == 32  # not read: the backlog waits
+    assert len(batches) == 1 and learner.env_steps == 32  # not read: the backlog waits
     assert pending(fake_redis, config) == 2  # handed to the reader, not stored: not acked
     feed.config = dataclasses.replace(feed.config, max_train_s=None)
     learner.iterate(batches)  # trains what is owed first
-    assert learner.algo.iteration == 32 and batches.qsize() == 1
+    assert learner.algo.iteration == 32 and len(batches) == 1
     learner.iterate(batches)
-    assert batches.qsize() == 0 and learner.env_steps == 64 and pending(fake_redis, config) == 0
+    assert len(batches) == 0 and learner.env_steps == 64 and pending(fake_redis, config) == 0
     assert learner.algo.iteration == 64
 
 
@@ -183,7 +183,7 @@ def test_one_agent_alone_cannot_stop_the_run_by_train_return(fake_redis, tmp_pat
     learner.start()
     EpisodeLog(fake_redis, config.run).record([episode("train", r, 1, agent) for r, agent in
                                                ((1000.0, "0"), (0.0, "1"), (0.0, "2"), (1000.0, "0"))])
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert learner.mean_return() == 500.0 and not learner.stop
 
 
@@ -216,7 +216,7 @@ def test_resumed_learner_credits_only_evals_of_its_own_parameters(fake_redis, tm
     resumed.start()  # v5
     episodes.record([episode("eval", 400.0, 2), episode("eval", 400.0, 2),  # older than the restored v3
                      episode("eval", 50.0, 5), episode("eval", 70.0, 5)])
-    resumed.iterate(queue.Queue())
+    resumed.iterate(PrefetchQueue(1))
     assert resumed.checkpoints.best() == [(60.0, 3)]
     assert resumed.last_eval == 60.0
 
@@ -277,11 +277,11 @@ def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(f
     learner.start()
     assert quota.claim(1, 64).status == "OK"  # an agent claims everything, then dies
     silence(learner, 4)
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert quota.left() == (1, 0) and learner.topups == 0  # too early to tell
     silence(learner, 5)
     learner._next_housekeeping = 0.0
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert quota.left() == (1, 64) and learner.topups == 1
 
 
@@ -294,13 +294,13 @@ def test_lockstep_learner_does_not_top_up_while_a_live_agent_is_still_making_its
     slow = Heartbeat(fake_redis, config.run, 0, ttl_s=30)
     slow.beat(0, 0, 1, claimed=64)  # a slow agent (an Atari agent's first flush), beating as it goes
     silence(learner, 6)
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert quota.left() == (1, 0) and learner.topups == 0
     entry = json.loads(fake_redis.hget(RunKeys(config.run).agents, "0"))
     fake_redis.hset(RunKeys(config.run).agents, "0", json.dumps(dict(entry, ts=time.time() - 7)))  # silent 7 s: dead
     silence(learner, 6)
     learner._next_housekeeping = 0.0
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert quota.left() == (1, 64) and learner.topups == 1
 
 
@@ -311,7 +311,7 @@ def test_lockstep_learner_does_not_top_up_while_steps_are_left_to_claim(fake_red
     learner.start()
     assert quota.claim(1, 32).status == "OK"
     silence(learner, 6)
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert quota.left() == (1, 32) and learner.topups == 0
 
 
@@ -322,7 +322,7 @@ def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_re
     learner.start()
     fake_redis.flushall()  # Redis restarted empty: no meta, no quota, no insert/claim scripts
     silence(learner, 6)
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     assert learner.param_version == 2 and quota.live_version() == 2
     assert quota.left() == (2, 64) and learner.topups == 1
     assert quota.claim(2, 16).status == "OK"

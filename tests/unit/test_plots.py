@@ -6,7 +6,6 @@ without stopping anything, and a learner's run that leaves curves.png read from 
 from __future__ import annotations
 
 import logging
-import queue
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +17,7 @@ from surreal_redis.cli import main as cli
 from surreal_redis.hub.run.episodes import EpisodeLog
 from surreal_redis.learner import Learner
 from surreal_redis.plots import Bars, PlotError, RunCurves, Series
+from surreal_redis.prefetch import PrefetchQueue
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import Tracker
 
@@ -183,7 +183,7 @@ def test_a_learner_run_leaves_curves_read_from_its_store(fake_redis, tmp_path):
         send_steps(fake_redis, config, learner, 32)
         learner._next_housekeeping = 0.0  # housekeeping (episodes, the metrics flush) every round
         learner.iterate(received(learner))
-    learner.iterate(queue.Queue())
+    learner.iterate(PrefetchQueue(1))
     learner._finish("FINISHED")
     assert (config.experiment_dir / plots.CURVES_FILE).read_bytes()[:4] == b"\x89PNG"
     train, evaluated = plots.read_run(config.experiment_dir).series
