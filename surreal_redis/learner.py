@@ -68,9 +68,6 @@ log = logging.getLogger(__name__)
 # may be skipped (the status report) are skipped under OOM where they are made.
 RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, PublishBackpressure)
 OOM_ERRORS = (redis.exceptions.OutOfMemoryError, PublishBackpressure)
-TRACKER_OPEN_AFTER_S = 30.0
-"""MLflow opens at the learner's first update, or this long after the learner started building
-if no update came by then (an off-policy learner collecting ``learning_starts`` transitions)."""
 
 
 class LearnerParts(NamedTuple):
@@ -128,14 +125,13 @@ class Learner:
         checkpoint (of ``resume_from``'s experiment folder when given)."""
         tracker = None
         if config.tracking.enabled:
-            # MLflow runs in a process of its own driven by a thread of ours (its import and store
-            # set-up take ~4 s of CPU, tens of seconds on busy machines, and held this process's
-            # GIL), opened after the first update (or TRACKER_OPEN_AFTER_S) so that it does not
-            # compete with the start-up of the learner and agents for the cores; no update waits
-            # for a write.
+            # MLflow runs in a process of its own (its import and store set-up take ~2 s of CPU
+            # and held this process's GIL) at the lowest CPU priority, driven by a thread of ours;
+            # no update waits for a write. It starts now, while the agents wait for the first
+            # parameters: its start-up then takes the core they leave (it took ~6 s of a core
+            # from agents starting to learn when it opened after the first update).
             tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
-                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri),
-                                        open_after_s=TRACKER_OPEN_AFTER_S)
+                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri))
         seed = config.experiment.seed
         torch.set_num_threads(config.learner.torch_threads)
         torch.manual_seed(seed)
@@ -320,8 +316,6 @@ class Learner:
         if not self._updated:  # the end of start-up (bench/solve.py times launch to this line)
             self._updated = True
             log.info("first update done (%.1fs after the learner was built)", time.monotonic() - self.started)
-            if isinstance(self.tracker, BackgroundTracker):
-                self.tracker.open()
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
             if self.tracker is not None:  # drawn by the tracker from its store, off this thread

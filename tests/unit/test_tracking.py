@@ -6,6 +6,7 @@ complete (FINISHED, metrics and params there) when _finish returns."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 from surreal_redis.learner import Learner
 from surreal_redis.runtime import StopFlag
-from surreal_redis.tracking import BackgroundTracker, TrackerProcess, TrackingError
+from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess, TrackingError, seed_store
 
 from .test_learner import ppo_config, received, send_steps
 
@@ -125,6 +126,8 @@ def test_tracker_process_writes_the_run_and_reports_errors_by_name(tmp_path):
 
     tracker = TrackerProcess(tmp_path, "exp", "run-a", _store(tmp_path))
     assert (tmp_path / "mlflow_run_id").read_text() == tracker.run_id
+    # the lowest CPU priority: it takes only what the learner and agents leave
+    assert os.getpriority(os.PRIO_PROCESS, tracker.process.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)
     tracker.log_params({"ppo.lr": 0.0003, "env.id": "CartPole-v1"})
     tracker.log_metrics({"loss": np.float32(0.5), "skipped": None, "nan": float("nan")}, 7)
     with pytest.raises(TrackingError, match="FileNotFoundError: .*nowhere.pt"):
@@ -172,28 +175,35 @@ def test_the_tracker_process_ends_with_the_process_that_started_it(tmp_path):
         time.sleep(0.1)
 
 
-def test_a_delayed_tracker_opens_on_open_on_its_timer_or_at_finish():
-    opened = []
+def test_a_new_local_store_is_a_copy_of_one_made_once(tmp_path, monkeypatch):
+    """The first run on a machine makes the empty store (MLflow's migrations) in the cache, later
+    runs copy it; each copy is a whole MLflow store, its Default experiment's artifacts inside its
+    own run folder. A cache that cannot be written leaves the store to MLflow."""
+    import sqlite3
 
-    def opener():
-        opened.append(time.monotonic())
-        return Recorder()
+    import mlflow
+    from mlflow.tracking import MlflowClient
 
-    waiting = BackgroundTracker(opener, open_after_s=60)
-    waiting.log_metrics({"loss": 1.0}, 1)  # queued while it waits
-    time.sleep(0.2)
-    assert opened == []
-    waiting.open()
-    waiting.finish()
-    assert len(opened) == 1
-    started = time.monotonic()
-    timed = BackgroundTracker(opener, open_after_s=0.3)
-    timed._thread.join(0.1)
-    assert len(opened) == 1
-    deadline = time.monotonic() + 10
-    while len(opened) == 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(opened) == 2 and opened[1] - started >= 0.3
-    timed.finish()
-    BackgroundTracker(opener, open_after_s=60).finish()  # finish opens it to write the end
-    assert len(opened) == 3
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    template = tmp_path / "cache" / "surreal-redis" / f"mlflow-{mlflow.__version__}.db"
+    first = Tracker(tmp_path / "a", "exp", "run-a")
+    made = template.stat().st_mtime_ns
+    second = Tracker(tmp_path / "b", "exp", "run-b")
+    assert template.stat().st_mtime_ns == made and not list(template.parent.glob("*.tmp"))
+    for tracker, folder in ((first, tmp_path / "a"), (second, tmp_path / "b")):
+        tracker.log_metrics({"loss": 0.5}, 1)
+        tracker.finish()
+        client = MlflowClient(tracking_uri=f"sqlite:///{folder}/mlflow.db")
+        assert client.get_run(tracker.run_id).data.metrics == {"loss": 0.5}
+        assert client.get_experiment("0").artifact_location == str(folder / "mlruns" / "0")
+    with sqlite3.connect(template) as db:  # the template holds no run
+        assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
+    assert seed_store(tmp_path / "a" / "mlflow.db") is False  # an existing store is left alone
+
+    (tmp_path / "blocked").write_text("")  # no cache can be made below a file
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
+    assert seed_store(tmp_path / "c" / "mlflow.db") is False and not (tmp_path / "c" / "mlflow.db").exists()
+    third = Tracker(tmp_path / "c", "exp", "run-c")  # MLflow builds this one
+    third.finish()
+    assert MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/c/mlflow.db").get_run(third.run_id).info.status == "FINISHED"
