@@ -1,6 +1,6 @@
 """APPO against lockstep PPO, whole launches side by side in one run:
-``python bench/appo.py [--seeds 3] [--race-s 300] [--race-modes lockstep,appo] [--agents 1,2,4,8] [--scaling-s 45]
-[--scaling-envs cartpole,halfcheetah] [--skip-race] [--skip-scaling] [--json PATH]``.
+``python bench/appo.py [--seeds 3] [--race-s 300] [--race-modes lockstep,appo] [--cartpole-seeds 10]
+[--agents 1,2,4,8] [--scaling-s 45] [--scaling-envs cartpole,halfcheetah] [--skip-race] [--skip-scaling] [--json PATH]``.
 
 - **Race** (HalfCheetah-v5): per seed (``experiment.seed`` 1..``--seeds``), ``configs/ppo_halfcheetah.yaml``
   (lockstep, its default) and ``configs/appo_halfcheetah.yaml`` for ``--race-s`` learner seconds
@@ -10,6 +10,10 @@
   seeds), env steps and updates; ``appo_minus_lockstep_eval`` (equal wall-clock) and, at equal env
   steps, APPO's training return when its env steps first reached lockstep's final count
   (``appo_train_at_lockstep_steps``) against lockstep's final training return.
+- **CartPole** (``--cartpole-seeds N``): per seed 1..N, lockstep PPO (``ppo_cartpole.yaml`` with
+  ``learner.on_policy_sync=lockstep``) then APPO (``appo_cartpole.yaml``), each a whole launch to
+  a 100-episode mean of 475 (:func:`solve.run_launch`); APPO's time over lockstep's per seed, its
+  spread, the medians, and the seeds where APPO was no slower.
 - **Scaling**: per env and agent count, one :func:`utilization.run_case` launch of the APPO
   config (``agent.num_agents`` set) for ``--scaling-s``: env steps/s and updates/s of the
   learner's clock, machine used, the CPU by role, experience used, agents idle; and per agent
@@ -33,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import halfcheetah  # noqa: E402  (bench/ is not a package)
+import solve  # noqa: E402
 import utilization  # noqa: E402
 
 from surreal_redis import plots  # noqa: E402
@@ -43,6 +48,9 @@ RACE = {"lockstep": ("ppo_halfcheetah.yaml", []), "appo": ("appo_halfcheetah.yam
 """Race modes: config and overrides. ``appo_fixed_epochs`` runs all 20 epochs per update as
 lockstep does, so against lockstep at equal env steps only the lag (and V-trace) differs."""
 WINDOW = 10
+CARTPOLE = {"lockstep": ("ppo_cartpole.yaml", ("learner.on_policy_sync=lockstep",)), "appo": ("appo_cartpole.yaml", ())}
+"""CartPole race modes: config and overrides (ppo_cartpole.yaml ships overlap; lockstep is the
+issue's baseline)."""
 
 
 def spread(values: list[float | None]) -> dict[str, float | None]:
@@ -100,6 +108,30 @@ def race(seeds: int, budget_s: float, modes: list[str]) -> dict:
     return out
 
 
+def cartpole(seeds: int, budget_s: float) -> dict:
+    """CartPole to 475 per seed, lockstep then APPO (:data:`CARTPOLE`), whole launches
+    (:func:`solve.run_launch`, 2 agents each): per seed both times and env steps and APPO's ratio
+    to lockstep; over the seeds the medians, the ratio's spread, and in how many seeds APPO was no
+    slower. A launch that misses the target within ``budget_s`` counts as ``budget_s``."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="surreal-appo-cartpole-") as tmp:
+        for seed in range(1, seeds + 1):
+            row: dict = {"seed": seed}
+            for mode, (config, overrides) in CARTPOLE.items():
+                wall, steps, phases = solve.run_launch(config, 2, budget_s, Path(tmp), (*overrides, f"experiment.seed={seed}"))
+                row[mode] = {"solve_s": None if wall is None else round(wall, 1), "env_steps": steps,
+                             "startup_s": None if phases.startup_s is None else round(phases.startup_s, 1)}
+            times = {mode: row[mode]["solve_s"] or budget_s for mode in CARTPOLE}
+            row["appo_vs_lockstep"] = round(times["appo"] / times["lockstep"], 2)
+            log.info("cartpole seed %d: %s", seed, row)
+            rows.append(row)
+    ratios = [row["appo_vs_lockstep"] for row in rows]
+    return {"budget_s": budget_s, "seeds": rows, "appo_vs_lockstep": spread(ratios),
+            "appo_no_slower": sum(r <= 1.0 for r in ratios),
+            **{f"{mode}_median_s": statistics.median(row[mode]["solve_s"] or budget_s for row in rows) for mode in CARTPOLE},
+            **{f"{mode}_missed": sum(row[mode]["solve_s"] is None for row in rows) for mode in CARTPOLE}}
+
+
 def scaling(envs: list[str], agents: list[int], seconds: float) -> dict:
     """APPO launches with each agent count; rates per learner second, the CPU by role."""
     fixed = [f"stop.max_seconds={seconds}", "stop.target_return=null", "stop.max_env_steps=null"]
@@ -130,12 +162,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--agents", default="1,2,4,8", help="agent counts of the scaling launches")
     parser.add_argument("--scaling-s", type=float, default=45.0, help="learner seconds per scaling launch")
     parser.add_argument("--scaling-envs", default="cartpole,halfcheetah")
+    parser.add_argument("--cartpole-seeds", type=int, default=0, help="CartPole to 475 per seed, lockstep and APPO "
+                        "(0: skip)")
+    parser.add_argument("--cartpole-budget-s", type=float, default=90.0, help="per CartPole launch")
     parser.add_argument("--skip-race", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON object here")
     options = parser.parse_args(argv)
     if options.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {options.seeds}")
+    if options.cartpole_seeds < 0 or options.cartpole_budget_s <= 0:
+        parser.error(f"--cartpole-seeds must be >= 0 and --cartpole-budget-s > 0, got {options.cartpole_seeds} and "
+                     f"{options.cartpole_budget_s}")
     if options.race_s <= 0 or options.scaling_s <= 0:
         parser.error(f"--race-s and --scaling-s must be > 0, got {options.race_s} and {options.scaling_s}")
     try:
@@ -159,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"cores": os.cpu_count(), "load_before": os.getloadavg()[0]}
     if not options.skip_scaling:
         result["scaling"] = scaling(options.scaling_envs.split(","), options.agents, options.scaling_s)
+    if options.cartpole_seeds:
+        result["cartpole"] = cartpole(options.cartpole_seeds, options.cartpole_budget_s)
     if not options.skip_race:
         result["race"] = race(options.seeds, options.race_s, options.race_modes)
     result["load_after"] = os.getloadavg()[0]
