@@ -218,3 +218,35 @@ def test_cluster_bench_runs_on_tiny_sizes():
     assert result["wait_cost"]["wait_ratio"] > 0 and result["wait_cost"]["insert_wait_ratio"] > 0
     bad = subprocess.run([sys.executable, str(script), "--senders", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--senders must be >= 1, got 0" in bad.stderr
+
+
+def test_a_waiting_sender_hears_the_read_after_the_default_node_died(fresh_redis_cluster):
+    """The receiver announces each read on the node of the shard it read from: with the cluster
+    client's default node killed (where redis-py sends keyless commands such as PUBLISH), a sender
+    waiting on max_lag (backoff 60 s) still wakes on the learner's read."""
+    cluster = fresh_redis_cluster
+    client = connect(cluster.url)
+    run = "announce"
+    keys = RunKeys(run)
+    default = client.get_default_node().port
+    owner = {cluster.primary_port_of(keys.shard(i).exp): i for i in range(3)}
+    shard = next(i for port, i in owner.items() if port != default)
+    receiver = ExperienceReceiver(client, ReceiverConfig(), run, 3, shards=[shard])
+    receiver.start()
+    sender = ExperienceSender(client, SenderConfig(flush_steps=1, max_lag=1, retry_base_s=60, retry_cap_s=60),
+                              run, shard, 3)
+    _steps(sender, 3)  # 2 chunks of 2 envs each: 4 entries unread > max_lag 1
+    cluster.kill_primary_of(keys.shard(owner[default]).exp)
+    thread = threading.Thread(target=_steps, args=(sender, 1), daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive()  # waiting on the backlog
+    deadline = time.monotonic() + 30
+    while thread.is_alive() and time.monotonic() < deadline:
+        try:
+            receiver.ack(receiver.receive(256, block_ms=200))
+        except OUTAGE_ERRORS:  # the cluster finding its way around the dead node
+            time.sleep(0.2)
+        thread.join(0.5)
+    assert not thread.is_alive(), "the sender never heard the learner read its shard"
+    sender.close()

@@ -25,14 +25,20 @@ def step(sender: ExperienceSender) -> None:
     sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
 
 
-def blocked_step(sender: ExperienceSender) -> threading.Thread:
-    """Steps until the backlog passes max_lag 1 (two entries sent), then one more step in a thread,
-    which waits on the learner."""
+def waiting_sender(client, backoff_s: float) -> tuple[ExperienceReceiver, ExperienceSender, threading.Thread]:
+    """A receiver, and a sender (max_lag 1, ``backoff_s`` between its own looks) that steps until
+    the backlog passes max_lag (two entries sent), then steps once more in a thread, which waits on
+    the learner: returned once it listens on the reads channel."""
+    receiver = ExperienceReceiver(client, ReceiverConfig(), RUN, 1)
+    receiver.start()
+    sender = ExperienceSender(client, SenderConfig(flush_steps=1, max_lag=1, retry_base_s=backoff_s,
+                                                   retry_cap_s=backoff_s), RUN, 0, 1)
     for _ in range(3):
         step(sender)  # the 2nd and 3rd each send a chunk: backlog 2 > max_lag 1
     thread = threading.Thread(target=step, args=(sender,), daemon=True)
     thread.start()
-    return thread
+    wait_until(lambda: listeners(client) == 1, 10, "the sender to listen for reads")
+    return receiver, sender, thread
 
 
 def listeners(client) -> int:
@@ -42,12 +48,7 @@ def listeners(client) -> int:
 def test_a_waiting_sender_looks_again_when_the_learner_reads(real_redis):
     """The backoff's first delay here is 30-60 s: only the announced read can end the wait in
     time. While waiting the sender listens on the channel; once through, it has left it."""
-    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
-    receiver.start()
-    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1, max_lag=1, retry_base_s=60, retry_cap_s=60),
-                              RUN, 0, 1)
-    thread = blocked_step(sender)
-    wait_until(lambda: listeners(real_redis) == 1, 10, "the sender to listen for reads")
+    receiver, sender, thread = waiting_sender(real_redis, 60)
     assert thread.is_alive()  # it waits
     receiver.ack(receiver.receive(10, 0))
     thread.join(timeout=20)
@@ -60,12 +61,7 @@ def test_a_waiting_sender_looks_again_when_the_learner_reads(real_redis):
 def test_a_broken_subscription_falls_back_to_polling(real_redis):
     """The server drops the sender's pub/sub connection mid-wait: it polls the backlog on its
     backoff (here 0.05-0.1 s) and goes on once the learner has read."""
-    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
-    receiver.start()
-    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1, max_lag=1, retry_base_s=0.1, retry_cap_s=0.1),
-                              RUN, 0, 1)
-    thread = blocked_step(sender)
-    wait_until(lambda: listeners(real_redis) == 1, 10, "the sender to listen for reads")
+    receiver, sender, thread = waiting_sender(real_redis, 0.1)
     assert real_redis.client_kill_filter(_type="pubsub") == 1
     time.sleep(0.3)  # it notices, and polls
     assert thread.is_alive()
