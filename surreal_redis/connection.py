@@ -28,13 +28,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypedDict, TypeVar, cast
+from typing import Any, Protocol, TypedDict, TypeVar, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
+from redis.typing import EncodableT, KeyT
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,16 @@ def node_client(client: RedisClient, key: str | bytes) -> redis.Redis:
     if not isinstance(client, RedisCluster):
         return client
     return client.get_redis_connection(client.get_node_from_key(key))
+
+
+def keyed_command(client: RedisClient, key: KeyT, *args: EncodableT) -> Any:
+    """``client.execute_command(*args)``; on a cluster sent straight to the primary of ``key``'s
+    slot. For commands whose keys redis-py cannot place by itself (XREAD, XREADGROUP: it asks the
+    default node with COMMAND GETKEYS, a round trip more per call, and fails without retrying or
+    refreshing its slot map while that node is down). Every key in ``args`` must share ``key``'s slot."""
+    if not isinstance(client, RedisCluster):
+        return client.execute_command(*args)
+    return client.execute_command(*args, target_nodes=client.get_node_from_key(key))
 
 
 def node_name(client: RedisClient, key: str | bytes) -> str | None:

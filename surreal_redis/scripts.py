@@ -1,6 +1,5 @@
-"""Lua scripts: loaded once per client (redis-py ``Script`` objects: EVALSHA, with a reload on
-NOSCRIPT after ``SCRIPT FLUSH`` or a server restart), and their error replies mapped to
-exceptions."""
+"""Lua scripts: run by SHA1 (EVALSHA), loaded on NOSCRIPT (a new server, ``SCRIPT FLUSH``, a
+restart) on the server that owns the call's keys, and their error replies mapped to exceptions."""
 
 from __future__ import annotations
 
@@ -9,7 +8,13 @@ from functools import cache
 import redis
 from redis.commands.core import Script
 
-from surreal_redis.connection import OUTAGE_ERRORS, RedisClient
+from surreal_redis.connection import (
+    CONNECTION_ERRORS,
+    OUTAGE_ERRORS,
+    RedisClient,
+    node_client,
+    refresh_topology,
+)
 from surreal_redis.resources import resource_dir
 
 
@@ -39,13 +44,34 @@ class Scripts:
             script = self._registered[name] = self.client.register_script(script_source(name))
         return script
 
-    def call(self, name: str, keys: list, args: list, client: redis.Redis | None = None):
+    def load(self, name: str, key: str | bytes | None = None) -> None:
+        """SCRIPT LOAD ``name`` on the server owning ``key`` (a cluster's primary of its slot), or
+        with no key where the client sends keyless commands (a cluster client: every primary,
+        which fails while one is down). One round trip; blocks for it. A connection error
+        propagates after a cluster client's slot map is refreshed (the node may have failed over)."""
+        source = self.get(name).script
+        try:
+            (self.client if key is None else node_client(self.client, key)).script_load(source)
+        except CONNECTION_ERRORS as exc:
+            refresh_topology(self.client, exc)
+            raise
+
+    def call(self, name: str, keys: list, args: list):
         """Run script ``name``; a Redis error reply that the script raised becomes ScriptError,
         while OOM, connection errors and outages (a cluster slot without a primary during a
-        failover: CLUSTERDOWN, TRYAGAIN) propagate unchanged for the caller's backoff."""
+        failover: CLUSTERDOWN, TRYAGAIN) propagate unchanged for the caller's backoff.
+
+        On NOSCRIPT the script is loaded on the node of ``keys[0]`` only and run again: redis-py's
+        ``Script`` loads it on every primary of a cluster, so one dead primary failed the calls of
+        all shards until its failover."""
+        sha = self.get(name).sha
         try:
-            return self.get(name)(keys=keys, args=args, client=client or self.client)
+            try:
+                return self.client.evalsha(sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                self.load(name, keys[0] if keys else None)
+                return self.client.evalsha(sha, len(keys), *keys, *args)
         except (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError, *OUTAGE_ERRORS):
-            raise  # the caller backs off (OOM, outage) or redis-py has already retried the load (NOSCRIPT)
+            raise  # the caller backs off (OOM, outage); NOSCRIPT right after a load: flushed again
         except redis.ResponseError as exc:
             raise ScriptError(f"{name}.lua: {exc}") from exc

@@ -101,8 +101,9 @@ class ProductionQuota:
         return Claim(_CLAIM_STATUSES[text], int(granted), int(live))
 
     def load_script(self) -> None:
-        """Load ``claim.lua`` for agents whose ACL user may run scripts but not load them."""
-        self.client.script_load(self._scripts.get("claim").script)
+        """Load ``claim.lua`` for agents whose ACL user may run scripts but not load them, on the
+        server owning the run's quota (in a cluster, not on every primary: one down fails that)."""
+        self._scripts.load("claim", self.keys.quota)
 
 
 def _granted_version(data: bytes | str) -> int:

@@ -221,9 +221,10 @@ def test_cluster_bench_runs_on_tiny_sizes():
 
 
 def test_a_waiting_sender_hears_the_read_after_the_default_node_died(fresh_redis_cluster):
-    """The receiver announces each read on the node of the shard it read from: with the cluster
-    client's default node killed (where redis-py sends keyless commands such as PUBLISH), a sender
-    waiting on max_lag (backoff 60 s) still wakes on the learner's read."""
+    """With the cluster client's default node killed, before its failover, the shards elsewhere go
+    on: redis-py sends keyless commands there (PUBLISH, SCRIPT LOAD to every primary, COMMAND
+    GETKEYS for XREADGROUP), so the receiver loads move.lua, reads and announces each read on the
+    node of the shard itself, and a sender waiting on max_lag (backoff 60 s) wakes on that read."""
     cluster = fresh_redis_cluster
     client = connect(cluster.url)
     run = "announce"

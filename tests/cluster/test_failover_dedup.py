@@ -223,6 +223,7 @@ def test_with_wait_replica_ms_a_failover_loses_nothing_the_sender_counted_stored
     sender = ExperienceSender(pair.client(), SenderConfig(flush_steps=2, max_wait_s=60, wait_replica_ms=wait_ms),
                               RUN, 0, 1)
     step = send_batches(sender, 0, 2)
+    pair.replicated()  # the 2 batches before the lag are on the replica (with wait_ms 0 nothing waited for it)
     pair.lag()
     sending = threading.Thread(target=send_batches, args=(sender, step, 2), daemon=True)
     sending.start()

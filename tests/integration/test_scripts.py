@@ -44,10 +44,26 @@ def test_outages_propagate_unwrapped_for_the_callers_backoff(real_redis, monkeyp
         def failing(*_, error=error, **__):
             raise error
 
-        monkeypatch.setattr(scripts, "get", lambda name, f=failing: f)
+        monkeypatch.setattr(real_redis, "evalsha", failing)
         with pytest.raises(type(error)) as raised:
             scripts.call("trim", keys=["exp"], args=[1])
         assert raised.type is type(error)
+
+
+def test_a_flushed_script_is_loaded_and_run_again_and_a_failed_load_propagates(real_redis, monkeypatch):
+    monkeypatch.setattr(scripts_module, "script_source", {"writer": "return redis.call('SET', KEYS[1], ARGV[1])"}.__getitem__)
+    scripts = Scripts(real_redis)
+    real_redis.script_flush()
+    assert scripts.call("writer", keys=["k"], args=["v"]) == b"OK" and real_redis.get("k") == b"v"
+    real_redis.script_flush()
+
+    def refused(*_):
+        raise redis.ConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(real_redis, "script_load", refused)
+    with pytest.raises(redis.ConnectionError):
+        scripts.call("writer", keys=["k"], args=["w"])
+    assert real_redis.get("k") == b"v"
 
 
 def test_trim_under_memory_pressure_takes_acked_entries_then_the_oldest_counting_unread(real_redis):

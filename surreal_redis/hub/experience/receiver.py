@@ -54,6 +54,8 @@ from surreal_redis.connection import (
     as_bytes,
     block_ms,
     is_cluster,
+    keyed_command,
+    node_name,
     stream_entries,
     stream_read,
 )
@@ -308,8 +310,12 @@ class ExperienceReceiver:
     def load_agent_scripts(self) -> None:
         """(Re)load ``insert.lua`` for agents whose ACL user may run scripts but not load them.
         The learner calls this at start, after a server restart (NOGROUP) and periodically, so a
-        ``SCRIPT FLUSH`` stalls agents for one housekeeping interval at most. One round trip."""
-        self.client.script_load(self._scripts.get("insert").script)
+        ``SCRIPT FLUSH`` stalls agents for one housekeeping interval at most. Loaded on the server
+        of each shard (in a cluster, every primary at once failed while one was down): one round
+        trip per server."""
+        servers = {node_name(self.client, keys.exp): keys.exp for keys in self._keys.values()}
+        for key in servers.values():
+            self._scripts.load("insert", key)
 
     def _create_groups(self) -> None:
         """Create the missing consumer groups and load the agents' script (see
@@ -625,15 +631,16 @@ class ExperienceReceiver:
                     break
 
     def _xreadgroup(self, streams: dict[KeyT, StreamIdT], count: int) -> StreamRead:
-        """XREADGROUP without blocking; on a cluster one call per stream (one slot per call).
-        Returns [(stream, entries), ...] for the streams that had entries."""
+        """XREADGROUP without blocking; on a cluster one call per stream (one slot per call), sent
+        to the stream's node (:func:`keyed_command`). Returns [(stream, entries), ...] for the
+        streams that had entries."""
         consumer = self.config.consumer
-        if not self._cluster or len(streams) == 1:
+        if not self._cluster:
             return stream_read(self.client.xreadgroup(CONSUMER_GROUP, consumer, streams, count=count))
         reply: StreamRead = []
         for name, cursor in streams.items():
-            one = self.client.xreadgroup(CONSUMER_GROUP, consumer, {name: cursor}, count=count)
-            reply += stream_read(one)
+            reply += stream_read(keyed_command(self.client, name, "XREADGROUP", "GROUP", CONSUMER_GROUP, consumer,
+                                               "COUNT", count, "STREAMS", name, cursor))
         return reply
 
     def _count_trimmed(self, shard: int, count: int) -> None:

@@ -395,7 +395,7 @@ class ExperienceSender:
                 continue
             if kind is Outcome.RELOAD:
                 try:
-                    self.client.script_load(self._scripts.get("insert").script)
+                    self._scripts.load("insert", self.keys.exp)
                 except redis.ResponseError as exc:  # agents may lack SCRIPT LOAD: the learner loads it
                     kind, error = Outcome.BACKOFF, exc
                     # INFO the first time only: the retries come every couple of seconds
@@ -448,7 +448,8 @@ class ExperienceSender:
         cfg, stop = self.config, self.stop
         if not cfg.max_lag:
             return
-        backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
+        backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)  # between looks at a backlog over max_lag
+        failures = Backoff(cfg.retry_base_s, cfg.retry_cap_s)  # between looks that failed
         start = time.monotonic()
         listening = False
         try:
@@ -458,13 +459,18 @@ class ExperienceSender:
                 except CONNECTION_ERRORS as exc:
                     log.warning("shard %d: backlog check failed (%s); retrying", self.shard, exc)
                     unread = None
-                if unread is not None and unread <= cfg.max_lag:
-                    break
+                if unread is not None:
+                    failures.reset()
+                    if unread <= cfg.max_lag:
+                        break
                 waited = time.monotonic() - start
                 if cfg.backpressure_timeout_s is not None and waited > cfg.backpressure_timeout_s:
                     raise HubUnavailableError(
                         f"shard {self.shard}: learner backlog {unread} > max_lag {cfg.max_lag} for "
                         f"{waited:.1f}s (sender.backpressure_timeout_s)")
+                if unread is None:  # the read that woke this look is not announced again: retry soon
+                    self._await_read(failures.next_delay(), listening=False)
+                    continue
                 if not listening:
                     listening = self._listen_for_reads()
                     if listening:

@@ -22,7 +22,7 @@ import numpy as np
 import redis
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
-from surreal_redis.connection import RedisClient, as_text, stream_entries, stream_read
+from surreal_redis.connection import RedisClient, as_text, keyed_command, stream_entries, stream_read
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -126,7 +126,9 @@ class EpisodeReader:
                 last = stream_entries(self.client.xrevrange(key, count=1))
                 self.cursors[key] = last[0][0].decode() if last else "0-0"
         streams: dict[KeyT, StreamIdT] = dict(self.cursors.items())
-        reply = stream_read(self.client.xread(streams, count=count))
+        first = next(iter(streams))  # the run's streams share one slot (keys.py)
+        reply = stream_read(keyed_command(self.client, first, "XREAD", "COUNT", count, "STREAMS",
+                                          *streams.keys(), *streams.values()))
         records = []
         for name, entries in reply:
             key = as_text(name)
