@@ -151,6 +151,26 @@ def test_without_lag_the_value_targets_are_gaes_lambda_returns(lam):
     assert not out.rho_clipped.any() and torch.equal(out.rhos, torch.ones(T, B, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.92, 1.0])
+def test_the_lambda_advantage_is_gaes_without_lag_and_v_trace_s_correction_with_it(lam):
+    """appo.pg_advantage lambda: v_s - V(x_s); without lag GAE(lambda)'s advantage for any lambda
+    (so APPO on grants trains as PPO), with lag eq. (1)'s rho- and c-weighted correction."""
+    d = episode_data(4)
+    args = as_tensors(d)
+    algo = APPOAlgorithm.__new__(APPOAlgorithm)
+    algo.config = APPOConfig(gamma=0.9, gae_lambda=lam, pg_advantage="lambda")
+    zeros = torch.zeros(T, B, dtype=torch.float64)
+    fresh = algo._targets(**args, behaviour_logp=zeros, target_logp=zeros)
+    advantages, returns = compute_gae(**args, gamma=0.9, gae_lambda=lam)
+    torch.testing.assert_close(fresh.advantages, advantages)
+    torch.testing.assert_close(fresh.returns, returns)
+    lagged_logp = torch.as_tensor(np.random.default_rng(5).normal(0, 0.5, (T, B)))
+    lagged = algo._targets(**args, behaviour_logp=zeros, target_logp=lagged_logp)
+    out = vtrace(**args, log_rhos=lagged_logp, gamma=0.9, lam=lam)
+    torch.testing.assert_close(lagged.advantages, out.vs - args["values"])
+    assert not torch.allclose(lagged.advantages, advantages)
+
+
 # ---------------------------------------------------------------- the update
 
 SMALL = dict(hidden_sizes=(16, 16), device="cpu", update_epochs=2, num_minibatches=2)
@@ -261,6 +281,7 @@ def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     (dict(min_epochs=0), r"min_epochs must be an int in 1..update_epochs \(4\) or None, got 0"),
     (dict(min_epochs=5), "min_epochs must be .* got 5"),
     (dict(clip_against="mu"), "clip_against must be 'behaviour' or 'proximal', got 'mu'"),
+    (dict(pg_advantage="gae"), "pg_advantage must be 'one_step' or 'lambda', got 'gae'"),
 ])
 def test_config_validation_names_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):

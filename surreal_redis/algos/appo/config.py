@@ -28,6 +28,15 @@ class APPOConfig(PPOConfig):
     (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's weight rho being in the
     advantages already, so lagged samples keep their gradient. On HalfCheetah with all 20 epochs
     (240 s, seed 3, 2026-12-02) ``behaviour`` scored eval 2207, ``proximal`` 1557."""
+    pg_advantage: str = "lambda"
+    """The policy-gradient advantage under the clipped surrogate: ``one_step``, the paper's
+    rho_s (r_s + gamma v_{s+1} - V(x_s)) (Espeholt et al. 2018, section 4.2; Sample Factory's and
+    RLlib's APPO), which without lag is GAE's advantage with the next step's weighted by 1 instead
+    of lambda; or ``lambda``, v_s - V(x_s) = sum_t gamma^{t-s} (prod c_i) rho_t delta_t (eq. 1's
+    correction), which without lag is GAE(lambda)'s advantage exactly, so APPO on grants is PPO.
+    ``lambda`` is the default: one_step's next-step term weighs the learner's value error at full
+    gamma, and on HalfCheetah (appo_halfcheetah.yaml, 240 s, seeds 1-3, 2026-12-02) it scored eval
+    1130 (886-1567) where ``lambda`` scored 2307 (623-3206)."""
     vtrace_rho_bar: float = 1.0
     """rho_bar: truncates the importance weight rho_t = min(rho_bar, pi/mu) of each TD error and of
     the policy-gradient advantage; it sets the fixed point the value function learns (larger: nearer
@@ -42,6 +51,8 @@ class APPOConfig(PPOConfig):
         if self.min_epochs is not None and not (isinstance(self.min_epochs, int) and 1 <= self.min_epochs <= self.update_epochs):
             raise ValueError(f"min_epochs must be an int in 1..update_epochs ({self.update_epochs}) or None, "
                              f"got {self.min_epochs!r}")
+        if self.pg_advantage not in ("one_step", "lambda"):
+            raise ValueError(f"pg_advantage must be 'one_step' or 'lambda', got {self.pg_advantage!r}")
         if self.clip_against not in ("behaviour", "proximal"):
             raise ValueError(f"clip_against must be 'behaviour' or 'proximal', got {self.clip_against!r}")
         for name in ("vtrace_rho_bar", "vtrace_c_bar"):

@@ -2,7 +2,9 @@
 targets in place of GAE.
 
 V-trace is Espeholt et al. 2018 (IMPALA, arXiv:1802.01561): section 4.1, eq. (1), for the value
-targets, section 4.2 for the policy-gradient advantage. PPO's clipped surrogate on those
+targets; the policy-gradient advantage is eq. (1)'s correction v_s - V(x_s) (``appo.pg_advantage:
+lambda``, GAE(lambda)'s advantage when nothing lags) or section 4.2's one-step
+rho_s (r_s + gamma v_{s+1} - V(x_s)) (``one_step``). PPO's clipped surrogate on those
 advantages takes its ratio against the agents' behaviour log-probs (Sample Factory's APPO) or,
 with ``clip_against: proximal``, against the network at the start of the update (the proximal
 policy of decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's importance weight
@@ -101,9 +103,11 @@ class APPOAlgorithm(PPOAlgorithm):
         cfg = self.config
         out = vtrace(rewards, values, next_values, terminated, truncated, target_logp - behaviour_logp,
                      cfg.gamma, cfg.gae_lambda, cfg.vtrace_rho_bar, cfg.vtrace_c_bar)
+        # pg_advantage lambda: v_s - V(x_s), eq. (1)'s correction (GAE(lambda) without lag)
+        advantages = out.pg_advantages if cfg.pg_advantage == "one_step" else out.vs - values
         # clip_against proximal: the surrogate's ratio against the network at the start of the
         # update, not the agents' mu, the advantages carrying rho_s = min(rho_bar, pi/mu) already:
         # clipping pi/mu zeroes the gradient of every sample lagging past the clip range
         # (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641, eq. 2)
-        return Targets(out.pg_advantages, out.vs, {"rho_clipped_fraction": out.rho_clipped, "rho_mean": out.rhos},
+        return Targets(advantages, out.vs, {"rho_clipped_fraction": out.rho_clipped, "rho_mean": out.rhos},
                        proximal_logp=target_logp if cfg.clip_against == "proximal" else None)
