@@ -595,13 +595,9 @@ class ExperienceReceiver:
         older ``surreal-redis acl``) is told once, and the senders keep polling."""
         if not self._announce:
             return
-        channel = self._keys[shard].reads
-        try:
-            if self._cluster:  # on the node just read from, alive (redis-py would send it to its default node)
-                node = self.client.get_node_from_key(self._keys[shard].exp)  # type: ignore[union-attr]
-                self.client.publish(channel, count, target_nodes=node)
-            else:
-                self.client.publish(channel, count)
+        keys = self._keys[shard]
+        try:  # on the node just read from, alive (redis-py sends keyless PUBLISH to its default node)
+            keyed_command(self.client, keys.exp, "PUBLISH", keys.reads, count)
         except redis.exceptions.NoPermissionError as exc:
             self._announce = False
             log.warning("shard %d: reads are not announced (%s); waiting senders poll the backlog instead. "
