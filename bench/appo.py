@@ -1,6 +1,7 @@
 """APPO against lockstep PPO, whole launches side by side in one run:
 ``python bench/appo.py [--seeds 3] [--race-s 300] [--race-modes lockstep,appo] [--cartpole-seeds 10]
-[--agents 1,2,4,8] [--scaling-s 45] [--scaling-envs cartpole,halfcheetah] [--skip-race] [--skip-scaling] [--json PATH]``.
+[--agents 1,2,4,8] [--scaling-s 45] [--scaling-envs cartpole,halfcheetah] [-o KEY=VALUE ...] [--skip-race] [--skip-scaling]
+[--json PATH]``.
 
 - **Race** (HalfCheetah-v5): per seed (``experiment.seed`` 1..``--seeds``), ``configs/ppo_halfcheetah.yaml``
   (lockstep, its default) and ``configs/appo_halfcheetah.yaml`` for ``--race-s`` learner seconds
@@ -132,9 +133,10 @@ def cartpole(seeds: int, budget_s: float) -> dict:
             **{f"{mode}_missed": sum(row[mode]["solve_s"] is None for row in rows) for mode in CARTPOLE}}
 
 
-def scaling(envs: list[str], agents: list[int], seconds: float) -> dict:
-    """APPO launches with each agent count; rates per learner second, the CPU by role."""
-    fixed = [f"stop.max_seconds={seconds}", "stop.target_return=null", "stop.max_env_steps=null"]
+def scaling(envs: list[str], agents: list[int], seconds: float, extra: list[str]) -> dict:
+    """APPO launches with each agent count; rates per learner second, the CPU by role. ``extra``:
+    overrides for every launch (``--override``)."""
+    fixed = [f"stop.max_seconds={seconds}", "stop.target_return=null", "stop.max_env_steps=null", *extra]
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="surreal-appo-scaling-") as tmp:
         for env in envs:
@@ -147,7 +149,7 @@ def scaling(envs: list[str], agents: list[int], seconds: float) -> dict:
                     "machine_used": case["machine_used"], "machine_used_steady": case["machine_used_steady"],
                     "cores_by_role": case["cores_by_role"], "used": case["used"],
                     "agents_idle": case["agents_idle"], "learner_busy": case["learner_busy"],
-                    "policy_lag_p90": case["policy_lag_p90"],
+                    "policy_lag_p90": case["policy_lag_p90"], "epochs_per_update": case["epochs_per_update"],
                     # agent cores are averaged over the launch's whole wall time, steps over the learner's
                     "steps_per_agent_core_s": round(case["env_steps"] / (agent_cores * case["wall_s"])) if agent_cores else None}
             out[env] = rows
@@ -168,6 +170,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-race", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON object here")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every scaling launch, e.g. tracking.enabled=false on a machine "
+                        "without MLflow (repeatable)")
     options = parser.parse_args(argv)
     if options.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {options.seeds}")
@@ -196,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result: dict = {"cores": os.cpu_count(), "load_before": os.getloadavg()[0]}
     if not options.skip_scaling:
-        result["scaling"] = scaling(options.scaling_envs.split(","), options.agents, options.scaling_s)
+        result["scaling"] = scaling(options.scaling_envs.split(","), options.agents, options.scaling_s,
+                                    options.override)
     if options.cartpole_seeds:
         result["cartpole"] = cartpole(options.cartpole_seeds, options.cartpole_budget_s)
     if not options.skip_race:

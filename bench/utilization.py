@@ -91,9 +91,9 @@ def process_role(command: str) -> str:
     """Which part of a launch one process is (its command line): a :data:`ROLES` name, or ``other``."""
     if "redis-server" in command:
         return "redis"
-    if "mlflow" in command or "tracking" in command:
-        return "mlflow"
     words = command.split()
+    if "surreal_redis.tracking" in words or any(os.path.basename(word).startswith("mlflow") for word in words):
+        return "mlflow"
     for role in ("learner", "agent", "eval", "launch"):
         if role in words:
             return role

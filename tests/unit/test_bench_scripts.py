@@ -23,7 +23,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def bench(request):
     sys.path.insert(0, str(BENCH))
     request.addfinalizer(lambda: sys.path.remove(str(BENCH)))
-    return {name: importlib.import_module(name) for name in ("memory", "throughput", "halfcheetah", "appo")}
+    return {name: importlib.import_module(name) for name in ("memory", "throughput", "halfcheetah", "appo", "utilization", "learner_step")}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -176,6 +176,18 @@ def test_memory_names_each_process_role(bench, cmdline, role):
     assert bench["memory"].role_from_cmdline(cmdline) == role
 
 
+@pytest.mark.parametrize("cmdline, role", [
+    (".venv/bin/python -m surreal_redis.cli launch configs/appo_cartpole.yaml -o tracking.enabled=false", "launch"),
+    (".venv/bin/python -m surreal_redis.tracking runs/x x x ", "mlflow"),
+    ("/usr/local/bin/mlflow ui --backend-store-uri sqlite:///runs/x/mlflow.db", "mlflow"),
+    ("/opt/redis/bin/redis-server.bin *:0", "redis"),
+    (".venv/bin/python -m surreal_redis.cli --log-level INFO agent --id 3 --config c.yaml", "agent"),
+])
+def test_utilization_names_each_process_role(bench, cmdline, role):
+    # an override naming tracking on the launch's command line does not make it MLflow's
+    assert bench["utilization"].process_role(cmdline) == role
+
+
 def test_memory_and_cpu_readers_see_a_child_process_and_keep_an_exited_agents_time(bench):
     memory, throughput = bench["memory"], bench["throughput"]
     # a busy child whose command line looks like an agent's
@@ -244,3 +256,17 @@ def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_step
     assert json.loads((tmp_path / "out.json").read_text()) == result
     assert appo.spread([None]) == {"mean": None, "min": None, "max": None}
     assert appo.train_return_at(None, 10) is None
+
+
+def test_learner_step_times_an_update_and_refuses_what_it_cannot_time(bench, capsys):
+    result = bench["learner_step"].main(["--configs", "ppo_cartpole", "--steps", "64", "--minibatch", "32,0",
+                                         "--repeats", "1", "--device", "cpu"])
+    [case] = result["cases"]  # minibatch 0 (the config's 256 rows) is over the 64-step batch: skipped
+    assert case["steps"] == 64 and case["minibatches"] == 2 and case["epochs"] == 10 and case["device"] == "cpu"
+    assert case["update_s"] > 0 and case["samples_per_s"] > 0
+    assert case["minibatch_step_ms"] == pytest.approx(case["epoch_ms"] / 2, abs=0.01)
+    with pytest.raises(SystemExit, match="sac_pendulum: sac's trainer is not a PPO-family one"):
+        bench["learner_step"].main(["--configs", "sac_pendulum", "--repeats", "1", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        bench["learner_step"].main(["--steps", "x"])
+    assert "--steps and --minibatch take comma-separated integers, got 'x'" in capsys.readouterr().err
