@@ -11,7 +11,9 @@ once ``EPISODE_BATCH`` wait). Parameters, two ways (``learner.on_policy_sync``):
   OK -> produce it and send it at once; STALE -> load the new parameters and claim again; WAIT ->
   wait on the notify channel for the next version or grant. No other version polls.
 - free: every ``agent.fetch_every_steps`` steps (or ``fetch_every_episodes``) one tiny version poll
-  (parameters are downloaded only when the version changed).
+  (parameters are downloaded only when the version changed), and after every flush that waited on
+  the learner's backlog (``hub.sender.max_lag``), so the next chunks are made with the parameters
+  of the updates the wait let by.
 
 Idle time (waiting on claims and on backpressure) goes into the heartbeat. A Redis outage is
 ridden out with capped backoff (experience of the outage is dropped and counted, never
@@ -35,7 +37,7 @@ from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
 from surreal_redis.connection import Backoff, OutageGuard, RedisClient
 from surreal_redis.envs import make_vector_env, step_vector_env
-from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError
+from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, shard_peer_chunks
 from surreal_redis.hub.params import ParameterClient, connect_replicas
 from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
 from surreal_redis.hub.run.control import RunControl, StopWatch
@@ -98,7 +100,9 @@ class Agent:
         self.control = RunControl(client, config.run)
         self.stop_watch = StopWatch(stop, self.control)
         self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards,
-                                       stop=self.stop_watch)
+                                       stop=self.stop_watch,
+                                       peer_chunks=shard_peer_chunks(agent_id, config.agent.num_agents,
+                                                                     config.redis.num_shards, self.num_envs))
         self.lockstep = config.lockstep
         self.quota = ProductionQuota(client, config.run)
         self.news = QuotaNews(client, config.run)
@@ -180,6 +184,7 @@ class Agent:
         next_poll = self.steps + cfg.fetch_every_steps * self.num_envs
         next_episode_poll = self.num_episodes + (cfg.fetch_every_episodes or 0)
         flush_step = 0  # vector steps into the current flush
+        learner_waits = self.sender.learner_waits
         while not self.stop:
             if self.lockstep and flush_step == 0 and not self._claim_flush():
                 break
@@ -207,7 +212,9 @@ class Agent:
             for i in step.final_obs:  # a lost life with episodic life too: as the learner's targets reset
                 self.policy.on_episode_start(i)
             episodes_due = cfg.fetch_every_episodes is not None and self.num_episodes >= next_episode_poll
-            if not self.lockstep and (self.steps >= next_poll or episodes_due):
+            waited = self.sender.learner_waits != learner_waits  # the learner updated meanwhile
+            learner_waits = self.sender.learner_waits
+            if not self.lockstep and (self.steps >= next_poll or episodes_due or waited):
                 next_poll = self.steps + cfg.fetch_every_steps * self.num_envs
                 next_episode_poll = self.num_episodes + (cfg.fetch_every_episodes or 0)
                 self._pull_params()  # never raises: an outage leaves the current parameters

@@ -311,6 +311,28 @@ class ExperimentConfig:
                              f"in free production (chunks that old would all be dropped), got {lag}")
 
     @property
+    def stale_round_advice(self) -> str | None:
+        """A one-line warning when one flush of every agent (free on-policy production) spans more
+        than half of ``replay.fifo.max_policy_lag`` updates, else None. Agents that wait on the
+        backlog are let go together and their flushes reach the learner as one block, whose last
+        chunks are trained on that many updates after the agents' parameters: 15 CartPole agents
+        (4 envs x 32 steps each, 7.5 updates of 256 steps) had 40% of their experience dropped as
+        too stale at max_policy_lag 8, 15 HalfCheetah agents (3.75 updates) 4%, and with 8192
+        steps per update 0% (2026-12-04, 16 cores, learner on a GPU; docs/benchmarks.md)."""
+        lag = self.replay.fifo.max_policy_lag
+        if self.lockstep or not self.algorithm.on_policy or lag is None:
+            return None
+        round_steps = self.agent.num_agents * self.env.num_envs * self.hub.sender.flush_steps
+        updates = round_steps / self.learner.steps_per_update
+        if updates <= lag / 2:
+            return None
+        return (f"one flush of every agent is {round_steps} env steps ({self.agent.num_agents} agents x {self.env.num_envs} "
+                f"envs x {self.hub.sender.flush_steps} steps), {updates:g} updates of learner.steps_per_update "
+                f"{self.learner.steps_per_update}: flushes sent together can lag past replay.fifo.max_policy_lag {lag} "
+                f"and be dropped as too stale; raise learner.steps_per_update (more rows per minibatch on a GPU) or lower "
+                f"hub.sender.flush_steps")
+
+    @property
     def algorithm(self) -> AlgorithmSpec:
         """The declaration of the algorithm ``algo`` names."""
         try:

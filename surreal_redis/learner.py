@@ -132,6 +132,8 @@ class Learner:
             # from agents starting to learn when it opened after the first update).
             tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
                                                 run_name=config.run, tracking_uri=config.tracking.tracking_uri))
+        if advice := config.stale_round_advice:
+            log.warning("%s", advice)
         seed = config.experiment.seed
         torch.set_num_threads(config.learner.torch_threads)
         torch.manual_seed(seed)

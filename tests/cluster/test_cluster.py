@@ -236,10 +236,10 @@ def test_a_waiting_sender_hears_the_read_after_the_default_node_died(fresh_redis
     receiver.start()
     sender = ExperienceSender(client, SenderConfig(flush_steps=1, max_lag=1, retry_base_s=60, retry_cap_s=60),
                               run, shard, 3)
-    _steps(sender, 3)  # 2 chunks of 2 envs each: 4 entries unread > max_lag 1
+    _steps(sender, 2)  # one insert (a chunk of each env): 1 batch unread in the inbox, not over max_lag 1
     cluster.kill_primary_of(keys.shard(owner[default]).exp)
     thread = threading.Thread(target=_steps, args=(sender, 1), daemon=True)
-    thread.start()
+    thread.start()  # a second insert: 2 batches unread > max_lag 1
     time.sleep(0.5)
     assert thread.is_alive()  # waiting on the backlog
     deadline = time.monotonic() + 30

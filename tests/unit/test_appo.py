@@ -331,6 +331,7 @@ def test_the_shipped_configs_are_ppos_with_free_production():
         assert appo.replay.fifo.max_policy_lag is not None and 1 <= appo.replay.fifo.max_policy_lag <= 8
         assert appo.hub.sender.max_lag is not None and appo.hub.sender.max_lag >= 1
         assert appo.algo_config.min_epochs == 1 and appo.agent.nice > 0
+        assert appo.stale_round_advice is None  # one flush of every agent is well within max_policy_lag
 
 
 def test_min_epochs_need_a_prefetch_queue_that_holds_the_next_batch():
@@ -340,3 +341,16 @@ def test_min_epochs_need_a_prefetch_queue_that_holds_the_next_batch():
     config = load_config(None, ["algo=appo", "appo.min_epochs=1", "learner.steps_per_update=256",
                                 "hub.sender.flush_steps=32", "learner.prefetch_chunks=8"])
     assert config.algo_config.min_epochs == 1
+
+
+def test_agents_whose_flushes_together_outlast_max_policy_lag_are_warned_about():
+    """15 CartPole agents of 4 envs x 32 steps send 7.5 updates of 256 steps in one flush each: more
+    than half of max_policy_lag 8, so the learner warns; with 2048 steps per update it is 0.94."""
+    crowded = load_config("appo_cartpole", ["agent.num_agents=15"])
+    assert crowded.stale_round_advice is not None
+    assert "1920 env steps (15 agents x 4 envs x 32 steps), 7.5 updates" in crowded.stale_round_advice
+    assert "replay.fifo.max_policy_lag 8" in crowded.stale_round_advice
+    bigger = crowded.with_overrides(["learner.steps_per_update=2048", "learner.prefetch_chunks=64"])
+    assert bigger.stale_round_advice is None
+    on_grants = load_config("ppo_cartpole", ["agent.num_agents=15", "learner.on_policy_sync=lockstep"])
+    assert on_grants.stale_round_advice is None  # grants bound what is produced

@@ -325,18 +325,21 @@ def test_backpressure_waits_for_the_learner(fake_redis):
     def step():
         sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
 
-    for _ in range(4):
-        step()  # 3 entries sent: the third waited for nothing (backlog 2 <= max_lag)
+    for _ in range(3):
+        step()  # 2 entries sent: backlog 2 <= max_lag, no wait
+    assert sender.learner_waits == 0
     with pytest.raises(HubUnavailableError, match="max_lag"):
-        step()  # its chunk is dropped; the step itself starts the next chunk
-    assert sender.stats().steps_dropped == 1 and fake_redis.llen(RunKeys(RUN).shard(0).inbox) == 3  # queued
+        step()  # the 3rd is sent, then the wait for the learner's backlog times out
+    # the chunk went out before the wait: stored, not dropped
+    assert sender.stats().steps_dropped == 0 and fake_redis.llen(RunKeys(RUN).shard(0).inbox) == 3
+    assert sender.learner_waits == 1
     reader = threading.Timer(0.05, lambda: receiver.receive(10, 0))
     reader.start()
     started = time.monotonic()
-    step()
+    step()  # the 4th is sent, then it waits for the read
     reader.join()
     assert time.monotonic() - started >= 0.04
-    assert sender.stats().backpressure_wait_s > 0.04
+    assert sender.stats().backpressure_wait_s > 0.04 and sender.learner_waits == 2
 
 
 def test_malformed_entries_go_to_the_dead_letter_stream(fake_redis):

@@ -67,7 +67,8 @@ class SenderConfig:
     ``max_insert_bytes``:
     bytes (fields and blobs) per insert call, which bounds how long one call holds the server;
     a single bigger chunk goes alone. ``max_lag``: wait before sending while the learner has more
-    unread entries than this on our shard (None or 0: never wait). ``max_wait_s``: give up
+    unread entries than this on our shard, less the other agents' flushes (``peer_chunks``), so
+    that the shard's backlog stays within about one flush of it (None or 0: never wait). ``max_wait_s``: give up
     (HubUnavailableError) after retrying an insert refused for OOM or connection errors this
     long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long as
     it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its referenced
@@ -146,6 +147,15 @@ class SenderStats(NamedTuple):
     unreplicated_retries: int = 0  # pipelines sent again: no replica had them in wait_replica_ms
 
 
+def shard_peer_chunks(agent_id: int, num_agents: int, num_shards: int, num_envs: int) -> int:
+    """The chunks that the other agents of ``agent_id``'s shard send in one flush each: of the
+    run's agents ``0 .. num_agents-1``, those of shard ``agent_id % num_shards`` other than
+    ``agent_id``, each flushing ``num_envs`` chunks."""
+    shard = agent_id % num_shards
+    peers = sum(1 for other in range(num_agents) if other % num_shards == shard and other != agent_id)
+    return peers * num_envs
+
+
 class HubUnavailableError(RuntimeError):
     """Redis refused or could not take an insert for longer than the configured wait."""
 
@@ -159,14 +169,30 @@ class ExperienceSender:
     """
 
     def __init__(self, client: RedisClient, config: SenderConfig, run: str, agent_id: int,
-                 num_shards: int, stop: Waiter | None = None, ledger: Ledger | None = None) -> None:
+                 num_shards: int, stop: Waiter | None = None, ledger: Ledger | None = None,
+                 peer_chunks: int = 0) -> None:
         """``ledger``: where acknowledged batches are recorded (default: the one
-        ``SURREAL_LEDGER_DIR`` names, usually none; :mod:`surreal_redis.hub.experience.ledger`)."""
+        ``SURREAL_LEDGER_DIR`` names, usually none; :mod:`surreal_redis.hub.experience.ledger`).
+        ``peer_chunks``: the chunks that the other agents of this shard send in one flush each
+        (:func:`shard_peer_chunks`); the backlog wait admits a flush only while ``unread +
+        peer_chunks <= max_lag``, so that when one read wakes every waiting agent of the shard at
+        once and all of them are admitted, the backlog still ends at most one flush past
+        ``max_lag``. Without it, N agents woken together each added a flush: 15 CartPole agents
+        left 30 chunks (4 updates) past max_lag, and 59% of their experience lagged past
+        ``replay.fifo.max_policy_lag`` and was dropped (2026-12-04, 16 cores, learner on a GPU)."""
         if agent_id < 0:
             raise ValueError(f"agent_id must be >= 0, got {agent_id}")
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        if peer_chunks < 0:
+            raise ValueError(f"peer_chunks must be >= 0, got {peer_chunks}")
         self.client, self.config, self.agent_id = client, config, agent_id
+        self.admit_below = max((config.max_lag or 0) - peer_chunks, 0)
+        """The unread backlog at or under which a flush goes out (``max_lag`` less ``peer_chunks``)."""
+        if config.max_lag and peer_chunks >= config.max_lag:
+            log.warning("agent %d: hub.sender.max_lag %d is within the flushes of the other agents of shard %d (%d "
+                        "chunks): a flush waits for an empty backlog, which one flush of every agent can overshoot",
+                        agent_id, config.max_lag, agent_id % num_shards, peer_chunks)
         self.stop = stop  # ends the backpressure wait (the run is stopping)
         self.shard = agent_id % num_shards
         self.keys = RunKeys(run).shard(self.shard)  # on a cluster, its inserts go to the slot's primary
@@ -185,6 +211,9 @@ class ExperienceSender:
         self._unsent: dict[int, EncodedChunk] = {}  # id(fields) -> chunk, while a flush is being sent
         self._payloads: dict[str, bytes] = {}  # id -> payload stored apart, while a flush is being sent
         self._reads = Subscription(client, self.keys.reads)  # subscribed only while waiting on the backlog
+        self.learner_waits = 0
+        """Flushes after which the sender waited for the learner's backlog (``max_lag``): an agent
+        whose sender waited pulls the learner's newest parameters before it steps on."""
 
     # ------------------------------------------------------------ public API
 
@@ -268,6 +297,10 @@ class ExperienceSender:
         finally:
             self._unsent, self._payloads = {}, {}
             self._buffer.release()
+        # After the send, not before: the chunks leave as soon as they are made, and the agent
+        # makes its next ones after the wait, with the parameters it pulls then
+        # (``learner_waits``), instead of holding finished chunks that age while it waits.
+        self._wait_for_learner()
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
         """The chunk with its payload replaced by a fresh blob id when it is at least
@@ -293,7 +326,6 @@ class ExperienceSender:
         unsettled seq, and drops the copy). At most ``SEQ_WINDOW`` seqs past the floor are in flight.
         """
         cfg = self.config
-        self._wait_for_learner()
         stored, blob, payloads = self._is_stored, self._buffer.blob, self._payloads
 
         def upload_size(d: str) -> int | None:
@@ -437,8 +469,9 @@ class ExperienceSender:
         return retry, error
 
     def _wait_for_learner(self) -> None:
-        """Block while the learner's unread backlog on our shard exceeds max_lag, or until
-        ``stop`` is set (then the chunks go out without waiting: the run is ending).
+        """After a flush: block while the learner's unread backlog on our shard exceeds max_lag
+        less the other agents' flushes (:attr:`admit_below`), or until ``stop`` is set (the run is
+        ending).
 
         Once over, the sender subscribes to the shard's ``reads`` channel and looks at the backlog
         again after each read the learner announces there, and at the latest after a capped backoff
@@ -451,18 +484,21 @@ class ExperienceSender:
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)  # between looks at a backlog over max_lag
         failures = Backoff(cfg.retry_base_s, cfg.retry_cap_s)  # between looks that failed
         start = time.monotonic()
-        listening = False
+        listening = counted = False
         try:
             while stop is None or not stop.is_set():
                 try:
-                    unread = read_backlog(self.client, self.keys, cfg.max_lag + 1).unread
+                    unread = read_backlog(self.client, self.keys, self.admit_below + 1).unread
                 except CONNECTION_ERRORS as exc:
                     log.warning("shard %d: backlog check failed (%s); retrying", self.shard, exc)
                     unread = None
                 if unread is not None:
                     failures.reset()
-                    if unread <= cfg.max_lag:
+                    if unread <= self.admit_below:
                         break
+                    if not counted:  # the first look over: this flush waits
+                        counted = True
+                        self.learner_waits += 1
                 waited = time.monotonic() - start
                 if cfg.backpressure_timeout_s is not None and waited > cfg.backpressure_timeout_s:
                     raise HubUnavailableError(
