@@ -104,7 +104,8 @@ class AgentClocks:
     restarted agent starts from 0 again). Keeps the last report of agents that left."""
 
     def __init__(self) -> None:
-        self.last: dict[tuple[str, int], tuple[float, float]] = {}
+        self.last: dict[tuple[str, int], tuple[float, float]] = {}  # at the last update: the window's start
+        self.seen: dict[tuple[str, int], tuple[float, float]] = {}  # the latest report of each, for total()
 
     def update(self, reports: list[tuple[str, int, float, float]]) -> float | None:
         """Take ``(agent id, pid, idle_s, running_s)`` reports; returns the idle fraction since
@@ -116,12 +117,19 @@ class AgentClocks:
                 idle += min(max(0.0, idle_s - previous[0]), running_s - previous[1])
                 running += running_s - previous[1]
             self.last[(agent_id, pid)] = (idle_s, running_s)
+        self.observe(reports)
         return idle / running if running > 0 else None
+
+    def observe(self, reports: list[tuple[str, int, float, float]]) -> None:
+        """Keep the reports for :meth:`total` without ending :meth:`update`'s window: a run shorter
+        than the learner's report interval still has its agents' time when they left before it."""
+        for agent_id, pid, idle_s, running_s in reports:
+            self.seen[(agent_id, pid)] = (idle_s, running_s)
 
     def total(self) -> float | None:
         """Idle fraction over everything reported (None before any running time)."""
-        running = sum(r for _, r in self.last.values())
-        return sum(i for i, _ in self.last.values()) / running if running > 0 else None
+        running = sum(r for _, r in self.seen.values())
+        return sum(i for i, _ in self.seen.values()) / running if running > 0 else None
 
 
 class LearnerMetrics:
@@ -153,6 +161,7 @@ class LearnerMetrics:
         self.started = time.monotonic()
         self.agent_clocks = AgentClocks()
         self._last_flush = time.monotonic()
+        self._agents_observed = self._last_flush
         self._last_counts: dict[str, float] = {}
         self._status: dict[str, Any] = {}
 
@@ -239,6 +248,20 @@ class LearnerMetrics:
             numbers["hub/dedup_ratio"] = float(np.mean(ratios))
         return numbers
 
+    def _observe_agents(self, now: float) -> None:
+        """Between reports, read the agents' clocks once per ``agent.heartbeat_every_s`` (one
+        HGETALL): at the stop, agents remove their heartbeats, and a run whose learning was
+        shorter than ``learner.metrics_every_s`` had no idle figure ("agents idle -")."""
+        if now - self._agents_observed < self.config.agent.heartbeat_every_s:
+            return
+        self._agents_observed = now
+        try:
+            agents = read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
+        except redis.RedisError as exc:  # the next look or report reads them again
+            log.debug("agents' heartbeats not read (%s)", exc)
+            return
+        self.agent_clocks.observe([(a.agent_id, a.pid, a.idle_s, a.running_s) for a in agents])
+
     def _agent_numbers(self, version: int) -> dict[str, float]:
         agents = [a for a in read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s) if not a.stale]
         numbers = {"hub/agents_alive": float(len(agents))}
@@ -271,6 +294,7 @@ class LearnerMetrics:
         now = time.monotonic()
         dt = now - self._last_flush
         if not force and dt < self.config.learner.metrics_every_s:
+            self._observe_agents(now)
             return
         self._last_flush = now
         step = progress.iteration

@@ -61,14 +61,10 @@ def test_an_overlapped_launch_uses_nearly_every_step_one_version_behind(tmp_path
 
 def test_an_appo_launch_uses_nearly_every_step_with_epochs_that_follow_the_agents(tmp_path):
     """appo_cartpole.yaml for 30k env steps: agents never wait for grants, the learner takes what
-    arrives within max_policy_lag, and each update ran between min_epochs and update_epochs.
-    The learner reports every second (the config: 5 s): the run's learning takes 3-5 s, and a
-    learner that never read the agents' heartbeats before they left at the stop has no idle
-    figure for the summary ("agents idle -")."""
+    arrives within max_policy_lag, and each update ran between min_epochs and update_epochs."""
     done = subprocess.run([sys.executable, "-m", "surreal_redis.cli", "launch", str(CONFIGS / "appo_cartpole.yaml"),
                            "-o", f"experiment.root={tmp_path}", "-o", "eval.enabled=false", "-o", "stop.target_return=null",
-                           "-o", "stop.max_env_steps=30000", "-o", "learner.metrics_every_s=1"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                           "-o", "stop.max_env_steps=30000"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "run 'appo_cartpole' finished (reached" in done.stderr, done.stderr[-4000:]
     use = re.search(r"experience used (?P<used>[\d.]+)% .*, rho clipped (?P<rho>\d+)%, epochs/update (?P<epochs>[\d.]+), "

@@ -400,6 +400,13 @@ def test_lag_percentiles_and_agent_clocks():
     assert clocks.total() == (2.0 + 0.0 + 0.0) / (4.0 + 1.0 + 1.0)
     # an idle stretch reported late (it began before the previous report) never makes it more than all
     assert clocks.update([("0", 12, 3.0, 2.0)]) == 1.0
+    # reports looked at between updates count in the total but leave the window where it was
+    between = AgentClocks()
+    between.observe([("0", 10, 1.0, 4.0)])  # the agent leaves before any update sees it
+    assert between.update([]) is None and between.total() == 0.25
+    assert between.update([("0", 10, 2.0, 8.0)]) is None  # the window starts at the first update
+    between.observe([("0", 10, 6.0, 10.0)])
+    assert between.update([("0", 10, 6.0, 12.0)]) == 4.0 / 4.0 and between.total() == 0.5
 
 
 # ---------------------------------------------------------------- seams (issue 8 §2)
