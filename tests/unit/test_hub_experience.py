@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from surreal_redis.hub.experience import payload as pl
 from surreal_redis.hub.experience.inbox import move_inbox
@@ -340,6 +341,32 @@ def test_backpressure_waits_for_the_learner(fake_redis):
     reader.join()
     assert time.monotonic() - started >= 0.04
     assert sender.stats().backpressure_wait_s > 0.04 and sender.learner_waits == 2
+
+
+def test_a_read_blocked_on_a_demoted_primary_ends_empty_and_reads_on(fake_redis, monkeypatch):
+    """A failover demotes the primary the receiver blocks on: Redis ends the block with an
+    UNBLOCKED error. The receive returns nothing (the learner asks again), the next one reads what
+    was sent; any other error of the block still propagates."""
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    receiver.start()
+    blmove = fake_redis.blmove
+    errors = [redis.ResponseError("UNBLOCKED force unblock from blocking operation, instance state changed "
+                                  "(master -> replica?)")]
+
+    def failing_blmove(*args, **kwargs):
+        if errors:
+            raise errors.pop()
+        return blmove(*args, **kwargs)
+
+    monkeypatch.setattr(fake_redis, "blmove", failing_blmove)
+    assert receiver.receive(10, 50) == []
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    for _ in range(2):
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    assert len(receiver.receive(10, 50)) == 1
+    errors.append(redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        receiver.receive(10, 50)
 
 
 def test_malformed_entries_go_to_the_dead_letter_stream(fake_redis):

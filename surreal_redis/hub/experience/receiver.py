@@ -56,6 +56,7 @@ from surreal_redis.connection import (
     is_cluster,
     keyed_command,
     node_name,
+    refresh_topology,
     stream_entries,
     stream_read,
 )
@@ -582,7 +583,16 @@ class ExperienceReceiver:
             # LMOVE of a list's last item onto its own tail changes nothing: it only wakes us
             # BLMOVE takes fractional seconds (Redis >= 6); redis-py types the timeout as int
             timeout_s = max(1, slice_ms) / 1000
-            self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
+            try:
+                self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
+            except redis.ResponseError as exc:
+                if not str(exc).startswith("UNBLOCKED"):
+                    raise
+                # The primary we blocked on was demoted (a failover) and released its blocked
+                # clients: nothing was read; the next read goes to its successor.
+                log.warning("shard inbox %r: %s; reading from the new primary", inbox, exc)
+                refresh_topology(self.client, exc)
+                return
         with self._lock:
             for name, entries in reply:
                 self._take(self._shard_of[bytes(name)], entries)
