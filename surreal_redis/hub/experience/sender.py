@@ -66,7 +66,7 @@ class SenderConfig:
     ``lru_size``: digests remembered as stored (at least the most recent ``lru_size / 2``).
     ``max_insert_bytes``:
     bytes (fields and blobs) per insert call, which bounds how long one call holds the server;
-    a single bigger chunk goes alone. ``max_lag``: wait before sending while the learner has more
+    a single bigger chunk goes alone. ``max_lag``: after each flush, wait while the learner has more
     unread entries than this on our shard, less the other agents' flushes (``peer_chunks``), so
     that the shard's backlog stays within about one flush of it (None or 0: never wait). ``max_wait_s``: give up
     (HubUnavailableError) after retrying an insert refused for OOM or connection errors this
