@@ -1,4 +1,5 @@
-"""``surreal-redis default-config ppo|ddpg``: the full default config as commented YAML.
+"""``surreal-redis default-config ALGO``: the full default config of one algorithm (ppo, appo, ddpg,
+sac, or a plug-in's) as commented YAML.
 
 The comments come from the config dataclasses themselves (attribute docstrings, ``#`` comments on
 or above a field, or an ``Attributes:`` section of the class docstring), so they cannot drift

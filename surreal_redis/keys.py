@@ -1,6 +1,6 @@
 """Every Redis key name of the project is built here, and nowhere else.
 
-Layout (see DESIGN.md): ``sr:{run}:...`` for run-wide keys, ``sr:{run.sN}:...`` for the keys of
+Layout (described in ``docs/concepts.md``): ``sr:{run}:...`` for run-wide keys, ``sr:{run.sN}:...`` for the keys of
 experience shard N and ``sr:{run.p}:...`` for parameters. The part in braces is a Redis Cluster hash
 tag, so each shard's keys (and the parameter keys) share one slot and every Lua script touches a
 single slot.

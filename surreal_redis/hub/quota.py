@@ -16,8 +16,8 @@ decrement are one script on one slot (Redis Cluster too).
 Waiting agents listen on the parameter ``notify`` channel: ``publish.lua`` announces each new
 version there (payload: the version), and :meth:`ProductionQuota.grant` announces each grant
 (payload ``grant:<version>:<steps>``), which may come after the publish it belongs to. Either
-means "claim again"; agents also claim again every fraction of a second in case a message was
-lost (a reconnect)."""
+means "claim again"; agents also claim again every couple of seconds (the agent's claim
+recheck) in case a message was lost (a reconnect)."""
 
 from __future__ import annotations
 
