@@ -78,9 +78,9 @@ def test_atari_name_spellings():
     assert atari_env_id("CartPole-v1") is None
     assert atari_env_id("Pong-ram-v5") is None
     # gymnasium's registered card game keeps its id; the bare name is the Atari game
-    assert resolve_env_id("Blackjack-v1").kind == "gym"
+    assert resolve_env_id("Blackjack-v1").family == "gym"
     assert resolve_env_id("blackjack") == ("ALE/Blackjack-v5", "atari")
-    assert resolve_env_id("HalfCheetah-v5").kind == "mujoco"
+    assert resolve_env_id("HalfCheetah-v5").family == "mujoco"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is not None, reason="ale-py is installed")
