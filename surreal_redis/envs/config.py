@@ -3,23 +3,33 @@ loaded from the ``env:`` section of an experiment config), and the table of fami
 ``env.family`` names.
 
 A family is a name and a builder ``make(config, env_id) -> gymnasium.Env``, as Sample Factory's
-``register_env``. The built-in ones (:mod:`surreal_redis.envs.families`) are loaded the first time the
-table is read; a plug-in module (the config's ``plugins``, imported before the config is parsed)
-adds its own with :func:`register_family`.
+``register_env``, found as algorithms are (:mod:`surreal_redis.algos.registry`):
+
+- Built-ins: :data:`surreal_redis.envs.families.BUILTIN_FAMILIES`, loaded the first time the table
+  is read.
+- Installed packages: an entry point in the group ``surreal_redis.env_families`` whose name is the
+  family's and whose object is its builder, loaded the first time an unknown name is looked up.
+- Plug-in modules: the config's ``plugins`` are imported before the config is parsed (by every
+  process of the run), and the module calls :func:`register_family` at import.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, Literal
 
 import gymnasium as gym
 
+logger = logging.getLogger(__name__)
+
 Mode = Literal["train", "eval"]
 BUILTIN_FAMILIES_MODULE = "surreal_redis.envs.families"
+ENTRY_POINT_GROUP = "surreal_redis.env_families"
 
 
 class EnvError(ValueError):
@@ -194,6 +204,7 @@ applies what it supports of ``kwargs``, ``max_episode_steps`` and ``action_repea
 
 _families: dict[str, MakeEnv] = {}
 _builtins_loaded = False
+_entry_points_loaded = False
 
 
 class UnknownFamily(EnvError):
@@ -233,13 +244,35 @@ def _load_builtins() -> None:
         _add(name, make)
 
 
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            make = point.load()
+        except Exception as exc:  # a broken third-party package must not hide the built-ins
+            logger.error("entry point %s = %s of group %s failed to load: %s", point.name, point.value,
+                      ENTRY_POINT_GROUP, exc)
+            continue
+        if not callable(make):
+            logger.error("entry point %s = %s is a %s, not a callable: skipped", point.name, point.value,
+                      type(make).__name__)
+            continue
+        _add(point.name, make)
+
+
 def env_family(name: str) -> MakeEnv:
     """The builder registered under ``name``; raises :class:`UnknownFamily` naming the known ones."""
     _load_builtins()
     if name not in _families:
+        _load_entry_points()
+    if name not in _families:
         raise UnknownFamily(f"family {name!r} is not a registered environment family (known: "
                             f"{', '.join(family_names())}; others come from a module in the config's plugins "
-                            "that calls surreal_redis.envs.register_family)")
+                            "that calls surreal_redis.envs.register_family, or an installed package's "
+                            f"{ENTRY_POINT_GROUP} entry point)")
     return _families[name]
 
 
