@@ -1,12 +1,11 @@
 """The built-in environment families, and which one an ``env_id`` belongs to.
 
-| family | ``env_id`` | builder |
-|---|---|---|
-| ``gym`` | any registered gymnasium id, ``module:Id`` (gymnasium imports ``module`` first) | ``gymnasium.make`` |
-| ``mujoco`` | gymnasium's MuJoCo ids (``HalfCheetah-v5``, ...) | ``gymnasium.make``, ``mujoco`` extra |
-| ``atari`` | game names (``pong``, ``PongNoFrameskip-v4``, ``ALE/Pong-v5``) | :func:`~surreal_redis.envs.atari.make_atari` |
-| ``dmc`` | ``dm_control/<domain>-<task>-v0`` | shimmy, ``dmc`` extra, optional pixels |
-| ``robosuite`` | ``robosuite/<task>`` | :class:`~surreal_redis.envs.robosuite_adapter.RobosuiteEnv` |
+- ``gym``: any registered gymnasium id, or ``module:Id`` (gymnasium imports ``module`` first, which
+  registers ``Id``); ``gymnasium.make`` with the time limit in agent steps and the action repeat.
+- ``mujoco``: gymnasium's MuJoCo ids (``HalfCheetah-v5``, ...), as ``gym`` once the extra is there.
+- ``atari``: game names (``pong``, ``PongNoFrameskip-v4``, ``ALE/Pong-v5``); :mod:`~surreal_redis.envs.atari`.
+- ``dmc``: ``dm_control/<domain>-<task>-v0`` through shimmy, camera frames optional.
+- ``robosuite``: ``robosuite/<task>``; :mod:`~surreal_redis.envs.robosuite_adapter`.
 
 :data:`BUILTIN_FAMILIES` is read by the table in :mod:`surreal_redis.envs.config`, where plug-ins add
 theirs; :func:`resolve_env_id` picks the family when ``env.family`` is empty.
@@ -29,7 +28,8 @@ from surreal_redis.envs.wrappers import ActionRepeat
 SUPPORTED = ("any registered gymnasium id (CartPole-v1, Pendulum-v1, ...); Atari games by name "
              "(pong, Pong, PongNoFrameskip-v4, ALE/Pong-v5; 'atari' extra); MuJoCo ids "
              "(HalfCheetah-v5, ...; 'mujoco' extra); dm_control/<domain>-<task>-v0 ('dmc' extra); "
-             "robosuite/<task> ('robosuite' extra)")
+             "robosuite/<task> ('robosuite' extra); your own: my_pkg.envs:MyEnv-v0 (gymnasium imports "
+             "my_pkg.envs first) or env.family (docs: Environments)")
 
 
 class ResolvedEnvId(NamedTuple):
