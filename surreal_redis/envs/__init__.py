@@ -1,8 +1,10 @@
 """Environments: :func:`make_env` and :func:`make_vector_env` for gymnasium ids, Atari games
 (``atari`` extra), MuJoCo (``mujoco``), dm_control through shimmy (``dmc``) and robosuite
-(``robosuite``), plus the wrappers agents rely on.
+(``robosuite``), families a user registers (:func:`register_family`), plus the wrappers agents rely on.
 
-- :mod:`~surreal_redis.envs.config`: :class:`EnvConfig` and the family settings.
+- :mod:`~surreal_redis.envs.config`: :class:`EnvConfig`, the family settings, and the table of
+  families (:func:`register_family`, :func:`env_family`).
+- :mod:`~surreal_redis.envs.families`: the built-in families, and which one an ``env_id`` belongs to.
 - :mod:`~surreal_redis.envs.spaces`: which observation leaves are images, in which axis order.
 - :mod:`~surreal_redis.envs.wrappers`: frame stacks kept as separate frames, action repeat,
   float32 observations, the space check.
@@ -17,26 +19,24 @@ from surreal_redis.envs.config import (
     EnvConfig,
     EnvError,
     EnvModeOverrides,
+    MakeEnv,
     Mode,
     PixelConfig,
     RobosuiteConfig,
+    UnknownFamily,
+    env_family,
+    family_names,
+    register_family,
 )
-from surreal_redis.envs.make import (
-    SUPPORTED,
-    EpisodeResult,
-    ResolvedEnvId,
-    VectorStep,
-    make_env,
-    make_vector_env,
-    resolve_env_id,
-    step_vector_env,
-)
+from surreal_redis.envs.families import SUPPORTED, ResolvedEnvId, resolve_env_id
+from surreal_redis.envs.make import EpisodeResult, VectorStep, make_env, make_vector_env, step_vector_env
 from surreal_redis.envs.spaces import ImageLayout, image_layout, is_frame_tuple, is_image_space
 from surreal_redis.envs.wrappers import ActionRepeat, Float32Observations, FrameTupleStack, check_spaces
 
 __all__ = [
     "ATARI_GAMES", "SUPPORTED", "ActionRepeat", "AtariConfig", "EnvConfig", "EnvError", "EnvModeOverrides",
-    "EpisodeResult", "Float32Observations", "FrameTupleStack", "ImageLayout", "Mode", "PixelConfig",
-    "ResolvedEnvId", "RobosuiteConfig", "VectorStep", "atari_env_id", "check_spaces", "image_layout",
-    "is_frame_tuple", "is_image_space", "make_env", "make_vector_env", "resolve_env_id", "step_vector_env",
+    "EpisodeResult", "Float32Observations", "FrameTupleStack", "ImageLayout", "MakeEnv", "Mode", "PixelConfig",
+    "ResolvedEnvId", "RobosuiteConfig", "UnknownFamily", "VectorStep", "atari_env_id", "check_spaces",
+    "env_family", "family_names", "image_layout", "is_frame_tuple", "is_image_space", "make_env",
+    "make_vector_env", "register_family", "resolve_env_id", "step_vector_env",
 ]

@@ -1,9 +1,11 @@
 """Building environments: :func:`make_env`, :func:`make_vector_env` and :func:`step_vector_env`.
 
-Every family ends in the same outer stack: ``RecordEpisodeStatistics`` (whole episodes, raw
-rewards, lengths in agent steps; Atari places it below episodic life, see
-:mod:`surreal_redis.envs.atari`) -> float32 observations -> :class:`FrameTupleStack`
-(``frame_stack > 1``) -> the space check.
+The family ``env.family`` names builds the env (empty: the built-in family
+:func:`~surreal_redis.envs.families.resolve_env_id` picks from the id); every family then ends in
+the same outer stack:
+``RecordEpisodeStatistics`` (whole episodes, raw rewards, lengths in agent steps; unless the family's
+env records them itself, as Atari does below episodic life, see :mod:`surreal_redis.envs.atari`) ->
+float32 observations -> :class:`FrameTupleStack` (``frame_stack > 1``) -> the space check.
 
 Vector envs use gymnasium's ``AutoresetMode.SAME_STEP``: the step where an episode ends already
 returns the first observation of the next episode, and the true last observation is reported
@@ -16,116 +18,35 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from surreal_redis.codec import Tree
-from surreal_redis.envs.atari import atari_env_id, make_atari
-from surreal_redis.envs.config import EnvConfig, EnvError, Mode, require_extra
-from surreal_redis.envs.robosuite_adapter import RobosuiteEnv
-from surreal_redis.envs.wrappers import ActionRepeat, Float32Observations, FrameTupleStack, check_spaces
+from surreal_redis.envs.config import EnvConfig, Mode, env_family
+from surreal_redis.envs.families import resolve_env_id
+from surreal_redis.envs.wrappers import Float32Observations, FrameTupleStack, check_spaces
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED = ("any registered gymnasium id (CartPole-v1, Pendulum-v1, ...); Atari games by name "
-             "(pong, Pong, PongNoFrameskip-v4, ALE/Pong-v5; 'atari' extra); MuJoCo ids "
-             "(HalfCheetah-v5, ...; 'mujoco' extra); dm_control/<domain>-<task>-v0 ('dmc' extra); "
-             "robosuite/<task> ('robosuite' extra)")
-
-Kind = Literal["gym", "atari", "mujoco", "dmc", "robosuite"]
-
-
-class ResolvedEnvId(NamedTuple):
-    gym_id: str
-    kind: Kind
-
-
-def resolve_env_id(env_id: str) -> ResolvedEnvId:
-    """Classify ``env_id``; registered non-ALE gymnasium ids win over Atari names (``Blackjack-v1``
-    is gymnasium's card game, ``blackjack`` the Atari one)."""
-    if env_id.startswith("dm_control/"):
-        return ResolvedEnvId(env_id, "dmc")
-    if env_id.startswith("robosuite/"):
-        return ResolvedEnvId(env_id, "robosuite")
-    spec = gym.registry.get(env_id)
-    entry_point = str(getattr(spec, "entry_point", ""))
-    if spec is not None and "ale_py" not in entry_point:
-        return ResolvedEnvId(env_id, "mujoco" if "envs.mujoco" in entry_point else "gym")
-    atari = atari_env_id(env_id)
-    if atari is not None:
-        return ResolvedEnvId(atari, "atari")
-    return ResolvedEnvId(env_id, "gym")
-
-
-def _gym_make(config: EnvConfig, gym_id: str, **kwargs: Any) -> gym.Env:
-    """``gymnasium.make`` with the time limit counted in agent steps, then the action repeat."""
-    repeat = config.action_repeat
-    limit = None if config.max_episode_steps is None else config.max_episode_steps * repeat
-    try:
-        env = gym.make(gym_id, max_episode_steps=limit, **{**kwargs, **config.kwargs})
-    except gym.error.DependencyNotInstalled as exc:
-        raise EnvError(f"environment {gym_id!r} needs a package that is not installed: {exc}") from exc
-    except gym.error.Error as exc:
-        raise EnvError(f"unknown environment id {config.env_id!r} ({exc}); supported: {SUPPORTED}") from exc
-    return ActionRepeat(env, repeat) if repeat > 1 else env
-
-
-def _make_dmc(config: EnvConfig, gym_id: str) -> gym.Env:
-    require_extra(f"{gym_id!r} is a dm_control task", "dmc", {"dm-control": "dm_control", "shimmy": "shimmy"})
-    # headless rendering: EGL unless the user chose a backend (glfw needs a display); dm_control
-    # reads this when it is first imported
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    import shimmy
-
-    gym.register_envs(shimmy)
-    pixels = config.pixels
-    kwargs: dict[str, Any] = {}
-    if pixels.enabled:
-        camera = int(pixels.camera or 0)
-        kwargs = {"render_mode": "rgb_array",
-                  "render_kwargs": {"width": pixels.size, "height": pixels.size, "camera_id": camera}}
-    env = _gym_make(config, gym_id, **kwargs)
-    if pixels.enabled:
-        # rendered once per agent step (after the action repeat)
-        env = gym.wrappers.AddRenderObservation(env, render_only=not pixels.keep_state, render_key="pixels",
-                                                obs_key="state")
-        # dm_control's renders are flipped views (negative strides), which torch cannot take
-        env = gym.wrappers.TransformObservation(env, _contiguous_pixels, env.observation_space)
-    return env
-
-
-def _contiguous_pixels(obs: Tree) -> Tree:
-    if isinstance(obs, dict):
-        return {**obs, "pixels": np.ascontiguousarray(obs["pixels"])}
-    return np.ascontiguousarray(obs)
-
-
-def _make_robosuite(config: EnvConfig, gym_id: str) -> gym.Env:
-    env: gym.Env = RobosuiteEnv(gym_id.removeprefix("robosuite/"), config.robosuite, config.pixels, **config.kwargs)
-    if config.action_repeat > 1:
-        env = ActionRepeat(env, config.action_repeat)
-    if config.max_episode_steps is not None:
-        env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
-    return env
-
 
 def _make_core(config: EnvConfig) -> tuple[gym.Env, str]:
-    """The family's env with its episode statistics recorded."""
-    gym_id, kind = resolve_env_id(config.env_id)
-    if kind == "atari":
-        return make_atari(config, gym_id), gym_id
-    if kind == "dmc":
-        env = _make_dmc(config, gym_id)
-    elif kind == "robosuite":
-        env = _make_robosuite(config, gym_id)
-    else:
-        if kind == "mujoco":
-            require_extra(f"{gym_id!r} is a MuJoCo environment", "mujoco", {"mujoco": "mujoco"})
-        env = _gym_make(config, gym_id)
-    return gym.wrappers.RecordEpisodeStatistics(env), gym_id
+    """The family's env with its episode statistics recorded, and the id it was built from."""
+    gym_id, family = (config.env_id, config.family) if config.family else resolve_env_id(config.env_id)
+    env = env_family(family)(config, gym_id)
+    # Atari records whole games below its episodic life; a second recorder would meet its stats
+    if not _records_episodes(env):
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+    return env, gym_id
+
+
+def _records_episodes(env: gym.Env) -> bool:
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.RecordEpisodeStatistics):
+            return True
+        env = env.env
+    return False
 
 
 def make_env(config: EnvConfig, seed: int, mode: Mode = "train") -> gym.Env:

@@ -1,23 +1,30 @@
-"""make_env / make_vector_env on gymnasium ids and small synthetic envs (no Atari or MuJoCo needed)."""
+"""make_env / make_vector_env on gymnasium ids and small synthetic envs (no Atari or MuJoCo needed), and
+the table of environment families."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from surreal_redis.algos.networks import is_frame_tuple
+from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError, from_dict
 from surreal_redis.envs import (
     AtariConfig,
     EnvConfig,
     EnvError,
     EnvModeOverrides,
+    UnknownFamily,
     atari_env_id,
+    env_family,
+    family_names,
     make_env,
     make_vector_env,
+    register_family,
     resolve_env_id,
     step_vector_env,
 )
@@ -78,9 +85,9 @@ def test_atari_name_spellings():
     assert atari_env_id("CartPole-v1") is None
     assert atari_env_id("Pong-ram-v5") is None
     # gymnasium's registered card game keeps its id; the bare name is the Atari game
-    assert resolve_env_id("Blackjack-v1").kind == "gym"
+    assert resolve_env_id("Blackjack-v1").family == "gym"
     assert resolve_env_id("blackjack") == ("ALE/Blackjack-v5", "atari")
-    assert resolve_env_id("HalfCheetah-v5").kind == "mujoco"
+    assert resolve_env_id("HalfCheetah-v5").family == "mujoco"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is not None, reason="ale-py is installed")
@@ -260,3 +267,98 @@ def test_a_missing_extra_is_named_with_its_missing_packages():
     with pytest.raises(EnvError, match=r"^'x' is a test env, which needs the 'dmc' extra \(missing: no-such-pkg\): "
                                        r"pip install 'surreal-redis\[dmc\]'$"):
         require_extra("'x' is a test env", "dmc", {"json": "json", "no-such-pkg": "no_such_pkg_xyz"})
+
+
+# ---------------------------------------------------------------- the table of families
+
+@pytest.fixture
+def family_table(monkeypatch):
+    """The table as it is now, restored after the test (built-ins loaded, entry points not read)."""
+    import surreal_redis.envs.config as env_config
+
+    family_names()
+    monkeypatch.setattr(env_config, "_families", dict(env_config._families))
+    monkeypatch.setattr(env_config, "_entry_points_loaded", False)
+    return env_config
+
+
+def make_counting(config: EnvConfig, env_id: str) -> gym.Env:
+    """A family whose ids are ``count-<length>``."""
+    return CountingEnv(int(env_id.removeprefix("count-")), **config.kwargs)
+
+
+def test_builtin_families_are_in_the_table():
+    assert set(family_names()) >= {"gym", "mujoco", "atari", "dmc", "robosuite"}
+    env = make_env(EnvConfig(env_id="CartPole-v1", family="gym"), seed=0)
+    assert env.spec.id == "CartPole-v1"
+
+
+def test_a_registered_family_builds_through_the_shared_stack(family_table):
+    assert register_family("count", make_counting) is make_counting
+    assert env_family("count") is make_counting and "count" in family_names()
+    config = EnvConfig(env_id="count-3", family="count", frame_stack=2, num_envs=2)
+    envs = make_vector_env(config, seed=0)
+    assert is_frame_tuple(envs.single_observation_space)
+    envs.reset()
+    steps = [step_vector_env(envs, np.zeros(2, np.int64)) for _ in range(3)]
+    assert steps[-1].episodes == {0: (3.0, 3), 1: (3.0, 3)}  # the episode recorder on top
+
+
+def test_a_family_that_records_its_own_episodes_gets_no_second_recorder(family_table):
+    register_family("recorded", lambda config, env_id: gym.wrappers.RecordEpisodeStatistics(CountingEnv(2)))
+    env = make_env(EnvConfig(env_id="x", family="recorded"), seed=0)
+    env.step(0)
+    *_, info = env.step(0)
+    assert info["episode"]["l"] == 2
+
+
+def test_registering_twice_is_a_no_op_and_a_taken_name_is_refused(family_table):
+    register_family("count", make_counting)
+    register_family("count", make_counting)
+    with pytest.raises(ValueError, match=r"environment family 'count' is registered already \(by "
+                                         rf"{__name__}\.make_counting\)"):
+        register_family("count", lambda config, env_id: CountingEnv())
+    with pytest.raises(ValueError, match="environment family 'gym' is registered already"):
+        register_family("gym", make_counting)
+    with pytest.raises(ValueError, match="non-empty name"):
+        register_family(" count", make_counting)
+    with pytest.raises(TypeError, match="takes a callable, got str"):
+        register_family("text", "make")  # type: ignore[arg-type]
+
+
+def test_an_unknown_family_is_named_with_the_known_ones(family_table):
+    with pytest.raises(UnknownFamily, match=r"^family 'nope' is not a registered environment family \(known: "
+                                            r"atari, dmc, gym, mujoco, robosuite; others come from a module in "
+                                            r"the config's plugins"):
+        EnvConfig(family="nope")
+    with pytest.raises(ConfigError, match=r"^EnvConfig: family 'nope' is not a registered environment family"):
+        from_dict(EnvConfig, {"family": "nope"})
+
+
+def test_a_family_from_an_entry_point_is_loaded_on_first_lookup(family_table, monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    points = [EntryPoint("count", f"{__name__}:make_counting", "surreal_redis.env_families"),
+              EntryPoint("broken", "no_such_module_xyz:make", "surreal_redis.env_families")]
+    monkeypatch.setattr(family_table, "entry_points",
+                        lambda group: [p for p in points if p.group == group])
+    assert env_family("count") is make_counting
+    with pytest.raises(UnknownFamily, match="known: atari, count, dmc"):
+        env_family("broken")
+
+
+def test_a_plugin_module_registers_a_family_before_the_config_is_read(family_table, tmp_path, monkeypatch, request):
+    (tmp_path / "my_families.py").write_text(
+        "import gymnasium as gym\n"
+        "from surreal_redis.envs import register_family\n"
+        "def make(config, env_id):\n"
+        "    return gym.make('CartPole-v1', max_episode_steps=int(env_id.removeprefix('pole-')))\n"
+        "register_family('pole', make)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request.addfinalizer(lambda: sys.modules.pop("my_families", None))
+    config = load_config(None, ["plugins=[my_families]", "env.family=pole", "env.env_id=pole-7"])
+    env = make_env(config.env, seed=0)
+    assert env.spec.max_episode_steps == 7 and "pole" in family_names()
+    with pytest.raises(ConfigError, match=r"env: family 'poel' is not a registered environment family "
+                                          r"\(known: atari, dmc, gym, mujoco, pole, robosuite"):
+        load_config(None, ["plugins=[my_families]", "env.family=poel"])
