@@ -284,6 +284,6 @@ class ParameterPublisher:
         return self._retry.call_with_retry(step, self._retry_failed, with_failure_count=True)
 
     def _retry_failed(self, exc: Exception, failures: int) -> None:
-        if failures <= self._config.retries:  # else the error propagates: the caller tells
+        if failures <= self._config.retries:  # the last failure propagates instead
             log.warning("parameter publish: Redis unavailable (%s); retry %d of %d", exc, failures,
                         self._config.retries)
