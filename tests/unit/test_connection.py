@@ -4,7 +4,8 @@ import time
 import pytest
 import redis
 
-from surreal_redis.connection import Backoff, OutageGuard, RedisSettings, block_ms, connect
+from surreal_redis.connection import Backoff, RedisSettings, block_ms, connect
+from surreal_redis.outage import OutageGuard
 
 
 def test_block_ms_stays_under_half_the_socket_timeout():
