@@ -41,12 +41,13 @@ from functools import partial
 
 import numpy as np
 
-from surreal_redis.connection import OUTAGE_ERRORS, connect
+from surreal_redis.connection import connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.experience.wire import Origin
 from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.keys import RunKeys
+from surreal_redis.outage import OUTAGE_ERRORS
 from surreal_redis.runtime import setup_logging
 from surreal_redis.testing.cluster import LocalCluster
 

@@ -34,7 +34,8 @@ import torch
 
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
-from surreal_redis.connection import EmbeddedRedis, connect
+from surreal_redis.connection import connect
+from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.envs import AtariConfig, EnvConfig, PixelConfig, make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.runtime import setup_logging

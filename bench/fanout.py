@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-from surreal_redis.connection import EmbeddedRedis, connect
+from surreal_redis.connection import connect
+from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,

@@ -54,14 +54,10 @@ from typing import Literal
 
 import redis
 
-from surreal_redis.connection import (
-    CONNECTION_ERRORS,
-    RedisClient,
-    all_node_clients,
-    is_cluster,
-    require_redis_version,
-)
+from surreal_redis.connection import CONNECTION_ERRORS, RedisClient
+from surreal_redis.embedded import require_redis_version
 from surreal_redis.keys import PREFIX, RunKeys
+from surreal_redis.redis_cluster import all_node_clients, is_cluster
 from surreal_redis.scripts import script_source
 
 log = logging.getLogger(__name__)
@@ -165,7 +161,7 @@ def create_users(client: RedisClient, run: str, passwords: Mapping[Role, str],
     ``client`` must be allowed ACL SETUSER (an administrator); a cluster client sets the users on
     every node of its slot map, primaries and replicas. Returns ``{role: user name}``.
     Blocks for one round trip per user and node; Redis errors propagate. A server older than
-    Redis 7.0 (no ACL selectors) raises :class:`~surreal_redis.connection.RedisVersionError`
+    Redis 7.0 (no ACL selectors) raises :class:`~surreal_redis.embedded.RedisVersionError`
     naming its version (``where``: how the message names a standalone server), before any user
     is set. On a cluster, a node that cannot be reached or refuses is skipped and, once the
     others have their users, a RedisError names every such node.

@@ -34,8 +34,7 @@ from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.codec import Tree
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
-from surreal_redis.connection import Backoff, OutageGuard, RedisClient
+from surreal_redis.connection import Backoff, RedisClient
 from surreal_redis.envs import make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, shard_peer_chunks
 from surreal_redis.hub.params import ParameterClient, connect_replicas
@@ -43,6 +42,8 @@ from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNe
 from surreal_redis.hub.run.control import RunControl, StopWatch
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
+from surreal_redis.outage import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
+from surreal_redis.outage import OutageGuard
 from surreal_redis.runtime import StopFlag
 from surreal_redis.trees import tree_map
 

@@ -19,7 +19,8 @@ import click
 import redis
 
 from surreal_redis.configtools import ConfigError
-from surreal_redis.connection import EmbeddedRedis, RedisClient, connect, find_redis_server, resolve_url
+from surreal_redis.connection import RedisClient, connect, resolve_url
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 from surreal_redis.runtime import ONE_BLAS_THREAD, StopFlag, lower_priority, setup_logging
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
     its pod not ready) is waited for with capped backoff, up to ``redis.startup_wait_s``, so a
     process the launcher restarts during an outage does not spend one of its restarts on it. A
     refused login is not an outage (an error at once); a stop signal while waiting exits 130."""
-    from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard
+    from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
     from surreal_redis.runtime import INTERRUPTED_EXIT
 
     url = _url(config)
@@ -406,7 +407,8 @@ def acl(run_name: str, redis_url: str | None, shards: int | None, agent_password
     import secrets
 
     from surreal_redis.acl import ROLES, acl_rules, create_users, username
-    from surreal_redis.connection import CLUSTER_SCHEMES, RedisVersionError
+    from surreal_redis.connection import CLUSTER_SCHEMES
+    from surreal_redis.embedded import RedisVersionError
 
     if print_rules:
         for role in ROLES:

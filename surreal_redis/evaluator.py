@@ -22,11 +22,12 @@ from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.algos.policies import AgentPolicy, make_policy
 from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard, RedisClient
+from surreal_redis.connection import RedisClient
 from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterClient, connect_replicas
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
+from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.runtime import StopFlag
 from surreal_redis.trees import tree_map
 

@@ -44,7 +44,7 @@ from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
-from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard, RedisClient
+from surreal_redis.connection import RedisClient
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
@@ -54,6 +54,7 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
 from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
 from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
+from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.plots import CURVES_FILE
 from surreal_redis.prefetch import Prefetcher, PrefetchQueue
 from surreal_redis.replay.feeds import Feed

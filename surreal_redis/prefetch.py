@@ -15,8 +15,8 @@ import queue
 import threading
 from collections import deque
 
-from surreal_redis.connection import OutageGuard
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
+from surreal_redis.outage import OutageGuard
 
 ROOM_WAIT_S = 0.2
 """How long the prefetcher waits for room before it looks at its stop event again."""

@@ -8,13 +8,9 @@ from functools import cache
 import redis
 from redis.commands.core import Script
 
-from surreal_redis.connection import (
-    CONNECTION_ERRORS,
-    OUTAGE_ERRORS,
-    RedisClient,
-    node_client,
-    refresh_topology,
-)
+from surreal_redis.connection import CONNECTION_ERRORS, RedisClient
+from surreal_redis.outage import OUTAGE_ERRORS
+from surreal_redis.redis_cluster import node_client, refresh_topology
 from surreal_redis.resources import resource_dir
 
 

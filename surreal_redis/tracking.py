@@ -172,7 +172,7 @@ of CPU) and its writes take what the learner and agents leave."""
 
 
 def _tracker_child() -> None:
-    from surreal_redis.connection import die_with_parent
+    from surreal_redis.embedded import die_with_parent
 
     die_with_parent()
     os.nice(TRACKER_NICE)

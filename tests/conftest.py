@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import time
 
 import redis
 
-from surreal_redis.connection import CONNECTION_ERRORS, RedisClient, refresh_topology
+from surreal_redis.connection import CONNECTION_ERRORS, RedisClient
+from surreal_redis.redis_cluster import refresh_topology
 
 log = logging.getLogger(__name__)
 

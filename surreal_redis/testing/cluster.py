@@ -21,7 +21,8 @@ from pathlib import Path
 import redis
 from redis.crc import key_slot
 
-from surreal_redis.connection import RedisClient, find_redis_server
+from surreal_redis.connection import RedisClient
+from surreal_redis.embedded import find_redis_server
 
 
 def attach_replica(replica: RedisClient, port: int, timeout_s: float = 30.0) -> None:

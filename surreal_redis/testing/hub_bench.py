@@ -36,7 +36,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from surreal_redis.connection import EmbeddedRedis, RedisClient, connect
+from surreal_redis.connection import RedisClient, connect
+from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import (

@@ -58,7 +58,8 @@ import numpy as np
 import redis
 
 from surreal_redis.codec import ParamDict
-from surreal_redis.connection import EmbeddedRedis, RedisClient, RedisSettings, connect
+from surreal_redis.connection import RedisClient, RedisSettings, connect
+from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig

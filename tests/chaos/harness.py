@@ -13,12 +13,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from surreal_redis.connection import OUTAGE_ERRORS, RedisSettings, connect, stream_entries
+from surreal_redis.connection import RedisSettings, connect, stream_entries
 from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.wire import Origin, entry_origin
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import RunKeys
+from surreal_redis.outage import OUTAGE_ERRORS
 from surreal_redis.scripts import Scripts
 
 CLI = [sys.executable, "-m", "surreal_redis.cli", "--log-level", "INFO"]

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.connection import CONNECTION_ERRORS, connect, find_redis_server
+from surreal_redis.connection import CONNECTION_ERRORS, connect
+from surreal_redis.embedded import find_redis_server
 from surreal_redis.hub.experience.ledger import LEDGER_DIR_ENV
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.testing.netns import NetnsLab, netns_unavailable

@@ -14,13 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from surreal_redis.connection import OUTAGE_ERRORS, connect, is_cluster, parse_cluster_url, primary_clients
+from surreal_redis.connection import connect, parse_cluster_url
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.keys import RunKeys
+from surreal_redis.outage import OUTAGE_ERRORS
+from surreal_redis.redis_cluster import is_cluster, primary_clients
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "surreal_redis.cli", "--log-level", "INFO"]

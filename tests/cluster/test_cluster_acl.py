@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from surreal_redis.acl import ROLES, create_users, script_sha, username
 from surreal_redis.cli import main
-from surreal_redis.connection import OUTAGE_ERRORS, all_node_clients, connect
+from surreal_redis.connection import connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.params import (
@@ -29,6 +29,8 @@ from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat, read_agents
 from surreal_redis.keys import RunKeys
+from surreal_redis.outage import OUTAGE_ERRORS
+from surreal_redis.redis_cluster import all_node_clients
 from surreal_redis.scripts import Scripts
 
 pytestmark = pytest.mark.integration

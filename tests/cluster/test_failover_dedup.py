@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 import redis
 
-from surreal_redis.connection import OUTAGE_ERRORS, find_redis_server
+from surreal_redis.embedded import find_redis_server
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys
+from surreal_redis.outage import OUTAGE_ERRORS
 
 pytestmark = pytest.mark.integration
 RUN = "fdedup"

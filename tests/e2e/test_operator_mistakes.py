@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.connection import connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import find_redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

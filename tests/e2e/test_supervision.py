@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from surreal_redis.connection import connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import find_redis_server
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys
 

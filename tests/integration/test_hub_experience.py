@@ -11,7 +11,8 @@ import pytest
 import redis
 
 import surreal_redis.hub.experience.sender as sender_module
-from surreal_redis.connection import connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import find_redis_server
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig

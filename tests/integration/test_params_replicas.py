@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 from surreal_redis.hub.params import (
     ParameterClient,
     ParameterClientConfig,

@@ -11,7 +11,8 @@ import pytest
 from surreal_redis.agent import Agent
 from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.config import load_config
-from surreal_redis.connection import EmbeddedRedis, RedisSettings, connect, find_redis_server
+from surreal_redis.connection import RedisSettings, connect
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterPublisher
 from surreal_redis.hub.run.control import RunControl
@@ -219,7 +220,7 @@ def test_a_killed_owner_leaves_no_embedded_redis_folder(tmp_path):
 
     if find_redis_server() is None:
         pytest.skip("no redis-server")
-    code = ("import time; from surreal_redis.connection import EmbeddedRedis;"
+    code = ("import time; from surreal_redis.embedded import EmbeddedRedis;"
             "s = EmbeddedRedis().start(); print(s.dir, flush=True); time.sleep(60)")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     folder = Path(owner.stdout.readline().strip())

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from surreal_redis.connection import find_redis_server
+from surreal_redis.embedded import find_redis_server
 from surreal_redis.testing import scale_bench
 from surreal_redis.testing.scale_bench import BroadcastOptions, CaseSpec, run_case
 

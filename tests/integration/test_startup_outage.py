@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
+from surreal_redis.connection import connect
+from surreal_redis.embedded import EmbeddedRedis, find_redis_server
 from surreal_redis.hub.run.control import RunControl
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ import lz4.block
 import numpy as np
 import pytest
 
-from surreal_redis.connection import find_redis_server
+from surreal_redis.embedded import find_redis_server
 from surreal_redis.testing.bench_data import KINDS, index_tree, obs_bytes, synthetic_trajectory
 from surreal_redis.testing.hub_bench import BenchSizes, KindSize, check_targets, mlp_params, run_hub_bench
 

@@ -1,11 +1,11 @@
-import random
 import threading
 import time
 
 import pytest
 import redis
 
-from surreal_redis.connection import Backoff, OutageGuard, RedisSettings, block_ms, connect
+from surreal_redis.connection import Backoff, RedisSettings, block_ms, connect
+from surreal_redis.outage import OutageGuard
 
 
 def test_block_ms_stays_under_half_the_socket_timeout():
@@ -15,7 +15,7 @@ def test_block_ms_stays_under_half_the_socket_timeout():
 
 
 def test_backoff_is_capped_and_jittered():
-    backoff = Backoff(base=0.1, cap=1.0, rng=random.Random(0))
+    backoff = Backoff(base=0.1, cap=1.0)
     delays = [backoff.next_delay() for _ in range(20)]
     assert all(0 < d <= 1.0 for d in delays) and max(delays) > 0.5
     backoff.reset()
@@ -115,3 +115,23 @@ def test_outage_guard_wakes_on_stop():
     started = time.monotonic()
     guard.failed(redis.ConnectionError("down"))  # would sleep 30-60 s if it ignored the stop
     assert time.monotonic() - started < 30
+
+
+def test_retry_idempotent_retries_connection_errors_then_raises_the_last():
+    from redis.backoff import EqualJitterBackoff
+
+    from surreal_redis.connection import retry_idempotent
+
+    assert isinstance(Backoff(), EqualJitterBackoff)  # redis-py's formula, with a failure count
+    settings = RedisSettings(retries=2, backoff_base=0.001, backoff_cap=0.002)
+    fn = flaky([redis.ConnectionError("a"), TimeoutError("b")])
+    assert retry_idempotent(fn, settings) == "done" and len(fn.calls) == 3
+    last = redis.ConnectionError("c")
+    fn = flaky([redis.ConnectionError("a"), redis.TimeoutError("b"), last, redis.ConnectionError("d")])
+    with pytest.raises(redis.ConnectionError) as raised:
+        retry_idempotent(fn, settings)
+    assert raised.value is last and len(fn.calls) == 3
+    fn = flaky([redis.ResponseError("not a lost reply")])
+    with pytest.raises(redis.ResponseError):
+        retry_idempotent(fn, settings)
+    assert len(fn.calls) == 1

@@ -111,7 +111,7 @@ def test_agents_and_evals_get_one_blas_thread_unless_the_user_set_it(monkeypatch
 # ---------------------------------------------------------------- the run's announcement and final eval
 
 def test_a_launch_announces_its_redis_in_the_run_folder_while_it_lives(tmp_path, monkeypatch):
-    from surreal_redis.connection import find_redis_server
+    from surreal_redis.embedded import find_redis_server
     from surreal_redis.status import live_local_runs
 
     if find_redis_server() is None:
@@ -262,7 +262,7 @@ def test_a_learner_alive_on_a_shared_redis_is_found_before_anything_is_moved_or_
 def test_a_launcher_holds_its_folder_for_its_life_and_a_fresh_one_takes_the_new_folder(tmp_path, monkeypatch):
     """While a launch runs, a second one on the folder is refused; --fresh takes the lock of the
     new folder (the old one moved away with its lock)."""
-    from surreal_redis.connection import find_redis_server
+    from surreal_redis.embedded import find_redis_server
 
     if find_redis_server() is None:
         pytest.skip("no redis-server")

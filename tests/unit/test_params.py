@@ -280,7 +280,7 @@ def test_bad_params_are_rejected_by_name(fake_redis):
 
 def test_rejected_blob_keeps_params_backs_off_and_is_counted(fake_redis, caplog, monkeypatch):
     clock = {"now": 100.0}
-    monkeypatch.setattr("surreal_redis.hub.params.time.monotonic", lambda: clock["now"])
+    monkeypatch.setattr("surreal_redis.hub.params.client.time.monotonic", lambda: clock["now"])
     pub = ParameterPublisher(fake_redis, RUN, PublisherConfig())
     counting = CountingClient(fake_redis)
     client = ParameterClient(counting, RUN, ParameterClientConfig(reject_backoff_s=2, reject_backoff_cap_s=8))
@@ -519,7 +519,7 @@ def test_versions_never_go_back_when_redis_loses_the_meta(fake_redis):
 # ---------------------------------------------------------------- read replicas
 
 class FakeClock:
-    """Stands in for the ``time`` module in hub/params.py: ``monotonic`` moves only when told."""
+    """Stands in for the ``time`` module in hub/params/: ``monotonic`` moves only when told."""
 
     def __init__(self):
         self.now = 1000.0
@@ -533,10 +533,12 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch):
-    import surreal_redis.hub.params as params_module
+    from surreal_redis.hub.params import client as client_module
+    from surreal_redis.hub.params import publisher as publisher_module
 
     fake = FakeClock()
-    monkeypatch.setattr(params_module, "time", fake)
+    monkeypatch.setattr(client_module, "time", fake)
+    monkeypatch.setattr(publisher_module, "time", fake)
     return fake
 
 

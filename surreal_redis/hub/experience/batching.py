@@ -11,7 +11,8 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from surreal_redis.connection import RedisClient, node_client, refresh_topology
+from surreal_redis.connection import RedisClient
+from surreal_redis.redis_cluster import node_client, refresh_topology
 from surreal_redis.scripts import ScriptError
 
 SEQ_WINDOW = 1024  # insert.lua takes seqs below floor + SEQ_WINDOW only (it remembers that many)

@@ -53,10 +53,6 @@ from surreal_redis.connection import (
     StreamRead,
     as_bytes,
     block_ms,
-    is_cluster,
-    keyed_command,
-    node_name,
-    refresh_topology,
     stream_entries,
     stream_read,
 )
@@ -68,6 +64,7 @@ from surreal_redis.hub.experience.inbox import DEAD_MAXLEN, MOVE_ITEMS, SEEN_TTL
 from surreal_redis.hub.experience.ledger import Ledger
 from surreal_redis.hub.experience.wire import Origin, WireError, entry_origin, parse_id
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
+from surreal_redis.redis_cluster import is_cluster, keyed_command, node_name, refresh_topology
 from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,12 @@ from typing import NamedTuple
 
 import redis
 
-from surreal_redis.connection import RedisClient, node_client, stream_entries, string_list
+from surreal_redis.connection import RedisClient, stream_entries, string_list
 from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ReceiverConfig
 from surreal_redis.hub.experience.wire import id_score
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys, is_digest
+from surreal_redis.redis_cluster import node_client
 from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)

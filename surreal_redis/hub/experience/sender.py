@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import redis
 
 from surreal_redis.codec import Tree
-from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter, node_name
+from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient
 from surreal_redis.hub.channel import Subscription
 from surreal_redis.hub.experience.backlog import read_backlog
 from surreal_redis.hub.experience.batching import (
@@ -43,6 +43,8 @@ from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
 from surreal_redis.hub.experience.ledger import Ledger
 from surreal_redis.hub.experience.wire import sender_tag
 from surreal_redis.keys import DIGEST_CHARS, RunKeys
+from surreal_redis.outage import Waiter
+from surreal_redis.redis_cluster import node_name
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)

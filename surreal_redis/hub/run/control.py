@@ -12,8 +12,9 @@ from typing import Any
 
 import redis
 
-from surreal_redis.connection import OUTAGE_ERRORS, RedisClient, as_text
+from surreal_redis.connection import RedisClient, as_text
 from surreal_redis.keys import RunKeys
+from surreal_redis.outage import OUTAGE_ERRORS
 from surreal_redis.runtime import StopFlag
 
 RUNNING = "running"
@@ -112,7 +113,7 @@ class StopWatch:
     ``stop`` too). For waits deep inside a component, such as the sender's backpressure wait, that
     must notice a ``surreal-redis stop`` or a learner's stop request within a second.
 
-    A :class:`~surreal_redis.connection.Waiter`: ``is_set()`` polls Redis at most every
+    A :class:`~surreal_redis.outage.Waiter`: ``is_set()`` polls Redis at most every
     ``poll_s`` seconds (one HMGET; an outage counts as "not stopping"); ``wait(timeout)`` blocks
     up to ``timeout`` seconds and wakes at once on a signal, within ``poll_s`` on a stop request.
     """

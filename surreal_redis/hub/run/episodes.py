@@ -22,8 +22,9 @@ import numpy as np
 import redis
 from redis.typing import EncodableT, FieldT, KeyT, StreamIdT
 
-from surreal_redis.connection import RedisClient, as_text, keyed_command, stream_entries, stream_read
+from surreal_redis.connection import RedisClient, as_text, stream_entries, stream_read
 from surreal_redis.keys import RunKeys
+from surreal_redis.redis_cluster import keyed_command
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
