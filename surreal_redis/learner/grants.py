@@ -35,8 +35,8 @@ class GrantKeeper:
     """The learner's grants and top-ups, and their bookkeeping. Without grants (off-policy feeds,
     ``on_policy_sync: free``) ``quota`` is None and every method does nothing. ``version()``: the
     learner's last published parameter version; ``env_steps()``: env steps it took in so far;
-    ``publish()``: publish the current parameters at once (as :meth:`Learner._publish` with
-    ``force``). Each method is at most a few Redis round trips."""
+    ``publish()``: publish the current parameters now, however soon after the last. Each method is
+    at most a few Redis round trips."""
 
     def __init__(self, client: RedisClient, config: ExperimentConfig, feed: Feed, *, version: Callable[[], int],
                  env_steps: Callable[[], int], publish: Callable[[], object]) -> None:

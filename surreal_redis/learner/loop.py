@@ -29,20 +29,17 @@ from typing import Any
 import redis
 import torch
 
-from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import OUTAGE_ERRORS, OutageGuard, RedisClient
-from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
 from surreal_redis.hub.params import ParameterPublisher, PublishBackpressure
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
-from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.learner.grants import GrantKeeper
 from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
-from surreal_redis.learner.parts import FeedSettings, LearnerParts, make_feed
+from surreal_redis.learner.parts import LearnerParts
 from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
 from surreal_redis.learner.progress import Scores, StopRules
 from surreal_redis.learner.republish import RejectionWatch
@@ -97,9 +94,9 @@ class Learner:
     @classmethod
     def from_config(cls, config: ExperimentConfig, client: RedisClient, stop: StopFlag, resume: str | None = None,
                     resume_from: Path | None = None) -> Learner:
-        """The parts ``config`` names (the env is made once for its spaces), MLflow tracking if
-        enabled, and with ``resume`` ('latest', 'best' or an iteration) the state of that
-        checkpoint (of ``resume_from``'s experiment folder when given)."""
+        """The parts ``config`` names (:meth:`LearnerParts.of`), MLflow tracking if enabled, and
+        with ``resume`` ('latest', 'best' or an iteration) the state of that checkpoint (of
+        ``resume_from``'s experiment folder when given)."""
         tracker = None
         if config.tracking.enabled:
             # MLflow runs in a process of its own (its import and store set-up take ~2 s of CPU
@@ -111,17 +108,9 @@ class Learner:
                                                 run_name=config.run, tracking_uri=config.tracking.tracking_uri))
         if advice := config.stale_round_advice:
             log.warning("%s", advice)
-        seed = config.experiment.seed
         torch.set_num_threads(config.learner.torch_threads)
-        torch.manual_seed(seed)
-        env = make_env(config.env, seed=seed, mode="train")
-        obs_space, action_space = env.observation_space, env.action_space
-        env.close()
-        section = config.algo_config
-        parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed),
-                             make_feed(section, FeedSettings.of(config), seed),
-                             ChunkCheck.for_experiment(config, obs_space, action_space))
-        built = cls(config, client, stop, parts, tracker=tracker)
+        torch.manual_seed(config.experiment.seed)
+        built = cls(config, client, stop, LearnerParts.of(config), tracker=tracker)
         if resume is not None:
             built.restore(resume, resume_from)
         return built

@@ -5,13 +5,18 @@ spec (:func:`~surreal_redis.algos.registry.spec_of`) says which regime a section
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from surreal_redis.algos.base import Algorithm
+from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.algos.registry import spec_of
+from surreal_redis.envs import make_env
 from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
+
+if TYPE_CHECKING:
+    from surreal_redis.config import ExperimentConfig
 
 
 class LearnerParts(NamedTuple):
@@ -20,6 +25,19 @@ class LearnerParts(NamedTuple):
     algo: Algorithm
     feed: Feed
     chunk_check: ChunkCheck
+
+    @classmethod
+    def of(cls, config: ExperimentConfig) -> LearnerParts:
+        """The parts ``config`` names, seeded by ``experiment.seed`` (the env is made once, for its
+        spaces; seed torch first: the trainer draws its initial weights)."""
+        seed = config.experiment.seed
+        env = make_env(config.env, seed=seed, mode="train")
+        obs_space, action_space = env.observation_space, env.action_space
+        env.close()
+        section = config.algo_config
+        return cls(make_algorithm(section, obs_space, action_space, seed),
+                   make_feed(section, FeedSettings.of(config), seed),
+                   ChunkCheck.for_experiment(config, obs_space, action_space))
 
 
 @dataclass(frozen=True)
