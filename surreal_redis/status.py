@@ -24,8 +24,7 @@ from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
-from surreal_redis.learner_metrics import use_summary
-from surreal_redis.redis_cluster import is_cluster, primary_clients
+from surreal_redis.learner.metrics import use_summary
 
 log = logging.getLogger(__name__)
 

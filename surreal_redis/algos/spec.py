@@ -33,7 +33,7 @@ Backend = Literal["numpy", "torch"]
 @dataclass(frozen=True)
 class ChunkNeeds:
     """What every chunk must carry for the learner's update, beyond observations, actions,
-    rewards and flags (see :class:`~surreal_redis.chunk_check.ChunkCheck`).
+    rewards and flags (see :class:`~surreal_redis.learner.chunk_check.ChunkCheck`).
 
     Attributes:
         extras: per-step extras by name: ``logp`` and ``value`` are ``[T]``, ``raw_action``

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.connection import find_redis_server
+from surreal_redis.embedded import find_redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

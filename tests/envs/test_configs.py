@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from surreal_redis.algos.learning import make_algorithm
-from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import load_config
 from surreal_redis.envs import EnvError, make_env
+from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.resources import resource_dir
 
 CONFIGS = sorted(resource_dir("configs").glob("*.yaml"))

@@ -15,10 +15,10 @@ import torch
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
 from surreal_redis.algos.ppo.trainer import PPOAlgorithm
-from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.envs import EnvConfig, make_vector_env, step_vector_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.learner.chunk_check import ChunkCheck
 
 ENV_ID = "SurrealMotion-v0"
 SIZE, SQUARE, SPEED, LENGTH = 40, 4, 3, 16

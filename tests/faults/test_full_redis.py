@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import redis
 
-from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
-from surreal_redis.chunk_check import ChunkCheck
+from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.evaluator import Evaluator
@@ -26,7 +25,8 @@ from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
 from surreal_redis.hub.params import ParameterPublisher
 from surreal_redis.keys import RunKeys
-from surreal_redis.learner import Learner, LearnerParts
+from surreal_redis.learner import FeedSettings, Learner, LearnerParts, make_feed
+from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.runtime import StopFlag
 
 from .conftest import add_steps

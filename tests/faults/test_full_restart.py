@@ -11,13 +11,13 @@ import threading
 import numpy as np
 import pytest
 
-from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
-from surreal_redis.chunk_check import ChunkCheck
+from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
 from surreal_redis.keys import RunKeys
-from surreal_redis.learner import Learner, LearnerParts
+from surreal_redis.learner import FeedSettings, Learner, LearnerParts, make_feed
+from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.runtime import StopFlag
 
 from .conftest import add_steps

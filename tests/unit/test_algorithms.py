@@ -14,10 +14,10 @@ import pytest
 from surreal_redis.algos import registry
 from surreal_redis.algos.ppo.config import PPOConfig
 from surreal_redis.algos.spec import AlgorithmSpec, ChunkNeeds
-from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import MOVED_KEYS, load_config
 from surreal_redis.config_doc import commented_default_config
 from surreal_redis.configtools import ConfigError, from_dict, to_dict
+from surreal_redis.learner.chunk_check import ChunkCheck
 
 PACKAGE = Path(registry.__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"

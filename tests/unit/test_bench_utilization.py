@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from surreal_redis import plots
-from surreal_redis.learner_metrics import use_summary
+from surreal_redis.learner.metrics import use_summary
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -1,8 +1,8 @@
 import gymnasium as gym
 import numpy as np
 
-from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.experience import Chunk
+from surreal_redis.learner.chunk_check import ChunkCheck
 
 
 def chunk(obs, actions, T=4, ended=(), extras=None, final=None):

@@ -7,7 +7,7 @@ import pytest
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord, TrainReturns
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
-from surreal_redis.prefetch import PrefetchQueue
+from surreal_redis.learner.prefetch import PrefetchQueue
 
 RUN = "eps"
 

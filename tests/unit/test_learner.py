@@ -14,11 +14,10 @@ import pytest
 
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.ddpg.policy import DDPGConfig
-from surreal_redis.algos.learning import FeedSettings, chunk_needs, make_algorithm, make_feed
+from surreal_redis.algos.learning import chunk_needs, make_algorithm
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.algos.registry import UnknownAlgorithm
-from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.envs import make_env, make_vector_env, step_vector_env
 from surreal_redis.hub.experience.receiver import CONSUMER_GROUP
@@ -28,9 +27,10 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import RunKeys
-from surreal_redis.learner import Learner, LearnerParts
-from surreal_redis.learner_metrics import AgentClocks, lag_percentile, use_summary
-from surreal_redis.prefetch import PrefetchQueue
+from surreal_redis.learner import FeedSettings, Learner, LearnerParts, make_feed
+from surreal_redis.learner.chunk_check import ChunkCheck
+from surreal_redis.learner.metrics import AgentClocks, lag_percentile, use_summary
+from surreal_redis.learner.prefetch import PrefetchQueue
 from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed, ReplayConfig
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplay
@@ -218,7 +218,7 @@ def test_resumed_learner_credits_only_evals_of_its_own_parameters(fake_redis, tm
                      episode("eval", 50.0, 5), episode("eval", 70.0, 5)])
     resumed.iterate(PrefetchQueue(1))
     assert resumed.checkpoints.best() == [(60.0, 3)]
-    assert resumed.last_eval == 60.0
+    assert resumed.scores.last_eval == 60.0
 
 
 def test_each_regime_is_built_from_its_spec_and_the_shared_sections():
@@ -267,7 +267,7 @@ def test_lockstep_learner_grants_again_for_the_same_version_when_no_publish_was_
 
 def silence(learner: Learner, seconds: float) -> None:
     """As if the last chunk arrived, and the last grant was made, ``seconds`` ago."""
-    learner._last_chunk_at = learner._granted_at = time.monotonic() - seconds
+    learner.grants._last_chunk_at = learner.grants._granted_at = time.monotonic() - seconds
 
 
 def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(fake_redis, tmp_path):
@@ -278,11 +278,11 @@ def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(f
     assert quota.claim(1, 64).status == "OK"  # an agent claims everything, then dies
     silence(learner, 4)
     learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 0) and learner.topups == 0  # too early to tell
+    assert quota.left() == (1, 0) and learner.grants.topups == 0  # too early to tell
     silence(learner, 5)
     learner._next_housekeeping = 0.0
     learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 64) and learner.topups == 1
+    assert quota.left() == (1, 64) and learner.grants.topups == 1
 
 
 def test_lockstep_learner_does_not_top_up_while_a_live_agent_is_still_making_its_claim(fake_redis, tmp_path):
@@ -295,13 +295,13 @@ def test_lockstep_learner_does_not_top_up_while_a_live_agent_is_still_making_its
     slow.beat(0, 0, 1, claimed=64)  # a slow agent (an Atari agent's first flush), beating as it goes
     silence(learner, 6)
     learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 0) and learner.topups == 0
+    assert quota.left() == (1, 0) and learner.grants.topups == 0
     entry = json.loads(fake_redis.hget(RunKeys(config.run).agents, "0"))
     fake_redis.hset(RunKeys(config.run).agents, "0", json.dumps(dict(entry, ts=time.time() - 7)))  # silent 7 s: dead
     silence(learner, 6)
     learner._next_housekeeping = 0.0
     learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 64) and learner.topups == 1
+    assert quota.left() == (1, 64) and learner.grants.topups == 1
 
 
 def test_lockstep_learner_does_not_top_up_while_steps_are_left_to_claim(fake_redis, tmp_path):
@@ -312,7 +312,7 @@ def test_lockstep_learner_does_not_top_up_while_steps_are_left_to_claim(fake_red
     assert quota.claim(1, 32).status == "OK"
     silence(learner, 6)
     learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 32) and learner.topups == 0
+    assert quota.left() == (1, 32) and learner.grants.topups == 0
 
 
 def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_redis, tmp_path):
@@ -324,7 +324,7 @@ def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_re
     silence(learner, 6)
     learner.iterate(PrefetchQueue(1))
     assert learner.param_version == 2 and quota.live_version() == 2
-    assert quota.left() == (2, 64) and learner.topups == 1
+    assert quota.left() == (2, 64) and learner.grants.topups == 1
     assert quota.claim(2, 16).status == "OK"
 
 
@@ -358,7 +358,7 @@ def test_free_and_off_policy_learners_grant_nothing(fake_redis, tmp_path):
         assert not config.lockstep
         learner = learner_for(config, fake_redis)
         learner.start()
-        assert learner.quota is None and ProductionQuota(fake_redis, config.run).left() is None
+        assert learner.grants.quota is None and ProductionQuota(fake_redis, config.run).left() is None
 
 
 def test_learner_reports_experience_use_lag_busy_and_idle(fake_redis, tmp_path):
@@ -522,10 +522,10 @@ def test_rejections_rising_under_the_same_live_version_republish_it(fake_redis, 
     # only takes the counts (heartbeats lag); rising again later republishes again
     for rejections, expected_version in [(0, 1), (2, 2), (3, 2), (3, 2), (4, 3)]:
         beat.beat(10, 0, 1, force=True, param_rejections=rejections)
-        learner._next_rejection_check = 0
+        learner.rejections._next_check = 0
         learner._republish_if_rejected()
         assert learner.param_version == expected_version, rejections
-    assert learner.republished == 2
+    assert learner.rejections.republished == 2
     assert int(fake_redis.hget(RunKeys(config.run).params.meta, "version")) == 3
     assert ProductionQuota(fake_redis, config.run).left() == (3, 64)
 
@@ -543,7 +543,7 @@ def test_a_restarted_learner_continues_its_mlflow_run(tmp_path):
 
 
 def test_lag_shares_bucket_the_whole_runs_histogram():
-    from surreal_redis.learner_metrics import lag_shares
+    from surreal_redis.learner.metrics import lag_shares
 
     shares = lag_shares(Counter({0: 5, 1: 2, 3: 1, 4: 1, 7: 0, 12: 1}))
     assert shares == {"0": 0.5, "1": 0.2, "2": 0.0, "3-4": 0.2, "5-8": 0.0, "9+": 0.1}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.hub.experience.receiver import ReceiverStats
 from surreal_redis.hub.experience.retention import JanitorStats
-from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
+from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
 
 
 class RecordingTracker:

@@ -16,8 +16,8 @@ from surreal_redis import plots
 from surreal_redis.cli import main as cli
 from surreal_redis.hub.run.episodes import EpisodeLog
 from surreal_redis.learner import Learner
+from surreal_redis.learner.prefetch import PrefetchQueue
 from surreal_redis.plots import Bars, PlotError, RunCurves, Series
-from surreal_redis.prefetch import PrefetchQueue
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import Tracker
 

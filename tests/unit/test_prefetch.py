@@ -12,7 +12,7 @@ import pytest
 
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.receiver import ReceivedChunk
-from surreal_redis.prefetch import Prefetcher, PrefetchQueue
+from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
 
 
 def item(steps: int = 4) -> ReceivedChunk:

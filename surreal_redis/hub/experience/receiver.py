@@ -174,6 +174,21 @@ class ReceiverStats(NamedTuple):
     move_errors: int = 0
     duplicates_consumed: int = 0
 
+    def as_metrics(self) -> dict[str, float]:
+        """These counters as the learner's ``hub/`` metrics, by name (``_total``: since the start)."""
+        return {
+            "hub/dead_entries_total": float(self.dead),
+            "hub/move_errors_total": float(self.move_errors),
+            "hub/reread_entries_total": float(self.reread),
+            "hub/pending_trimmed_total": float(self.pending_trimmed),
+            "hub/batches_moved_total": float(self.moved),
+            "hub/duplicate_batches_total": float(self.duplicates),
+            "hub/duplicates_consumed_total": float(self.duplicates_consumed),
+            "hub/dead_retries_total": float(self.dead_retries),
+            "hub/obs_cache_mb": self.cached_bytes / 2**20,
+            "hub/obs_cache_hit_ratio": self.cache_hits / max(1, self.cache_hits + self.cache_misses),
+        }
+
 
 def _origin_or_none(fields: Mapping[bytes, bytes]) -> Origin | None:
     """The origin of an entry that may be malformed (None when it has none or a bad one)."""

@@ -97,6 +97,18 @@ class JanitorStats(NamedTuple):
     obs_skipped: int = 0
     pressure_trimmed: int = 0
 
+    def as_metrics(self) -> dict[str, float]:
+        """These counts as the learner's ``hub/*_total`` metrics, by name (run totals when these
+        stats are the sum of every :meth:`HubJanitor.run_once` so far)."""
+        return {
+            "hub/trimmed_total": float(self.trimmed),
+            "hub/unread_trimmed_total": float(self.unread_dropped),
+            "hub/obs_deleted_total": float(self.obs_deleted),
+            "hub/obs_orphans_deleted_total": float(self.orphans_deleted),
+            "hub/obs_junk_keys_skipped_total": float(self.obs_skipped),
+            "hub/obsref_malformed_removed_total": float(self.malformed_removed),
+        }
+
 
 class HubJanitor:
     """Runs trim and gc for every shard of a run (the learner calls :meth:`run_once` periodically).

@@ -45,6 +45,7 @@ from surreal_redis.hub.run.episodes import EpisodeRecord
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import RunKeys
 from surreal_redis.replay.feeds import ExperienceUse
+from surreal_redis.run_folder import RunFolder
 from surreal_redis.tracking import BackgroundTracker, Tracker
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class LearnerProgress(NamedTuple):
     use: ExperienceUse | None = None
     """What the feed did with the steps it took in (None: an off-policy feed)."""
     topups: int = 0
-    """Lockstep grants the learner topped up (see :mod:`surreal_redis.learner`)."""
+    """Lockstep grants the learner topped up (see :mod:`surreal_redis.learner.grants`)."""
 
 
 LAG_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, None))
@@ -146,8 +147,7 @@ class LearnerMetrics:
         self.episode_lengths: list[int] = []
         self.eval_score: float | None = None
         self.eval_version: int | None = None
-        self.trimmed = self.unread_dropped = self.obs_deleted = self.orphans_deleted = 0
-        self.obs_skipped = self.malformed_removed = 0  # what agents left that gc cannot parse
+        self.janitor_totals = JanitorStats(trimmed=0, unread_dropped=0, obs_deleted=0, calls=0)  # sums over the run
         # (agent id, pid) -> (chunks dropped, parameter downloads rejected), last heartbeat of each
         # agent process, those that left included: run totals
         self.agent_counts: dict[tuple[str, int], tuple[int, int]] = {}
@@ -163,13 +163,14 @@ class LearnerMetrics:
         self._last_flush = time.monotonic()
         self._agents_observed = self._last_flush
         self._last_counts: dict[str, float] = {}
-        self._status: dict[str, Any] = {}
+        self._reported: dict[str, Any] = {}  # the last status written
 
     # ---------------------------------------------------------------- observations
     def log_config(self) -> None:
+        """The config as the MLflow run's parameters, and ``config.yaml`` as its artifact."""
         assert self.tracker is not None
         self.tracker.log_params(flatten(to_dict(self.config)))
-        path = self.config.experiment_dir / "config.yaml"
+        path = RunFolder(self.config.experiment_dir).config_file
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(self.config.to_yaml())
@@ -204,12 +205,7 @@ class LearnerMetrics:
 
     def observe_janitor(self, stats: JanitorStats) -> None:
         self.last_gc = time.monotonic()
-        self.trimmed += stats.trimmed
-        self.unread_dropped += stats.unread_dropped
-        self.obs_deleted += stats.obs_deleted
-        self.orphans_deleted += stats.orphans_deleted
-        self.obs_skipped += stats.obs_skipped
-        self.malformed_removed += stats.malformed_removed
+        self.janitor_totals = JanitorStats(*(total + more for total, more in zip(self.janitor_totals, stats)))
         if stats.unread_dropped:
             cause = ("Redis near maxmemory (hub.retention.memory_high_water)" if stats.pressure_trimmed
                      else "hub.retention.max_entries too small for the learner's pace")
@@ -224,7 +220,7 @@ class LearnerMetrics:
 
     def mark_stopped(self) -> None:
         """Keep the last status readable (for the launcher's summary) but say the learner is gone."""
-        status = dict(self._status, state="stopped", time=time.time())
+        status = dict(self._reported, state="stopped", time=time.time())
         self.control.write_learner_status(status, ttl_s=3600)
 
     # ---------------------------------------------------------------- flushing
@@ -280,7 +276,7 @@ class LearnerMetrics:
     def _experience_numbers(self, use: ExperienceUse | None) -> dict[str, float]:
         if use is None:
             return {}
-        wasted = use.dropped + self.unusable_steps + self.unread_dropped * self.config.hub.sender.flush_steps
+        wasted = use.dropped + self.unusable_steps + self.janitor_totals.unread_dropped * self.config.hub.sender.flush_steps
         numbers = {"hub/experience_used_steps_total": float(use.used), "hub/experience_wasted_steps_total": float(wasted),
                    "hub/experience_held_steps": float(use.held)}
         if use.used + wasted:
@@ -290,55 +286,46 @@ class LearnerMetrics:
     def maybe_flush(self, progress: LearnerProgress, replay_stats: dict[str, int], receiver: ReceiverStats,
                     force: bool = False) -> None:
         """Log and report once ``learner.metrics_every_s`` passed since the last flush (or ``force``).
-        Blocks for a few Redis round trips; hub numbers are skipped (logged) if Redis errs."""
+        ``replay_stats``: the feed's :meth:`~surreal_redis.replay.feeds.Feed.stats`. Blocks for a
+        few Redis round trips; hub numbers are skipped (logged) if Redis errs."""
         now = time.monotonic()
         dt = now - self._last_flush
         if not force and dt < self.config.learner.metrics_every_s:
             self._observe_agents(now)
             return
         self._last_flush = now
-        step = progress.iteration
+        metrics = self._metrics(progress, replay_stats, receiver, dt)
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, progress.iteration)
+        status = self._status(progress, metrics, receiver, now)
+        try:
+            self.control.write_learner_status(status, ttl_s=max(60, int(10 * self.config.learner.metrics_every_s)))
+        except redis.exceptions.OutOfMemoryError as exc:  # a report: the next flush replaces it
+            log.warning("learner status not written, Redis is full (%s)", exc)
+        self._reported = status
+        self._log_line(progress, metrics, status)
+        self.busy_s = 0.0
+        self.losses.clear()
+        self.staleness.clear()
+        self.publish_s.clear()
+        self.episode_returns.clear()
+        self.episode_lengths.clear()
+
+    def _metrics(self, progress: LearnerProgress, replay_stats: dict[str, int], receiver: ReceiverStats,
+                 dt: float) -> dict[str, float | None]:
+        """Everything one flush logs to MLflow, by name; ``dt``: seconds since the last flush."""
         metrics: dict[str, float | None] = {
             "charts/env_steps": float(progress.env_steps),
             "charts/env_steps_per_s": self._rate("steps", progress.env_steps, dt),
-            "charts/updates_per_s": self._rate("updates", step, dt),
+            "charts/updates_per_s": self._rate("updates", progress.iteration, dt),
             "charts/param_version": float(progress.param_version),
             "charts/episode_return_mean": progress.mean_return,
             "hub/ingest_mb_per_s": self._rate("bytes", self.ingest_bytes, dt) / 2**20,
-            "hub/dead_entries_total": float(receiver.dead),
-            "hub/move_errors_total": float(receiver.move_errors),
-            "hub/trimmed_total": float(self.trimmed),
-            "hub/unread_trimmed_total": float(self.unread_dropped),
-            "hub/obs_deleted_total": float(self.obs_deleted),
-            "hub/obs_orphans_deleted_total": float(self.orphans_deleted),
-            "hub/obs_junk_keys_skipped_total": float(self.obs_skipped),
-            "hub/obsref_malformed_removed_total": float(self.malformed_removed),
-            "hub/reread_entries_total": float(receiver.reread),
-            "hub/pending_trimmed_total": float(receiver.pending_trimmed),
-            "hub/batches_moved_total": float(receiver.moved),
-            "hub/duplicate_batches_total": float(receiver.duplicates),
-            "hub/duplicates_consumed_total": float(receiver.duplicates_consumed),
-            "hub/dead_retries_total": float(receiver.dead_retries),
-            "hub/obs_cache_mb": receiver.cached_bytes / 2**20,
-            "hub/obs_cache_hit_ratio": receiver.cache_hits / max(1, receiver.cache_hits + receiver.cache_misses),
+            **receiver.as_metrics(),
+            **self.janitor_totals.as_metrics(),
             "system/elapsed_s": progress.elapsed_s,
         }
-        if self.episode_returns:
-            metrics["charts/episode_return"] = float(np.mean(self.episode_returns))
-            metrics["charts/episode_length"] = float(np.mean(self.episode_lengths))
-        if self.eval_score is not None:
-            metrics["charts/eval_return"] = self.eval_score
-        if self.staleness:
-            values = np.asarray(self.staleness)
-            metrics.update({"hub/policy_staleness_p50": float(np.percentile(values, 50)),
-                            "hub/policy_staleness_p90": float(np.percentile(values, 90)),
-                            "hub/policy_staleness_max": float(values.max())})
-        if self.lags:
-            metrics.update({"hub/policy_lag_p50": float(lag_percentile(self.lags, 50)),
-                            "hub/policy_lag_p90": float(lag_percentile(self.lags, 90)),
-                            "hub/policy_lag_max": float(max(self.lags))})
-            metrics.update({f"hub/policy_lag_share_{label.replace('+', '_up').replace('-', '_')}": share
-                            for label, share in lag_shares(self.lags).items()})
+        metrics.update(self._window_numbers())
         metrics["system/learner_busy_fraction"] = self.busy_s / dt if dt > 0 else 0.0
         metrics.update(self._experience_numbers(progress.use))
         if progress.use is not None:
@@ -353,45 +340,62 @@ class LearnerMetrics:
                 metrics.update(numbers(progress.param_version))
             except redis.RedisError as exc:
                 log.warning("hub metrics unavailable: %s", exc)
-        if self.tracker is not None:
-            self.tracker.log_metrics(metrics, step)
-        status = {"iteration": step, "version": progress.param_version, "env_steps": progress.env_steps,
-                  "mean_return": progress.mean_return, "eval_return": self.eval_score,
-                  "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
-                  "pid": os.getpid(), "time": time.time(), "elapsed_s": progress.elapsed_s, "state": "running",
-                  "sync": self.config.learner.on_policy_sync if progress.use is not None else "off-policy",
-                  "experience_used_fraction": metrics.get("hub/experience_used_fraction"),
-                  "experience_wasted_steps": metrics.get("hub/experience_wasted_steps_total"),
-                  "experience_unused_at_stop": self.unused_at_stop,
-                  "policy_lag_p50": metrics.get("hub/policy_lag_p50"), "policy_lag_p90": metrics.get("hub/policy_lag_p90"),
-                  "policy_lag_max": metrics.get("hub/policy_lag_max"),
-                  "policy_lag_shares": lag_shares(self.lags) if self.lags else None,
-                  "rho_clipped_fraction": metrics.get("losses/rho_clipped_fraction", self._status.get("rho_clipped_fraction")),
-                  "learner_busy": metrics["system/learner_busy_fraction"],
-                  "learner_busy_total": self.busy_total_s / max(now - self.started, 1e-9),
-                  "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total(),
-                  "epochs_per_update": metrics.get("losses/epochs", self._status.get("epochs_per_update")),
-                  "epochs_per_update_total": self.epochs_total / self.epoch_updates if self.epoch_updates else None,
-                  "adaptive_epochs": getattr(self.config.algo_config, "min_epochs", None) is not None,
-                  "dead_entries": receiver.dead, "pending_trimmed": receiver.pending_trimmed,
-                  "unread_trimmed": self.unread_dropped,
-                  "agent_chunks_dropped": metrics.get("hub/agent_chunks_dropped_total")}
-        try:
-            self.control.write_learner_status(status, ttl_s=max(60, int(10 * self.config.learner.metrics_every_s)))
-        except redis.exceptions.OutOfMemoryError as exc:  # a report: the next flush replaces it
-            log.warning("learner status not written, Redis is full (%s)", exc)
-        self._status = status
+        return metrics
+
+    def _window_numbers(self) -> dict[str, float]:
+        """Episodes, the latest eval, staleness (this flush window) and policy lag (whole run)."""
+        numbers: dict[str, float] = {}
+        if self.episode_returns:
+            numbers["charts/episode_return"] = float(np.mean(self.episode_returns))
+            numbers["charts/episode_length"] = float(np.mean(self.episode_lengths))
+        if self.eval_score is not None:
+            numbers["charts/eval_return"] = self.eval_score
+        if self.staleness:
+            values = np.asarray(self.staleness)
+            numbers.update({"hub/policy_staleness_p50": float(np.percentile(values, 50)),
+                            "hub/policy_staleness_p90": float(np.percentile(values, 90)),
+                            "hub/policy_staleness_max": float(values.max())})
+        if self.lags:
+            numbers.update({"hub/policy_lag_p50": float(lag_percentile(self.lags, 50)),
+                            "hub/policy_lag_p90": float(lag_percentile(self.lags, 90)),
+                            "hub/policy_lag_max": float(max(self.lags))})
+            numbers.update({f"hub/policy_lag_share_{label.replace('+', '_up').replace('-', '_')}": share
+                            for label, share in lag_shares(self.lags).items()})
+        return numbers
+
+    def _status(self, progress: LearnerProgress, metrics: dict[str, float | None], receiver: ReceiverStats,
+                now: float) -> dict[str, Any]:
+        """The learner status hash (``launch``'s progress line, ``status``, the summary)."""
+        return {"iteration": progress.iteration, "version": progress.param_version, "env_steps": progress.env_steps,
+                "mean_return": progress.mean_return, "eval_return": self.eval_score,
+                "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
+                "pid": os.getpid(), "time": time.time(), "elapsed_s": progress.elapsed_s, "state": "running",
+                "sync": self.config.learner.on_policy_sync if progress.use is not None else "off-policy",
+                "experience_used_fraction": metrics.get("hub/experience_used_fraction"),
+                "experience_wasted_steps": metrics.get("hub/experience_wasted_steps_total"),
+                "experience_unused_at_stop": self.unused_at_stop,
+                "policy_lag_p50": metrics.get("hub/policy_lag_p50"), "policy_lag_p90": metrics.get("hub/policy_lag_p90"),
+                "policy_lag_max": metrics.get("hub/policy_lag_max"),
+                "policy_lag_shares": lag_shares(self.lags) if self.lags else None,
+                "rho_clipped_fraction": metrics.get("losses/rho_clipped_fraction",
+                                                    self._reported.get("rho_clipped_fraction")),
+                "learner_busy": metrics["system/learner_busy_fraction"],
+                "learner_busy_total": self.busy_total_s / max(now - self.started, 1e-9),
+                "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total(),
+                "epochs_per_update": metrics.get("losses/epochs", self._reported.get("epochs_per_update")),
+                "epochs_per_update_total": self.epochs_total / self.epoch_updates if self.epoch_updates else None,
+                "adaptive_epochs": getattr(self.config.algo_config, "min_epochs", None) is not None,
+                "dead_entries": receiver.dead, "pending_trimmed": receiver.pending_trimmed,
+                "unread_trimmed": self.janitor_totals.unread_dropped,
+                "agent_chunks_dropped": metrics.get("hub/agent_chunks_dropped_total")}
+
+    def _log_line(self, progress: LearnerProgress, metrics: dict[str, float | None], status: dict[str, Any]) -> None:
+        """The flush's line in the learner's log."""
         mean = progress.mean_return
         log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s | %s",
-                 step, progress.param_version, progress.env_steps, metrics["charts/env_steps_per_s"],
+                 progress.iteration, progress.param_version, progress.env_steps, metrics["charts/env_steps_per_s"],
                  metrics["charts/updates_per_s"], "-" if mean is None else f"{mean:.1f}",
                  "-" if self.eval_score is None else f"{self.eval_score:.1f}", use_summary(status))
-        self.busy_s = 0.0
-        self.losses.clear()
-        self.staleness.clear()
-        self.publish_s.clear()
-        self.episode_returns.clear()
-        self.episode_lengths.clear()
 
 
 def _percent(value: float | None) -> str:

@@ -1,25 +1,16 @@
 """The learner process: hub -> feed -> gradient updates -> parameters back to the hub.
 
-A prefetch thread reads and decodes experience from every shard (Redis I/O and decoding never
-stall the GPU step). Each round of the main thread: read -> ``feed.ingest`` (then ack) ->
-``feed.train`` -> publish (every ``learner.publish_every_updates`` updates, at most once per
-``hub.publisher.min_publish_interval`` s) -> housekeeping (retention/gc, episodes, metrics, stop
-conditions). The feed holds the regime (:mod:`surreal_redis.replay.feeds`: PPO's FIFO, DDPG's
-n-step replay and rate limiter); this module does not know which algorithm it trains.
-
-Production on grants (on-policy runs, ``learner.on_policy_sync`` ``lockstep`` or ``overlap``; see
-:mod:`surreal_redis.hub.quota`), always for the live parameter version:
-
-- ``lockstep``: after each update (and its publish) the learner grants the env steps its next
-  update still needs (:meth:`~surreal_redis.replay.feeds.Feed.steps_needed`).
-- ``overlap``: before each update's gradient steps it grants what the update after it needs, so
-  agents make that batch meanwhile; after the publish, what agents had not claimed yet of that
-  grant carries over to the new version.
-- Top-up rule (both): when the feed still needs steps for its next update, the grant is used up (or
-  gone), no chunk arrived for ``learner.lockstep_topup_s`` seconds and no agent that beat within
-  three ``agent.heartbeat_every_s`` is still making a flush it claimed (so an agent claimed and
-  died, or the chunks were lost or dropped), the learner grants the missing steps again,
-  publishing first if the live version is not its own (Redis restarted empty).
+A prefetch thread (:mod:`~surreal_redis.learner.prefetch`) reads and decodes experience from every
+shard (Redis I/O and decoding never stall the GPU step). Each round of the main thread: read ->
+``feed.ingest`` (then ack) -> ``feed.train`` -> publish (every ``learner.publish_every_updates``
+updates, at most once per ``hub.publisher.min_publish_interval`` s) -> housekeeping (retention/gc,
+episodes, metrics, stop conditions). The feed holds the regime (:mod:`surreal_redis.replay.feeds`:
+PPO's FIFO, DDPG's n-step replay and rate limiter); this module does not know which algorithm it
+trains. Each policy has an object of its own: grants and top-ups
+(:class:`~surreal_redis.learner.grants.GrantKeeper`), re-publishing a rejected version
+(:class:`~surreal_redis.learner.republish.RejectionWatch`), episode scores and stop rules
+(:mod:`~surreal_redis.learner.progress`), metrics and the status report
+(:class:`~surreal_redis.learner.metrics.LearnerMetrics`).
 """
 
 from __future__ import annotations
@@ -33,31 +24,27 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import redis
 import torch
 
-from surreal_redis.algos.base import Algorithm
-from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
-from surreal_redis.checkpoint import CheckpointManager
-from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import RedisClient
-from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.hub.experience.retention import HubJanitor
 from surreal_redis.hub.params import ParameterPublisher, PublishBackpressure
-from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
+from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
-from surreal_redis.learner_metrics import LearnerMetrics, LearnerProgress
+from surreal_redis.learner.grants import GrantKeeper
+from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
+from surreal_redis.learner.parts import LearnerParts
+from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
+from surreal_redis.learner.progress import Scores, StopRules
+from surreal_redis.learner.republish import RejectionWatch
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
-from surreal_redis.plots import CURVES_FILE
-from surreal_redis.prefetch import Prefetcher, PrefetchQueue
-from surreal_redis.replay.feeds import Feed
+from surreal_redis.run_folder import RunFolder
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess
 
@@ -69,14 +56,6 @@ log = logging.getLogger(__name__)
 # may be skipped (the status report) are skipped under OOM where they are made.
 RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, PublishBackpressure)
 OOM_ERRORS = (redis.exceptions.OutOfMemoryError, PublishBackpressure)
-
-
-class LearnerParts(NamedTuple):
-    """What a learner trains and how: the trainer, its feed, and the check each chunk must pass."""
-
-    algo: Algorithm
-    feed: Feed
-    chunk_check: ChunkCheck
 
 
 class Learner:
@@ -94,36 +73,31 @@ class Learner:
                                            settings=cfg.redis.settings())
         self.janitor = HubJanitor(client, cfg.hub.retention, cfg.run, cfg.redis.num_shards, cfg.hub.receiver,
                                   dead_letters=self.receiver.count_dead_letters)
-        self.quota = ProductionQuota(client, cfg.run) if cfg.lockstep and self.feed.steps_needed() is not None else None
-        self.overlap = cfg.learner.on_policy_sync == "overlap"
         self.control = RunControl(client, cfg.run)
-        self.checkpoints = CheckpointManager(cfg.experiment_dir / "checkpoints", cfg.checkpoint)
+        self.checkpoints = RunFolder(cfg.experiment_dir).checkpoints(cfg.checkpoint)
         self.metrics = LearnerMetrics(client, cfg, tracker)
-        self.episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
         self.env_steps = 0
         self.param_version = 0  # the last version this learner published
-        self.train_returns = TrainReturns(cfg.stop.return_window)
-        self.eval_by_version: dict[int, list[float]] = {}
-        self.evals_from_version = 0  # evals of older parameters are not this learner's (see restore)
-        self.last_eval: float | None = None
         self.started = time.monotonic()
         self._updated = False  # by this process
         self.elapsed_before = 0.0
         self._publish_failed = False
         self._next_housekeeping = 0.0
-        self._last_chunk_at = self._granted_at = time.monotonic()
-        self.topups = 0  # lockstep grants topped up by the rule above
-        self._rejections: dict[tuple[str, int], int] = {}  # (agent id, pid) -> parameter downloads rejected
-        self._rejections_version = -1  # the version live when they were last read
-        self._next_rejection_check = 0.0
-        self.republished = 0  # versions republished because agents rejected the live one
+        live_agents = partial(read_agents, client, cfg.run, cfg.agent.heartbeat_ttl_s, include_stale=False)
+        self.grants = GrantKeeper(client, cfg, self.feed, version=lambda: self.param_version,
+                                  env_steps=lambda: self.env_steps, publish=partial(self._publish, force=True))
+        self.rejections = RejectionWatch(live_agents, self._republish, every_s=cfg.agent.heartbeat_every_s)
+        episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
+        self.scores = Scores(episodes, cfg, self.metrics, self.checkpoints,
+                             iteration=lambda: self.algo.iteration, state=self._state)
+        self.rules = StopRules(cfg.stop, self.scores, live_agents)
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, client: RedisClient, stop: StopFlag, resume: str | None = None,
                     resume_from: Path | None = None) -> Learner:
-        """The parts ``config`` names (the env is made once for its spaces), MLflow tracking if
-        enabled, and with ``resume`` ('latest', 'best' or an iteration) the state of that
-        checkpoint (of ``resume_from``'s experiment folder when given)."""
+        """The parts ``config`` names (:meth:`LearnerParts.of`), MLflow tracking if enabled, and
+        with ``resume`` ('latest', 'best' or an iteration) the state of that checkpoint (of
+        ``resume_from``'s experiment folder when given)."""
         tracker = None
         if config.tracking.enabled:
             # MLflow runs in a process of its own (its import and store set-up take ~2 s of CPU
@@ -135,17 +109,9 @@ class Learner:
                                                 run_name=config.run, tracking_uri=config.tracking.tracking_uri))
         if advice := config.stale_round_advice:
             log.warning("%s", advice)
-        seed = config.experiment.seed
         torch.set_num_threads(config.learner.torch_threads)
-        torch.manual_seed(seed)
-        env = make_env(config.env, seed=seed, mode="train")
-        obs_space, action_space = env.observation_space, env.action_space
-        env.close()
-        section = config.algo_config
-        parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed),
-                             make_feed(section, FeedSettings.of(config), seed),
-                             ChunkCheck.for_experiment(config, obs_space, action_space))
-        built = cls(config, client, stop, parts, tracker=tracker)
+        torch.manual_seed(config.experiment.seed)
+        built = cls(config, client, stop, LearnerParts.of(config), tracker=tracker)
         if resume is not None:
             built.restore(resume, resume_from)
         return built
@@ -162,8 +128,7 @@ class Learner:
     def restore(self, which: str, folder: Path | None = None) -> None:
         """Load checkpoint ``which``, refill the feed from the hub's retained window, and skip the
         episodes already recorded: their evals were credited by the run that wrote them."""
-        manager = self.checkpoints if folder is None else CheckpointManager(Path(folder) / "checkpoints",
-                                                                               self.config.checkpoint)
+        manager = self.checkpoints if folder is None else RunFolder(Path(folder)).checkpoints(self.config.checkpoint)
         path = manager.resolve(which)
         state = manager.load(path, map_location=getattr(self.algo, "device", "cpu"))
         if state.get("algo") != self.config.algo:
@@ -175,18 +140,18 @@ class Learner:
             self.receiver.load_consumed(state["consumed"])
         self.env_steps = int(state["env_steps"])
         self.elapsed_before = float(state["elapsed_s"])
-        self.param_version = self.evals_from_version = int(state["param_version"])
+        self.param_version = int(state["param_version"])
         self.publisher.continue_after(self.param_version)
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         log.info("resumed from %s: iteration %d, %d env steps", path, self.algo.iteration, self.env_steps)
-        while records := self.episodes.read_new():  # train returns still count for the stop window
-            self.train_returns.add(records)
+        self.scores.resume(self.param_version)
         stored = self.feed.refill(self.receiver.read_retained(delivered_only=True))  # the rest comes by receive()
         if stored:
             log.info("refilled replay with %d transitions from the hub's retained window", stored)
 
     def elapsed(self) -> float:
+        """Training seconds, earlier runs of a resumed experiment included."""
         return self.elapsed_before + time.monotonic() - self.started
 
     # ---------------------------------------------------------------- main loop
@@ -248,7 +213,7 @@ class Learner:
         self._collect_garbage()
         if not self._publish(force=True):
             raise PublishBackpressure("initial parameters refused: Redis is out of memory")
-        self._grant()  # overlap too: its first grant ahead comes with the first update
+        self.grants.grant()  # overlap too: its first grant ahead comes with the first update
         self.control.start()
 
     def _before_retry(self, exc: BaseException, relieve: bool) -> None:
@@ -263,7 +228,7 @@ class Learner:
                     self.metrics.observe_janitor(self.janitor.run_once())
                 except RETRY_ERRORS as again:
                     log.warning("learner: the janitor could not free memory (%s)", again)
-        reason = self._limit_reason()
+        reason = self.rules.limit_reason(self.env_steps, self.elapsed())
         if not reason:
             return
         self.stop.set(reason)
@@ -283,8 +248,7 @@ class Learner:
             self._ingest(items)
         updates = self.feed.train(self.algo, self.stop, arriving=batches.steps)
         while True:
-            if self.overlap and self.quota is not None and self.feed.steps_needed() == 0:
-                self._grant(ahead=1)  # an update runs now: agents make the next batch meanwhile
+            self.grants.before_update()
             started = time.monotonic()
             stats = next(updates, None)  # the gradient steps run inside next()
             if stats is None:
@@ -303,7 +267,7 @@ class Learner:
         for item in items:
             problem = self.chunk_check.problem(item.chunk)
             (unusable if problem else usable).append((item, problem))
-        self._last_chunk_at = time.monotonic()
+        self.grants.chunk_arrived()
         for item, _ in usable:
             self.env_steps += item.chunk.num_steps
             self.metrics.observe_chunk(self.param_version, item.chunk, item.nbytes)
@@ -322,60 +286,13 @@ class Learner:
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
             if self.tracker is not None:  # drawn by the tracker from its store, off this thread
-                self.tracker.draw_curves(self.config.experiment_dir / CURVES_FILE)
+                self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)
         version = self.param_version
         if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
             self._publish()
-        if not self.overlap:
-            self._grant()  # for the new version, or again for the old one when no publish was due
-        elif self.quota is not None and self.param_version != version:
-            # The unclaimed rest of the grant made before this update. A claim between the read and
-            # the write is granted twice: one flush more, used by the next update.
-            grant = self.quota.left()
-            self.quota.grant(self.param_version, max(0, grant[1]) if grant and grant[0] == version else 0)
-            self._granted_at = time.monotonic()
+        self.grants.after_update(version)
 
-    def _grant(self, ahead: int = 0) -> None:
-        """Let agents acting with the live version produce what the next ``1 + ahead`` updates
-        still need (on grants only)."""
-        if self.quota is None:
-            return
-        steps = self.feed.steps_needed(ahead) or 0
-        limit = self.config.stop.max_env_steps
-        if limit is not None:  # no more than the run still needs: the stop comes at the limit
-            steps = min(steps, max(0, limit - self.env_steps))
-        self.quota.grant(self.param_version, steps)
-        self._granted_at = time.monotonic()
-
-    def _top_up(self) -> None:
-        """On grants: the top-up rule of the module docstring. At most an HMGET, an HGETALL and an
-        HGET when it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
-        needed = self.feed.steps_needed()
-        if self.quota is None or not needed:
-            return
-        now = time.monotonic()
-        if now - max(self._last_chunk_at, self._granted_at) < self.config.learner.lockstep_topup_s:
-            return
-        grant = self.quota.left()
-        if grant is not None and grant[0] == self.param_version and grant[1] > 0:
-            self._granted_at = now  # steps are left to claim: no agent is asking (none alive?)
-            return
-        recent = 3 * self.config.agent.heartbeat_every_s
-        making = [a.agent_id for a in read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s)
-                  if a.claimed and a.age_s < recent]
-        if making:  # slow, not lost: look again later
-            self._granted_at = now
-            log.debug("lockstep: agents %s are still making the flushes they claimed", ", ".join(making))
-            return
-        if self.quota.live_version() != self.param_version:
-            log.warning("lockstep: the live parameter version is not v%d (Redis restarted?); publishing again",
-                        self.param_version)
-            self._publish(force=True)
-        self.topups += 1
-        log.info("lockstep: no experience for %.0fs while the update needs %d more steps; granting them again "
-                 "for v%d (top-up %d)", now - self._last_chunk_at, needed, self.param_version, self.topups)
-        self._grant()
-
+    # ---------------------------------------------------------------- publishing
     def _publish(self, force: bool = False) -> bool:
         """Publish unless too soon after the last (``force``: anyway). False when Redis refused it
         for lack of memory (logged; the next update or housekeeping tries again, training goes on);
@@ -392,59 +309,43 @@ class Learner:
             self._published(version, start)
         return True
 
+    def _republish(self, above: int) -> int:
+        """The parameters again as a version above ``above`` (agents rejected the live one);
+        returns that version."""
+        start = time.monotonic()
+        version = self.publisher.republish(self.algo.actor_params(), self.algo.iteration, above=above)
+        self._published(version, start)
+        return version
+
     def _published(self, version: int, start: float) -> None:
         self.param_version = version
         self.metrics.observe_publish(time.monotonic() - start)
         self.feed.on_publish(version)
 
     def _republish_if_rejected(self) -> None:
-        """Agents report parameter downloads they rejected (digest mismatch: the live blob is
-        damaged). When those counts rose while the live version stayed this learner's, publish the
-        parameters again as a version above every one seen (one HGETALL every heartbeat period)."""
-        now = time.monotonic()
-        if now < self._next_rejection_check:
-            return
-        self._next_rejection_check = now + self.config.agent.heartbeat_every_s
-        agents = read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
-        rose = False
-        for agent in agents:
-            key = (agent.agent_id, agent.pid)
-            rose |= agent.param_rejections > self._rejections.get(key, 0)
-            self._rejections[key] = agent.param_rejections
-        unchanged, self._rejections_version = self._rejections_version == self.param_version, self.param_version
-        if not (rose and unchanged):
-            return
-        above = max([self.param_version, *(agent.param_version for agent in agents)])
-        start = time.monotonic()
-        version = self.publisher.republish(self.algo.actor_params(), self.algo.iteration, above=above)
-        self.republished += 1
-        log.warning("agents rejected parameter v%d (damaged in Redis?); republished as v%d", self.param_version,
-                    version)
-        self._published(version, start)
-        self._rejections_version = -1  # the next look only takes counts reported before agents saw it
-        self._grant()
+        """Agents rejected the live version's parameters: republish, and grant for the new version."""
+        if self.rejections.look(self.param_version):
+            self.grants.grant()
 
     # ---------------------------------------------------------------- housekeeping
     def _collect_garbage(self) -> None:
         """Scripts agents need (they may not load them: ACL), retention/gc, stale heartbeats."""
         cfg = self.config
         self.receiver.load_agent_scripts()
-        if self.quota is not None:
-            self.quota.load_script()
+        self.grants.load_script()
         self.metrics.observe_janitor(self.janitor.run_once())
         prune_stale(self.client, cfg.run, cfg.agent.heartbeat_ttl_s)
 
     def _housekeeping(self) -> None:
-        cfg = self.config
-        if time.monotonic() - self.metrics.last_gc >= cfg.learner.gc_every_s:
+        if time.monotonic() - self.metrics.last_gc >= self.config.learner.gc_every_s:
             self._collect_garbage()
         if self._publish_failed and self._publish():  # lockstep agents wait for it: not left to the next update
-            self._grant()
+            self.grants.grant()
         self._republish_if_rejected()
-        self._top_up()
-        self._read_episodes()
+        self.grants.top_up()
+        self.scores.read()
         self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
-        reason = self._stop_reason()
+        reason = self.rules.stop_reason(self.env_steps, self.elapsed())
         if reason:
             self.control.request_stop(reason)
             self.stop.set(reason)
@@ -453,69 +354,16 @@ class Learner:
             if stopping:
                 self.stop.set(f"run stopping ({why or 'stop requested'})")
 
-    def _read_episodes(self) -> None:
-        for record in self.episodes.read_new():
-            if record.mode == "train":
-                self.train_returns.add([record])
-                self.metrics.observe_episode(record)
-                continue
-            if record.version < self.evals_from_version:
-                continue
-            scores = self.eval_by_version.setdefault(record.version, [])
-            scores.append(record.episode_return)
-            if len(scores) == self.config.eval.episodes:
-                del self.eval_by_version[record.version]
-                self._on_eval(record.version, float(np.mean(scores)))
-
-    def _on_eval(self, version: int, score: float) -> None:
-        """A complete eval of parameter version ``version``: log it and keep the best-k."""
-        self.last_eval = score
-        self.metrics.observe_eval(version, score)
-        best = self.checkpoints.best()
-        if self.config.checkpoint.keep_best and (len(best) < self.config.checkpoint.keep_best or score > best[-1][0]):
-            # The current state is at most a few updates past the evaluated version.
-            iteration = self.algo.iteration
-            if not self.checkpoints.path_for(iteration).exists():
-                self.checkpoints.save(self._state(), iteration)
-            self.checkpoints.record_score(iteration, score)
-            log.info("eval of v%d scored %.2f: checkpoint %d kept among the best", version, score, iteration)
-
     def mean_return(self) -> float | None:
-        return self.train_returns.mean()
+        """Mean of the recent training episode returns (None before the first episode)."""
+        return self.scores.mean_return()
 
     def progress(self) -> LearnerProgress:
+        """Where the learner stands, for a metrics flush."""
         return LearnerProgress(self.algo.iteration, self.env_steps, self.param_version, self.mean_return(),
-                               self.elapsed(), self.feed.use(), self.topups)
+                               self.elapsed(), self.feed.use(), self.grants.topups)
 
-    def _limit_reason(self) -> str:
-        """Why the step or time limit stops the run ("" if neither is reached); no Redis call."""
-        stop = self.config.stop
-        if stop.max_env_steps is not None and self.env_steps >= stop.max_env_steps:
-            return f"reached {self.env_steps} env steps (stop.max_env_steps={stop.max_env_steps})"
-        if stop.max_seconds is not None and self.elapsed() >= stop.max_seconds:
-            return f"ran {self.elapsed():.0f}s (stop.max_seconds={stop.max_seconds})"
-        return ""
-
-    def _stop_reason(self) -> str:
-        stop = self.config.stop
-        limit = self._limit_reason()
-        if limit:
-            return limit
-        if stop.target_return is None:
-            return ""
-        if stop.target_metric == "eval":
-            if self.last_eval is not None and self.last_eval >= stop.target_return:
-                return f"eval return {self.last_eval:.1f} reached stop.target_return={stop.target_return}"
-            return ""
-        # one agent's records alone cannot reach it: a window per agent id, over the agents that heartbeat
-        live = [a.agent_id for a in read_agents(self.client, self.config.run, self.config.agent.heartbeat_ttl_s,
-                                                include_stale=False)]
-        score = self.train_returns.stop_score(live)
-        if score is not None and score >= stop.target_return:
-            return (f"train return {score:.1f} (lower median over agents of each one's mean over its share of "
-                    f"the last {stop.return_window} episodes) reached stop.target_return={stop.target_return}")
-        return ""
-
+    # ---------------------------------------------------------------- the end
     def _checkpoints_to_keep(self) -> list[Path]:
         """What the MLflow run keeps of the checkpoint folder: the latest checkpoint (the final one
         after a clean stop), the best-scored one and the score queue; the folder has the rest."""
@@ -532,7 +380,7 @@ class Learner:
             if self.algo.iteration > 0:
                 self.checkpoints.save(self._state(), self.algo.iteration)
                 self._publish(force=True)
-            self._read_episodes()
+            self.scores.read()
             use = self.feed.use()
             if use is not None:
                 self.metrics.observe_stop(use.held + unread_steps)
@@ -543,7 +391,7 @@ class Learner:
         if self.tracker is not None:
             for path in self._checkpoints_to_keep():
                 self.tracker.log_artifact(path, "checkpoints")
-            self.tracker.draw_curves(self.config.experiment_dir / CURVES_FILE)  # with the final metrics
+            self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)  # with the final metrics
             self.tracker.finish("KILLED" if status == "FINISHED" and self.stop.reason.startswith("signal") else status)
         log.info("learner stopped (%s): %d updates, %d env steps, %.0fs, pid %d", self.stop.reason or status,
                  self.algo.iteration, self.env_steps, self.elapsed(), os.getpid())

@@ -1,0 +1,118 @@
+"""Production on grants (on-policy runs, ``learner.on_policy_sync`` ``lockstep`` or ``overlap``;
+see :mod:`surreal_redis.hub.quota`), always for the live parameter version:
+
+- ``lockstep``: after each update (and its publish) the learner grants the env steps its next
+  update still needs (:meth:`~surreal_redis.replay.feeds.Feed.steps_needed`).
+- ``overlap``: before each update's gradient steps it grants what the update after it needs, so
+  agents make that batch meanwhile; after the publish, what agents had not claimed yet of that
+  grant carries over to the new version.
+- Top-up rule (both): when the feed still needs steps for its next update, the grant is used up (or
+  gone), no chunk arrived for ``learner.lockstep_topup_s`` seconds and no agent that beat within
+  three ``agent.heartbeat_every_s`` is still making a flush it claimed (so an agent claimed and
+  died, or the chunks were lost or dropped), the learner grants the missing steps again,
+  publishing first if the live version is not its own (Redis restarted empty).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from surreal_redis.connection import RedisClient
+from surreal_redis.hub.quota import ProductionQuota
+from surreal_redis.hub.run.heartbeat import read_agents
+from surreal_redis.replay.feeds import Feed
+
+if TYPE_CHECKING:
+    from surreal_redis.config import ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+
+class GrantKeeper:
+    """The learner's grants and top-ups, and their bookkeeping. Without grants (off-policy feeds,
+    ``on_policy_sync: free``) ``quota`` is None and every method does nothing. ``version()``: the
+    learner's last published parameter version; ``env_steps()``: env steps it took in so far;
+    ``publish()``: publish the current parameters now, however soon after the last. Each method is
+    at most a few Redis round trips."""
+
+    def __init__(self, client: RedisClient, config: ExperimentConfig, feed: Feed, *, version: Callable[[], int],
+                 env_steps: Callable[[], int], publish: Callable[[], object]) -> None:
+        self._client, self._config, self._feed = client, config, feed
+        self._version, self._env_steps, self._publish = version, env_steps, publish
+        self.quota = ProductionQuota(client, config.run) if config.lockstep and feed.steps_needed() is not None else None
+        self.overlap = config.learner.on_policy_sync == "overlap"
+        self._last_chunk_at = self._granted_at = time.monotonic()
+        self.topups = 0  # grants topped up by the rule above
+
+    def grant(self, ahead: int = 0) -> None:
+        """Let agents acting with the live version produce what the next ``1 + ahead`` updates
+        still need."""
+        if self.quota is None:
+            return
+        steps = self._feed.steps_needed(ahead) or 0
+        limit = self._config.stop.max_env_steps
+        if limit is not None:  # no more than the run still needs: the stop comes at the limit
+            steps = min(steps, max(0, limit - self._env_steps()))
+        self.quota.grant(self._version(), steps)
+        self._granted_at = time.monotonic()
+
+    def before_update(self) -> None:
+        """Overlap: an update runs now, so agents may make the next batch meanwhile."""
+        if self.overlap and self.quota is not None and self._feed.steps_needed() == 0:
+            self.grant(ahead=1)
+
+    def after_update(self, version_before: int) -> None:
+        """After an update and its publish, if due (``version_before``: the live version before it)."""
+        if not self.overlap:
+            self.grant()  # for the new version, or again for the old one when no publish was due
+        elif self.quota is not None and self._version() != version_before:
+            # The unclaimed rest of the grant made before this update. A claim between the read and
+            # the write is granted twice: one flush more, used by the next update.
+            grant = self.quota.left()
+            self.quota.grant(self._version(), max(0, grant[1]) if grant and grant[0] == version_before else 0)
+            self._granted_at = time.monotonic()
+
+    def chunk_arrived(self) -> None:
+        """Experience came in: the top-up clock starts again."""
+        self._last_chunk_at = time.monotonic()
+
+    def load_script(self) -> None:
+        """Load ``claim.lua`` for agents that may not load it themselves (ACL)."""
+        if self.quota is not None:
+            self.quota.load_script()
+
+    def top_up(self) -> None:
+        """The top-up rule of the module docstring. At most an HMGET, an HGETALL and an HGET when
+        it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
+        needed = self._feed.steps_needed()
+        if self.quota is None or not needed:
+            return
+        now = time.monotonic()
+        if now - max(self._last_chunk_at, self._granted_at) < self._config.learner.lockstep_topup_s:
+            return
+        version = self._version()
+        grant = self.quota.left()
+        if grant is not None and grant[0] == version and grant[1] > 0:
+            self._granted_at = now  # steps are left to claim: no agent is asking (none alive?)
+            return
+        if making := self._agents_making():  # slow, not lost: look again later
+            self._granted_at = now
+            log.debug("lockstep: agents %s are still making the flushes they claimed", ", ".join(making))
+            return
+        if self.quota.live_version() != version:
+            log.warning("lockstep: the live parameter version is not v%d (Redis restarted?); publishing again", version)
+            self._publish()
+        self.topups += 1
+        log.info("lockstep: no experience for %.0fs while the update needs %d more steps; granting them again "
+                 "for v%d (top-up %d)", now - self._last_chunk_at, needed, self._version(), self.topups)
+        self.grant()
+
+    def _agents_making(self) -> list[str]:
+        """Agents that beat within three heartbeat periods and still make a flush they claimed."""
+        agent = self._config.agent
+        recent = 3 * agent.heartbeat_every_s
+        return [a.agent_id for a in read_agents(self._client, self._config.run, agent.heartbeat_ttl_s)
+                if a.claimed and a.age_s < recent]
