@@ -59,6 +59,7 @@ from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.learner.metrics import use_summary
+from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.plots import CURVES_FILE
 from surreal_redis.runtime import INTERRUPTED_EXIT, ONE_BLAS_THREAD, StopFlag
 from surreal_redis.status import HUB_FILE, live_local_runs, remove_hub_file, write_hub_file

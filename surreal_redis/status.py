@@ -25,6 +25,7 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.learner.metrics import use_summary
+from surreal_redis.redis_cluster import is_cluster, primary_clients
 
 log = logging.getLogger(__name__)
 
