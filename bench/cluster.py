@@ -40,6 +40,7 @@ import time
 from functools import partial
 
 import numpy as np
+from harness.cluster import LocalCluster
 
 from surreal_redis.connection import OUTAGE_ERRORS, connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
@@ -48,7 +49,6 @@ from surreal_redis.hub.experience.wire import Origin
 from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.keys import RunKeys
 from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.cluster import LocalCluster
 
 log = logging.getLogger("bench.cluster")
 RUN = "cbench"

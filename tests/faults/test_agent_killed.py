@@ -28,7 +28,7 @@ AGENT = f"""
 import sys, time
 from surreal_redis.connection import connect
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
-from surreal_redis.testing.bench_data import synthetic_trajectory
+from harness.bench_data import synthetic_trajectory
 
 url, generation, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sender = ExperienceSender(connect(url), SenderConfig(flush_steps={FLUSH_STEPS}), {RUN!r}, {AGENT_ID}, 1)

@@ -9,6 +9,7 @@ import socket
 
 import numpy as np
 import pytest
+from harness.cluster import attach_replica
 
 from surreal_redis.connection import EmbeddedRedis, connect, find_redis_server
 from surreal_redis.hub.params import (
@@ -17,7 +18,6 @@ from surreal_redis.hub.params import (
     ParameterPublisher,
     PublisherConfig,
 )
-from surreal_redis.testing.cluster import attach_replica
 
 pytestmark = pytest.mark.integration
 
