@@ -13,10 +13,11 @@ primaries), then
   subscription. It replays a recorded trajectory (:mod:`harness.bench_data`: Pong-like
   4-frame stacks, each frame marked with the agent and the pass so that frames are new bytes per
   agent and dedup stays what it is within one agent's stream; HalfCheetah-like 17-float vectors)
-  through ``sender.add`` at the per-agent rate of a real agent of that env (:data:`~harness.scale.spec.PROFILES`), polls
-  the parameter version every ``fetch_every_steps`` vector steps (free production) or claims every
-  flush (lockstep), and downloads every new version (with ``BroadcastOptions.min_version_lag``,
-  the client's ``min_version_lag``: only one that many publishes ahead);
+  through ``sender.add`` at the per-agent rate of a real agent of that env
+  (:data:`~harness.scale.spec.PROFILES`), polls the parameter version every ``fetch_every_steps``
+  vector steps (free production) or claims every flush (lockstep), and downloads every new
+  version (with ``BroadcastOptions.min_version_lag``, the client's ``min_version_lag``: only one
+  that many publishes ahead);
 - one learner-side process: :class:`~surreal_redis.hub.experience.receiver.ExperienceReceiver`
   moving the inboxes, reading, decoding and acking (what the learner's prefetch thread and feed do),
   plus the :class:`~surreal_redis.hub.experience.retention.HubJanitor` every 5 s;
@@ -33,6 +34,7 @@ what the parameter downloads cost (per GB, and as a share of the primary's CPU).
 
 Everything is measured, nothing asserted; everything shares this machine's cores, so "produced"
 (what the agents managed) can fall short of "offered" (N x the per-agent rate) because the client
+side runs out of CPU before Redis does: the results say which.
 
 Modules: :mod:`~harness.scale.spec` (cases and plans), :mod:`~harness.scale.params` (the real
 networks' parameters), :mod:`~harness.scale.servers` (servers and readings),
