@@ -40,6 +40,7 @@ import time
 from functools import partial
 
 import numpy as np
+from harness.cluster import LocalCluster
 
 from surreal_redis.connection import connect
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
@@ -49,7 +50,6 @@ from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 from surreal_redis.keys import RunKeys
 from surreal_redis.outage import OUTAGE_ERRORS
 from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.cluster import LocalCluster
 
 log = logging.getLogger("bench.cluster")
 RUN = "cbench"

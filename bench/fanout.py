@@ -23,6 +23,7 @@ import multiprocessing as mp
 import time
 
 import numpy as np
+from harness.cluster import attach_replica
 
 from surreal_redis.connection import connect
 from surreal_redis.embedded import EmbeddedRedis
@@ -33,7 +34,6 @@ from surreal_redis.hub.params import (
     PublisherConfig,
 )
 from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.cluster import attach_replica
 
 log = logging.getLogger("bench.fanout")
 RUN = "fanout"

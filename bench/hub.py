@@ -1,7 +1,7 @@
 """Hub benchmark: ``python bench/hub.py [--quick] [--params-only] [--kinds atari,...]``.
 
 Progress goes to stderr through logging; the last line of stdout is one JSON object with the
-results (see :func:`surreal_redis.testing.hub_bench.run_hub_bench`).
+results (see :func:`harness.hub_bench.run_hub_bench`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import argparse
 import dataclasses
 import json
 
+from harness.bench_data import KINDS
+from harness.hub_bench import BenchSizes, run_hub_bench
+
 from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.bench_data import KINDS
-from surreal_redis.testing.hub_bench import BenchSizes, run_hub_bench
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ acked; p50/p99 of insert, poll, claim and download latency; Redis CPU per 1k tra
 GB of parameters; memory per connection; the same with read replicas and a 3-primary cluster; and
 the parameter broadcast at 1024 Pong agents with its options: ``hub.params_client.min_version_lag: 2``
 (agents download every other version), ``hub.publisher.dtype: float16`` (half the bytes), read
-replicas, and the combinations (see :mod:`surreal_redis.testing.scale_bench`); and how far the Pong
+replicas, and the combinations (see :mod:`harness.scale`); and how far the Pong
 network's outputs move with float16 weights, fresh and (without ``--quick``) trained.
 
 Progress goes to stderr through logging; the last line of stdout is one JSON object with the
@@ -23,15 +23,16 @@ import json
 import logging
 from pathlib import Path
 
-from surreal_redis import plots
-from surreal_redis.runtime import setup_logging
-from surreal_redis.testing.scale_bench import (
+from harness.scale import (
     PROFILES,
     BenchPlan,
     markdown_tables,
     run_scale_bench,
     scale_figure,
 )
+
+from surreal_redis import plots
+from surreal_redis.runtime import setup_logging
 
 log = logging.getLogger("bench.scale")
 

@@ -4,11 +4,21 @@ integration tests (each test that asks gets its own server on a unix socket in a
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 
 from surreal_redis.connection import connect
 from surreal_redis.embedded import EmbeddedRedis, find_redis_server
+
+# The benchmarks' shared code (bench/harness/: synthetic experience, the local Redis Cluster, the
+# hub and scale benches) is imported as ``harness``; appended, not prepended, so that bench/'s
+# scripts (cluster.py, envs.py) never shadow the test packages of the same names. tests/support/
+# is ``support``: pytest puts tests/ itself on the path (this file's folder has no __init__.py).
+BENCH = str(Path(__file__).resolve().parents[1] / "bench")
+if BENCH not in sys.path:
+    sys.path.append(BENCH)
 
 
 @pytest.fixture
@@ -56,10 +66,10 @@ def _one_torch_thread():
 
 
 def _cluster(folder):
-    """3 primaries + 3 replicas on loopback (surreal_redis.testing.cluster)."""
+    """3 primaries + 3 replicas on loopback (bench/harness/cluster.py)."""
     import shutil
 
-    from surreal_redis.testing.cluster import LocalCluster
+    from harness.cluster import LocalCluster
 
     if find_redis_server() is None or shutil.which("redis-cli") is None:
         pytest.skip("Redis Cluster tests need redis-server and redis-cli on PATH")

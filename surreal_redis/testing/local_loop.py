@@ -5,7 +5,8 @@ No Redis and no processes: :class:`ChunkCollector` cuts experience into
 true final observation of every episode that ends, the recurrent state at each chunk start), and
 :func:`run_local` alternates collection and one learner update through the learner's own
 :class:`~surreal_redis.replay.feeds.OnPolicyFeed`, loading the new parameters into the policy after
-each. Used by the learning tests and by ``bench/learning.py``.
+each. Used by the learning tests; ``bench/learner_step.py`` cuts its chunks with
+:class:`ChunkCollector`.
 """
 
 from __future__ import annotations

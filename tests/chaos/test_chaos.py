@@ -3,7 +3,7 @@
 schedule of faults: Redis kill -9 and restart (within a second; after a minute in the long run),
 Redis SIGSTOP for 3-8 s, the learner and agents kill -9 (the launcher restarts them), maxmemory
 lowered to just above what Redis uses for a few seconds, and (as root) partitions: Redis runs in
-one network namespace of a lab (surreal_redis.testing.netns), the launch with all its processes in
+one network namespace of a lab (tests/support/netns.py), the launch with all its processes in
 another, and the link between them is cut for 3-8 s (in the long run also for 60-70 s); the test
 itself reads Redis over its unix socket, which no cut reaches. Where namespaces cannot be built
 the schedule has no partitions and the test says so. Every process records the experience
@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 import pytest
+from support.netns import NetnsLab, netns_unavailable
 
 from surreal_redis.connection import CONNECTION_ERRORS, connect
 from surreal_redis.embedded import find_redis_server
 from surreal_redis.hub.experience.ledger import LEDGER_DIR_ENV
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.testing.netns import NetnsLab, netns_unavailable
 
 from .harness import (
     AGENTS,

@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.cluster import LocalCluster
 
 from surreal_redis.connection import connect
 from surreal_redis.hub.experience.ledger import LEDGER_DIR_ENV
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.keys import RunKeys
-from surreal_redis.testing.cluster import LocalCluster
 
 from .harness import (
     AGENTS,

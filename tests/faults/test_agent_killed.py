@@ -6,6 +6,7 @@ one's all."""
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,15 +21,17 @@ pytestmark = [pytest.mark.faults, pytest.mark.integration]
 RUN = "killed"
 KEYS = RunKeys(RUN).shard(0)
 AGENT_ID, ENVS, FLUSH_STEPS = 3, 2, 8
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")
 GENERATION = 100_000  # policy_version = generation * GENERATION + step: tells chunks of the two agents apart
 
 # An agent process: CartPole-like synthetic steps into an ExperienceSender, one step per ~5 ms;
 # policy_version carries the step index, so every chunk is identified by (generation, env, first step).
 AGENT = f"""
 import sys, time
+sys.path.append({BENCH!r})  # bench/harness/, as tests/conftest.py puts it for the tests
 from surreal_redis.connection import connect
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
-from surreal_redis.testing.bench_data import synthetic_trajectory
+from harness.bench_data import synthetic_trajectory
 
 url, generation, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sender = ExperienceSender(connect(url), SenderConfig(flush_steps={FLUSH_STEPS}), {RUN!r}, {AGENT_ID}, 1)

@@ -9,6 +9,7 @@ import socket
 
 import numpy as np
 import pytest
+from harness.cluster import attach_replica
 
 from surreal_redis.connection import connect
 from surreal_redis.embedded import EmbeddedRedis, find_redis_server
@@ -18,7 +19,6 @@ from surreal_redis.hub.params import (
     ParameterPublisher,
     PublisherConfig,
 )
-from surreal_redis.testing.cluster import attach_replica
 
 pytestmark = pytest.mark.integration
 

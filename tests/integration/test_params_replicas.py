@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from harness.cluster import attach_replica
 
 from surreal_redis.connection import connect
 from surreal_redis.embedded import EmbeddedRedis, find_redis_server
@@ -20,7 +21,6 @@ from surreal_redis.hub.params import (
     PublisherConfig,
 )
 from surreal_redis.keys import RunKeys
-from surreal_redis.testing.cluster import attach_replica
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from harness import scale
+from harness.scale import BroadcastOptions, CaseSpec, run_case
 
 from surreal_redis.embedded import find_redis_server
-from surreal_redis.testing import scale_bench
-from surreal_redis.testing.scale_bench import BroadcastOptions, CaseSpec, run_case
 
 pytestmark = pytest.mark.skipif(find_redis_server() is None, reason="needs redis-server")
 
@@ -95,7 +95,7 @@ def test_replicas_serve_the_downloads():
 def test_version_ages_count_publishes_behind_on_the_clock():
     publishes = np.array([[10.0, 1, 0], [11.0, 2, 0], [12.0, 3, 0]])
     held = [np.array([[9.0, 1], [11.5, 2]]), np.array([[9.0, 1], [12.2, 3]])]
-    ages = scale_bench.version_ages(held, publishes, 10.0, 12.5)
+    ages = scale.version_ages(held, publishes, 10.0, 12.5)
     grid = np.arange(10.0, 12.5, 0.05)
     live = np.where(grid >= 12.0, 3, np.where(grid >= 11.0, 2, 1))
     first = live - np.where(grid >= 11.5, 2, 1)
@@ -105,14 +105,14 @@ def test_version_ages_count_publishes_behind_on_the_clock():
 
 def test_capacity_adds_idle_experience_and_parameter_loads():
     spec = CaseSpec("pong", 100, publish_every_s=1.0)  # 500 env steps/s per agent
-    out = scale_bench.capacity(spec, fixed={"primary": 0.1}, per_t={"primary": 1e-5}, per_gb={"primary": 1.0},
+    out = scale.capacity(spec, fixed={"primary": 0.1}, per_t={"primary": 1e-5}, per_gb={"primary": 1.0},
                                download_share={"primary": 1.0}, nbytes=1_000_000, params_server="primary")
     assert out["needed_gb_per_s"] == pytest.approx(0.1)  # 100 agents x 1 MB per publish each second
     assert out["load_at_full_rate"]["primary"] == pytest.approx(0.1 + 0.5 + 0.1)
     assert out["agents_per_hub"] == pytest.approx(0.9 / 0.006)
     assert out["agents_per_hub_experience_only"] == pytest.approx(0.9 / 0.005)
     assert out["param_share_at_full_rate"] == pytest.approx(0.1 / 0.7)
-    skipping = scale_bench.capacity(replace(spec, broadcast=BroadcastOptions(min_version_lag=2)), {"primary": 0.1},
+    skipping = scale.capacity(replace(spec, broadcast=BroadcastOptions(min_version_lag=2)), {"primary": 0.1},
                                     {"primary": 1e-5}, {"primary": 1.0}, {"primary": 1.0}, 1_000_000, "primary")
     assert skipping["needed_gb_per_s"] == pytest.approx(0.05)
 
@@ -120,7 +120,7 @@ def test_capacity_adds_idle_experience_and_parameter_loads():
 def test_capacity_with_replicas_counts_the_replication_stream_once_per_replica():
     spec = CaseSpec("pong", 100, hub="replicas", publish_every_s=1.0)
     labels = ("primary", "replica1", "replica2")
-    out = scale_bench.capacity(spec, fixed=dict.fromkeys(labels, 0.0), per_t=dict.fromkeys(labels, 1e-5),
+    out = scale.capacity(spec, fixed=dict.fromkeys(labels, 0.0), per_t=dict.fromkeys(labels, 1e-5),
                                per_gb=dict.fromkeys(labels, 1.0),
                                download_share={"primary": 0.0, "replica1": 0.5, "replica2": 0.5},
                                nbytes=1_000_000, params_server="primary")

@@ -92,6 +92,10 @@ def test_the_wheel_ships_the_package_data(wheel):
         shipped = {n for n in names if n.startswith(f"surreal_redis/{folder}/")}
         expected = {f"surreal_redis/{folder}/{p.name}" for p in (ROOT / folder).glob(pattern)}
         assert expected and shipped == expected
+    # benchmarks and test labs stay in the repository (bench/harness/, tests/support/)
+    assert {n for n in names if n.startswith("surreal_redis/testing/")} == {
+        f"surreal_redis/testing/{module}.py" for module in ("__init__", "fakes", "local_loop", "offpolicy_loop")}
+    assert "surreal_redis/cli/__main__.py" in names  # python -m surreal_redis.cli
 
 
 def test_the_installed_wheel_launches_the_smoke_config_by_name(venv, tmp_path):

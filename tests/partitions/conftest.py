@@ -9,7 +9,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session", autouse=True)
 def _no_stale_labs():
     """Labs a killed test run left behind (namespaces and their processes) go first."""
-    from surreal_redis.testing.netns import netns_unavailable, remove_stale_labs
+    from support.netns import netns_unavailable, remove_stale_labs
 
     if netns_unavailable() is None:
         remove_stale_labs()

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.netns import LabProcess, NetnsLab
 
 from surreal_redis.keys import RunKeys
-from surreal_redis.testing.netns import LabProcess, NetnsLab
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "smoke.yaml"

@@ -17,8 +17,7 @@ import time
 
 import pytest
 from redis.crc import key_slot
-
-from surreal_redis.testing.netns import LabCluster, NetnsLab, netns_unavailable
+from support.netns import LabCluster, NetnsLab, netns_unavailable
 
 from .harness import AGENTS, Run, account_for_every_chunk
 

@@ -3,9 +3,8 @@
 from pathlib import Path
 
 import pytest
-
-from surreal_redis.testing import netns
-from surreal_redis.testing.netns import NetnsLab, netns_unavailable
+from support import netns
+from support.netns import NetnsLab, netns_unavailable
 
 
 def test_without_root_the_lab_says_why(monkeypatch):

@@ -1,5 +1,5 @@
 """Partitions between hosts: Redis, the learner and two agents each in their own network namespace
-(:mod:`surreal_redis.testing.netns`), a PPO smoke run (lockstep grants) across them, and links cut
+(:mod:`support.netns`, tests/support/netns.py), a PPO smoke run (lockstep grants) across them, and links cut
 with ``ip link set ... down``.
 
 One run serves the whole module, in order: agents cut from the hub for 5 s, the learner cut for
@@ -16,8 +16,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from surreal_redis.testing.netns import NetnsLab, netns_unavailable
+from support.netns import NetnsLab, netns_unavailable
 
 from .harness import AGENTS, LONG, Run, account_for_every_chunk
 

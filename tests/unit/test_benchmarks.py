@@ -4,10 +4,10 @@ import math
 import lz4.block
 import numpy as np
 import pytest
+from harness.bench_data import KINDS, index_tree, obs_bytes, synthetic_trajectory
+from harness.hub_bench import BenchSizes, KindSize, check_targets, mlp_params, run_hub_bench
 
 from surreal_redis.embedded import find_redis_server
-from surreal_redis.testing.bench_data import KINDS, index_tree, obs_bytes, synthetic_trajectory
-from surreal_redis.testing.hub_bench import BenchSizes, KindSize, check_targets, mlp_params, run_hub_bench
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -30,7 +30,7 @@ def test_an_agent_of_a_run_takes_the_config_its_launcher_stored(redis_server, re
         raise SystemExit(code)
 
     monkeypatch.setattr("surreal_redis.agent.Agent", Agent)
-    monkeypatch.setattr("surreal_redis.cli._exit_process", leave)
+    monkeypatch.setattr("surreal_redis.cli.processes._exit_process", leave)
     stored = load_config("smoke", ["experiment.name=mine", "env.num_envs=3", "agent.nice=0"])
     RunControl(real_redis, "mine").store_config(stored.to_yaml())
     done = CliRunner().invoke(main, ["agent", "--id", "1", "--run", "mine", "--redis-url", redis_server.url])

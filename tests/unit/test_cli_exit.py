@@ -7,7 +7,7 @@ import sys
 
 
 def test_exit_process_keeps_the_code_and_flushes_logs_and_stdio():
-    code = ("import logging, sys; from surreal_redis.cli import _exit_process; "
+    code = ("import logging, sys; from surreal_redis.cli.common import _exit_process; "
             "logging.basicConfig(stream=sys.stdout, format='%(message)s'); "
             "logging.getLogger('x').warning('logged'); sys.stderr.write('to stderr\\n'); "
             "sys.stdout.write('printed last'); _exit_process(3)")

@@ -17,7 +17,7 @@ def test_cli_module_imports_neither_torch_nor_gymnasium():
 
 
 def test_an_agent_started_by_hand_gets_one_blas_thread_unless_the_user_set_it(monkeypatch):
-    from surreal_redis.cli import _one_blas_thread
+    from surreal_redis.cli.common import _one_blas_thread
 
     for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # restored after the test
         monkeypatch.delenv(name, raising=False)

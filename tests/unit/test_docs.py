@@ -318,7 +318,7 @@ def test_a_wrong_override_in_prose_fails(tmp_path):
     ("surreal-redis launch configs/ppo_cartpol.yaml", "not a file in the repository"),
     ("surreal-redis launch configs/ppo_cartpole.yaml -o ppo.learning_rat=1e-3", "learning_rat"),
     ("surreal-redis lunch configs/ppo_cartpole.yaml", "'lunch' is not a command"),
-    ("surreal-redis bench hubb", "'hubb' is not a command of surreal-redis bench"),
+    ("surreal-redis bench hub", "'bench' is not a command of surreal-redis"),
     ("surreal-redis eval --mode random --run my-run", "random"),
 ])
 def test_a_wrong_command_on_a_page_fails(tmp_path, line, message):

@@ -530,7 +530,7 @@ def test_start_removes_consumers_with_nothing_pending(fake_redis):
 
 
 def test_atari_like_frame_stacks_with_resets_round_trip_exactly(fake_redis):
-    from surreal_redis.testing.bench_data import index_tree, obs_bytes, synthetic_trajectory
+    from harness.bench_data import index_tree, obs_bytes, synthetic_trajectory
 
     traj = synthetic_trajectory("atari", num_envs=2, steps=260, seed=3)  # episodes end (~200 steps)
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=16), RUN, 0, 1)

@@ -225,7 +225,7 @@ def test_a_trained_pong_network_acts_alike_from_float16_weights():
     (~25 s of CPU), on 64 synthetic Pong frames (measured at seed 0: logits 5.8e-4 of a 5.7-nat
     spread, log-probs 9.7e-4, KL 1.8e-8 nats, values 2.2e-3, every greedy action the same)."""
     pytest.importorskip("torch")
-    from surreal_redis.testing.scale_bench import fp16_logit_check, trained_pong_params
+    from harness.scale import fp16_logit_check, trained_pong_params
 
     check = fp16_logit_check(trained_pong_params())
     assert check["logit_spread"] > 1.0  # a fresh network's spread is ~0.01: rounding has more to flip here

@@ -3,8 +3,8 @@
 The ALE is not installed, so Atari observations are synthetic 84x84 uint8 frames built like real
 ones: a flat background with static borders and a score bar, two paddles and a ball that move
 every step, and 4-frame stacks as a tuple of 4 frames that a reset fills with the reset frame
-(like gymnasium's FrameStack). Such frames lz4-compress 20-60x, as real Pong/Breakout frames do
-(redis-limits.md, 4c), so dedup and compression are measured on realistic bytes.
+(like gymnasium's FrameStack). Such frames lz4-compress 20-60x, as real Pong/Breakout frames do,
+so dedup and compression are measured on realistic bytes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The hub benchmark: the experience and parameter paths against naive baselines, same server.
 
 :func:`run_hub_bench` starts a throwaway embedded redis-server and, for three observation kinds
-(:mod:`surreal_redis.testing.bench_data`), measures
+(:mod:`harness.bench_data`), measures
 
 - ``hub_tps`` / ``naive_tps``: transitions per second stored by 2 sender processes, through the
   :class:`~surreal_redis.hub.experience.sender.ExperienceSender` (vectorized ``add``, default
@@ -47,7 +47,8 @@ from surreal_redis.hub.params import (
     PublisherConfig,
 )
 from surreal_redis.keys import RunKeys
-from surreal_redis.testing.bench_data import KINDS, Trajectory, index_tree, obs_bytes, synthetic_trajectory
+
+from .bench_data import KINDS, Trajectory, index_tree, obs_bytes, synthetic_trajectory
 
 log = logging.getLogger(__name__)
 
