@@ -13,7 +13,7 @@ import redis
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter
 from surreal_redis.hub.channel import Subscription
 from surreal_redis.hub.experience.backlog import read_backlog
-from surreal_redis.hub.experience.batching import HubUnavailableError
+from surreal_redis.hub.experience.insert import HubUnavailableError
 from surreal_redis.keys import ShardKeys
 
 log = logging.getLogger(__name__)

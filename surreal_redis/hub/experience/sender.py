@@ -28,7 +28,8 @@ import redis
 from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient, Waiter, node_name
 from surreal_redis.hub.experience.backpressure import Backpressure
-from surreal_redis.hub.experience.batching import (
+from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
+from surreal_redis.hub.experience.insert import (
     SEQ_WINDOW,
     Batch,
     HubUnavailableError,
@@ -42,7 +43,6 @@ from surreal_redis.hub.experience.batching import (
     split_batches,
     split_replies,
 )
-from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
 from surreal_redis.hub.experience.ledger import Ledger
 from surreal_redis.hub.experience.wire import sender_tag
 from surreal_redis.keys import DIGEST_CHARS, RunKeys
