@@ -410,7 +410,7 @@ def test_a_learner_user_without_the_reads_channel_still_reads(redis_server, real
     sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
     receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 1)
     receiver.start()
-    with caplog.at_level(logging.WARNING, logger="surreal_redis.hub.experience.receiver"):
+    with caplog.at_level(logging.WARNING, logger="surreal_redis.hub.experience.new_entries"):
         for round_ in range(2):
             for _ in range(2):
                 sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))

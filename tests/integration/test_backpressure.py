@@ -66,7 +66,7 @@ def test_a_broken_subscription_falls_back_to_polling(real_redis):
     assert real_redis.client_kill_filter(_type="pubsub") == 1
     time.sleep(0.3)  # it notices, and polls
     assert thread.is_alive()
-    receiver._announce = False  # reads go unannounced: only a poll can see the backlog drop
+    receiver._new.announce = False  # reads go unannounced: only a poll can see the backlog drop
     receiver.ack(receiver.receive(10, 0))
     thread.join(timeout=20)
     assert not thread.is_alive(), "the sender did not poll once its subscription broke"
@@ -74,7 +74,7 @@ def test_a_broken_subscription_falls_back_to_polling(real_redis):
     thread = threading.Thread(target=step, args=(sender,), daemon=True)
     thread.start()
     wait_until(lambda: listeners(real_redis) == 1, 10, "the sender to listen for reads again")
-    receiver._announce = True
+    receiver._new.announce = True
     receiver.ack(receiver.receive(10, 0))
     thread.join(timeout=20)
     assert not thread.is_alive()

@@ -13,8 +13,8 @@ import surreal_redis.hub.experience.sender as sender_module
 from surreal_redis.acl import create_users, username
 from surreal_redis.codec import digest
 from surreal_redis.hub.experience.backlog import dedup_ratio
-from surreal_redis.hub.experience.batching import pack_command, send_commands
 from surreal_redis.hub.experience.inbox import move_inbox
+from surreal_redis.hub.experience.insert import pack_command, send_commands
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig

@@ -556,7 +556,7 @@ def test_atari_like_frame_stacks_with_resets_round_trip_exactly(fake_redis):
 
 
 def test_split_batches_bounds_calls_and_uploads_each_blob_once():
-    from surreal_redis.hub.experience.batching import split_batches
+    from surreal_redis.hub.experience.insert import split_batches
 
     seqs = iter(range(1, 100))
     sizes = {"a": 100, "b": 100, "c": 100, "d": None}  # d is known to be stored

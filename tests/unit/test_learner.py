@@ -20,13 +20,12 @@ from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.algos.registry import UnknownAlgorithm
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.envs import make_env, make_vector_env, step_vector_env
-from surreal_redis.hub.experience.receiver import CONSUMER_GROUP
 from surreal_redis.hub.experience.sender import ExperienceSender
 from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
-from surreal_redis.keys import RunKeys
+from surreal_redis.keys import CONSUMER_GROUP, RunKeys
 from surreal_redis.learner import FeedSettings, Learner, LearnerParts, make_feed
 from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.learner.metrics import AgentClocks, lag_percentile, use_summary

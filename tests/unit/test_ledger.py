@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from surreal_redis.hub.experience.ledger import LEDGER_DIR_ENV, Ledger, read_ledger
+from surreal_redis.hub.experience.ledger import LEDGER_DIR_ENV, Ledger, NullLedger, read_ledger
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
 from surreal_redis.hub.experience.wire import Origin, sender_tag
@@ -44,7 +44,7 @@ def test_sender_and_receiver_record_every_acked_batch_and_chunk(fake_redis, tmp_
 
 def test_the_environment_switches_it_on_and_nothing_is_recorded_without_it(fake_redis, tmp_path, monkeypatch):
     monkeypatch.delenv(LEDGER_DIR_ENV, raising=False)
-    assert Ledger.from_environment("agent") is None
+    assert isinstance(Ledger.from_environment("agent"), NullLedger)
     send_steps(ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1), 3)
     monkeypatch.setenv(LEDGER_DIR_ENV, str(tmp_path / "ledger"))
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=2), RUN, 0, 1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from surreal_redis.connection import RedisClient
 from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.payload import Layout
 from surreal_redis.hub.experience.wire import (
+    Origin,
     ParsedEntry,
     WireError,
     build_chunk,
@@ -41,7 +42,16 @@ MAX_INFLATION = 256
 
 Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
 Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
-Decoded = tuple[Entry, Chunk, int]  # (entry, chunk, entry bytes)
+
+
+class Decoded(NamedTuple):
+    """A good entry: the entry, its chunk, its size (``ParsedEntry.nbytes``) and its origin
+    (``ParsedEntry.origin``: None for an entry written without one), parsed once here."""
+
+    entry: Entry
+    chunk: Chunk
+    nbytes: int
+    origin: Origin | None
 
 
 class DecodingLimits(Protocol):
@@ -112,7 +122,7 @@ class EntryDecoder:
             except Exception as exc:  # one entry's data, whatever it provokes: see the module docstring
                 failures.append((failure_reason(exc), _detail(exc), shard, entry_id, fields))
                 continue
-            good.append(((shard, entry_id, fields), chunk, entry.nbytes))
+            good.append(Decoded((shard, entry_id, fields), chunk, entry.nbytes, entry.origin))
         return good, failures
 
     def _fetch_payloads(self, entries: list[Entry]) -> tuple[dict[int, bytes], dict[int, tuple[str, str]]]:

@@ -2,7 +2,8 @@
 
 Off unless the environment variable ``SURREAL_LEDGER_DIR`` names a directory: then every sender
 and receiver built without an explicit ledger opens :meth:`Ledger.from_environment` once, in its
-constructor, and each process appends JSON lines to its own file ``<dir>/<role>-<pid>.jsonl``,
+constructor (otherwise they get a :class:`NullLedger`, which records nothing, so the production
+path carries no test switch), and each process appends JSON lines to its own file ``<dir>/<role>-<pid>.jsonl``,
 one unbuffered ``write`` per line (a ``kill -9`` loses at most the line being written, which
 :func:`read_ledger` skips; lines from two threads or two ledgers of one process never interleave:
 the file is opened ``O_APPEND``). Records:
@@ -24,11 +25,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from surreal_redis.hub.experience.wire import Origin
+from surreal_redis.hub.experience.wire import Origin, WireError, entry_origin
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,12 @@ class Ledger:
         self._file: IO[bytes] = self.path.open("ab", buffering=0)
 
     @classmethod
-    def from_environment(cls, role: str) -> Ledger | None:
-        """The ledger ``SURREAL_LEDGER_DIR`` asks for, or None when it is unset or empty."""
+    def from_environment(cls, role: str) -> Ledger:
+        """The ledger ``SURREAL_LEDGER_DIR`` asks for, or a :class:`NullLedger` when it is unset or
+        empty."""
         directory = os.environ.get(LEDGER_DIR_ENV, "")
         if not directory:
-            return None
+            return NullLedger()
         ledger = cls(Path(directory), role)
         log.info("recording the experience ledger in %s", ledger.path)
         return ledger
@@ -68,6 +70,11 @@ class Ledger:
     def dead(self, origins: Iterable[Origin | None]) -> None:
         self._origins("dead", origins)
 
+    def dead_entries(self, entries: Iterable[Mapping[bytes, bytes]]) -> None:
+        """Like :meth:`dead`, from the raw fields of entries that may be malformed (an entry whose
+        origin is missing or does not parse is left out)."""
+        self.dead(_origin_or_none(fields) for fields in entries)
+
     def close(self) -> None:
         self._file.close()
 
@@ -78,6 +85,37 @@ class Ledger:
 
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+
+
+class NullLedger(Ledger):
+    """The ledger of a run that records none (no ``SURREAL_LEDGER_DIR``): every record is
+    dropped unread (lazy arguments are never consumed), and no file is opened."""
+
+    def __init__(self) -> None:  # no file: nothing is written
+        pass
+
+    def acked(self, tag: str, seq: int, count: int, node: str | None = None) -> None:
+        pass
+
+    def trained(self, origins: Iterable[Origin | None]) -> None:
+        pass
+
+    def dead(self, origins: Iterable[Origin | None]) -> None:
+        pass
+
+    def dead_entries(self, entries: Iterable[Mapping[bytes, bytes]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _origin_or_none(fields: Mapping[bytes, bytes]) -> Origin | None:
+    """The origin of an entry that may be malformed (None when it has none or a bad one)."""
+    try:
+        return entry_origin(fields)
+    except WireError:
+        return None
 
 
 def read_ledger(directory: Path) -> Iterator[tuple[str, dict[str, Any]]]:

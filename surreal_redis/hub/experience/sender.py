@@ -27,19 +27,22 @@ import redis
 
 from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient
-from surreal_redis.hub.channel import Subscription
-from surreal_redis.hub.experience.backlog import read_backlog
-from surreal_redis.hub.experience.batching import (
+from surreal_redis.hub.experience.backpressure import Backpressure
+from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
+from surreal_redis.hub.experience.insert import (
     SEQ_WINDOW,
     Batch,
+    HubUnavailableError,
     Outcome,
+    StoredDigests,
     classify_reply,
+    insert_pipeline,
     is_oom,
-    pack_command,
+    is_replicated,
     send_commands,
     split_batches,
+    split_replies,
 )
-from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
 from surreal_redis.hub.experience.ledger import Ledger
 from surreal_redis.hub.experience.wire import sender_tag
 from surreal_redis.keys import DIGEST_CHARS, RunKeys
@@ -49,7 +52,6 @@ from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
-STOP_LOOK_S = 0.25  # a backpressure wait looks at the stop flag at least this often
 STOP_RETRY_S = 5.0  # once stopping, an insert is retried this long at most (within the launcher's grace)
 
 
@@ -158,10 +160,6 @@ def shard_peer_chunks(agent_id: int, num_agents: int, num_shards: int, num_envs:
     return peers * num_envs
 
 
-class HubUnavailableError(RuntimeError):
-    """Redis refused or could not take an insert for longer than the configured wait."""
-
-
 class ExperienceSender:
     """Turns vectorized env steps into chunks and sends them to shard ``agent_id % num_shards``.
 
@@ -202,20 +200,19 @@ class ExperienceSender:
         self._ledger = ledger if ledger is not None else Ledger.from_environment("agent")
         self._scripts = Scripts(client)
         self._seq = 0
-        # Digests known to be stored: two generations, the older dropped when the newer fills up
-        # (at least lru_size / 2 of the most recent are remembered; cheaper than an exact LRU).
-        self._stored: dict[str, None] = {}
-        self._stored_old: dict[str, None] = {}
+        self._known = StoredDigests(config.lru_size)  # observation blobs known to be stored
         self._buffer = ChunkBuffer(agent_id, config.flush_steps, config.dedup_min_bytes,
                                    config.compress_min_bytes, config.max_obs_per_insert)
         self._counts = dict.fromkeys((f for f in SenderStats._fields if f != "backpressure_wait_s"), 0)
-        self._backpressure_wait_s = 0.0
         self._unsent: dict[int, EncodedChunk] = {}  # id(fields) -> chunk, while a flush is being sent
         self._payloads: dict[str, bytes] = {}  # id -> payload stored apart, while a flush is being sent
-        self._reads = Subscription(client, self.keys.reads)  # subscribed only while waiting on the backlog
-        self.learner_waits = 0
+        self._backpressure = Backpressure(client, self.keys, config, self.admit_below, stop)
+
+    @property
+    def learner_waits(self) -> int:
         """Flushes after which the sender waited for the learner's backlog (``max_lag``): an agent
         whose sender waited pulls the learner's newest parameters before it steps on."""
+        return self._backpressure.waits
 
     # ------------------------------------------------------------ public API
 
@@ -254,32 +251,14 @@ class ExperienceSender:
         return len(chunks)
 
     def stats(self) -> SenderStats:
-        return SenderStats(**self._counts, backpressure_wait_s=self._backpressure_wait_s)
+        return SenderStats(**self._counts, backpressure_wait_s=self._backpressure.waited_s)
 
     def close(self) -> None:
         """Drop the connection the backpressure wait listens on (kept between waits); the sender
         stays usable and opens it again when it next waits."""
-        self._reads.close()
+        self._backpressure.close()
 
     # ------------------------------------------------------------ sending
-
-    def _remember(self, digests: list[str]) -> None:
-        stored = self._stored
-        stored.update(dict.fromkeys(digests))
-        if len(stored) > self.config.lru_size // 2:
-            self._stored_old, self._stored = stored, {}
-
-    def _is_stored(self, d: str) -> bool:
-        if d in self._stored:
-            return True
-        if d in self._stored_old:
-            self._stored[d] = None  # still in use: keep it in the newer generation
-            return True
-        return False
-
-    def _forget(self, d: str) -> None:
-        self._stored.pop(d, None)
-        self._stored_old.pop(d, None)
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -302,7 +281,7 @@ class ExperienceSender:
         # After the send, not before: the chunks leave as soon as they are made, and the agent
         # makes its next ones after the wait, with the parameters it pulls then
         # (``learner_waits``), instead of holding finished chunks that age while it waits.
-        self._wait_for_learner()
+        self._backpressure.wait()
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
         """The chunk with its payload replaced by a fresh blob id when it is at least
@@ -328,12 +307,12 @@ class ExperienceSender:
         unsettled seq, and drops the copy). At most ``SEQ_WINDOW`` seqs past the floor are in flight.
         """
         cfg = self.config
-        stored, blob, payloads = self._is_stored, self._buffer.blob, self._payloads
+        known, blob, payloads = self._known, self._buffer.blob, self._payloads
 
         def upload_size(d: str) -> int | None:
             if d in payloads:
                 return None  # stored beside the call (Batch.direct)
-            if stored(d):
+            if d in known:
                 self._counts["obs_lru_hits"] += 1
                 return None
             return len(blob(d))
@@ -376,29 +355,12 @@ class ExperienceSender:
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
         """One pipeline of inserts, each preceded by the pins and SETNX of the payloads it
         stores apart (``Batch.direct``). Returns the batches to retry and why."""
-        keys, blob, payloads = self.keys, self._buffer.blob, self._payloads
-        sha = self._scripts.get("insert").sha
-        head = (keys.inbox, keys.pinned)
-        commands = []
-        for batch in batches:
-            if batch.direct:
-                # Pinned first: gc spares a pinned blob, and move.lua scores every pin, so a blob
-                # whose insert never comes (the agent died) is still collected.
-                commands.append(pack_command("SADD", keys.pinned, *batch.direct))
-                commands += [pack_command("SETNX", keys.obs(d), payloads[d]) for d in batch.direct]
-            obs_keys = keys.obs_keys(batch.keys_order())
-            args: list[bytes | str | int] = [self.uuid, batch.seq, floor, len(batch.chunks),
-                                             len(batch.upload)]
-            args += [blob(d) for d in batch.upload]
-            for fields in batch.chunks:
-                args += fields
-            commands.append(pack_command("EVALSHA", sha, len(head) + len(obs_keys), *head, *obs_keys, *args))
-        wait_ms = self.config.wait_replica_ms
-        if wait_ms:  # blocks until a replica has every write above, or wait_ms passes
-            commands.append(pack_command("WAIT", 1, wait_ms))
-        node = node_name(self.client, keys.exp) if self._ledger is not None else None  # the one send_commands uses
+        payloads, wait_ms = self._payloads, self.config.wait_replica_ms
+        commands = insert_pipeline(self._scripts.get("insert").sha, self.keys, self.uuid, floor, batches,
+                                   self._buffer.blob, payloads, wait_ms)
+        node = node_name(self.client, self.keys.exp)  # the primary send_commands uses, for the ledger
         try:
-            replies = send_commands(self.client, commands, keys.exp)
+            replies = send_commands(self.client, commands, self.keys.exp)
         except CONNECTION_ERRORS as exc:
             # Unknown outcome: resend the same seqs; move.lua drops whatever is queued twice.
             self._counts["error_retries"] += 1
@@ -408,50 +370,17 @@ class ExperienceSender:
         retry: list[tuple[Batch, Outcome]] = []
         stored_now: list[Batch] = []
         error: BaseException | None = None
-        position = 0
-        for batch in batches:
-            if batch.direct:
-                position += 1  # the SADD: an error there (OOM) refuses the SETNX and the call as well
-                stored = []
-                for d in batch.direct:
-                    reply = replies[position]
-                    position += 1
-                    if isinstance(reply, int):  # 1: stored now, 0: it was there (a resend)
-                        stored.append(d)
-                        self._counts["payloads_stored"] += reply
-                        self._counts["bytes_sent"] += len(payloads[d])
-                batch.direct = [d for d in batch.direct if d not in stored]
-            reply = replies[position]
-            position += 1
-            kind, detail = classify_reply(reply)
+        for batch, answer in zip(batches, split_replies(batches, replies)):
+            self._stored_apart(batch, answer.stored_apart)
+            kind, detail = classify_reply(answer.insert)
             if kind is Outcome.DONE:
                 stored_now.append(batch)
                 continue
-            if kind is Outcome.RELOAD:
-                try:
-                    self._scripts.load("insert", self.keys.exp)
-                except redis.ResponseError as exc:  # agents may lack SCRIPT LOAD: the learner loads it
-                    kind, error = Outcome.BACKOFF, exc
-                    # INFO the first time only: the retries come every couple of seconds
-                    log.log(logging.DEBUG if self._counts["error_retries"] else logging.INFO,
-                            "shard %d: cannot load insert.lua (%s); backing off until the learner loads it",
-                            self.shard, exc)
-            elif kind is Outcome.MISSING:
-                # gc collected them since the LRU recorded them stored: this time they travel along
-                for d in detail:
-                    self._forget(d)
-                # a payload goes beside the call again (an OOM refused its SETNX, or gc took it)
-                batch.direct += [d for d in detail if d in payloads and d not in batch.direct]
-                missing = [d for d in detail if d not in batch.upload and d not in payloads]
-                batch.upload += missing
-                batch.nbytes += sum(len(blob(d)) for d in missing)
-                self._counts["missing_retries"] += 1
-            else:
-                self._counts["oom_retries" if is_oom(detail) else "error_retries"] += 1
-                error = detail
-                log.info("shard %d: insert refused (%s); backing off", self.shard, detail)
+            kind, why = self._before_retry(batch, kind, detail)
+            if why is not None:
+                error = why
             retry.append((batch, kind))  # nothing of it was written: resent under the same seq
-        if wait_ms and stored_now and not (isinstance(replies[-1], int) and replies[-1] >= 1):
+        if wait_ms and stored_now and not is_replicated(replies[-1]):
             # stored on the primary alone, which a failover may lose: sent again until a replica
             # has it too (the primary that kept them answers DUP, a promoted replica stores them)
             self._counts["unreplicated_retries"] += 1
@@ -460,91 +389,53 @@ class ExperienceSender:
             retry += [(batch, Outcome.BACKOFF) for batch in stored_now]
             stored_now = []
         for batch in stored_now:
-            self._counts["inserts"] += 1
-            self._counts["chunks"] += len(batch.chunks)
-            if self._ledger is not None:
-                self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks), node)
-            self._counts["obs_uploaded"] += len(batch.upload)
-            self._remember([d for d in batch.digests if d not in payloads])
-            for fields in batch.chunks:
-                self._unsent.pop(id(fields), None)
+            self._count_stored(batch, node)
         return retry, error
 
-    def _wait_for_learner(self) -> None:
-        """After a flush: block while the learner's unread backlog on our shard exceeds max_lag
-        less the other agents' flushes (:attr:`admit_below`), or until ``stop`` is set (the run is
-        ending).
+    def _stored_apart(self, batch: Batch, replies: list[Any]) -> None:
+        """Count the payloads of ``batch`` that its SETNX replies say are stored (1: now, 0: it was
+        there, a resend); those refused (OOM) stay in ``batch.direct``, to go beside the retry."""
+        stored = [d for d, reply in zip(batch.direct, replies) if isinstance(reply, int)]
+        self._counts["payloads_stored"] += sum(reply for reply in replies if isinstance(reply, int))
+        self._counts["bytes_sent"] += sum(len(self._payloads[d]) for d in stored)
+        batch.direct = [d for d in batch.direct if d not in stored]
 
-        Once over, the sender subscribes to the shard's ``reads`` channel and looks at the backlog
-        again after each read the learner announces there, and at the latest after a capped backoff
-        delay (a lost message or subscription); it leaves the channel when the wait ends. A
-        backoff alone overslept: the learner drained 22 chunks in 0.25 s, then sat 0.7 s on the
-        last batch while the senders slept on (HalfCheetah APPO, 2026-12-02)."""
-        cfg, stop = self.config, self.stop
-        if not cfg.max_lag:
-            return
-        backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)  # between looks at a backlog over max_lag
-        failures = Backoff(cfg.retry_base_s, cfg.retry_cap_s)  # between looks that failed
-        start = time.monotonic()
-        listening = counted = False
-        try:
-            while stop is None or not stop.is_set():
-                try:
-                    unread = read_backlog(self.client, self.keys, self.admit_below + 1).unread
-                except CONNECTION_ERRORS as exc:
-                    log.warning("shard %d: backlog check failed (%s); retrying", self.shard, exc)
-                    unread = None
-                if unread is not None:
-                    failures.reset()
-                    if unread <= self.admit_below:
-                        break
-                    if not counted:  # the first look over: this flush waits
-                        counted = True
-                        self.learner_waits += 1
-                waited = time.monotonic() - start
-                if cfg.backpressure_timeout_s is not None and waited > cfg.backpressure_timeout_s:
-                    raise HubUnavailableError(
-                        f"shard {self.shard}: learner backlog {unread} > max_lag {cfg.max_lag} for "
-                        f"{waited:.1f}s (sender.backpressure_timeout_s)")
-                if unread is None:  # the read that woke this look is not announced again: retry soon
-                    self._await_read(failures.next_delay(), listening=False)
-                    continue
-                if not listening:
-                    listening = self._listen_for_reads()
-                    if listening:
-                        continue  # a read before the subscription went unheard: look again first
-                self._await_read(backoff.next_delay(), listening)
-        finally:
-            if listening:
-                self._reads.pause()
-            self._backpressure_wait_s += time.monotonic() - start
-
-    def _listen_for_reads(self) -> bool:
-        """Subscribe to the shard's reads channel; False when that failed (logged)."""
-        try:
-            self._reads.open()
-        except (*CONNECTION_ERRORS, redis.ResponseError) as exc:
-            log.warning("shard %d: not listening for the learner's reads (%s); polling the backlog", self.shard, exc)
-            return False
-        return True
-
-    def _await_read(self, timeout: float, listening: bool) -> None:
-        """Up to ``timeout`` seconds: until the learner announces a read (when ``listening``) or
-        ``stop`` is set, which is looked at every :data:`STOP_LOOK_S` at least."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if self.stop is not None and self.stop.is_set():
-                return
-            if not listening:
-                if self.stop is None:
-                    time.sleep(left)
-                else:
-                    self.stop.wait(left)
-                return
+    def _before_retry(self, batch: Batch, kind: Outcome, detail: Any) -> tuple[Outcome, BaseException | None]:
+        """Ready a refused batch for its retry: load the script (RELOAD), add the blobs gc
+        collected (MISSING), or count a back-off. Returns its outcome now, and the error to back
+        off for (None: retried at once)."""
+        if kind is Outcome.RELOAD:
             try:
-                if self._reads.next(min(left, STOP_LOOK_S)) is not None:
-                    self._reads.drain()  # reads announced meanwhile: one look covers them all
-                    return
-            except CONNECTION_ERRORS as exc:
-                log.debug("shard %d: the reads subscription broke (%s); polling", self.shard, exc)
-                listening = False
+                self._scripts.load("insert", self.keys.exp)
+            except redis.ResponseError as exc:  # agents may lack SCRIPT LOAD: the learner loads it
+                # INFO the first time only: the retries come every couple of seconds
+                log.log(logging.DEBUG if self._counts["error_retries"] else logging.INFO,
+                        "shard %d: cannot load insert.lua (%s); backing off until the learner loads it",
+                        self.shard, exc)
+                return Outcome.BACKOFF, exc
+            return kind, None
+        if kind is Outcome.MISSING:
+            payloads, blob = self._payloads, self._buffer.blob
+            # gc collected them since the LRU recorded them stored: this time they travel along
+            for d in detail:
+                self._known.discard(d)
+            # a payload goes beside the call again (an OOM refused its SETNX, or gc took it)
+            batch.direct += [d for d in detail if d in payloads and d not in batch.direct]
+            missing = [d for d in detail if d not in batch.upload and d not in payloads]
+            batch.upload += missing
+            batch.nbytes += sum(len(blob(d)) for d in missing)
+            self._counts["missing_retries"] += 1
+            return kind, None
+        self._counts["oom_retries" if is_oom(detail) else "error_retries"] += 1
+        log.info("shard %d: insert refused (%s); backing off", self.shard, detail)
+        return kind, detail
+
+    def _count_stored(self, batch: Batch, node: str | None) -> None:
+        """Count a batch insert.lua stored (``node``: the cluster primary that said so)."""
+        self._counts["inserts"] += 1
+        self._counts["chunks"] += len(batch.chunks)
+        self._ledger.acked(sender_tag(self.uuid), batch.seq, len(batch.chunks), node)
+        self._counts["obs_uploaded"] += len(batch.upload)
+        self._known.add([d for d in batch.digests if d not in self._payloads])
+        for fields in batch.chunks:
+            self._unsent.pop(id(fields), None)

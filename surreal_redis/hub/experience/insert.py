@@ -1,21 +1,27 @@
-"""The sender's insert protocol: grouping chunks into bounded ``insert.lua`` calls, packing the
-calls into one write, and classifying each reply (done, re-upload, reload, back off)."""
+"""The sender's insert protocol, the one Python face of ``lua/insert.lua``: grouping chunks into
+bounded calls, packing each call's KEYS and ARGV (and the payloads stored beside it) into one
+write, and reading the replies back per call (done, re-upload, reload, back off)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
 
 from surreal_redis.connection import RedisClient
+from surreal_redis.keys import ShardKeys
 from surreal_redis.redis_cluster import node_client, refresh_topology
 from surreal_redis.scripts import ScriptError
 
 SEQ_WINDOW = 1024  # insert.lua takes seqs below floor + SEQ_WINDOW only (it remembers that many)
+
+
+class HubUnavailableError(RuntimeError):
+    """Redis refused or could not take an insert for longer than the configured wait."""
 
 
 @dataclass
@@ -38,6 +44,35 @@ class Batch:
         """The digests in insert.lua's KEYS order: uploads first, then the referenced others."""
         uploading = set(self.upload)
         return self.upload + [d for d in self.digests if d not in uploading]
+
+
+class StoredDigests:
+    """Observation digests a sender knows to be stored, so their blobs need not travel again: two
+    generations, the older dropped when the newer holds more than ``size / 2`` (so at least the
+    ``size / 2`` most recently used are remembered; cheaper than an exact LRU)."""
+
+    def __init__(self, size: int) -> None:
+        self._half = size // 2
+        self._new: dict[str, None] = {}
+        self._old: dict[str, None] = {}
+
+    def add(self, digests: list[str]) -> None:
+        self._new.update(dict.fromkeys(digests))
+        if len(self._new) > self._half:
+            self._old, self._new = self._new, {}
+
+    def __contains__(self, d: str) -> bool:
+        if d in self._new:
+            return True
+        if d in self._old:
+            self._new[d] = None  # still in use: keep it in the newer generation
+            return True
+        return False
+
+    def discard(self, d: str) -> None:
+        """Forget ``d`` (gc collected its blob: the next batch using it uploads it)."""
+        self._new.pop(d, None)
+        self._old.pop(d, None)
 
 
 def split_batches(chunks: list[tuple[tuple[bytes, ...], list[str]]], max_chunks: int, max_obs: int,
@@ -90,6 +125,67 @@ def pack_command(*args: bytes | str | int) -> bytes:
             arg = b"%d" % arg
         parts += (b"$%d\r\n" % len(arg), arg, b"\r\n")
     return b"".join(parts)
+
+
+def insert_command(sha: str, keys: ShardKeys, sender: str, floor: int, batch: Batch,
+                   blob: Callable[[str], bytes]) -> bytes:
+    """The EVALSHA of ``insert.lua`` (script ``sha``) for one batch. KEYS: the shard's inbox and
+    pins, then the observation keys in :meth:`Batch.keys_order`; ARGV: the sender's uuid, the
+    batch seq, ``floor`` (the lowest seq still in flight), the chunk and upload counts, the blobs
+    uploaded (``blob(digest)``), then the fields of every chunk."""
+    head = (keys.inbox, keys.pinned)
+    obs_keys = keys.obs_keys(batch.keys_order())
+    args: list[bytes | str | int] = [sender, batch.seq, floor, len(batch.chunks), len(batch.upload)]
+    args += [blob(d) for d in batch.upload]
+    for fields in batch.chunks:
+        args += fields
+    return pack_command("EVALSHA", sha, len(head) + len(obs_keys), *head, *obs_keys, *args)
+
+
+def insert_pipeline(sha: str, keys: ShardKeys, sender: str, floor: int, batches: list[Batch],
+                    blob: Callable[[str], bytes], payloads: Mapping[str, bytes], wait_replica_ms: int) -> list[bytes]:
+    """The packed commands of one insert attempt: per batch, the pins (SADD) and SETNX of the
+    payloads it stores apart (``Batch.direct``, bytes in ``payloads``), then its
+    :func:`insert_command`; with ``wait_replica_ms``, a final ``WAIT 1 <ms>``. Read the replies
+    with :func:`split_replies`."""
+    commands = []
+    for batch in batches:
+        if batch.direct:
+            # Pinned first: gc spares a pinned blob, and move.lua scores every pin, so a blob
+            # whose insert never comes (the agent died) is still collected.
+            commands.append(pack_command("SADD", keys.pinned, *batch.direct))
+            commands += [pack_command("SETNX", keys.obs(d), payloads[d]) for d in batch.direct]
+        commands.append(insert_command(sha, keys, sender, floor, batch, blob))
+    if wait_replica_ms:  # blocks until a replica has every write above, or wait_replica_ms passes
+        commands.append(pack_command("WAIT", 1, wait_replica_ms))
+    return commands
+
+
+class BatchReplies(NamedTuple):
+    """One batch's replies in an :func:`insert_pipeline`: the SETNX of each payload stored apart
+    (in ``Batch.direct`` order: 1 stored now, 0 there already, or an error) and insert.lua's."""
+
+    stored_apart: list[Any]
+    insert: Any
+
+
+def split_replies(batches: list[Batch], replies: list[Any]) -> list[BatchReplies]:
+    """The replies of an :func:`insert_pipeline` of ``batches``, per batch (the SADD's are left
+    out: an error there, e.g. OOM, refuses the SETNX and the call as well)."""
+    out, position = [], 0
+    for batch in batches:
+        stored_apart: list[Any] = []
+        if batch.direct:
+            stored_apart = replies[position + 1:position + 1 + len(batch.direct)]
+            position += 1 + len(batch.direct)
+        out.append(BatchReplies(stored_apart, replies[position]))
+        position += 1
+    return out
+
+
+def is_replicated(reply: Any) -> bool:
+    """Whether a ``WAIT 1`` reply says a replica acknowledged every write before it."""
+    return isinstance(reply, int) and reply >= 1
 
 
 def send_commands(client: RedisClient, commands: list[bytes], key: str | None = None) -> list[Any]:
