@@ -62,25 +62,16 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` as type ``tp`` (a config field's annotation); ConfigError naming ``where`` if it
+    cannot be one."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(f"{where}: {value!r} matches none of {_type_name(tp)}")
+        return _coerce_union(value, tp, where)
     if origin is typing.Literal:
-        if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -89,24 +80,53 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
         return from_dict(tp, value, where)
     if origin in (tuple, list):
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        items = list(value)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(items) != len(args):
-                raise ConfigError(f"{where}: expected {len(args)} items, got {len(items)}")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(items, args)))
-        item_type = args[0] if args else Any
-        coerced = [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(items)]
-        return tuple(coerced) if origin is tuple else coerced
+        return _coerce_sequence(value, tp, where)
     if origin in (dict, Mapping) or tp is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        key_type, value_type = args if args else (Any, Any)
-        return {
-            _coerce(k, key_type, where): _coerce(v, value_type, f"{where}.{k}")
-            for k, v in value.items()
-        }
+        return _coerce_mapping(value, tp, where)
+    return _coerce_scalar(value, tp, where)
+
+
+def _coerce_union(value: Any, tp: Any, where: str) -> Any:
+    """The first member of union ``tp`` that ``value`` can be (None only where ``tp`` allows it)."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, where)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{where}: {value!r} matches none of {_type_name(tp)}")
+
+
+def _coerce_sequence(value: Any, tp: Any, where: str) -> list[Any] | tuple[Any, ...]:
+    """A list, a variadic tuple, or a fixed tuple (one type per item) from any non-string iterable."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{where}: expected a list, got {value!r}")
+    items = list(value)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(items) != len(args):
+            raise ConfigError(f"{where}: expected {len(args)} items, got {len(items)}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(items, args)))
+    item_type = args[0] if args else Any
+    coerced = [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(items)]
+    return tuple(coerced) if origin is tuple else coerced
+
+
+def _coerce_mapping(value: Any, tp: Any, where: str) -> dict[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    args = typing.get_args(tp)
+    key_type, value_type = args if args else (Any, Any)
+    return {_coerce(k, key_type, where): _coerce(v, value_type, f"{where}.{k}") for k, v in value.items()}
+
+
+def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
+    """bool, int (a whole float too), float (an int too), str, or an instance of class ``tp``.
+    YAML's booleans are never numbers here."""
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true/false, got {value!r}")
