@@ -77,7 +77,8 @@ class EarlierRun(RuntimeError):
 
 @dataclass(frozen=True)
 class RunFolder:
-    """Every path of one run's folder. Building one touches nothing on disk."""
+    """Every path of one run's folder, and what a launch does with the folder (claim, lock,
+    announce). Building one touches nothing on disk."""
 
     path: Path
 

@@ -132,11 +132,11 @@ def test_the_launchers_second_signal_says_which_updates_are_not_saved(tmp_path, 
     launcher.folder.path.mkdir(parents=True)
     status = {"iteration": 9, "state": "running", "time": time.time()}
     assert not_saved(config, launcher.folder, status) == ("no checkpoint is saved: updates 1-9 are lost; "
-                                           "the MLflow run is marked KILLED once the learner is gone")
+                                                          "the MLflow run is marked KILLED once the learner is gone")
     write_checkpoint(config, 4)
-    assert not_saved(config, launcher.folder, status) == ("the learner's final checkpoint is not saved: updates 5-9 are lost "
-                                           "(the latest checkpoint is update 4); "
-                                           "the MLflow run is marked KILLED once the learner is gone")
+    assert not_saved(config, launcher.folder, status) == ("the learner's final checkpoint is not saved: updates 5-9 "
+                                                          "are lost (the latest checkpoint is update 4); "
+                                                          "the MLflow run is marked KILLED once the learner is gone")
     status.update(iteration=4, state="stopped")
     assert not_saved(config, launcher.folder, status).startswith("the learner's final checkpoint (update 4) is saved; ")
     assert not_saved(config, launcher.folder, {}).startswith("the learner reported no update (nothing to save); ")
