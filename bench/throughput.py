@@ -80,7 +80,7 @@ def plain_loop(config_path: str, seconds: float, overrides: list[str]) -> dict[s
     """Env steps/s (wall and CPU) of one process stepping the config's vector env with its policy,
     on the backend the agents use (``agent.inference``, after ``overrides``), in a child process
     with the environment ``launch`` gives its agents (one BLAS thread, the same malloc settings)."""
-    from surreal_redis.launcher import child_env
+    from surreal_redis.launcher.children import child_env
 
     command = [sys.executable, __file__, "--plain-case", config_path, "--plain-s", str(seconds)]
     for override in overrides:

@@ -26,13 +26,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from surreal_redis.run_folder import RunFolder
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
-CURVES_FILE = "curves.png"
-"""The figure in each run folder."""
 TRAIN_RETURN = "charts/episode_return_mean"
 EVAL_RETURN = "charts/eval_return"
 ENV_STEPS = "charts/env_steps"
@@ -126,7 +126,7 @@ def read_run(run_dir: Path, name: str | None = None) -> RunCurves:
     """:func:`read_curves` of the run a launch left in ``run_dir``: its ``mlflow.db`` store and
     the run id in ``mlflow_run_id`` (as :class:`surreal_redis.tracking.Tracker` keeps them)."""
     run_dir = Path(run_dir)
-    store, id_file = run_dir / "mlflow.db", run_dir / "mlflow_run_id"
+    store, id_file = RunFolder(run_dir).mlflow_store, RunFolder(run_dir).mlflow_run_id_file
     if not store.is_file():
         raise PlotError(f"{run_dir}: no mlflow.db (not a run folder, or its run had tracking off)")
     if not id_file.is_file():

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from surreal_redis.checkpoint import CheckpointConfig, CheckpointError
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.configtools import ConfigError
 from surreal_redis.envs import make_env
 from surreal_redis.evaluator import checkpoint_policy, play_episode
+from surreal_redis.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +33,16 @@ def locate(checkpoint: Path, config_path: str | None, overrides: tuple[str, ...]
     its ``config.yaml``; a file's config is ``--config`` or the ``config.yaml`` two folders up."""
     checkpoint = Path(checkpoint)
     if checkpoint.is_dir():
-        folder = checkpoint
-        path = CheckpointManager(folder / "checkpoints", CheckpointConfig()).resolve("latest")
+        folder = RunFolder(checkpoint)
+        path = folder.checkpoints(CheckpointConfig()).resolve("latest")
     elif checkpoint.is_file():
-        folder, path = checkpoint.parent.parent, checkpoint
+        folder, path = RunFolder.holding(checkpoint), checkpoint
     else:
         raise CheckpointError(f"checkpoint {checkpoint} does not exist")
     if config_path is None:
-        candidate = folder / "config.yaml"
+        candidate = folder.config_file
         if not candidate.exists():
-            raise ConfigError(f"no config.yaml in {folder}: pass --config")
+            raise ConfigError(f"no {candidate.name} in {folder.path}: pass --config")
         config_path = str(candidate)
     return path, load_config(config_path, overrides)
 

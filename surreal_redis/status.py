@@ -1,19 +1,11 @@
 """``surreal-redis status``: a plain-text table of one run's state, read from Redis only; and
-how ``status``, ``stop`` and ``gc`` find a run launched on this machine.
-
-``launch`` writes ``<experiment folder>/hub.json`` (run name, Redis URL, its pid and that pid's
-start time) when it starts and removes it when it exits, so a run can be reached by name alone,
-an embedded Redis included. A file whose launcher is gone (killed: nothing removed it) is stale:
-its pid no longer runs, or now runs another process (a different start time).
+how ``status``, ``stop`` and ``gc`` find a run launched on this machine, by the announcements
+live launches keep in their run folders (:mod:`surreal_redis.run_folder`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -26,84 +18,11 @@ from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
 from surreal_redis.learner.metrics import use_summary
 from surreal_redis.redis_cluster import is_cluster, primary_clients
-
-log = logging.getLogger(__name__)
-
-HUB_FILE = "hub.json"
-DEFAULT_RUNS_DIR = Path("runs")  # experiment.root's default, from the folder a launch ran in
-
-
-@dataclass(frozen=True)
-class LocalRun:
-    """A run a live ``launch`` on this machine announced in its experiment folder."""
-
-    name: str
-    url: str
-    pid: int
-    folder: Path
+from surreal_redis.run_folder import DEFAULT_RUNS_DIR, LocalRun, live_local_runs
 
 
 class RunNotFound(ValueError):
     """No run, or more than one, matches what ``status``/``stop`` were given; the message lists the live ones."""
-
-
-def _process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks (/proc/PID/stat field 22); None without /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # after the command name, which may hold spaces
-
-
-def _running(pid: int, start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        pass
-    return start is None or _process_start(pid) in (None, start)
-
-
-def write_hub_file(folder: Path, run: str, url: str) -> Path:
-    """Announce this process as the live launcher of ``run`` on ``url`` (atomically)."""
-    path = Path(folder) / HUB_FILE
-    tmp = path.with_suffix(".tmp")
-    pid = os.getpid()
-    tmp.write_text(json.dumps({"run": run, "url": url, "pid": pid, "pid_start": _process_start(pid),
-                               "started": time.time()}))
-    os.replace(tmp, path)
-    return path
-
-
-def remove_hub_file(folder: Path) -> None:
-    """Withdraw :func:`write_hub_file`'s announcement, if it is still this process's."""
-    path = Path(folder) / HUB_FILE
-    try:
-        owner = json.loads(path.read_text()).get("pid")
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError) as exc:
-        log.warning("left %s alone: unreadable (%s)", path, exc)
-        return
-    if owner == os.getpid():  # else a later launch of the run took the folder over: its file
-        path.unlink(missing_ok=True)
-
-
-def live_local_runs(root: Path = DEFAULT_RUNS_DIR) -> list[LocalRun]:
-    """The runs under ``root`` whose launcher still runs (stale and unreadable files are skipped)."""
-    runs = []
-    for path in sorted(Path(root).glob(f"*/{HUB_FILE}")):
-        try:
-            data = json.loads(path.read_text())
-            run = LocalRun(str(data["run"]), str(data["url"]), int(data["pid"]), path.parent)
-            start = data.get("pid_start")
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if _running(run.pid, start):
-            runs.append(run)
-    return runs
 
 
 def _listing(runs: list[LocalRun]) -> str:

@@ -25,17 +25,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from surreal_redis.run_folder import RunFolder
+
 log = logging.getLogger(__name__)
 
 _MAX_PARAM_CHARS = 6000
 _BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics per log_batch
 
 
-STORE_FILE = "mlflow.db"
-
-
 def default_tracking_uri(experiment_dir: Path) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(experiment_dir).resolve()}/{STORE_FILE}"
+    """``MLFLOW_TRACKING_URI``, else the SQLite store in the run folder (absolute)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_store(experiment_dir)}"
+
+
+def _store(experiment_dir: Path) -> Path:
+    return RunFolder(Path(experiment_dir).resolve()).mlflow_store
 
 
 def cache_dir() -> Path:
@@ -91,17 +95,18 @@ class Tracker:
         from mlflow.tracking import MlflowClient  # heavy import, only in the processes that track
 
         self.experiment_dir = Path(experiment_dir)
+        folder = RunFolder(self.experiment_dir)
         self.tracking_uri = tracking_uri or default_tracking_uri(self.experiment_dir)
-        if self.tracking_uri == f"sqlite:///{self.experiment_dir.resolve()}/{STORE_FILE}":
-            seed_store(self.experiment_dir.resolve() / STORE_FILE)
+        if self.tracking_uri == f"sqlite:///{_store(self.experiment_dir)}":
+            seed_store(_store(self.experiment_dir))
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         experiment = self.client.get_experiment_by_name(experiment_name)
         if experiment is None:
-            artifacts = (self.experiment_dir / "mlartifacts").resolve().as_uri()
+            artifacts = folder.mlflow_artifacts.resolve().as_uri()
             experiment_id = self.client.create_experiment(experiment_name, artifact_location=artifacts)
         else:
             experiment_id = experiment.experiment_id
-        id_file = self.experiment_dir / "mlflow_run_id"
+        id_file = folder.mlflow_run_id_file
         run_id = id_file.read_text().strip() if id_file.exists() else None
         if run_id and self._continue(run_id):
             log.info("continuing MLflow run %s", run_id)
@@ -121,7 +126,7 @@ class Tracker:
             self.client.update_run(run_id, status="RUNNING")
         except MlflowException as exc:
             log.warning("MLflow run %s of %s not found in %s (%s); starting a new one", run_id,
-                        self.experiment_dir / "mlflow_run_id", self.tracking_uri, exc)
+                        RunFolder(self.experiment_dir).mlflow_run_id_file, self.tracking_uri, exc)
             return False
         return True
 

@@ -16,6 +16,7 @@ from surreal_redis.cli.common import (
     url_option,
 )
 from surreal_redis.connection import connect, resolve_url
+from surreal_redis.run_folder import DEFAULT_RUNS_DIR
 from surreal_redis.runtime import StopFlag
 
 
@@ -34,7 +35,7 @@ run_name_option = click.option(
     help="Run (experiment.name). Default: the only live run launched under --runs-dir (on --redis-url when "
          "given); with a URL and no live local run on it, 'default'.")
 runs_dir_option = click.option(
-    "--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
+    "--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_RUNS_DIR, show_default=True,
     help="Where runs launched on this machine live (experiment.root): a live launch's hub.json there gives "
          "its Redis URL when no --redis-url is given.")
 

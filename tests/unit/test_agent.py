@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import redis
 
-from surreal_redis import agent as agent_module
 from surreal_redis.agent import Agent, with_final_rows
+from surreal_redis.agent import loop as agent_module
 from surreal_redis.algos.learning import make_algorithm
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
@@ -155,7 +155,7 @@ def test_a_lockstep_agent_produces_what_was_granted_sends_it_at_once_then_waits_
         run.wait_for(lambda: run.agent.steps == 3 * FLUSH, "three claims produced")
         time.sleep(0.5)
         assert run.agent.steps == 3 * FLUSH  # and no more: it waits
-        assert run.quota.left() == (1, 1 - FLUSH) and run.agent.claimed == 0  # all it claimed went out
+        assert run.quota.left() == (1, 1 - FLUSH) and run.agent.claimer.claimed == 0  # all it claimed went out
         first = run.chunks()  # every claimed step is in the hub, none waits in the agent's buffer
         assert len(first) == 6 and all(c.num_steps == 8 and set(c.policy_version) == {1} for c in first)
         assert sum(c.num_steps for c in first) == 3 * FLUSH
@@ -184,7 +184,7 @@ def test_a_lockstep_agent_waiting_for_a_grant_stops_on_a_stop_request(fake_redis
     run.publish()  # nothing granted: the agent waits from its first claim on
     run.thread.start()
     run.wait_for(lambda: run.agent.idle_seconds() > 0.3, "the agent to wait")
-    assert run.agent.claim_wait_s == 0  # the wait under way counts as idle before it ends
+    assert run.agent.claimer.wait_s == 0  # the wait under way counts as idle before it ends
     asked = time.monotonic()
     RunControl(fake_redis, run.config.run).request_stop("reached the target return")
     run.thread.join(10)
@@ -194,7 +194,7 @@ def test_a_lockstep_agent_waiting_for_a_grant_stops_on_a_stop_request(fake_redis
 
 def test_a_waiting_lockstep_agent_wakes_on_the_grant_message_not_its_recheck(fake_redis, monkeypatch):
     """The notify channel wakes a waiting agent at once; the periodic re-claim is only a safety net."""
-    monkeypatch.setattr("surreal_redis.agent.CLAIM_RECHECK_S", 30.0)
+    monkeypatch.setattr("surreal_redis.agent.claims.CLAIM_RECHECK_S", 30.0)
     run = LockstepRun(fake_redis)
     run.publish()
     run.thread.start()
@@ -250,7 +250,7 @@ def test_a_live_version_below_the_one_held_is_neither_claimed_nor_loaded(fake_re
 
 def test_free_agents_claim_nothing(fake_redis):
     agent = run_agent(fake_redis, [], until=lambda a: a.steps >= 64)
-    assert not agent.lockstep and agent.claim_wait_s == 0
+    assert not agent.lockstep and agent.claimer.wait_s == 0
     assert ProductionQuota(fake_redis, "smoke").left() is None
 
 

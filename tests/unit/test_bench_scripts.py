@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.launcher import _fmt
+from surreal_redis.launcher.final_eval import _fmt
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from surreal_redis.config import load_config
-from surreal_redis.launcher import Launcher, LaunchError, restart_delay
+from surreal_redis.launcher import Launcher, LaunchError
+from surreal_redis.launcher.children import restart_delay
 from surreal_redis.runtime import StopFlag
 
 
@@ -88,7 +89,7 @@ def test_restart_delays_double_up_to_a_cap():
 
 
 def test_children_get_the_malloc_limits_unless_the_user_set_them(monkeypatch):
-    from surreal_redis.launcher import child_env
+    from surreal_redis.launcher.children import child_env
 
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
@@ -98,7 +99,7 @@ def test_children_get_the_malloc_limits_unless_the_user_set_them(monkeypatch):
 
 
 def test_agents_and_evals_get_one_blas_thread_unless_the_user_set_it(monkeypatch):
-    from surreal_redis.launcher import child_env
+    from surreal_redis.launcher.children import child_env
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
@@ -112,7 +113,7 @@ def test_agents_and_evals_get_one_blas_thread_unless_the_user_set_it(monkeypatch
 
 def test_a_launch_announces_its_redis_in_the_run_folder_while_it_lives(tmp_path, monkeypatch):
     from surreal_redis.embedded import find_redis_server
-    from surreal_redis.status import live_local_runs
+    from surreal_redis.run_folder import live_local_runs
 
     if find_redis_server() is None:
         pytest.skip("no redis-server")
@@ -132,21 +133,20 @@ def test_a_launch_announces_its_redis_in_the_run_folder_while_it_lives(tmp_path,
 def final_eval_launcher(tmp_path, fake_redis, *overrides, reported: int = 10):
     """A launcher whose learner stopped at update ``reported`` with checkpoints 5 (scored -1 by an
     early eval) and 10 (its final one) in the run folder, as the run leaves them."""
-    from surreal_redis.checkpoint import CheckpointManager
     from surreal_redis.hub.run.control import RunControl
     from tests.unit.test_final_eval import write_checkpoint
 
     launcher = make_launcher(tmp_path, "eval.final_episodes=2", *overrides)
     launcher.url = "redis://127.0.0.1:1/0"  # the final eval needs no Redis
-    launcher.dir.mkdir(parents=True)
-    (launcher.dir / "config.yaml").write_text(launcher.config.to_yaml())
+    launcher.folder.path.mkdir(parents=True)
+    (launcher.folder.path / "config.yaml").write_text(launcher.config.to_yaml())
     write_checkpoint(launcher.config, 5, seed=1)
-    CheckpointManager(launcher.dir / "checkpoints", launcher.config.checkpoint).record_score(5, -1.0)
+    launcher.folder.checkpoints(launcher.config.checkpoint).record_score(5, -1.0)
     write_checkpoint(launcher.config, 10, seed=2)
     RunControl(fake_redis, "smoke").write_learner_status(
         {"iteration": reported, "state": "stopped", "env_steps": 2560, "mean_return": 30.0, "eval_return": -1.0},
         ttl_s=60)
-    return launcher, CheckpointManager(launcher.dir / "checkpoints", launcher.config.checkpoint)
+    return launcher, launcher.folder.checkpoints(launcher.config.checkpoint)
 
 
 def test_a_finished_run_ends_with_an_eval_of_its_final_checkpoint(tmp_path, fake_redis):
@@ -159,12 +159,12 @@ def test_a_finished_run_ends_with_an_eval_of_its_final_checkpoint(tmp_path, fake
     assert line == (f"  final eval of update 10 (the final checkpoint): mean return {score:.1f} over 2 of 2 episodes "
                     f"in {line.split(' episodes in ')[1].split('s;')[0]}s; best checkpoints: update 10 ({score:.1f})")
     assert lines == ["final eval of update 10: 2 episodes, at most 60s (Ctrl-C skips it)"]
-    assert "final eval of update 10" in (launcher.dir / "logs" / "final-eval.log").read_text()
+    assert "final eval of update 10" in (launcher.folder.path / "logs" / "final-eval.log").read_text()
     launcher.final_eval = line
     launcher.ending = "reached 8000 env steps"
     launcher._summary(fake_redis, 0)
     summary = lines[-1].splitlines()
-    assert summary[0] == f"run 'smoke' finished (reached 8000 env steps); results in {launcher.dir}"
+    assert summary[0] == f"run 'smoke' finished (reached 8000 env steps); results in {launcher.folder.path}"
     assert summary[1] == "  2560 env steps, 10 updates, mean return 30.0, last eval -1.0" and summary[3] == line
 
 
@@ -180,7 +180,7 @@ def test_no_final_eval_after_ctrl_c_a_failure_or_without_its_checkpoint(tmp_path
                                             reported=12 if case == "no final checkpoint" else 10)
     launcher.signalled = "signal SIGINT" if case == "ctrl-c" else ""
     assert launcher._final_eval(fake_redis, 1 if case == "failed" else 0) == message
-    assert manager.best() == [(-1.0, 5)] and not (launcher.dir / "logs" / "final-eval.log").exists()
+    assert manager.best() == [(-1.0, 5)] and not (launcher.folder.path / "logs" / "final-eval.log").exists()
 
 
 def test_a_ctrl_c_during_the_final_eval_ends_it_with_nothing_recorded(tmp_path, fake_redis):
@@ -208,7 +208,7 @@ LIVE_LAUNCHERS = {
     # a launcher's lock on its folder, held for its life (before it announced itself in hub.json)
     "lock": "lock = open(folder / 'launch.lock', 'a')\nfcntl.flock(lock, fcntl.LOCK_EX)",
     # a launcher's hub.json: its pid, which still runs
-    "hub.json": "from surreal_redis.status import write_hub_file\nwrite_hub_file(folder, 'smoke', 'unix:///x.sock')",
+    "hub.json": "from surreal_redis.run_folder import RunFolder\nRunFolder(folder).announce('smoke', 'unix:///x.sock')",
 }
 
 
@@ -240,8 +240,8 @@ def test_a_learner_alive_on_a_shared_redis_is_found_before_anything_is_moved_or_
     """A run on another host: no lock or hub.json here, but its learner reports in the shared Redis."""
     import time
 
-    from surreal_redis import launcher as launcher_module
     from surreal_redis.hub.run.control import RunControl
+    from surreal_redis.launcher import supervisor as launcher_module
 
     folder = earlier_run(tmp_path)
     control = RunControl(fake_redis, "smoke")

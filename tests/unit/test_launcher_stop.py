@@ -8,7 +8,8 @@ import time
 
 from surreal_redis.config import load_config
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.launcher import Child, Launcher
+from surreal_redis.launcher import Launcher
+from surreal_redis.launcher.children import Child
 from surreal_redis.runtime import StopFlag
 
 
@@ -122,22 +123,23 @@ def test_the_first_signal_after_a_stop_set_by_code_still_stops_cleanly():
 
 
 def test_the_launchers_second_signal_says_which_updates_are_not_saved(tmp_path, fake_redis):
-    from surreal_redis.launcher import INTERRUPTED_EXIT  # noqa: F401  (the code it exits with)
+    from surreal_redis.launcher.final_eval import not_saved
+    from surreal_redis.launcher.supervisor import INTERRUPTED_EXIT  # noqa: F401  (the code it exits with)
     from tests.unit.test_final_eval import write_checkpoint
 
     config = load_config("smoke", [f"experiment.root={tmp_path}"])
     launcher = Launcher(config, StopFlag(install_handlers=False))
-    launcher.dir.mkdir(parents=True)
+    launcher.folder.path.mkdir(parents=True)
     status = {"iteration": 9, "state": "running", "time": time.time()}
-    assert launcher._not_saved(status) == ("no checkpoint is saved: updates 1-9 are lost; "
-                                           "the MLflow run is marked KILLED once the learner is gone")
+    assert not_saved(config, launcher.folder, status) == ("no checkpoint is saved: updates 1-9 are lost; "
+                                                          "the MLflow run is marked KILLED once the learner is gone")
     write_checkpoint(config, 4)
-    assert launcher._not_saved(status) == ("the learner's final checkpoint is not saved: updates 5-9 are lost "
-                                           "(the latest checkpoint is update 4); "
-                                           "the MLflow run is marked KILLED once the learner is gone")
+    assert not_saved(config, launcher.folder, status) == ("the learner's final checkpoint is not saved: updates 5-9 "
+                                                          "are lost (the latest checkpoint is update 4); "
+                                                          "the MLflow run is marked KILLED once the learner is gone")
     status.update(iteration=4, state="stopped")
-    assert launcher._not_saved(status).startswith("the learner's final checkpoint (update 4) is saved; ")
-    assert launcher._not_saved({}).startswith("the learner reported no update (nothing to save); ")
+    assert not_saved(config, launcher.folder, status).startswith("the learner's final checkpoint (update 4) is saved; ")
+    assert not_saved(config, launcher.folder, {}).startswith("the learner reported no update (nothing to save); ")
 
 
 def test_a_tracking_process_whose_learner_dies_marks_the_run_killed(tmp_path):

@@ -18,6 +18,7 @@ from surreal_redis.hub.run.episodes import EpisodeLog
 from surreal_redis.learner import Learner
 from surreal_redis.learner.prefetch import PrefetchQueue
 from surreal_redis.plots import Bars, PlotError, RunCurves, Series
+from surreal_redis.run_folder import CURVES_FILE
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import Tracker
 
@@ -185,7 +186,7 @@ def test_a_learner_run_leaves_curves_read_from_its_store(fake_redis, tmp_path):
         learner.iterate(received(learner))
     learner.iterate(PrefetchQueue(1))
     learner._finish("FINISHED")
-    assert (config.experiment_dir / plots.CURVES_FILE).read_bytes()[:4] == b"\x89PNG"
+    assert (config.experiment_dir / CURVES_FILE).read_bytes()[:4] == b"\x89PNG"
     train, evaluated = plots.read_run(config.experiment_dir).series
     assert train.returns[-1] == 30.0 and train.env_steps[-1] == learner.env_steps  # the mean of 10, 30, 50
     assert set(evaluated.returns) == {100.0}
@@ -200,6 +201,6 @@ def test_the_launch_summary_names_the_curves_or_says_none_were_drawn(tmp_path, f
     launcher = Launcher(config, StopFlag(install_handlers=False), progress=lines.append)
     launcher._summary(fake_redis, 0)
     assert "  curves: none drawn (no return logged)" in lines[-1].splitlines()
-    plots.save_figure(plots.draw_curves(two_runs()[:1]), config.experiment_dir / plots.CURVES_FILE)
+    plots.save_figure(plots.draw_curves(two_runs()[:1]), config.experiment_dir / CURVES_FILE)
     launcher._summary(fake_redis, 0)
-    assert f"  curves: {config.experiment_dir / plots.CURVES_FILE}" in lines[-1].splitlines()
+    assert f"  curves: {config.experiment_dir / CURVES_FILE}" in lines[-1].splitlines()

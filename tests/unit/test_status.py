@@ -90,11 +90,11 @@ def announce(root, run, url, pid=None, pid_start="same"):
     import json
     import os
 
-    from surreal_redis.status import _process_start, write_hub_file
+    from surreal_redis.run_folder import RunFolder, _process_start
 
     folder = root / run
     folder.mkdir(parents=True, exist_ok=True)
-    path = write_hub_file(folder, run, url)
+    path = RunFolder(folder).announce(run, url)
     if pid is not None or pid_start != "same":
         data = json.loads(path.read_text())
         data["pid"] = os.getpid() if pid is None else pid
@@ -113,7 +113,7 @@ def dead_pid():
 
 
 def test_live_local_runs_skip_files_of_launchers_that_are_gone(tmp_path):
-    from surreal_redis.status import live_local_runs
+    from surreal_redis.run_folder import live_local_runs
 
     announce(tmp_path, "alive", "unix:///a.sock")
     announce(tmp_path, "killed", "unix:///b.sock", pid=dead_pid())
@@ -146,16 +146,16 @@ def test_find_run_takes_the_url_a_live_launcher_of_that_run_announced(tmp_path):
 def test_a_hub_file_is_removed_by_its_own_launcher_only(tmp_path):
     import json
 
-    from surreal_redis.status import remove_hub_file
+    from surreal_redis.run_folder import RunFolder
 
     folder = announce(tmp_path, "r", "unix:///a.sock", pid=dead_pid())  # a later launcher's file
-    remove_hub_file(folder)
+    RunFolder(folder).withdraw()
     assert (folder / "hub.json").exists()
     data = json.loads((folder / "hub.json").read_text())
     announce(tmp_path, "r", "unix:///a.sock")
-    remove_hub_file(folder)
+    RunFolder(folder).withdraw()
     assert not (folder / "hub.json").exists() and data["run"] == "r"
-    remove_hub_file(folder)  # gone already: nothing to do
+    RunFolder(folder).withdraw()  # gone already: nothing to do
 
 
 def test_status_of_a_run_this_redis_does_not_hold_says_so(fake_redis, monkeypatch):

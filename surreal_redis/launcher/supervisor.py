@@ -14,19 +14,15 @@ The launcher shows progress and supervises:
   gets the run's config and control state again;
 - everything stops cleanly on Ctrl-C, on ``surreal-redis stop``, or when the learner reports that
   a stop condition was met;
-- then, unless it was Ctrl-C or a failure, a final eval scores the learner's final checkpoint
-  (``eval.final_episodes`` episodes within ``eval.final_max_s`` seconds, in a child process) into the
-  best-k checkpoints and the summary. A Ctrl-C during it ends it with nothing recorded.
+- then, unless it was Ctrl-C or a failure, a final eval scores the learner's final checkpoint into
+  the best-k checkpoints and the summary (:mod:`.final_eval`; a Ctrl-C during it: nothing recorded).
 
-While it lives, the launcher announces the run in ``<experiment>/hub.json`` (its Redis URL), so
-``status`` and ``stop`` find it by name (:func:`surreal_redis.status.find_run`), and holds an
-exclusive lock (``flock``) on ``<experiment>/launch.lock``.
-
-A new run never shares an experiment folder with an earlier one. Without ``--resume`` the launch
-is refused, unless ``fresh`` asks to move the earlier run aside first. A live run is never
-touched: before anything is moved or deleted, a launch is refused when the folder's lock is held
-or its hub.json names a launcher that still runs (this host), or when the run's learner reports
-in a shared Redis (any host).
+While it lives, the launcher holds the run folder's lock and announces the run's Redis URL there,
+so ``status`` and ``stop`` find it by name (:mod:`surreal_redis.run_folder`). A new run never
+shares a folder with an earlier one: without ``--resume`` the launch is refused, unless ``fresh``
+moves the earlier run aside first. A live run is never touched: before anything is moved or
+deleted, a launch is refused when the folder's launcher lives (this host: its lock or hub.json),
+or when the run's learner reports in a shared Redis (any host).
 
 Exit codes (:meth:`Launcher.run`): 0 finished (a stop condition, ``surreal-redis stop``), 1
 failed, 130 (:data:`INTERRUPTED_EXIT`) interrupted by SIGINT or SIGTERM. A second signal exits
@@ -36,145 +32,38 @@ by its tracking process.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
-import json
 import logging
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
-from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import RedisClient, RedisSettings, connect
-from surreal_redis.embedded import EmbeddedRedis, die_with_parent
+from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
+from surreal_redis.launcher.children import Child, log_tail, reap
+from surreal_redis.launcher.final_eval import FinalEval, _fmt, headline, not_saved, summary
 from surreal_redis.learner.metrics import use_summary
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
-from surreal_redis.plots import CURVES_FILE
-from surreal_redis.runtime import INTERRUPTED_EXIT, ONE_BLAS_THREAD, StopFlag
-from surreal_redis.status import HUB_FILE, live_local_runs, remove_hub_file, write_hub_file
+from surreal_redis.run_folder import EarlierRun, FolderLive, FolderLock, RunFolder
+from surreal_redis.runtime import INTERRUPTED_EXIT, StopFlag
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 60.0  # the learner writes a final checkpoint and closes its MLflow run, which opens in the
 # background and may still be opening when a run stops early (tens of seconds on a busy 2-core machine)
-RESTART_DELAY_S = 1.0  # before the first restart of a child; doubles with each restart
-RESTART_DELAY_CAP_S = 30.0
 SUPERVISE_EVERY_S = 0.5
-FINAL_EVAL_START_S = 60.0  # the final eval's process may take this long to start (torch, env) on top of
-# eval.final_max_s of play before it is killed
-LOCK_FILE = "launch.lock"  # flock'ed by the live launcher of the folder; it moves with a --fresh archive
 
 
 class LaunchError(RuntimeError):
     """A launch refused before any process started; the message says what to do instead."""
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _flock_holder(fd: int) -> int | None:
-    """The pid holding a flock on the file open as ``fd``, from /proc/locks (None without it)."""
-    stat = os.fstat(fd)
-    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
-    try:
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 8725 fe:00:2146904 0 EOF"
-        fields = line.split()
-        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
-            return int(fields[4])
-    return None
-
-
-def restart_delay(restart: int) -> float:
-    """Seconds to wait before restart number ``restart`` (1, 2, ...) of a child: 1, 2, 4, ... 30."""
-    return min(RESTART_DELAY_CAP_S, RESTART_DELAY_S * 2 ** max(0, restart - 1))
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-# glibc keeps freed memory in per-thread arenas and above its trim threshold; with torch in every
-# process that cost ~260 MiB of PSS over a 4-agent Pong run (bench/memory.py). A fixed trim
-# threshold also fixes glibc's mmap threshold at 128 KiB, so every larger temporary was mapped and
-# unmapped per call; at 16 MiB they come from the heap and are reused. Agents: ~150 page faults
-# per Pong act (an 84x84 frame stack is 450 KiB as float32), numpy 5.4-5.8 ms instead of 4.1-4.3.
-# Learner: one SAC update on a HalfCheetah batch of 256, 25.8-31.4 ms instead of 18.4-18.8 (two
-# cores shared with other work). A user's own setting wins.
-CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576",
-                "MALLOC_MMAP_THRESHOLD_": "16777216"}
-
-
-# Agents and evals get one BLAS thread (runtime.ONE_BLAS_THREAD). A user's setting wins.
-ACTOR_ENV = dict(ONE_BLAS_THREAD)
-
-
-def child_env(actor: bool = False) -> dict[str, str]:
-    """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC`
-    (and :data:`ACTOR_ENV` for agents and evals)."""
-    return {**CHILD_MALLOC, **(ACTOR_ENV if actor else {}), **os.environ}
-
-
-@dataclass
-class Child:
-    """One child process of the launch and how to (re)start it. ``restart_at``: monotonic time
-    of a scheduled restart (None: none scheduled)."""
-
-    name: str
-    args: list[str]
-    log_path: Path
-    max_restarts: int
-    process: subprocess.Popen | None = None
-    restarts: int = 0
-    restart_at: float | None = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=self.log_path.parent, preexec_fn=die_with_parent,
-                                            env=child_env(actor=self.name != "learner"))
-        self.restart_at = None
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    @property
-    def started(self) -> subprocess.Popen:
-        """The process :meth:`start` made (RuntimeError for a child never started or given up)."""
-        if self.process is None:
-            raise RuntimeError(f"{self.name} has no process")
-        return self.process
-
-    @property
-    def gone(self) -> bool:
-        """Exited for good: not running and no restart scheduled."""
-        return self.process is None and self.restart_at is None
-
-    def schedule_restart(self) -> float:
-        """Count one more restart and schedule it; returns its delay in seconds."""
-        self.restarts += 1
-        delay = restart_delay(self.restarts)
-        self.restart_at = time.monotonic() + delay
-        return delay
 
 
 class Launcher:
@@ -196,29 +85,23 @@ class Launcher:
             raise ValueError(f"launch needs at least one agent, got agent.num_agents={config.agent.num_agents}")
         if fresh and resume is not None:
             raise ValueError("--fresh starts the run over, --resume continues it: choose one")
-        self.config, self.stop, self.resume, self.resume_from = config, stop, resume, resume_from
-        self.fresh = fresh
+        self.config, self.stop, self.resume, self.resume_from, self.fresh = config, stop, resume, resume_from, fresh
         self.progress = progress or (lambda line: log.info("%s", line))
         self.log_level = log_level
-        self.dir = config.experiment_dir.resolve()
+        self.folder = RunFolder(config.experiment_dir.resolve())
         self.server: EmbeddedRedis | None = None
         self.children: list[Child] = []
         self.url = ""
         self.ending = ""  # why the run ended, for the summary
         self.signalled = ""  # the signal that ended the run (not one that came during the final eval)
         self.final_eval = ""  # the summary's line on it
-        self._lock: int | None = None  # the fd holding LOCK_FILE while this launcher lives
+        self._lock: FolderLock | None = None  # held while this launcher lives
         self._last_status: dict = {}  # the learner's last report the progress line read
 
     # ---------------------------------------------------------------- set-up
     def _command(self, *role: str) -> list[str]:
         return [sys.executable, "-m", "surreal_redis.cli", "--log-level", self.log_level, *role,
-                "--config", str(self.dir / "config.yaml"), "--redis-url", self.url]
-
-    def _earlier_run(self) -> list[str]:
-        """What in the experiment folder shows an earlier run."""
-        found = [f"{name}/" for name in ("checkpoints", "logs") if any((self.dir / name).glob("*"))]
-        return found + [name for name in ("mlflow_run_id",) if (self.dir / name).exists()]
+                "--config", str(self.folder.config_file), "--redis-url", self.url]
 
     def _live(self, who: str) -> LaunchError:
         run = self.config.run
@@ -226,35 +109,19 @@ class Launcher:
                            f"(surreal-redis stop --run {run}, or Ctrl-C its launch), or choose another "
                            f"experiment.name (-o experiment.name=NEW)")
 
-    def _announced_pid(self) -> int | None:
-        """The pid in the folder's hub.json, if it is readable."""
-        try:
-            return int(json.loads((self.dir / HUB_FILE).read_text())["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     def _lock_folder(self) -> None:
-        """Hold :data:`LOCK_FILE` of the experiment folder (creating both) for this launcher's
-        life; LaunchError when a live launcher holds it, or the folder's hub.json names a launcher
-        that still runs (one that took no lock). The kernel drops a dead process's lock."""
-        announced = [run for run in live_local_runs(self.dir.parent) if run.folder.resolve() == self.dir]
-        if announced and announced[0].pid != os.getpid():
-            raise self._live(f"its launcher (pid {announced[0].pid}) announced it in {self.dir / HUB_FILE}")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Hold the experiment folder's lock (creating both) for this launcher's life
+        (:meth:`RunFolder.lock`); LaunchError when a live launcher holds the folder."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _flock_holder(fd) or self._announced_pid()
-            os.close(fd)
-            raise self._live(f"its launcher{f' (pid {pid})' if pid else ''} holds {path}") from None
+            lock = self.folder.lock()
+        except FolderLive as live:
+            raise self._live(live.who) from None
         self._unlock()  # the lock of the folder --fresh moved aside
-        self._lock = fd
+        self._lock = lock
 
     def _unlock(self) -> None:
         if self._lock is not None:
-            os.close(self._lock)  # closing the only fd drops the flock
+            self._lock.release()
             self._lock = None
 
     def _refuse_live_learner(self, client: RedisClient) -> None:
@@ -273,21 +140,15 @@ class Launcher:
 
     def _claim_folder(self) -> None:
         """Refuse (or with ``fresh``, move aside) a folder holding an earlier run, unless resuming."""
-        found = self._earlier_run()
-        if not found or self.resume is not None:
+        if self.resume is not None:
             return
-        archive = self.dir.with_name(f"{self.dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        if not self.fresh:
+        try:
+            self.folder.claim(self.fresh)
+        except EarlierRun as earlier:
             raise LaunchError(
-                f"{self.dir} already holds a run ({', '.join(found)}). Continue it with --resume, start over "
-                f"with --fresh (moves the earlier run to {archive.name}), or choose another experiment.name "
-                f"(-o experiment.name=NEW)")
-        suffix = 1
-        while archive.exists():
-            suffix += 1
-            archive = archive.with_name(f"{self.dir.name}.{time.strftime('%Y%m%d-%H%M%S')}-{suffix}")
-        self.dir.rename(archive)
-        log.info("moved the earlier run in %s to %s", self.dir, archive)
+                f"{self.folder.path} already holds a run ({', '.join(earlier.found)}). Continue it with --resume, "
+                f"start over with --fresh (moves the earlier run to {earlier.archive.name}), or choose another "
+                f"experiment.name (-o experiment.name=NEW)") from None
 
     def _prepare(self) -> RedisClient:
         cfg = self.config
@@ -300,11 +161,12 @@ class Launcher:
             client = self._connect()
             self._refuse_live_learner(client)
         self._claim_folder()
-        if not self.dir.exists():  # moved aside: lock the new folder (the old lock went with it)
+        if not self.folder.path.exists():  # moved aside: lock the new folder (the old lock went with it)
             self._lock_folder()
         # Children run in logs/: every path they get must be absolute.
-        absolute = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, root=str(self.dir.parent)))
-        (self.dir / "config.yaml").write_text(absolute.to_yaml())
+        absolute = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment,
+                                                                           root=str(self.folder.path.parent)))
+        self.folder.config_file.write_text(absolute.to_yaml())
         if client is None:
             self.server = EmbeddedRedis(maxmemory=cfg.redis.maxmemory).start()
             self.url = self.server.url
@@ -316,7 +178,7 @@ class Launcher:
             if dropped:
                 log.info("removed %d keys left by an earlier run named %r", dropped, cfg.run)
         self._write_run_state(control)
-        write_hub_file(self.dir, cfg.run, self.url)
+        self.folder.announce(cfg.run, self.url)
         return client
 
     def _write_run_state(self, control: RunControl) -> None:
@@ -328,7 +190,7 @@ class Launcher:
         """The learner, resumed from this run's latest checkpoint once there is one (a restart),
         else as the launch was asked to start it."""
         command = self._command("learner")
-        if CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).iterations():
+        if self.folder.checkpoints(self.config.checkpoint).iterations():
             return command + ["--resume", "latest"]
         if self.resume is not None:
             command += ["--resume", self.resume]
@@ -337,14 +199,14 @@ class Launcher:
         return command
 
     def _children(self) -> list[Child]:
-        logs = self.dir / "logs"
-        children = [Child("learner", self._learner_command(), logs / "learner.log", self.config.learner.max_restarts)]
+        log_file = self.folder.log_file
+        children = [Child("learner", self._learner_command(), log_file("learner"), self.config.learner.max_restarts)]
         agent_restarts = self.config.agent.max_restarts if self.config.agent.restart_on_crash else 0
         for agent_id in range(self.config.agent.num_agents):
             children.append(Child(f"agent-{agent_id}", self._command("agent", "--id", str(agent_id)),
-                                  logs / f"agent-{agent_id}.log", agent_restarts))
+                                  log_file(f"agent-{agent_id}"), agent_restarts))
         if self.config.eval.enabled:
-            children.append(Child("eval-0", self._command("eval"), logs / "eval-0.log", agent_restarts))
+            children.append(Child("eval-0", self._command("eval"), log_file("eval-0"), agent_restarts))
         return children
 
     # ---------------------------------------------------------------- running
@@ -355,7 +217,7 @@ class Launcher:
             self._stop_server()
             self._unlock()
             raise
-        self.stop.on_second_signal(lambda name: self._not_saved(self._learner_report()))
+        self.stop.on_second_signal(lambda name: not_saved(self.config, self.folder, self._learner_report()))
         code = 1
         try:
             try:
@@ -366,7 +228,7 @@ class Launcher:
             self.final_eval = self._final_eval(client, code)
             self._summary(client, code)
         finally:
-            remove_hub_file(self.dir)
+            self.folder.withdraw()
             self._stop_server()
             self._unlock()
         return INTERRUPTED_EXIT if code == 0 and self.signalled else code
@@ -384,26 +246,6 @@ class Launcher:
         except (redis.RedisError, OSError, ValueError) as exc:
             log.warning("the learner's last report is unreadable (%s); using the one from the progress line", exc)
             return self._last_status
-
-    def _not_saved(self, status: dict) -> str:
-        """For a second signal, which exits at once (the learner too, before its final
-        checkpoint): what of the learner's work ``status`` (its last report) is not on disk.
-        Reads the checkpoint folder only: it runs in the signal handler."""
-        saved = CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).iterations()
-        latest = saved[-1] if saved else 0
-        reported = int(status.get("iteration", 0))
-        if not reported:
-            said = "the learner reported no update (nothing to save)"
-        elif reported <= latest:
-            said = f"the learner's final checkpoint (update {latest}) is saved"
-        elif not saved:
-            said = f"no checkpoint is saved: updates 1-{reported} are lost"
-        else:
-            said = (f"the learner's final checkpoint is not saved: updates {latest + 1}-{reported} are lost "
-                    f"(the latest checkpoint is update {latest})")
-        if self.config.tracking.enabled:
-            said += "; the MLflow run is marked KILLED once the learner is gone"
-        return said
 
     def _supervise(self, client: RedisClient) -> int:
         control = RunControl(client, self.config.run)
@@ -431,7 +273,7 @@ class Launcher:
             if code is not None:
                 return code
             for child in others:
-                self._check_child(child, control)
+                child.check(lambda: self._stopping(control))
             if all(child.gone for child in others if child.name.startswith("agent-")):
                 self.ending = "no agent left"
                 log.error("every agent exited and none is restarted any more; stopping the run")
@@ -531,24 +373,6 @@ class Launcher:
         except redis.RedisError as exc:
             log.debug("could not mark the learner as exited: %s", exc)
 
-    def _check_child(self, child: Child, control: RunControl) -> None:
-        if child.restart_at is not None:
-            if time.monotonic() >= child.restart_at:
-                child.start()
-            return
-        if child.alive or child.process is None:
-            return
-        code = child.process.returncode
-        if code == 0 and self._stopping(control):
-            return  # it saw the run's stop request before this loop did: a clean stop, not a crash
-        log.error("%s exited with code %d. Last log lines:\n%s", child.name, code, log_tail(child.log_path))
-        if child.restarts < child.max_restarts:
-            delay = child.schedule_restart()
-            log.info("restarting %s in %.0fs (restart %d of %d)", child.name, delay, child.restarts, child.max_restarts)
-        else:
-            log.error("%s is not restarted (restarts used: %d of %d)", child.name, child.restarts, child.max_restarts)
-            child.process = None
-
     @staticmethod
     def _stopping(control: RunControl) -> bool:
         try:
@@ -593,109 +417,24 @@ class Launcher:
             RunControl(client, self.config.run).request_stop(self.ending or self.stop.reason or "launcher exiting")
         except redis.RedisError as exc:
             log.warning("could not write the stop request (%s)", exc)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for child in alive:
-            try:
-                child.started.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0fs; killing it", child.name, STOP_GRACE_S)
-                child.started.kill()
-                child.started.wait()
+        reap(alive, STOP_GRACE_S)
         if self.children:
             self._note_learner_exit(client, self.children[0])
 
+    # ---------------------------------------------------------------- the end
     def _final_eval(self, client: RedisClient, code: int) -> str:
         """Score the learner's final checkpoint (see the module docstring); returns the summary's
         line on it, '' when none is due (eval disabled, eval.final_episodes 0, a failed run)."""
-        cfg = self.config.eval
-        if not cfg.enabled or cfg.final_episodes == 0 or code != 0:
-            return ""
-        if self.signalled:
-            return f"  final eval: skipped ({self.signalled})"
-        try:
-            status = RunControl(client, self.config.run).learner_status()
-        except redis.RedisError as exc:
-            return f"  final eval: skipped (the learner's last report is unreadable: {exc})"
-        try:
-            path = CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).resolve("latest")
-        except CheckpointError:
-            return "  final eval: skipped (no checkpoint: the learner made no update)"
-        iteration = int(path.stem.split("-")[1])
-        if status.get("state") != "stopped" or status.get("iteration") != iteration:
-            # E.g. killed STOP_GRACE_S after the stop, before it saved: the latest is not the final parameters.
-            return (f"  final eval: skipped (the learner left no final checkpoint: it reported update "
-                    f"{status.get('iteration', '-')}, {status.get('state', 'no state')}; the latest is {iteration})")
-        self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
-                      f"(Ctrl-C skips it)")
-        log_path = self.dir / "logs" / "final-eval.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as err:
-            # In a process group of its own (die_with_parent): a terminal's Ctrl-C reaches the launcher
-            # only, which passes on one SIGTERM (a second signal would end the child without its result).
-            process = subprocess.Popen(self._command("eval", "--checkpoint", str(path)), stdout=subprocess.PIPE,
-                                       stderr=err, stdin=subprocess.DEVNULL, cwd=log_path.parent,
-                                       preexec_fn=die_with_parent, env=child_env(actor=True))
-        deadline = time.monotonic() + cfg.final_max_s + FINAL_EVAL_START_S
-        terminated = killed = False
-        while process.poll() is None:
-            if self.stop and not terminated:
-                terminated = True
-                process.terminate()
-            if time.monotonic() >= deadline and not killed:
-                killed = True
-                log.error("the final eval still runs %.0fs after it started; killing it",
-                          cfg.final_max_s + FINAL_EVAL_START_S)
-                process.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=0.2)
-        stdout = process.stdout
-        if stdout is None:  # opened with stdout=PIPE, so never
-            raise RuntimeError("the final eval has no stdout pipe")
-        with stdout:
-            out = stdout.read().decode(errors="replace").strip().splitlines()
-        if process.returncode != 0 or not out:
-            if terminated:  # stopped before it could say so (still starting, say)
-                return "  final eval: interrupted, nothing recorded"
-            why = f"killed after {cfg.final_max_s + FINAL_EVAL_START_S:.0f}s" if killed else \
-                f"exit code {process.returncode}"
-            return f"  final eval: FAILED ({why}; see {log_path})\n{log_tail(log_path, 5)}"
-        result = json.loads(out[-1])
-        if result["interrupted"]:
-            return "  final eval: interrupted, nothing recorded"
-        if result["score"] is None:
-            return f"  final eval: no episode finished within eval.final_max_s={cfg.final_max_s:g}s, nothing recorded"
-        best = ", ".join(f"update {i} ({s:.1f})" for s, i in
-                         CheckpointManager(self.dir / "checkpoints", self.config.checkpoint).best()) or "none kept"
-        return (f"  final eval of update {iteration} (the final checkpoint): mean return {result['score']:.1f} over "
-                f"{len(result['returns'])} of {result['episodes']} episodes in {result['seconds']:.1f}s; "
-                f"best checkpoints: {best}")
-
-    def _headline(self, code: int) -> str:
-        if code != 0:
-            return f"FAILED ({self.ending})" if self.ending else "FAILED"
-        if self.signalled:
-            return f"interrupted ({self.signalled}; MLflow marks it KILLED)"
-        return f"finished ({self.ending})" if self.ending else "finished"
+        return FinalEval(self.config, self.folder, self.stop, self.progress, self._command).line(
+            client, code, self.signalled)
 
     def _summary(self, client: RedisClient, code: int) -> None:
         try:
             status = RunControl(client, self.config.run).learner_status()
         except redis.RedisError:
             status = {}
-        lines = [f"run {self.config.run!r} {self._headline(code)}; results in {self.dir}"]
-        if status:
-            lines.append(f"  {status['env_steps']} env steps, {status['iteration']} updates, "
-                         f"mean return {_fmt(status['mean_return'])}, last eval {_fmt(status['eval_return'])}")
-            lines.append(f"  {use_summary(status, whole_run=True)}")
-        if self.final_eval:
-            lines.append(self.final_eval)
-        lines.append(f"  checkpoints: {self.dir / 'checkpoints'}")
-        lines.append(f"  logs: {self.dir / 'logs'}")
-        if self.config.tracking.enabled:
-            lines.append(f"  MLflow: mlflow ui --backend-store-uri sqlite:///{self.dir / 'mlflow.db'}")
-            curves = self.dir / CURVES_FILE
-            lines.append(f"  curves: {curves}" if curves.exists() else "  curves: none drawn (no return logged)")
-        self.progress("\n".join(lines))
+        self.progress(summary(self.config, self.folder, status, headline(code, self.ending, self.signalled),
+                              self.final_eval))
 
     def _stop_server(self) -> None:
         if self.server is not None:

@@ -7,7 +7,8 @@ episodes go to the episodes stream in batches (after each claimed flush, with ea
 once ``EPISODE_BATCH`` wait). Parameters, two ways (``learner.on_policy_sync``):
 
 - on grants (``lockstep``, the on-policy default, and ``overlap``): before each flush (``flush_steps``
-  x its envs env steps) the agent claims it from the learner's quota (:mod:`surreal_redis.hub.quota`):
+  x its envs env steps) the agent claims it from the learner's quota (:mod:`surreal_redis.hub.quota`,
+  through :class:`~surreal_redis.agent.claims.Claimer`):
   OK -> produce it and send it at once; STALE -> load the new parameters and claim again; WAIT ->
   wait on the notify channel for the next version or grant. No other version polls.
 - free: every ``agent.fetch_every_steps`` steps (or ``fetch_every_episodes``) one tiny version poll
@@ -30,6 +31,7 @@ from collections import deque
 import numpy as np
 import redis
 
+from surreal_redis.agent.claims import Claimer
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.codec import Tree
@@ -38,7 +40,7 @@ from surreal_redis.connection import Backoff, RedisClient
 from surreal_redis.envs import make_vector_env, step_vector_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, shard_peer_chunks
 from surreal_redis.hub.params import ParameterClient, connect_replicas
-from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
+from surreal_redis.hub.quota import ProductionQuota, QuotaNews
 from surreal_redis.hub.run.control import RunControl, StopWatch
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
@@ -50,13 +52,6 @@ from surreal_redis.trees import tree_map
 log = logging.getLogger(__name__)
 
 OUTAGE_ERRORS = (*REDIS_OUTAGE_ERRORS, HubUnavailableError)
-# A claim is retried with backoff after these: Redis away or full, or claim.lua not loaded yet.
-CLAIM_RETRY_ERRORS = (*REDIS_OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, ClaimScriptMissing)
-# A waiting agent claims again on every notify message and, as a safety net (a message lost to a
-# reconnect), this often without one; each claim is a round trip, which at 0.2 s cost a waiting
-# HalfCheetah agent as much CPU as its sender. It looks for a stop every CLAIM_WAIT_SLICE_S.
-CLAIM_RECHECK_S = 2.0
-CLAIM_WAIT_SLICE_S = 0.5
 # A heartbeat or episode write that fails for these is skipped (the next heartbeat replaces it) or
 # kept for the next try: neither is worth stopping the env loop for.
 WRITE_SKIP_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError)
@@ -91,7 +86,7 @@ class Agent:
     def __init__(self, config: ExperimentConfig, client: RedisClient, agent_id: int, stop: StopFlag) -> None:
         if agent_id < 0:
             raise ValueError(f"agent id must be >= 0, got {agent_id}")
-        self.config, self.client, self.agent_id, self.stop = config, client, agent_id, stop
+        self.config, self.agent_id, self.stop = config, agent_id, stop
         seed = agent_seed(config.experiment.seed, agent_id)
         self.envs = make_vector_env(config.env, num_envs=config.env.num_envs, seed=seed, mode="train")
         self.num_envs = self.envs.num_envs
@@ -105,9 +100,9 @@ class Agent:
                                        peer_chunks=shard_peer_chunks(agent_id, config.agent.num_agents,
                                                                      config.redis.num_shards, self.num_envs))
         self.lockstep = config.lockstep
-        self.quota = ProductionQuota(client, config.run)
-        self.news = QuotaNews(client, config.run)
-        self._claim_guard = OutageGuard(f"agent {agent_id} (claim)", self.stop_watch, errors=CLAIM_RETRY_ERRORS)
+        self.claimer = Claimer(f"agent {agent_id}", ProductionQuota(client, config.run), QuotaNews(client, config.run),
+                               self.stop_watch, config.hub.sender.flush_steps * self.num_envs,
+                               held=lambda: self.policy.version, load=self._pull_params, beat=self._beat_if_due)
         self.params = ParameterClient(client, config.run, config.hub.params_client,
                                       connect_replicas(config.redis.param_read_urls, config.redis.settings()))
         self.heartbeat = Heartbeat(client, config.run, agent_id, config.agent.heartbeat_ttl_s)
@@ -117,9 +112,6 @@ class Agent:
         self.seed = seed
         self.steps = 0
         self.num_episodes = 0
-        self.claim_wait_s = 0.0  # seconds spent claiming (on grants), waits included
-        self._claiming_since: float | None = None
-        self.claimed = 0  # env steps claimed and not sent yet (the learner waits for them)
         self._loop_started: float | None = None
         self._next_beat = 0.0
         self._last_obs: Tree | None = None
@@ -127,8 +119,7 @@ class Agent:
     def idle_seconds(self) -> float:
         """Seconds of the env loop spent not stepping: waiting on claims (the one under way
         included) and on backpressure."""
-        ongoing = 0.0 if self._claiming_since is None else time.monotonic() - self._claiming_since
-        return self.claim_wait_s + ongoing + self.sender.stats().backpressure_wait_s
+        return self.claimer.waited_s() + self.sender.stats().backpressure_wait_s
 
     def running_seconds(self) -> float:
         """Seconds since the env loop started (0 before)."""
@@ -187,7 +178,7 @@ class Agent:
         flush_step = 0  # vector steps into the current flush
         learner_waits = self.sender.learner_waits
         while not self.stop:
-            if self.lockstep and flush_step == 0 and not self._claim_flush():
+            if self.lockstep and flush_step == 0 and not self.claimer.claim_flush():
                 break
             self.policy.before_act(obs, ActMode.TRAINING)
             output = self.policy.act(obs, ActMode.TRAINING)
@@ -207,7 +198,7 @@ class Agent:
                 # needs the next claim, which needs the learner to have these chunks).
                 flush_step = 0
                 self._send(self.sender.flush, obs)
-                self.claimed = 0
+                self.claimer.sent()
                 if self._unsent_episodes:
                     self._send_episodes()
             for i in step.final_obs:  # a lost life with episodic life too: as the learner's targets reset
@@ -237,76 +228,12 @@ class Agent:
             self.heartbeat.beat(self.steps, self.num_episodes, self.policy.version, force=True,
                                 idle_s=self.idle_seconds(), running_s=self.running_seconds(),
                                 param_rejections=self.params.rejections,
-                                chunks_dropped=self.sender.stats().chunks_dropped, claimed=self.claimed)
+                                chunks_dropped=self.sender.stats().chunks_dropped, claimed=self.claimer.claimed)
             self._check_control()
         except WRITE_SKIP_ERRORS as exc:  # skipped: the next heartbeat replaces it
             log.warning("agent %d: heartbeat skipped (%s)", self.agent_id, exc)
         if self._unsent_episodes:
             self._send_episodes()
-
-    def _claim_flush(self) -> bool:
-        """Lockstep: block until the learner's quota lets this agent produce its next flush with
-        the parameters it holds (loading newer ones when told it is stale). Waits on the notify
-        channel for a grant (re-claiming every ``CLAIM_RECHECK_S`` anyway), beats its heartbeat,
-        rides out outages with backoff, and returns False once stopping (within
-        ``CLAIM_WAIT_SLICE_S`` of a stop request).
-
-        A stale agent claims the live version's steps before it downloads that version, so only
-        agents that will produce with a version download it: with more agents than claims per
-        update, the others loaded every version only to be told WAIT (4 CartPole agents spent a
-        fifth of their CPU in claims and downloads). A live version below the one held (a learner
-        that started over) is not claimed: its download is refused and counted as before."""
-        steps = self.config.hub.sender.flush_steps * self.num_envs
-        started = self._claiming_since = time.monotonic()
-        claim_at = started  # claim at once, then on a grant message or every CLAIM_RECHECK_S
-        try:
-            while not self.stop_watch.is_set():
-                try:
-                    now = time.monotonic()
-                    if now >= claim_at:
-                        self.news.drain()  # a message from now on means something changed since this claim
-                        held = self.policy.version
-                        # a grant heard for a newer version: claim that one at once
-                        version = max(held, self.news.granted_version)
-                        claim = self.quota.claim(version, steps)
-                        claim_at = now + CLAIM_RECHECK_S
-                        if claim.status == "STALE" and claim.live_version > held:
-                            version = claim.live_version
-                            claim = self.quota.claim(version, steps)
-                            if claim.status == "STALE":  # published between the two claims
-                                claim_at = 0.0
-                        elif claim.status == "STALE":
-                            self._pull_params()  # refused and counted: the learner republishes above
-                        if claim.status == "OK":
-                            self.claimed = claim.granted
-                            if version > held and not self._load_claimed(version):
-                                return False
-                            self._claim_guard.succeeded()
-                            return True
-                    if self.news.wait(min(CLAIM_WAIT_SLICE_S, max(0.0, claim_at - time.monotonic())),
-                                      grants_only=True):
-                        claim_at = 0.0
-                    self._claim_guard.succeeded()
-                except CLAIM_RETRY_ERRORS as exc:
-                    self.news.close()
-                    self._claim_guard.failed(exc)
-                    claim_at = 0.0
-                self._beat_if_due()
-            return False
-        finally:
-            self.claim_wait_s += time.monotonic() - started
-            self._claiming_since = None
-
-    def _load_claimed(self, version: int) -> bool:
-        """Load ``version`` (or a newer one), whose steps this agent claimed; tries again with
-        backoff while downloads fail (each rejection is counted; the learner republishes above
-        a version agents keep rejecting). False when stopping first."""
-        backoff = Backoff(0.05, 1.0)
-        while not self._pull_params(version):
-            self._beat_if_due()
-            if self.stop_watch.wait(backoff.next_delay()):
-                return False
-        return True
 
     def _record_episodes(self, episodes: dict) -> None:
         """Record the finished episodes (their envs start again in the loop, lost lives included).
@@ -349,7 +276,7 @@ class Agent:
         except OUTAGE_ERRORS as exc:
             log.warning("agent %d: could not flush on shutdown (%s); %d steps unsent", self.agent_id, exc,
                         self.sender.stats().steps_dropped)
-        self.news.close()
+        self.claimer.close()
         self.sender.close()
         self.envs.close()
         stats = self.sender.stats()

@@ -1,0 +1,188 @@
+"""How a launch ends: the final eval of the learner's final checkpoint (``eval --checkpoint`` in
+a child process, ``eval.final_episodes`` episodes within ``eval.final_max_s`` seconds, entered
+into the best-k checkpoints), the summary with its headline, and what a second signal (which
+exits at once) says was not saved."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from surreal_redis.checkpoint import CheckpointError
+from surreal_redis.config import ExperimentConfig
+from surreal_redis.connection import RedisClient
+from surreal_redis.embedded import die_with_parent
+from surreal_redis.hub.run.control import RunControl
+from surreal_redis.launcher.children import child_env, log_tail
+from surreal_redis.learner.metrics import use_summary
+from surreal_redis.run_folder import RunFolder
+from surreal_redis.runtime import StopFlag
+
+log = logging.getLogger(__name__)
+
+FINAL_EVAL_START_S = 60.0  # the final eval's process may take this long to start (torch, env) on top of
+# eval.final_max_s of play before it is killed
+INTERRUPTED = "  final eval: interrupted, nothing recorded"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+class _Skipped(Exception):
+    """No final eval: the message is the summary's line saying why."""
+
+
+class FinalEval:
+    """The final eval of one run. ``command(*args)``: the launcher's command line for a child
+    role (here ``eval --checkpoint PATH``); ``progress``: where the line announcing it goes;
+    ``stop``: a signal during the eval ends it with nothing recorded."""
+
+    def __init__(self, config: ExperimentConfig, folder: RunFolder, stop: StopFlag,
+                 progress: Callable[[str], None], command: Callable[..., list[str]]) -> None:
+        self.config, self.folder, self.stop = config, folder, stop
+        self.progress, self.command = progress, command
+
+    def line(self, client: RedisClient, code: int, signalled: str) -> str:
+        """Score the learner's final checkpoint; blocks until the eval ends (at most
+        ``eval.final_max_s`` + ``FINAL_EVAL_START_S`` seconds). Returns the summary's line on it,
+        '' when none is due (eval disabled, eval.final_episodes 0, a failed run ``code``)."""
+        cfg = self.config.eval
+        if not cfg.enabled or cfg.final_episodes == 0 or code != 0:
+            return ""
+        if signalled:
+            return f"  final eval: skipped ({signalled})"
+        try:
+            path, iteration = self._final_checkpoint(client)
+        except _Skipped as skipped:
+            return str(skipped)
+        self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
+                      f"(Ctrl-C skips it)")
+        log_path = self.folder.log_file("final-eval")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as err:
+            # In a process group of its own (die_with_parent): a terminal's Ctrl-C reaches the launcher
+            # only, which passes on one SIGTERM (a second signal would end the child without its result).
+            process = subprocess.Popen(self.command("eval", "--checkpoint", str(path)), stdout=subprocess.PIPE,
+                                       stderr=err, stdin=subprocess.DEVNULL, cwd=log_path.parent,
+                                       preexec_fn=die_with_parent, env=child_env(actor=True))
+        terminated, killed = self._wait(process)
+        return self._result(process, iteration, log_path, terminated, killed)
+
+    def _final_checkpoint(self, client: RedisClient) -> tuple[Path, int]:
+        """The learner's final checkpoint and its update count; _Skipped when there is none."""
+        try:
+            status = RunControl(client, self.config.run).learner_status()
+        except redis.RedisError as exc:
+            raise _Skipped(f"  final eval: skipped (the learner's last report is unreadable: {exc})") from None
+        try:
+            path = self.folder.checkpoints(self.config.checkpoint).resolve("latest")
+        except CheckpointError:
+            raise _Skipped("  final eval: skipped (no checkpoint: the learner made no update)") from None
+        iteration = int(path.stem.split("-")[1])
+        if status.get("state") != "stopped" or status.get("iteration") != iteration:
+            # E.g. killed STOP_GRACE_S after the stop, before it saved: the latest is not the final parameters.
+            raise _Skipped(f"  final eval: skipped (the learner left no final checkpoint: it reported update "
+                           f"{status.get('iteration', '-')}, {status.get('state', 'no state')}; the latest is {iteration})")
+        return path, iteration
+
+    def _wait(self, process: subprocess.Popen) -> tuple[bool, bool]:
+        """Wait for the eval to exit: SIGTERM on a stop, SIGKILL past its deadline. Returns
+        (terminated, killed)."""
+        limit_s = self.config.eval.final_max_s + FINAL_EVAL_START_S
+        deadline = time.monotonic() + limit_s
+        terminated = killed = False
+        while process.poll() is None:
+            if self.stop and not terminated:
+                terminated = True
+                process.terminate()
+            if time.monotonic() >= deadline and not killed:
+                killed = True
+                log.error("the final eval still runs %.0fs after it started; killing it", limit_s)
+                process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=0.2)
+        return terminated, killed
+
+    def _result(self, process: subprocess.Popen, iteration: int, log_path: Path, terminated: bool,
+                killed: bool) -> str:
+        """The summary's line on an eval that exited: its score (the JSON line it printed last)
+        and the best checkpoints, or why there is none."""
+        cfg = self.config.eval
+        stdout = process.stdout
+        if stdout is None:  # opened with stdout=PIPE, so never
+            raise RuntimeError("the final eval has no stdout pipe")
+        with stdout:
+            out = stdout.read().decode(errors="replace").strip().splitlines()
+        if process.returncode != 0 or not out:
+            if terminated:  # stopped before it could say so (still starting, say)
+                return INTERRUPTED
+            why = f"killed after {cfg.final_max_s + FINAL_EVAL_START_S:.0f}s" if killed else \
+                f"exit code {process.returncode}"
+            return f"  final eval: FAILED ({why}; see {log_path})\n{log_tail(log_path, 5)}"
+        result = json.loads(out[-1])
+        if result["interrupted"]:
+            return INTERRUPTED
+        if result["score"] is None:
+            return f"  final eval: no episode finished within eval.final_max_s={cfg.final_max_s:g}s, nothing recorded"
+        best = ", ".join(f"update {i} ({s:.1f})" for s, i in
+                         self.folder.checkpoints(self.config.checkpoint).best()) or "none kept"
+        return (f"  final eval of update {iteration} (the final checkpoint): mean return {result['score']:.1f} over "
+                f"{len(result['returns'])} of {result['episodes']} episodes in {result['seconds']:.1f}s; "
+                f"best checkpoints: {best}")
+
+
+def headline(code: int, ending: str, signalled: str) -> str:
+    """How the run ended, for the summary's first line: ``code`` the launch's exit code (before
+    a signal makes it 130), ``ending`` why it ended, ``signalled`` the signal that ended it."""
+    if code != 0:
+        return f"FAILED ({ending})" if ending else "FAILED"
+    if signalled:
+        return f"interrupted ({signalled}; MLflow marks it KILLED)"
+    return f"finished ({ending})" if ending else "finished"
+
+
+def summary(config: ExperimentConfig, folder: RunFolder, status: dict, headline: str, final_eval: str) -> str:
+    """The lines a launch ends with: ``status`` the learner's last report ({} when unreadable),
+    ``final_eval`` the final eval's line ('' for none), and where the run's files are."""
+    lines = [f"run {config.run!r} {headline}; results in {folder.path}"]
+    if status:
+        lines.append(f"  {status['env_steps']} env steps, {status['iteration']} updates, "
+                     f"mean return {_fmt(status['mean_return'])}, last eval {_fmt(status['eval_return'])}")
+        lines.append(f"  {use_summary(status, whole_run=True)}")
+    if final_eval:
+        lines.append(final_eval)
+    lines.append(f"  checkpoints: {folder.checkpoints_dir}")
+    lines.append(f"  logs: {folder.logs_dir}")
+    if config.tracking.enabled:
+        lines.append(f"  MLflow: mlflow ui --backend-store-uri sqlite:///{folder.mlflow_store}")
+        lines.append(f"  curves: {folder.curves}" if folder.curves.exists() else "  curves: none drawn (no return logged)")
+    return "\n".join(lines)
+
+
+def not_saved(config: ExperimentConfig, folder: RunFolder, status: dict) -> str:
+    """For a second signal, which exits at once (the learner too, before its final
+    checkpoint): what of the learner's work ``status`` (its last report) is not on disk.
+    Reads the checkpoint folder only: it runs in the signal handler."""
+    saved = folder.checkpoints(config.checkpoint).iterations()
+    latest = saved[-1] if saved else 0
+    reported = int(status.get("iteration", 0))
+    if not reported:
+        said = "the learner reported no update (nothing to save)"
+    elif reported <= latest:
+        said = f"the learner's final checkpoint (update {latest}) is saved"
+    elif not saved:
+        said = f"no checkpoint is saved: updates 1-{reported} are lost"
+    else:
+        said = (f"the learner's final checkpoint is not saved: updates {latest + 1}-{reported} are lost "
+                f"(the latest checkpoint is update {latest})")
+    if config.tracking.enabled:
+        said += "; the MLflow run is marked KILLED once the learner is gone"
+    return said
