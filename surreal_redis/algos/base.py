@@ -69,10 +69,21 @@ class AgentPolicy(abc.ABC):
 class Algorithm(abc.ABC):
     """Learner-side trainer. ``update`` consumes data and returns scalar stats for logging: a bare
     name (``policy_loss``) is logged as ``losses/<name>``, a name with a group (``losses/q_values``,
-    ``charts/alpha``) as it is."""
+    ``charts/alpha``) as it is.
+
+    Its ``update`` is the one of the algorithm's regime, as the learner's feed calls it
+    (:mod:`surreal_redis.replay.feeds`): on-policy ``update(chunks, more_epochs=None) -> stats``,
+    off-policy ``update(batch) -> (stats, td_errors [B])``.
+    """
 
     #: Number of gradient updates done so far.
     iteration: int = 0
+
+    @property
+    def adaptive_epochs(self) -> bool:
+        """Whether the number of epochs an on-policy update runs depends on its ``more_epochs``
+        argument (APPO's ``min_epochs``); False for a fixed number, and off-policy."""
+        return False
 
     @abc.abstractmethod
     def actor_params(self) -> ParamDict:

@@ -73,6 +73,10 @@ def numpy_never(section: Any) -> str:
     return f"{type(section).__name__} (no numpy policy)"
 
 
+def no_check(config: Any) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """One algorithm, declared once.
@@ -88,6 +92,10 @@ class AlgorithmSpec:
         chunk_needs: ``(section, action_space) -> ChunkNeeds``: what the update reads from chunks.
         numpy_unsupported: ``section -> None`` when agents can act with numpy for this section,
             else a short reason (``agent.inference: auto`` then picks torch).
+        check: ``config -> None``, rules across the whole
+            :class:`~surreal_redis.config.ExperimentConfig` (the algorithm's section against the
+            learner's, the hub's...), run when the config is built; raises ValueError naming the
+            keys. A section's rules about itself belong in its own ``__post_init__``.
         summary: one line for ``default-config`` and the docs.
     """
 
@@ -98,6 +106,7 @@ class AlgorithmSpec:
     make_policy: Callable[[Any, gym.Space, gym.Space, PolicyRequest], AgentPolicy]
     chunk_needs: Callable[[Any, gym.Space], ChunkNeeds] = field(default=no_chunk_needs)
     numpy_unsupported: Callable[[Any], str | None] = field(default=numpy_never)
+    check: Callable[[Any], None] = field(default=no_check)
     summary: str = ""
 
     def __post_init__(self) -> None:
@@ -111,6 +120,6 @@ class AlgorithmSpec:
         if not self.on_policy and "gamma" not in fields:
             raise ValueError(f"algorithm {self.name!r} is off-policy: {self.config_class.__name__} needs a "
                              "gamma field (the n-step returns' discount)")
-        for name in ("make_trainer", "make_policy", "chunk_needs", "numpy_unsupported"):
+        for name in ("make_trainer", "make_policy", "chunk_needs", "numpy_unsupported", "check"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"algorithm {self.name!r}: {name} must be callable")

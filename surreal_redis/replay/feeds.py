@@ -40,11 +40,11 @@ class StopSignal(Protocol):
 
 
 class OnPolicyTrainer(Protocol):
-    """``update(chunks)``; a trainer with a true ``adaptive_epochs`` attribute is called as
-    ``update(chunks, more_epochs=...)`` and past its minimum epochs runs another only while
-    ``more_epochs()`` is true (APPO's ``min_epochs``)."""
-
-    def update(self, chunks: list[Chunk]) -> dict[str, float]: ...
+    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
+        """One update on ``chunks``, returning its stats. A trainer whose epochs adapt (APPO's
+        ``min_epochs``) runs another epoch past its minimum only while ``more_epochs()`` is true
+        (None: always); one with a fixed number of epochs ignores it."""
+        ...
 
 
 class OffPolicyTrainer(Protocol):
@@ -136,11 +136,8 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
             held = len(self.fifo) + (0 if arriving is None else arriving())
             return held < self.steps_per_update and not stop.is_set()
 
-        adaptive = getattr(algo, "adaptive_epochs", False)
-        update: Callable[..., dict[str, float]] = algo.update  # takes more_epochs when adaptive
         while len(self.fifo) >= self.steps_per_update and not stop.is_set():
-            batch = self.fifo.take(self.steps_per_update)
-            yield update(batch, more_epochs=next_batch_short) if adaptive else update(batch)
+            yield algo.update(self.fifo.take(self.steps_per_update), more_epochs=next_batch_short)
 
     def on_publish(self, version: int) -> None:
         self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped

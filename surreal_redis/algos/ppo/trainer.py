@@ -381,7 +381,8 @@ class PPOAlgorithm(Algorithm):
 
     @property
     def adaptive_epochs(self) -> bool:
-        """Whether an update's epochs depend on ``more_epochs`` (the on-policy feed passes it then)."""
+        """Whether an update's epochs depend on ``more_epochs``: true when :meth:`min_epochs` is below
+        ``update_epochs``."""
         return self.min_epochs() < self.config.update_epochs
 
     def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
