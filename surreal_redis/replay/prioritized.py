@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -46,7 +47,7 @@ class PrioritizedReplayConfig(UniformReplayConfig):
     beta0: float = 0.4
     beta_steps: int = 100_000
     eps: float = 1e-6
-    kernels: str = "auto"
+    kernels: Literal["auto", "numba", "numpy"] = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -4,6 +4,7 @@ truncation levels."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from surreal_redis.algos.ppo.config import PPOConfig
 
@@ -22,13 +23,13 @@ class APPOConfig(PPOConfig):
     complete, so agents never wait on its epochs. Then the epochs an update gets depend on how
     fast the agents produce (the ``train/epochs`` metric). None: ``update_epochs`` every update,
     as PPO."""
-    clip_against: str = "behaviour"
+    clip_against: Literal["behaviour", "proximal"] = "behaviour"
     """What the clipped surrogate's ratio is taken against: ``behaviour``, the agents' mu (Sample
     Factory's APPO), or ``proximal``, the learner's own policy at the start of the update
     (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's weight rho being in the
     advantages already, so lagged samples keep their gradient. On HalfCheetah with all 20 epochs
     (240 s, seed 3, 2026-12-02) ``behaviour`` scored eval 2207, ``proximal`` 1557."""
-    pg_advantage: str = "lambda"
+    pg_advantage: Literal["one_step", "lambda"] = "lambda"
     """The policy-gradient advantage under the clipped surrogate: ``one_step``, the paper's
     rho_s (r_s + gamma v_{s+1} - V(x_s)) (Espeholt et al. 2018, section 4.2; Sample Factory's and
     RLlib's APPO), which without lag is GAE's advantage with the next step's weighted by 1 instead
