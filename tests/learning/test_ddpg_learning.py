@@ -12,7 +12,8 @@ import torch
 from surreal_redis.algos.ddpg.policy import DDPGConfig, DDPGPolicy
 from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
 from surreal_redis.envs import EnvConfig, make_vector_env
-from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import OffPolicyConfig
 from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.numpy_policy import NumpySACPolicy
 from surreal_redis.algos.sac.trainer import SACAlgorithm
 from surreal_redis.envs import EnvConfig, make_vector_env
-from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import OffPolicyConfig
 from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
 log = logging.getLogger(__name__)

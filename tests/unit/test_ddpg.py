@@ -255,7 +255,8 @@ def test_config_from_dict_and_validation():
 @pytest.mark.parametrize("selector", ["uniform", "prioritized"])
 def test_offpolicy_loop_feeds_replay_and_updates_at_the_replay_ratio(selector):
     from surreal_redis.envs import EnvConfig, make_vector_env
-    from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+    from surreal_redis.replay import ReplayConfig
+    from surreal_redis.replay.feeds import OffPolicyConfig
     from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
     config = DDPGConfig(**SMALL, device="cpu")

@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 
 from surreal_redis.experience import Chunk, TransitionBatch
-from surreal_redis.replay.feeds import (
-    ExperienceUse,
-    OffPolicyConfig,
-    OffPolicyFeed,
-    OnPolicyFeed,
-    ReplayConfig,
-)
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import ExperienceUse, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.rate_limiter import RateLimiterConfig
 

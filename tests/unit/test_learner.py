@@ -340,9 +340,9 @@ def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_
     claims = []
     train = learner.algo.update
 
-    def update_while_an_agent_claims(chunks):
+    def update_while_an_agent_claims(chunks, more_epochs=None):
         claims.append(quota.claim(1, 48))  # an agent asks for more while the learner trains
-        return train(chunks)
+        return train(chunks, more_epochs)
 
     learner.algo.update = update_while_an_agent_claims
     learner.iterate(received(learner))

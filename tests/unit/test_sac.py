@@ -398,7 +398,8 @@ def test_importance_weights_scale_the_critic_loss_per_transition():
 
 def test_prioritized_replay_loop_updates_priorities_from_the_td_errors():
     from surreal_redis.envs import EnvConfig, make_vector_env
-    from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+    from surreal_redis.replay import ReplayConfig
+    from surreal_redis.replay.feeds import OffPolicyConfig
     from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, run_offpolicy
 
     config = SACConfig(**SMALL, device="cpu")
