@@ -20,7 +20,8 @@ from surreal_redis.algos import registry
 from surreal_redis.algos.appo.config import APPOConfig
 from surreal_redis.algos.appo.trainer import APPOAlgorithm, vtrace
 from surreal_redis.algos.ppo.config import PPOConfig
-from surreal_redis.algos.ppo.trainer import PPOAlgorithm, PPOPolicy, compute_gae
+from surreal_redis.algos.ppo.losses import compute_gae
+from surreal_redis.algos.ppo.trainer import PPOAlgorithm, PPOPolicy
 from surreal_redis.cli import main
 from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError, from_dict

@@ -11,11 +11,7 @@ import pytest
 import torch
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.ppo.policy import to_tensors
-from surreal_redis.algos.ppo.trainer import (
-    PPOAlgorithm,
-    PPOConfig,
-    PPOPolicy,
+from surreal_redis.algos.ppo.losses import (
     adapt_kl_coef,
     clipped_surrogate_loss,
     compute_gae,
@@ -23,6 +19,8 @@ from surreal_redis.algos.ppo.trainer import (
     kl_penalty_loss,
     value_loss,
 )
+from surreal_redis.algos.ppo.policy import to_tensors
+from surreal_redis.algos.ppo.trainer import PPOAlgorithm, PPOConfig, PPOPolicy
 from surreal_redis.envs import EnvConfig, make_vector_env
 from surreal_redis.experience import Chunk
 from surreal_redis.testing.local_loop import ChunkCollector

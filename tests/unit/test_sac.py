@@ -15,6 +15,7 @@ import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.networks import normalized_obs, obs_to_tensor
 from surreal_redis.algos.numpy_nets import ParamsMismatch
 from surreal_redis.algos.policies import make_policy, resolved_inference
 from surreal_redis.algos.sac.config import SACConfig
@@ -227,7 +228,6 @@ def test_numpy_actor_matches_the_torch_actor_on_random_weights(space_name, norma
     randomize(algo.actor, seed=5, gain=0.7)
     rng = np.random.default_rng(0)
     if normalize_obs:
-        from surreal_redis.algos.networks import obs_to_tensor
         algo.obs_normalizer.update(obs_to_tensor(sample_obs(space, 50, rng), torch.device("cpu")))
     params = algo.actor_params()
     numpy_policy = NumpySACPolicy(config, space, ACTION_SPACE, num_envs=6, seed=11)
@@ -238,7 +238,7 @@ def test_numpy_actor_matches_the_torch_actor_on_random_weights(space_name, norma
     obs = sample_obs(space, 6, rng)
 
     with torch.no_grad():
-        x = algo._preprocess(obs)
+        x = normalized_obs(obs, algo.device, algo.obs_normalizer)  # what the learner's update feeds the actor
         mean, log_std = algo.actor(x)
         noise = np.random.default_rng(7).standard_normal((6, 2), dtype=np.float32)
         torch_actions, torch_log_prob = algo.actor.sample(x, noise=torch.from_numpy(noise))

@@ -50,7 +50,7 @@ def vtrace(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tenso
 
     ``values[t]`` is V(x_t); ``next_values[t]`` V of the observation that followed action t (the
     true final observation where an episode ended at t, obs[t+1] otherwise, obs[T] at the chunk's
-    end), as for :func:`~surreal_redis.algos.ppo.trainer.compute_gae`; ``terminated`` and
+    end), as for :func:`~surreal_redis.algos.ppo.losses.compute_gae`; ``terminated`` and
     ``truncated`` are bool; ``log_rhos`` is log pi(a_t|x_t) - log mu(a_t|x_t) (target minus
     behaviour). Eq. (1) of Espeholt et al. 2018, with lambda in the traces as section 4.1 allows
     (``c_i = lambda * min(c_bar, pi/mu)``; lambda = 1 is eq. (1) itself)::
