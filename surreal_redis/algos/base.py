@@ -37,8 +37,8 @@ class AgentPolicy(abc.ABC):
     Observations arrive batched: every leaf has a leading env dimension N.
     """
 
-    #: Parameter version currently loaded (-1 before the first load).
     version: int = -1
+    """Parameter version currently loaded (-1 before the first load)."""
 
     @abc.abstractmethod
     def load_params(self, params: ParamDict, version: int) -> None:
@@ -76,8 +76,8 @@ class Algorithm(abc.ABC):
     off-policy ``update(batch) -> (stats, td_errors [B])``.
     """
 
-    #: Number of gradient updates done so far.
     iteration: int = 0
+    """Number of gradient updates done so far."""
 
     @property
     def adaptive_epochs(self) -> bool:
