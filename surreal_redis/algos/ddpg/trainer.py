@@ -36,6 +36,8 @@ class DDPGAlgorithm(ActorCriticTrainer):
     bounded 1-d Box action space) and a target copy of the actor."""
 
     config: DDPGConfig
+    actor: Actor
+    critic: Critic
 
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None) -> None:

@@ -46,6 +46,8 @@ class SACAlgorithm(ActorCriticTrainer):
     optimizer. ``seed`` seeds the update's own sampling noise (``generator``, on the device)."""
 
     config: SACConfig
+    actor: Actor
+    critic: TwinCritic
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0) -> None:
