@@ -25,7 +25,8 @@ import numpy as np
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.codec import ParamDict
 from surreal_redis.envs import step_vector_env
-from surreal_redis.replay.feeds import OffPolicyConfig, OffPolicyFeed, OffPolicyTrainer, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import OffPolicyConfig, OffPolicyFeed, OffPolicyTrainer
 from surreal_redis.testing.local_loop import ChunkCollector, LoopResult
 
 logger = logging.getLogger(__name__)

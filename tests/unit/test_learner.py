@@ -31,7 +31,8 @@ from surreal_redis.keys import RunKeys
 from surreal_redis.learner import Learner, LearnerParts
 from surreal_redis.learner_metrics import AgentClocks, lag_percentile, use_summary
 from surreal_redis.prefetch import PrefetchQueue
-from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplay
 from surreal_redis.runtime import StopFlag
