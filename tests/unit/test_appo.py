@@ -248,6 +248,10 @@ def test_clip_against_proximal_clips_around_the_learners_policy_not_the_agents()
     assert ppo_stats["approx_kl"] > 1e-4 and appo_stats["rho_mean"] < 1.0
 
 
+def never_asked() -> bool:
+    raise AssertionError("a trainer with a fixed number of epochs asked more_epochs()")
+
+
 def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     """Past min_epochs an update runs another epoch only while ``more_epochs()`` says the next
     batch has not arrived, up to update_epochs; PPO (and APPO without min_epochs) runs them all."""
@@ -269,7 +273,8 @@ def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     assert adaptive.update(chunks)["epochs"] == 5
     for fixed in (cartpole(APPOConfig(**config), APPOAlgorithm)[0], cartpole(PPOConfig(**config), PPOAlgorithm)[0]):
         assert not fixed.adaptive_epochs
-        assert fixed.update(chunks, more_epochs=lambda: False)["epochs"] == 5
+        # the feed passes more_epochs to every trainer: a fixed one never asks
+        assert fixed.update(chunks, more_epochs=never_asked)["epochs"] == 5
 
 
 # ---------------------------------------------------------------- config and declaration

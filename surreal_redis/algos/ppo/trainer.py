@@ -371,7 +371,8 @@ class PPOAlgorithm(Algorithm):
                 for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
                     epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, clip_coef))
             epochs += 1
-            if epochs >= self.min_epochs() and more_epochs is not None and not more_epochs():
+            # asked only between epochs that may or may not run: never with a fixed number (PPO)
+            if self.min_epochs() <= epochs < cfg.update_epochs and more_epochs is not None and not more_epochs():
                 break
             if cfg.target_kl is not None and epoch_info[-1]["approx_kl"] > cfg.target_kl:
                 log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",
