@@ -39,8 +39,8 @@ import numpy as np
 import redis
 import torch
 
-from surreal_redis.algos.base import Algorithm
-from surreal_redis.algos.learning import FeedSettings, make_algorithm, make_feed
+from surreal_redis.algos.base import Trainer
+from surreal_redis.algos.learning import FeedSettings, make_feed, make_trainer
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.chunk_check import ChunkCheck
 from surreal_redis.config import ExperimentConfig
@@ -73,7 +73,7 @@ OOM_ERRORS = (redis.exceptions.OutOfMemoryError, PublishBackpressure)
 class LearnerParts(NamedTuple):
     """What a learner trains and how: the trainer, its feed, and the check each chunk must pass."""
 
-    algo: Algorithm
+    algo: Trainer
     feed: Feed
     chunk_check: ChunkCheck
 
@@ -141,7 +141,7 @@ class Learner:
         obs_space, action_space = env.observation_space, env.action_space
         env.close()
         section = config.algo_config
-        parts = LearnerParts(make_algorithm(section, obs_space, action_space, seed),
+        parts = LearnerParts(make_trainer(section, obs_space, action_space, seed),
                              make_feed(section, FeedSettings.of(config), seed),
                              ChunkCheck.for_experiment(config, obs_space, action_space))
         built = cls(config, client, stop, parts, tracker=tracker)

@@ -13,7 +13,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from surreal_redis.algos.base import Algorithm, ParamDict
+from surreal_redis.algos.base import ParamDict, Trainer
 from surreal_redis.algos.networks import actor_params, adam, normalized_obs, obs_to_tensor, resolve_device
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
@@ -48,7 +48,7 @@ class BatchTensors(NamedTuple):
     weights: torch.Tensor
 
 
-class ActorCriticTrainer(Algorithm):
+class ActorCriticTrainer(Trainer):
     """An off-policy actor-critic learner's parts (the ``update`` is the algorithm's own).
 
     Args:

@@ -1,7 +1,7 @@
 """What every algorithm offers the processes: an agent-side policy and a learner-side trainer.
 
-The agent process only needs :class:`AgentPolicy`; the learner process drives an
-:class:`Algorithm`. This module imports no torch: an agent acting with numpy never loads it. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
+The agent process only needs :class:`AgentPolicy`; the learner process drives a
+:class:`Trainer`. This module imports no torch: an agent acting with numpy never loads it. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
 weights and observation-normalizer statistics, never optimizer state).
 """
 
@@ -66,7 +66,7 @@ class AgentPolicy(abc.ABC):
         pass
 
 
-class Algorithm(abc.ABC):
+class Trainer(abc.ABC):
     """Learner-side trainer. ``update`` consumes data and returns scalar stats for logging: a bare
     name (``policy_loss``) is logged as ``losses/<name>``, a name with a group (``losses/q_values``,
     ``charts/alpha``) as it is.

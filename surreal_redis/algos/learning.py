@@ -9,7 +9,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import Algorithm
+from surreal_redis.algos.base import Trainer
 from surreal_redis.algos.registry import spec_of
 from surreal_redis.algos.spec import ChunkNeeds
 from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed
@@ -35,7 +35,7 @@ class FeedSettings:
         return cls(config.replay.fifo, config.learner.steps_per_update, config.off_policy)
 
 
-def make_algorithm(section: Any, obs_space: gym.Space, action_space: gym.Space, seed: int = 0) -> Algorithm:
+def make_trainer(section: Any, obs_space: gym.Space, action_space: gym.Space, seed: int = 0) -> Trainer:
     """The learner-side trainer of the algorithm ``section`` belongs to (CUDA when its device says so)."""
     return spec_of(section).make_trainer(section, obs_space, action_space, seed)
 

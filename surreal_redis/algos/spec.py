@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import AgentPolicy, Algorithm
+from surreal_redis.algos.base import AgentPolicy, Trainer
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
@@ -81,8 +81,8 @@ class AlgorithmSpec:
     """Its section, a frozen dataclass that imports no torch (``__post_init__`` checks it)."""
     on_policy: bool
     """Trains on chunks in order (FIFO feed, grants), else on replay samples."""
-    make_trainer: Callable[[Any, gym.Space, gym.Space, int], Algorithm]
-    """``(section, obs_space, action_space, seed) -> Algorithm``, the learner-side trainer
+    make_trainer: Callable[[Any, gym.Space, gym.Space, int], Trainer]
+    """``(section, obs_space, action_space, seed) -> Trainer``, the learner-side trainer
     (on-policy: ``update(chunks, more_epochs=None) -> stats``; off-policy: ``update(batch) ->
     (stats, td_errors [B])``), on CUDA when the section's device says so."""
     make_policy: Callable[[Any, gym.Space, gym.Space, PolicyRequest], AgentPolicy]

@@ -54,14 +54,14 @@ class OffPolicyLoopConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-class OffPolicyAlgorithm(OffPolicyTrainer, Protocol):
+class OffPolicyLearner(OffPolicyTrainer, Protocol):
     """What the loop uses of an off-policy algorithm (DDPG's, SAC's): updates from replayed
     transitions, and the actor parameters its agents act with."""
 
     def actor_params(self) -> ParamDict: ...
 
 
-def run_offpolicy(algo: OffPolicyAlgorithm, policy: AgentPolicy, envs: gym.vector.VectorEnv,
+def run_offpolicy(algo: OffPolicyLearner, policy: AgentPolicy, envs: gym.vector.VectorEnv,
                   config: OffPolicyLoopConfig, gamma: float) -> LoopResult:
     """Train off-policy ``algo`` from ``envs`` (a SAME_STEP vector env, see ``envs.make_vector_env``)
     stepped by ``policy``, with n-step returns discounted by ``gamma``. Blocks; returns a summary."""

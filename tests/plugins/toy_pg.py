@@ -16,7 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, Algorithm
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, Trainer
 from surreal_redis.algos.registry import register
 from surreal_redis.algos.spec import AlgorithmSpec, PolicyRequest
 
@@ -41,7 +41,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=1, keepdims=True)
 
 
-class ToyPGTrainer(Algorithm):
+class ToyPGTrainer(Trainer):
     def __init__(self, config: ToyPGConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         self.config = config
         self.weights = np.zeros((obs_space.shape[0] + 1, action_space.n), np.float32)

@@ -14,7 +14,7 @@ import pytest
 
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.ddpg.policy import DDPGConfig
-from surreal_redis.algos.learning import FeedSettings, chunk_needs, make_algorithm, make_feed
+from surreal_redis.algos.learning import FeedSettings, chunk_needs, make_feed, make_trainer
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.algos.registry import UnknownAlgorithm
@@ -60,7 +60,7 @@ def parts(config: ExperimentConfig, feed: Feed | None = None) -> LearnerParts:
     section = config.algo_config
     if feed is None:
         feed = make_feed(section, FeedSettings.of(config), seed=0)
-    return LearnerParts(make_algorithm(section, obs_space, action_space, seed=0), feed,
+    return LearnerParts(make_trainer(section, obs_space, action_space, seed=0), feed,
                         ChunkCheck.for_experiment(config, obs_space, action_space))
 
 
@@ -235,7 +235,7 @@ def test_each_regime_is_built_from_its_spec_and_the_shared_sections():
     assert chunk_needs(PPOConfig(), env.action_space).extras == ("logp",)
     assert chunk_needs(DDPGConfig(), env.action_space).extras == ()
     with pytest.raises(UnknownAlgorithm, match="FIFOReplayConfig"):
-        make_algorithm(FIFOReplayConfig(), env.observation_space, env.action_space)
+        make_trainer(FIFOReplayConfig(), env.observation_space, env.action_space)
     env.close()
 
 

@@ -3,7 +3,7 @@ without pause with the newest parameters they have (``learner.on_policy_sync: fr
 learner trains on whatever arrives within ``replay.fifo.max_policy_lag`` versions, and corrects
 for the lag with V-trace (Espeholt et al. 2018, arXiv:1802.01561): V-trace value targets and
 policy-gradient advantages under PPO's clipped surrogate. ``config`` (torch-free section),
-``trainer`` (V-trace and :class:`~surreal_redis.algos.appo.trainer.APPOAlgorithm`); the
+``trainer`` (V-trace and :class:`~surreal_redis.algos.appo.trainer.APPOTrainer`); the
 network, the agents' policies and the chunks' extras are PPO's."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 import gymnasium as gym
 
 from surreal_redis.algos.appo.config import APPOConfig
-from surreal_redis.algos.base import Algorithm
+from surreal_redis.algos.base import Trainer
 from surreal_redis.algos.ppo import SPEC as PPO_SPEC
 from surreal_redis.algos.spec import AlgorithmSpec
 
 
-def _trainer(section: APPOConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Algorithm:
-    from surreal_redis.algos.appo.trainer import APPOAlgorithm
+def _trainer(section: APPOConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Trainer:
+    from surreal_redis.algos.appo.trainer import APPOTrainer
 
-    return APPOAlgorithm(section, obs_space, action_space, seed=seed)
+    return APPOTrainer(section, obs_space, action_space, seed=seed)
 
 
 def _check(config: Any) -> None:

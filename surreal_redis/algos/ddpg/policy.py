@@ -82,7 +82,7 @@ class DDPGPolicy(AgentPolicy):
     sigma from the per-agent schedule, see :func:`~surreal_redis.algos.ddpg.noise.agent_sigma`) and, with
     ``noise.param_noise``, acts with a perturbed copy of the actor; ``eval_stochastic`` adds
     Gaussian noise of std ``noise.eval_sigma``; ``eval_deterministic`` returns ``mu(s)``.
-    Runs on the CPU. Parameters come from :meth:`DDPGAlgorithm.actor_params` (keys ``actor.*`` and
+    Runs on the CPU. Parameters come from :meth:`DDPGTrainer.actor_params` (keys ``actor.*`` and
     ``obs_normalizer.*``).
 
     Args:

@@ -31,7 +31,7 @@ from surreal_redis.experience import TransitionBatch
 logger = logging.getLogger(__name__)
 
 
-class DDPGAlgorithm(ActorCriticTrainer):
+class DDPGTrainer(ActorCriticTrainer):
     """Learner-side DDPG: the parts of :class:`ActorCriticTrainer` (whose arguments it takes, on a
     bounded 1-d Box action space) and a target copy of the actor."""
 

@@ -1,7 +1,7 @@
 """PPO learner: GAE over chunks, then clipped-surrogate or adaptive-KL updates.
 
 Reads top to bottom like CleanRL's ``ppo.py``, with the pure math (GAE, losses, KL coefficient
-rule) in :mod:`surreal_redis.algos.ppo.losses`: :class:`PPOAlgorithm` turns a list of
+rule) in :mod:`surreal_redis.algos.ppo.losses`: :class:`PPOTrainer` turns a list of
 :class:`~surreal_redis.experience.Chunk` into tensors, computes values and advantages with the
 current network, and runs ``update_epochs`` passes of minibatch gradient steps.
 
@@ -23,7 +23,7 @@ Differences from CleanRL, each on purpose:
   2017 (section 4), with the KL measured against the network at the start of the update
   (SURREAL's ``ref_target_model``).
 
-What the update trains towards is one method, :meth:`PPOAlgorithm._targets` (here GAE): a
+What the update trains towards is one method, :meth:`PPOTrainer._targets` (here GAE): a
 subclass replaces it and keeps the rest (APPO's V-trace, :mod:`surreal_redis.algos.appo`).
 """
 
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.distributions import Distribution, kl_divergence
 
-from surreal_redis.algos.base import Algorithm, ParamDict
+from surreal_redis.algos.base import ParamDict, Trainer
 from surreal_redis.algos.networks import adam, resolve_device
 from surreal_redis.algos.normalizer import RewardScaler
 from surreal_redis.algos.ppo.losses import (
@@ -63,7 +63,7 @@ from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
-__all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "Targets"]
+__all__ = ["PPOTrainer", "PPOConfig", "PPOPolicy", "Targets"]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
     return _Rollout._make([*fields, None])  # initial_state: none, the rollouts are feed-forward
 
 
-class PPOAlgorithm(Algorithm):
+class PPOTrainer(Trainer):
     """Learner side of PPO. One :meth:`update` per batch of chunks (about ``num_steps`` steps
     gathered from a FIFO replay); ``iteration`` counts the updates done.
 

@@ -121,7 +121,7 @@ class SACPolicy(AgentPolicy):
     """The agent side of SAC for N envs, on torch (CPU): ``training`` and ``eval_stochastic`` sample
     ``a = tanh(mean + std * eps) * scale + bias``, ``eval_deterministic`` returns
     ``tanh(mean) * scale + bias``; no extras. Parameters come from
-    :meth:`~surreal_redis.algos.sac.trainer.SACAlgorithm.actor_params` (keys ``actor.*`` and
+    :meth:`~surreal_redis.algos.sac.trainer.SACTrainer.actor_params` (keys ``actor.*`` and
     ``obs_normalizer.*``). :class:`~surreal_redis.algos.sac.numpy_policy.NumpySACPolicy` is the
     same without torch.
 

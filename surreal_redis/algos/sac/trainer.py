@@ -40,7 +40,7 @@ from surreal_redis.experience import TransitionBatch
 logger = logging.getLogger(__name__)
 
 
-class SACAlgorithm(ActorCriticTrainer):
+class SACTrainer(ActorCriticTrainer):
     """Learner-side SAC: the parts of :class:`ActorCriticTrainer` (whose arguments it takes, on a
     bounded 1-d Box action space) with twin critics, plus the temperature ``log_alpha`` and its
     optimizer. ``seed`` seeds the update's own sampling noise (``generator``, on the device)."""
