@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.algos.policies import make_policy
-from surreal_redis.algos.ppo.trainer import PPOAlgorithm
+from surreal_redis.algos.ppo.trainer import PPOTrainer
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_vector_env
 from surreal_redis.experience import Chunk
@@ -61,8 +61,8 @@ def time_config(name: str, steps_options: list[int], minibatch_options: list[int
     for steps in steps_options:
         steps = steps or config.learner.steps_per_update
         chunks_needed = math.ceil(steps / chunk_steps)
-        algo = make_algorithm(section, envs.single_observation_space, envs.single_action_space, config.experiment.seed)
-        if not isinstance(algo, PPOAlgorithm):
+        algo = make_trainer(section, envs.single_observation_space, envs.single_action_space, config.experiment.seed)
+        if not isinstance(algo, PPOTrainer):
             raise SystemExit(f"{name}: {config.algo}'s trainer is not a PPO-family one; this bench times those")
         policy.load_params(algo.actor_params(), 0)
         collector = ChunkCollector(envs, policy, seed=config.experiment.seed)

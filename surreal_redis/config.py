@@ -12,7 +12,6 @@ the ``sac:`` section into the class the SAC package declares.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -296,12 +295,7 @@ class ExperimentConfig:
         unsupported = spec.numpy_unsupported(self.algo_config)
         if self.agent.inference == "numpy" and unsupported:
             raise ValueError(f"agent.inference=numpy cannot run {unsupported}: use auto or torch")
-        if getattr(self.algo_config, "min_epochs", None) is not None:
-            # the learner sees the next batch arrive in its prefetch queue: it must hold one
-            needed = math.ceil(self.learner.steps_per_update / self.hub.sender.flush_steps)
-            if self.learner.prefetch_chunks < needed:
-                raise ValueError(f"{spec.name}.min_epochs needs learner.prefetch_chunks >= {needed} (the chunks of one "
-                                 f"update: steps_per_update / hub.sender.flush_steps), got {self.learner.prefetch_chunks}")
+        spec.check(self)  # the algorithm's rules across sections
 
         lag = self.replay.fifo.max_policy_lag
         skip = self.hub.params_client.min_version_lag

@@ -18,7 +18,7 @@ import numpy as np
 import redis
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.algos.policies import AgentPolicy, make_policy
 from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
@@ -64,7 +64,7 @@ def checkpoint_policy(config: ExperimentConfig, path: Path, env) -> tuple[AgentP
     if state.get("algo") != config.algo:
         raise CheckpointError(f"checkpoint {path} is for algo {state.get('algo')!r}, the config says {config.algo!r}")
     on_cpu = [f"{config.algo}.device=cpu"] if hasattr(config.algo_config, "device") else []
-    algo = make_algorithm(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
+    algo = make_trainer(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
     algo.load_state_dict(state["algorithm"])
     policy = make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
                          num_agents=config.agent.num_agents, seed=config.experiment.seed,

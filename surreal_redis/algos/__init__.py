@@ -1,1 +1,3 @@
-"""Learning algorithms (PPO, DDPG), their networks and agent-side policies."""
+"""Learning algorithms, each declared once by an :class:`~surreal_redis.algos.spec.AlgorithmSpec`
+(built in: PPO, APPO, DDPG, SAC; more from plug-ins, see :mod:`surreal_redis.algos.registry`), their
+networks, learner-side trainers and agent-side policies."""

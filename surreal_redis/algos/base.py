@@ -1,7 +1,7 @@
 """What every algorithm offers the processes: an agent-side policy and a learner-side trainer.
 
-The agent process only needs :class:`AgentPolicy`; the learner process drives an
-:class:`Algorithm`. This module imports no torch: an agent acting with numpy never loads it. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
+The agent process only needs :class:`AgentPolicy`; the learner process drives a
+:class:`Trainer`. This module imports no torch: an agent acting with numpy never loads it. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
 weights and observation-normalizer statistics, never optimizer state).
 """
 
@@ -37,8 +37,8 @@ class AgentPolicy(abc.ABC):
     Observations arrive batched: every leaf has a leading env dimension N.
     """
 
-    #: Parameter version currently loaded (-1 before the first load).
     version: int = -1
+    """Parameter version currently loaded (-1 before the first load)."""
 
     @abc.abstractmethod
     def load_params(self, params: ParamDict, version: int) -> None:
@@ -66,13 +66,24 @@ class AgentPolicy(abc.ABC):
         pass
 
 
-class Algorithm(abc.ABC):
+class Trainer(abc.ABC):
     """Learner-side trainer. ``update`` consumes data and returns scalar stats for logging: a bare
     name (``policy_loss``) is logged as ``losses/<name>``, a name with a group (``losses/q_values``,
-    ``charts/alpha``) as it is."""
+    ``charts/alpha``) as it is.
 
-    #: Number of gradient updates done so far.
+    Its ``update`` is the one of the algorithm's regime, as the learner's feed calls it
+    (:mod:`surreal_redis.replay.feeds`): on-policy ``update(chunks, more_epochs=None) -> stats``,
+    off-policy ``update(batch) -> (stats, td_errors [B])``.
+    """
+
     iteration: int = 0
+    """Number of gradient updates done so far."""
+
+    @property
+    def adaptive_epochs(self) -> bool:
+        """Whether the number of epochs an on-policy update runs depends on its ``more_epochs``
+        argument (APPO's ``min_epochs``); False for a fixed number, and off-policy."""
+        return False
 
     @abc.abstractmethod
     def actor_params(self) -> ParamDict:

@@ -8,12 +8,12 @@ from typing import Any
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import Algorithm
+from surreal_redis.algos.base import Trainer
 from surreal_redis.algos.registry import spec_of
 from surreal_redis.algos.spec import ChunkNeeds
 
 
-def make_algorithm(section: Any, obs_space: gym.Space, action_space: gym.Space, seed: int = 0) -> Algorithm:
+def make_trainer(section: Any, obs_space: gym.Space, action_space: gym.Space, seed: int = 0) -> Trainer:
     """The learner-side trainer of the algorithm ``section`` belongs to (CUDA when its device says so)."""
     return spec_of(section).make_trainer(section, obs_space, action_space, seed)
 

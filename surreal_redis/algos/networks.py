@@ -25,9 +25,10 @@ from surreal_redis.codec import ParamDict, Tree
 from surreal_redis.envs.spaces import ImageLayout, image_layout, is_frame_tuple, is_image_space
 from surreal_redis.trees import tree_map
 
-__all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "channels_first",
-           "is_frame_tuple", "is_image_space", "layer_init", "load_module_params", "mlp", "module_params",
-           "obs_to_tensor", "params_as_tensors", "pixel_stem", "resolve_device", "soft_update"]
+__all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "actor_params",
+           "channels_first", "is_frame_tuple", "is_image_space", "layer_init", "load_actor_params",
+           "load_module_params", "mlp", "module_params", "normalized_obs", "obs_to_tensor", "params_as_tensors",
+           "pixel_stem", "resolve_device", "soft_update"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -45,7 +46,7 @@ def params_as_tensors(params: ParamDict, prefix: str = "") -> dict[str, torch.Te
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; anything else as torch understands it."""
-    if device == "auto":
+    if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
@@ -66,6 +67,29 @@ def module_params(prefix: str, module: nn.Module) -> ParamDict:
 def load_module_params(module: nn.Module, prefix: str, params: ParamDict) -> None:
     """Inverse of :func:`module_params` (strict: every key of ``module`` must be present)."""
     module.load_state_dict(params_as_tensors(params, prefix))
+
+
+def actor_params(actor: nn.Module, obs_normalizer: nn.Module | None) -> ParamDict:
+    """What agents of an actor-critic algorithm load: the actor's state (``actor.*``) and, with a
+    z-filter, its statistics (``obs_normalizer.*``)."""
+    params = module_params("actor.", actor)
+    if obs_normalizer is not None:
+        params.update(module_params("obs_normalizer.", obs_normalizer))
+    return params
+
+
+def load_actor_params(actor: nn.Module, obs_normalizer: nn.Module | None, params: ParamDict) -> None:
+    """Inverse of :func:`actor_params`."""
+    load_module_params(actor, "actor.", params)
+    if obs_normalizer is not None:
+        load_module_params(obs_normalizer, "obs_normalizer.", params)
+
+
+def normalized_obs(obs: Tree, device: torch.device, obs_normalizer: nn.Module | None) -> Tree:
+    """A numpy observation tree as tensors on ``device`` (:func:`obs_to_tensor`), through the
+    z-filter when there is one."""
+    x = obs_to_tensor(obs, device)
+    return obs_normalizer(x) if obs_normalizer is not None else x
 
 
 @torch.no_grad()

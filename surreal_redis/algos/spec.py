@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import AgentPolicy, Algorithm
+from surreal_redis.algos.base import AgentPolicy, Trainer
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
@@ -33,36 +33,30 @@ Backend = Literal["numpy", "torch"]
 @dataclass(frozen=True)
 class ChunkNeeds:
     """What every chunk must carry for the learner's update, beyond observations, actions,
-    rewards and flags (see :class:`~surreal_redis.learner.chunk_check.ChunkCheck`).
-
-    Attributes:
-        extras: per-step extras by name: ``logp`` and ``value`` are ``[T]``, ``raw_action``
-            ``[T, *action_shape]``, any other name ``[T, ...]``.
-        initial_state: recurrent state in ``extras["initial_state"]``: leaf name -> shape
-            without the time axis; None when the policy has none.
-    """
+    rewards and flags (see :class:`~surreal_redis.learner.chunk_check.ChunkCheck`)."""
 
     extras: tuple[str, ...] = ()
+    """Per-step extras by name: ``logp`` and ``value`` are ``[T]``, ``raw_action``
+    ``[T, *action_shape]``, any other name ``[T, ...]``."""
     initial_state: Mapping[str, tuple[int, ...]] | None = None
+    """Recurrent state in ``extras["initial_state"]``: leaf name -> shape without the time axis;
+    None when the policy has none."""
 
 
 @dataclass(frozen=True)
 class PolicyRequest:
-    """What an agent, eval or rollout asks of an algorithm's policy builder.
-
-    Attributes:
-        num_envs: N, the env batch size of every ``act`` call.
-        agent_id, num_agents: this agent's place among the training agents (per-agent exploration).
-        seed: seeds the policy's sampling and noise (None: fresh entropy).
-        backend: what the network runs on, already resolved (``numpy`` only when the spec's
-            ``numpy_unsupported`` returned None for the section).
-    """
+    """What an agent, eval or rollout asks of an algorithm's policy builder."""
 
     num_envs: int
+    """N, the env batch size of every ``act`` call."""
     agent_id: int = 0
+    """This agent's place among the ``num_agents`` training agents (per-agent exploration)."""
     num_agents: int = 1
     seed: int | None = None
+    """Seeds the policy's sampling and noise (None: fresh entropy)."""
     backend: Backend = "torch"
+    """What the network runs on, already resolved (``numpy`` only when the spec's
+    ``numpy_unsupported`` returned None for the section)."""
 
 
 def no_chunk_needs(section: Any, action_space: gym.Space) -> ChunkNeeds:
@@ -73,32 +67,38 @@ def numpy_never(section: Any) -> str:
     return f"{type(section).__name__} (no numpy policy)"
 
 
+def no_check(config: Any) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """One algorithm, declared once.
-
-    Attributes:
-        name: the ``algo:`` value and the YAML key of its section (lower case, digits, ``_``).
-        config_class: its section, a frozen dataclass that imports no torch.
-        on_policy: trains on chunks in order (FIFO feed, grants), else on replay samples.
-        make_trainer: ``(section, obs_space, action_space, seed) -> Algorithm``, the learner-side
-            trainer (on-policy: ``update(chunks) -> stats``; off-policy: ``update(batch) ->
-            (stats, td_errors [B])``), on CUDA when the section's device says so.
-        make_policy: ``(section, obs_space, action_space, PolicyRequest) -> AgentPolicy``.
-        chunk_needs: ``(section, action_space) -> ChunkNeeds``: what the update reads from chunks.
-        numpy_unsupported: ``section -> None`` when agents can act with numpy for this section,
-            else a short reason (``agent.inference: auto`` then picks torch).
-        summary: one line for ``default-config`` and the docs.
-    """
+    """One algorithm, declared once."""
 
     name: str
-    config_class: type[Any]  # a frozen dataclass (__post_init__ checks it)
+    """The ``algo:`` value and the YAML key of its section (lower case, digits, ``_``)."""
+    config_class: type[Any]
+    """Its section, a frozen dataclass that imports no torch (``__post_init__`` checks it)."""
     on_policy: bool
-    make_trainer: Callable[[Any, gym.Space, gym.Space, int], Algorithm]
+    """Trains on chunks in order (FIFO feed, grants), else on replay samples."""
+    make_trainer: Callable[[Any, gym.Space, gym.Space, int], Trainer]
+    """``(section, obs_space, action_space, seed) -> Trainer``, the learner-side trainer
+    (on-policy: ``update(chunks, more_epochs=None) -> stats``; off-policy: ``update(batch) ->
+    (stats, td_errors [B])``), on CUDA when the section's device says so."""
     make_policy: Callable[[Any, gym.Space, gym.Space, PolicyRequest], AgentPolicy]
+    """``(section, obs_space, action_space, PolicyRequest) -> AgentPolicy``."""
     chunk_needs: Callable[[Any, gym.Space], ChunkNeeds] = field(default=no_chunk_needs)
+    """``(section, action_space) -> ChunkNeeds``: what the update reads from chunks."""
     numpy_unsupported: Callable[[Any], str | None] = field(default=numpy_never)
+    """``section -> None`` when agents can act with numpy for this section, else a short reason
+    (``agent.inference: auto`` then picks torch)."""
+    check: Callable[[Any], None] = field(default=no_check)
+    """``config -> None``: rules across the whole :class:`~surreal_redis.config.ExperimentConfig`
+    (the algorithm's section against the learner's, the hub's...), run when the config is built;
+    raises ValueError naming the keys. A section's rules about itself belong in its own
+    ``__post_init__``."""
     summary: str = ""
+    """One line for ``default-config`` and the docs."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
@@ -111,6 +111,6 @@ class AlgorithmSpec:
         if not self.on_policy and "gamma" not in fields:
             raise ValueError(f"algorithm {self.name!r} is off-policy: {self.config_class.__name__} needs a "
                              "gamma field (the n-step returns' discount)")
-        for name in ("make_trainer", "make_policy", "chunk_needs", "numpy_unsupported"):
+        for name in ("make_trainer", "make_policy", "chunk_needs", "numpy_unsupported", "check"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"algorithm {self.name!r}: {name} must be callable")

@@ -75,7 +75,7 @@ class Learner:
                                   dead_letters=self.receiver.count_dead_letters)
         self.control = RunControl(client, cfg.run)
         self.checkpoints = RunFolder(cfg.experiment_dir).checkpoints(cfg.checkpoint)
-        self.metrics = LearnerMetrics(client, cfg, tracker)
+        self.metrics = LearnerMetrics(client, cfg, tracker, adaptive_epochs=self.algo.adaptive_epochs)
         self.env_steps = 0
         self.param_version = 0  # the last version this learner published
         self.started = time.monotonic()

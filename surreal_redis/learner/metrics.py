@@ -137,8 +137,9 @@ class LearnerMetrics:
     """Accumulates between flushes; :meth:`maybe_flush` writes every ``learner.metrics_every_s``."""
 
     def __init__(self, client: RedisClient, config: ExperimentConfig,
-                 tracker: Tracker | BackgroundTracker | None) -> None:
+                 tracker: Tracker | BackgroundTracker | None, adaptive_epochs: bool = False) -> None:
         self.client, self.config, self.tracker = client, config, tracker
+        self.adaptive_epochs = adaptive_epochs  # the trainer's: its epochs per update vary
         self.control = RunControl(client, config.run)
         self.losses: dict[str, list[float]] = defaultdict(list)
         self.staleness: deque[int] = deque(maxlen=10_000)
@@ -384,7 +385,7 @@ class LearnerMetrics:
                 "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total(),
                 "epochs_per_update": metrics.get("losses/epochs", self._reported.get("epochs_per_update")),
                 "epochs_per_update_total": self.epochs_total / self.epoch_updates if self.epoch_updates else None,
-                "adaptive_epochs": getattr(self.config.algo_config, "min_epochs", None) is not None,
+                "adaptive_epochs": self.adaptive_epochs,
                 "dead_entries": receiver.dead, "pending_trimmed": receiver.pending_trimmed,
                 "unread_trimmed": self.janitor_totals.unread_dropped,
                 "agent_chunks_dropped": metrics.get("hub/agent_chunks_dropped_total")}

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from surreal_redis.algos.base import Algorithm
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.base import Trainer
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.algos.registry import spec_of
 from surreal_redis.envs import make_env
 from surreal_redis.learner.chunk_check import ChunkCheck
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class LearnerParts(NamedTuple):
     """What a learner trains and how: the trainer, its feed, and the check each chunk must pass."""
 
-    algo: Algorithm
+    algo: Trainer
     feed: Feed
     chunk_check: ChunkCheck
 
@@ -35,7 +35,7 @@ class LearnerParts(NamedTuple):
         obs_space, action_space = env.observation_space, env.action_space
         env.close()
         section = config.algo_config
-        return cls(make_algorithm(section, obs_space, action_space, seed),
+        return cls(make_trainer(section, obs_space, action_space, seed),
                    make_feed(section, FeedSettings.of(config), seed),
                    ChunkCheck.for_experiment(config, obs_space, action_space))
 

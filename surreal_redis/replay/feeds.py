@@ -21,16 +21,15 @@ import abc
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from surreal_redis.experience import Chunk, TransitionBatch
+from surreal_redis.replay import ReplayConfig, make_replay
 from surreal_redis.replay.fifo import FIFOReplay, FIFOReplayConfig
 from surreal_redis.replay.nstep import NStepBuilder
-from surreal_redis.replay.prioritized import PrioritizedReplay, PrioritizedReplayConfig
 from surreal_redis.replay.rate_limiter import RateLimiterConfig
-from surreal_redis.replay.uniform import UniformReplay
 
 
 class StopSignal(Protocol):
@@ -40,11 +39,11 @@ class StopSignal(Protocol):
 
 
 class OnPolicyTrainer(Protocol):
-    """``update(chunks)``; a trainer with a true ``adaptive_epochs`` attribute is called as
-    ``update(chunks, more_epochs=...)`` and past its minimum epochs runs another only while
-    ``more_epochs()`` is true (APPO's ``min_epochs``)."""
-
-    def update(self, chunks: list[Chunk]) -> dict[str, float]: ...
+    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
+        """One update on ``chunks``, returning its stats. A trainer whose epochs adapt (APPO's
+        ``min_epochs``) runs another epoch past its minimum only while ``more_epochs()`` is true
+        (None: always); one with a fixed number of epochs ignores it."""
+        ...
 
 
 class OffPolicyTrainer(Protocol):
@@ -136,11 +135,8 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
             held = len(self.fifo) + (0 if arriving is None else arriving())
             return held < self.steps_per_update and not stop.is_set()
 
-        adaptive = getattr(algo, "adaptive_epochs", False)
-        update: Callable[..., dict[str, float]] = algo.update  # takes more_epochs when adaptive
         while len(self.fifo) >= self.steps_per_update and not stop.is_set():
-            batch = self.fifo.take(self.steps_per_update)
-            yield update(batch, more_epochs=next_batch_short) if adaptive else update(batch)
+            yield algo.update(self.fifo.take(self.steps_per_update), more_epochs=next_batch_short)
 
     def on_publish(self, version: int) -> None:
         self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped
@@ -160,53 +156,30 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
 
 
 @dataclass(frozen=True)
-class ReplayConfig(PrioritizedReplayConfig):
-    """The off-policy replay (YAML ``off_policy.replay``): which selector samples it, with Reverb's
-    names, and its storage. ``alpha``, ``beta0``, ``beta_steps``, ``eps`` and ``kernels`` apply to
-    ``prioritized`` only.
-
-    Attributes:
-        selector: ``uniform`` (every stored transition equally likely) or ``prioritized``
-            (proportional to its last TD error: the algorithm's loss is weighted by
-            ``batch.weights`` and the TD errors its update returns become the new priorities).
-    """
-
-    selector: Literal["uniform", "prioritized"] = "uniform"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.selector not in ("uniform", "prioritized"):
-            raise ValueError(f"selector must be 'uniform' or 'prioritized', got {self.selector!r}")
-
-
-@dataclass(frozen=True)
 class OffPolicyConfig:
     """What every off-policy algorithm shares (YAML ``off_policy``): the batch, the n-step returns,
-    the replay and its selector, when updates start and how many each transition earns.
-
-    Attributes:
-        batch_size: transitions per update.
-        n_step: rewards summed before bootstrapping (see :mod:`surreal_redis.replay.nstep`).
-        learning_starts: transitions in replay before the first update.
-        updates_per_step: updates owed per transition inserted once the replay can be sampled
-            (the replay ratio); null means 1.0, or the rate limiter's ratio when
-            ``rate_limiter.samples_per_insert`` is set (setting both is an error).
-        replay: capacity, layout and selector of the replay.
-        rate_limiter: when sampling is allowed (Reverb's rules); with ``samples_per_insert`` it
-            sets the replay ratio: ``samples_per_insert / batch_size`` updates per transition.
-        max_train_s: seconds one :meth:`OffPolicyFeed.train` call may run before handing back to
-            reading; null runs every owed update.
-        pause_reading_at: reading pauses while at least this many updates are owed.
-    """
+    the replay and its selector, when updates start and how many each transition earns."""
 
     batch_size: int = 256
+    """transitions per update."""
     n_step: int = 1
+    """rewards summed before bootstrapping (see :mod:`surreal_redis.replay.nstep`)."""
     learning_starts: int = 1000
+    """transitions in replay before the first update."""
     updates_per_step: float | None = None
+    """updates owed per transition inserted once the replay can be sampled (the replay ratio);
+    null means 1.0, or the rate limiter's ratio when ``rate_limiter.samples_per_insert`` is set
+    (setting both is an error)."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """capacity, layout and selector of the replay."""
     rate_limiter: RateLimiterConfig = field(default_factory=RateLimiterConfig)
+    """when sampling is allowed (Reverb's rules); with ``samples_per_insert`` it sets the replay
+    ratio: ``samples_per_insert / batch_size`` updates per transition."""
     max_train_s: float | None = 0.5
+    """seconds one :meth:`OffPolicyFeed.train` call may run before handing back to reading; null
+    runs every owed update."""
     pause_reading_at: int = 64
+    """reading pauses while at least this many updates are owed."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.n_step < 1 or self.learning_starts < 0 or self.pause_reading_at < 1:
@@ -237,9 +210,7 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
 
     def __init__(self, config: OffPolicyConfig, gamma: float, seed: int = 0) -> None:
         self.config = config
-        prioritized = config.replay.selector == "prioritized"
-        self._prioritized = PrioritizedReplay(config.replay) if prioritized else None
-        self.replay: UniformReplay = UniformReplay(config.replay) if self._prioritized is None else self._prioritized
+        self.replay = make_replay(config.replay)
         self.nstep = NStepBuilder(config.n_step, gamma)
         self.limiter = config.rate_limiter.make()
         self.rng = np.random.default_rng(seed)
@@ -291,8 +262,7 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
                and (deadline is None or time.monotonic() < deadline)):
             batch = self.replay.sample(batch_size, self.rng)
             stats, td_errors = algo.update(batch)
-            if self._prioritized is not None:
-                self._prioritized.update_priorities(batch.indices, td_errors)
+            self.replay.update_priorities(batch.indices, td_errors)
             self.limiter.record_sample(batch_size)
             self.updates += 1
             yield stats

@@ -20,18 +20,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FIFOReplayConfig:
-    """Settings of :class:`FIFOReplay`.
-
-    Attributes:
-        capacity_steps: most env steps held; beyond it chunks are dropped (see ``when_full``).
-        max_policy_lag: a chunk is dropped once ``learner_version - min(chunk.policy_version)``
-            exceeds this; None keeps every chunk however old.
-        when_full: ``"drop_oldest"`` makes room for the new chunk, ``"drop_newest"`` rejects it.
-    """
+    """Settings of :class:`FIFOReplay`."""
 
     capacity_steps: int = 65_536
+    """most env steps held; beyond it chunks are dropped (see ``when_full``)."""
     max_policy_lag: int | None = 1
+    """a chunk is dropped once ``learner_version - min(chunk.policy_version)`` exceeds this; None
+    keeps every chunk however old."""
     when_full: Literal["drop_oldest", "drop_newest"] = "drop_oldest"
+    """``"drop_oldest"`` makes room for the new chunk, ``"drop_newest"`` rejects it."""
 
     def __post_init__(self) -> None:
         if self.capacity_steps < 1:

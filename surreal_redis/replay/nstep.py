@@ -9,9 +9,8 @@ For step t of an episode, with m = min(n, steps from t to the episode's last ste
 so the critic target is ``R_t + discount * Q'(next_obs, mu'(next_obs))``: truncated episodes are
 bootstrapped from their true final observation, terminated ones are not, the last n-1 steps of an
 episode give shorter-horizon transitions instead of being dropped, and no transition reaches across
-an episode boundary. SURREAL's n-step sender got the last two wrong (it dropped episode tails and
-weighted the first n-1 rewards of an episode with steps of the previous one; research/surreal.md
-section 5.2).
+an episode boundary. SURREAL's n-step sender (Fan et al. 2018) got the last two wrong: it dropped
+episode tails and weighted the first n-1 rewards of an episode with steps of the previous one.
 """
 
 from __future__ import annotations

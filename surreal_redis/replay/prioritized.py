@@ -7,7 +7,9 @@ each of B equal slices of the total priority mass. Importance weights correct th
 w_i = (N * P(i))^-beta / max_j w_j, with beta annealed linearly from ``beta0`` to 1 over
 ``beta_steps`` calls to :meth:`~PrioritizedReplay.sample`.
 
-Storage, deduplication and locking are those of :class:`~surreal_redis.replay.uniform.UniformReplay`.
+The replay holds its transitions in a :class:`~surreal_redis.replay.storage.TransitionStorage`
+(deduplicated frames, as :class:`~surreal_redis.replay.uniform.UniformReplay`) and keeps their
+priorities beside it, as Reverb's and TorchRL's prioritized samplers sit over their storage.
 The priority trees run compiled (numba) kernels when numba is installed (the ``fast`` extra):
 about twice the sampling and priority-update rate of the numpy kernels at CartPole size.
 """
@@ -16,13 +18,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from surreal_redis.codec import Tree
 from surreal_redis.experience import TransitionBatch
 from surreal_redis.replay.segment_tree import NUMBA_INSTALLED, MinSegmentTree, SumSegmentTree
-from surreal_redis.replay.uniform import UniformReplay, UniformReplayConfig
+from surreal_redis.replay.storage import Replay, TransitionStorage
+from surreal_redis.replay.uniform import UniformReplayConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +35,19 @@ KERNELS = ("auto", "numba", "numpy")
 
 @dataclass(frozen=True)
 class PrioritizedReplayConfig(UniformReplayConfig):
-    """Settings of :class:`PrioritizedReplay` (plus those of :class:`UniformReplayConfig`).
-
-    Attributes:
-        alpha: priority exponent; 0 is uniform sampling.
-        beta0: importance-weight exponent at the first sample.
-        beta_steps: number of ``sample`` calls over which beta rises linearly to 1.
-        eps: added to |td error| so no transition gets probability 0.
-        kernels: segment-tree kernels: "numba" (compiled, needs numba), "numpy", or "auto"
-            (numba when installed).
-    """
+    """Settings of :class:`PrioritizedReplay` (plus those of :class:`UniformReplayConfig`)."""
 
     alpha: float = 0.6
+    """priority exponent; 0 is uniform sampling."""
     beta0: float = 0.4
+    """importance-weight exponent at the first sample."""
     beta_steps: int = 100_000
+    """number of ``sample`` calls over which beta rises linearly to 1."""
     eps: float = 1e-6
-    kernels: str = "auto"
+    """added to |td error| so no transition gets probability 0."""
+    kernels: Literal["auto", "numba", "numpy"] = "auto"
+    """segment-tree kernels: "numba" (compiled, needs numba), "numpy", or "auto" (numba when
+    installed)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,19 +65,19 @@ class PrioritizedReplayConfig(UniformReplayConfig):
             raise ValueError("kernels 'numba' needs numba (pip install 'surreal-redis[fast]')")
 
 
-class PrioritizedReplay(UniformReplay):
-    """Ring buffer of transitions sampled in proportion to their priority (DDPG with PER).
+class PrioritizedReplay(Replay):
+    """Transitions sampled in proportion to their priority (DDPG or SAC with PER).
 
     Args:
         config: see :class:`PrioritizedReplayConfig`.
 
-    Non-blocking, like :class:`UniformReplay`. A slot overwritten between ``sample`` and
-    ``update_priorities`` takes the priority meant for the transition it replaced.
+    A slot overwritten between ``sample`` and ``update_priorities`` takes the priority meant for
+    the transition it replaced.
     """
 
     def __init__(self, config: PrioritizedReplayConfig) -> None:
-        super().__init__(config)
-        self.config: PrioritizedReplayConfig = config
+        super().__init__(TransitionStorage(config.capacity, config.dedup_min_bytes))
+        self.config = config
         compiled = None if config.kernels == "auto" else config.kernels == "numba"
         self._sum = SumSegmentTree(config.capacity, compiled)
         self._min = MinSegmentTree(config.capacity, compiled)
@@ -94,7 +95,7 @@ class PrioritizedReplay(UniformReplay):
 
     def insert(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, next_obs: Tree,
                discounts: np.ndarray) -> np.ndarray:
-        """As :meth:`UniformReplay.insert`; the new transitions get the largest priority so far."""
+        """As :meth:`Replay.insert`; the new transitions get the largest priority so far."""
         with self._lock:
             indices = super().insert(obs, actions, rewards, next_obs, discounts)
             self._sum[indices] = self._max_priority
@@ -106,7 +107,7 @@ class PrioritizedReplay(UniformReplay):
         float32 ``[B]`` importance weights in (0, 1]. Raises ValueError when empty; never blocks.
         """
         with self._lock:
-            self._check_can_sample(batch_size)
+            self.storage.check_can_sample(batch_size)
             total = self._sum.sum()
             prefixsums = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
             # rounding can push a prefix sum to the end of the tree, past the last stored slot
@@ -114,7 +115,7 @@ class PrioritizedReplay(UniformReplay):
             # w_i / max w = (N P_i)^-beta / (N P_min)^-beta = (p_i / p_min)^-beta
             weights = (self._sum[indices] / self._min.min()) ** -self.beta
             self._num_samples += 1
-            return self._gather(indices, weights.astype(np.float32))
+            return self.storage.gather(indices, weights.astype(np.float32))
 
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
         """Set the priorities of sampled slots from their TD errors.

@@ -137,17 +137,14 @@ class SampleToInsertRatio(RateLimiter):
 @dataclass(frozen=True)
 class RateLimiterConfig:
     """Which limiter the learner uses: :class:`MinSize` when ``samples_per_insert`` is None,
-    else :class:`SampleToInsertRatio`.
-
-    Attributes:
-        min_size_to_sample: items (transitions) in replay before the first sample.
-        samples_per_insert: target replay ratio (sampled transitions per inserted one), or None.
-        error_buffer: allowed drift of the ratio, in samples; required with ``samples_per_insert``.
-    """
+    else :class:`SampleToInsertRatio`."""
 
     min_size_to_sample: int = 1
+    """items (transitions) in replay before the first sample."""
     samples_per_insert: float | None = None
+    """target replay ratio (sampled transitions per inserted one), or None."""
     error_buffer: float | None = None
+    """allowed drift of the ratio, in samples; required with ``samples_per_insert``."""
 
     def __post_init__(self) -> None:
         if self.min_size_to_sample < 1:

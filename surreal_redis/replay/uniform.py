@@ -1,53 +1,28 @@
-"""Uniform off-policy replay: a preallocated numpy ring of (n-step) transitions.
+"""Uniform off-policy replay: every stored transition equally likely (DDPG's and SAC's replay).
 
-Storage design
---------------
-Storage is allocated lazily from the first :meth:`UniformReplay.insert` (its tree structure, leaf
-shapes and dtypes fix the layout; later inserts must match). Every observation leaf is stored in
-one of two ways:
-
-- **dense** (leaves smaller than ``dedup_min_bytes`` per item, e.g. CartPole's 4 floats): two ring
-  arrays ``[capacity, ...]``, one for ``obs`` and one for ``next_obs``, as in SB3's ReplayBuffer.
-- **pooled** (larger leaves: images and each frame of a frame-stack tuple): a content-addressed
-  :class:`_FramePool` per (dtype, shape) holds each distinct array once, keyed by its blake2b
-  digest and reference-counted; the ring stores one pool slot index per transition, for ``obs`` and
-  ``next_obs``. A 4-frame Atari stream shares 3 of 4 frames between neighbouring observations and
-  all 4 between a transition's ``next_obs`` and the next transition's ``obs``, so the pool holds
-  about one 84x84 frame per transition (plus K per episode start) instead of SB3's 8.
-
-When the ring wraps, the overwritten transitions release their frames; a frame whose count drops
-to zero frees its slot for reuse. The pool starts at ``capacity + 64`` slots (numpy allocates pages
-lazily, so unused slots cost no resident memory) and grows by half when a stream shares less.
-
-``insert``, ``sample`` and ``update_priorities`` take an internal lock, so hub reader threads may
-insert while the learner samples.
+The transitions live in a :class:`~surreal_redis.replay.storage.TransitionStorage` (a numpy ring
+that stores large observation leaves, frames and images, once per distinct content).
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from surreal_redis.experience import TransitionBatch
-from surreal_redis.trees import Path, Structure, Tree, tree_leaves_with_paths, tree_structure, tree_unflatten
+from surreal_redis.replay.storage import Replay, TransitionStorage
 
 
 @dataclass(frozen=True)
 class UniformReplayConfig:
-    """Settings of :class:`UniformReplay`.
-
-    Attributes:
-        capacity: number of transitions kept; the oldest are overwritten first.
-        dedup_min_bytes: observation leaves of at least this many bytes per transition (images,
-            frames) are stored once per distinct content in a reference-counted pool.
-    """
+    """Settings of :class:`UniformReplay`."""
 
     capacity: int = 1_000_000
+    """number of transitions kept; the oldest are overwritten first."""
     dedup_min_bytes: int = 1024
+    """observation leaves of at least this many bytes per transition (images, frames) are stored
+    once per distinct content in a reference-counted pool."""
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -56,162 +31,16 @@ class UniformReplayConfig:
             raise ValueError(f"dedup_min_bytes must be >= 1, got {self.dedup_min_bytes}")
 
 
-class _FramePool:
-    """Content-addressed, reference-counted store of arrays of one dtype and shape."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, slots: int) -> None:
-        self.frames = np.empty((slots, *shape), dtype=dtype)
-        self._refcount = np.zeros(slots, dtype=np.int64)
-        self._slot_of: dict[bytes, int] = {}
-        self._digest_of: list[bytes | None] = [None] * slots
-        self._free: list[int] = []
-        self._high_water = 0  # slots below it have been used at least once
-
-    def __len__(self) -> int:
-        """Number of distinct frames held."""
-        return len(self._slot_of)
-
-    def acquire(self, items: np.ndarray) -> np.ndarray:
-        """Store ``items`` ``[M, *shape]`` (content already held is reused); +1 reference each.
-
-        Returns int64 ``[M]`` slot indices into :attr:`frames`.
-        """
-        items = np.ascontiguousarray(items)
-        slots = np.empty(len(items), dtype=np.int64)
-        for i, item in enumerate(items):
-            key = hashlib.blake2b(item, digest_size=16).digest()
-            slot = self._slot_of.get(key)
-            if slot is None:
-                slot = self._take_slot()
-                self.frames[slot] = item
-                self._slot_of[key] = slot
-                self._digest_of[slot] = key
-            slots[i] = slot
-        np.add.at(self._refcount, slots, 1)
-        return slots
-
-    def release(self, slots: np.ndarray) -> None:
-        """-1 reference for each of ``slots``; frames left unreferenced free their slot."""
-        np.subtract.at(self._refcount, slots, 1)
-        for slot in np.unique(slots[self._refcount[slots] == 0]).tolist():
-            del self._slot_of[self._digest_of[slot]]
-            self._digest_of[slot] = None
-            self._free.append(slot)
-
-    def _take_slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        if self._high_water == len(self.frames):
-            self._grow(len(self.frames) + max(1, len(self.frames) // 2))
-        self._high_water += 1
-        return self._high_water - 1
-
-    def _grow(self, slots: int) -> None:
-        frames = np.empty((slots, *self.frames.shape[1:]), dtype=self.frames.dtype)
-        frames[: len(self.frames)] = self.frames
-        self.frames = frames
-        self._refcount = np.concatenate([self._refcount, np.zeros(slots - len(self._refcount), np.int64)])
-        self._digest_of.extend([None] * (slots - len(self._digest_of)))
-
-
-class _LeafSpec(NamedTuple):
-    shape: tuple[int, ...]  # per transition, without the batch axis
-    dtype: np.dtype
-    pooled: bool
-
-
-def _name(path: Path) -> str:
-    """A leaf path for messages: ``("pixels", 0)`` -> ``"pixels/0"`` (``""`` for a bare array)."""
-    return "/".join(map(str, path))
-
-
-class UniformReplay:
-    """Ring buffer of transitions sampled uniformly with replacement (DDPG's replay).
+class UniformReplay(Replay):
+    """Transitions sampled uniformly with replacement.
 
     Args:
         config: capacity and deduplication threshold, see :class:`UniformReplayConfig`.
-
-    Non-blocking: :meth:`insert` overwrites the oldest transitions when full; :meth:`sample` raises
-    on an empty replay (gate it with a rate limiter).
     """
 
     def __init__(self, config: UniformReplayConfig) -> None:
+        super().__init__(TransitionStorage(config.capacity, config.dedup_min_bytes))
         self.config = config
-        self._lock = threading.RLock()
-        self._size = 0
-        self._next = 0  # ring position of the next insert
-        self._structure: Structure = None  # of the first obs; leaves are rebuilt in _specs order
-        self._specs: dict[Path, _LeafSpec] = {}
-        self._pools: dict[tuple[str, tuple[int, ...]], _FramePool] = {}
-        # per leaf path: dense [capacity, ...] values, or pooled [capacity] int64 pool slots
-        self._obs: dict[Path, np.ndarray] = {}
-        self._next_obs: dict[Path, np.ndarray] = {}
-        self._actions: np.ndarray | None = None
-        self._rewards = np.zeros(config.capacity, dtype=np.float32)
-        self._discounts = np.zeros(config.capacity, dtype=np.float32)
-
-    @property
-    def capacity(self) -> int:
-        """Maximum number of transitions held."""
-        return self.config.capacity
-
-    def __len__(self) -> int:
-        """Number of transitions held (at most :attr:`capacity`)."""
-        return self._size
-
-    @property
-    def num_frames(self) -> int:
-        """Distinct pooled observation arrays held (frames, images), over all pools."""
-        return sum(len(pool) for pool in self._pools.values())
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of allocated storage (pools at their allocated size, rings, index arrays)."""
-        arrays = [self._rewards, self._discounts, *self._obs.values(), *self._next_obs.values()]
-        arrays += [pool.frames for pool in self._pools.values()]
-        if self._actions is not None:
-            arrays.append(self._actions)
-        return sum(a.nbytes for a in arrays)
-
-    def insert(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, next_obs: Tree,
-               discounts: np.ndarray) -> np.ndarray:
-        """Add B transitions; returns their int64 ``[B]`` slots (0 <= slot < capacity).
-
-        Shapes: ``obs`` and ``next_obs`` trees (dicts, tuples of frames, arrays) with leaves
-        ``[B, ...]``; ``actions`` ``[B, ...]``; ``rewards``, ``discounts`` ``[B]`` (float32, see
-        :class:`~surreal_redis.experience.TransitionBatch`). B must not exceed :attr:`capacity`.
-        """
-        with self._lock:
-            flat_obs = {path: np.asarray(leaf) for path, leaf in tree_leaves_with_paths(obs)}
-            flat_next = {path: np.asarray(leaf) for path, leaf in tree_leaves_with_paths(next_obs)}
-            actions = np.asarray(actions)
-            batch = int(np.shape(rewards)[0]) if np.ndim(rewards) == 1 else -1
-            if batch < 0 or np.shape(discounts) != (batch,):
-                raise ValueError(f"rewards and discounts must both be [B]; got shapes "
-                                 f"{np.shape(rewards)} and {np.shape(discounts)}")
-            if not 1 <= batch <= self.capacity:
-                raise ValueError(f"insert of {batch} transitions: need 1 <= B <= capacity ({self.capacity})")
-            action_ring = self._actions if self._actions is not None else self._allocate(obs, flat_obs, actions)
-            self._check("obs", flat_obs, batch)
-            self._check("next_obs", flat_next, batch)
-            if actions.shape != (batch, *action_ring.shape[1:]):
-                raise ValueError(f"actions shape {actions.shape} does not match "
-                                 f"[{batch}, {', '.join(map(str, action_ring.shape[1:]))}]")
-
-            indices = (self._next + np.arange(batch)) % self.capacity
-            self._release(indices[indices < self._size])
-            for path, spec in self._specs.items():
-                for ring, flat in ((self._obs, flat_obs), (self._next_obs, flat_next)):
-                    values = flat[path]
-                    if spec.pooled:
-                        values = self._pool(spec).acquire(values.astype(spec.dtype, copy=False))
-                    ring[path][indices] = values
-            action_ring[indices] = actions
-            self._rewards[indices] = rewards
-            self._discounts[indices] = discounts
-            self._next = int(indices[-1] + 1) % self.capacity
-            self._size = min(self._size + batch, self.capacity)
-            return indices
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement; ``weights`` are ones.
@@ -219,79 +48,9 @@ class UniformReplay:
         Raises ValueError when the replay is empty. Never blocks.
         """
         with self._lock:
-            self._check_can_sample(batch_size)
-            indices = rng.integers(0, self._size, size=batch_size, dtype=np.int64)
-            return self._gather(indices, np.ones(batch_size, dtype=np.float32))
+            self.storage.check_can_sample(batch_size)
+            indices = rng.integers(0, len(self.storage), size=batch_size, dtype=np.int64)
+            return self.storage.gather(indices, np.ones(batch_size, dtype=np.float32))
 
-    # ------------------------------------------------------------ internals
-
-    def _check_can_sample(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if self._size == 0:
-            raise ValueError("cannot sample from an empty replay")
-
-    def _gather(self, indices: np.ndarray, weights: np.ndarray) -> TransitionBatch:
-        def tree(ring: dict[Path, np.ndarray]) -> Tree:
-            leaves = []
-            for path, spec in self._specs.items():
-                values = ring[path][indices]
-                leaves.append(self._pool(spec).frames[values] if spec.pooled else values)
-            return tree_unflatten(self._structure, leaves)
-
-        if self._actions is None:
-            raise ValueError("cannot gather from a replay that holds no transition yet")
-        return TransitionBatch(
-            obs=tree(self._obs),
-            actions=self._actions[indices],
-            rewards=self._rewards[indices],
-            next_obs=tree(self._next_obs),
-            discounts=self._discounts[indices],
-            weights=weights,
-            indices=indices,
-        )
-
-    def _pool(self, spec: _LeafSpec) -> _FramePool:
-        return self._pools[(spec.dtype.str, spec.shape)]
-
-    def _allocate(self, obs: Tree, flat_obs: dict[Path, np.ndarray], actions: np.ndarray) -> np.ndarray:
-        """Rings for the layout of the first insert; returns the actions ring."""
-        structure = tree_structure(obs)  # first: ValueError for a key that is not a string
-        capacity = self.capacity
-        specs = {}
-        for path, leaf in flat_obs.items():
-            if leaf.ndim == 0:
-                raise ValueError(f"obs leaf {_name(path)!r} has no batch axis (shape ())")
-            specs[path] = _LeafSpec(tuple(leaf.shape[1:]), leaf.dtype, leaf[0].nbytes >= self.config.dedup_min_bytes)
-        for path, spec in specs.items():
-            if spec.pooled:
-                key = (spec.dtype.str, spec.shape)
-                if key not in self._pools:
-                    self._pools[key] = _FramePool(spec.shape, spec.dtype, capacity + 64)
-                self._obs[path] = np.zeros(capacity, dtype=np.int64)
-                self._next_obs[path] = np.zeros(capacity, dtype=np.int64)
-            else:
-                self._obs[path] = np.zeros((capacity, *spec.shape), dtype=spec.dtype)
-                self._next_obs[path] = np.zeros((capacity, *spec.shape), dtype=spec.dtype)
-        self._specs = specs
-        self._structure = structure
-        self._actions = np.zeros((capacity, *actions.shape[1:]), dtype=actions.dtype)
-        return self._actions
-
-    def _check(self, name: str, flat: dict[Path, np.ndarray], batch: int) -> None:
-        if flat.keys() != self._specs.keys():
-            raise ValueError(f"{name} leaves {[_name(p) for p in flat]} do not match the stored layout "
-                             f"{[_name(p) for p in self._specs]}")
-        for path, leaf in flat.items():
-            expected = (batch, *self._specs[path].shape)
-            if leaf.shape != expected:
-                raise ValueError(f"{name} leaf {_name(path)!r} has shape {leaf.shape}, expected {expected}")
-
-    def _release(self, indices: np.ndarray) -> None:
-        if len(indices) == 0:
-            return
-        for path, spec in self._specs.items():
-            if spec.pooled:
-                pool = self._pool(spec)
-                pool.release(self._obs[path][indices])
-                pool.release(self._next_obs[path][indices])
+    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
+        """Nothing: every slot stays equally likely whatever its TD error."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -34,7 +35,7 @@ INITIAL_STATE = "initial_state"  # the Chunk.extras key of the recurrent state a
 
 
 class OnPolicyLearner(Protocol):
-    def update(self, chunks: list[Chunk]) -> dict[str, float]: ...
+    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]: ...
 
     def actor_params(self) -> ParamDict: ...
 

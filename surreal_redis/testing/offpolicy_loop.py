@@ -25,7 +25,8 @@ import numpy as np
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.codec import ParamDict
 from surreal_redis.envs import step_vector_env
-from surreal_redis.replay.feeds import OffPolicyConfig, OffPolicyFeed, OffPolicyTrainer, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import OffPolicyConfig, OffPolicyFeed, OffPolicyTrainer
 from surreal_redis.testing.local_loop import ChunkCollector, LoopResult
 
 logger = logging.getLogger(__name__)
@@ -53,14 +54,14 @@ class OffPolicyLoopConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-class OffPolicyAlgorithm(OffPolicyTrainer, Protocol):
+class OffPolicyLearner(OffPolicyTrainer, Protocol):
     """What the loop uses of an off-policy algorithm (DDPG's, SAC's): updates from replayed
     transitions, and the actor parameters its agents act with."""
 
     def actor_params(self) -> ParamDict: ...
 
 
-def run_offpolicy(algo: OffPolicyAlgorithm, policy: AgentPolicy, envs: gym.vector.VectorEnv,
+def run_offpolicy(algo: OffPolicyLearner, policy: AgentPolicy, envs: gym.vector.VectorEnv,
                   config: OffPolicyLoopConfig, gamma: float) -> LoopResult:
     """Train off-policy ``algo`` from ``envs`` (a SAME_STEP vector env, see ``envs.make_vector_env``)
     stepped by ``policy``, with n-step returns discounted by ``gamma``. Blocks; returns a summary."""

@@ -13,7 +13,7 @@ import redis
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
-from surreal_redis.algos.ppo.trainer import PPOAlgorithm
+from surreal_redis.algos.ppo.trainer import PPOTrainer
 from surreal_redis.envs import EnvConfig, EpisodeResult, make_env, make_vector_env, step_vector_env
 from surreal_redis.evaluator import play_episode
 from surreal_redis.experience import Chunk
@@ -93,8 +93,8 @@ def obs_keys(client: redis.Redis) -> int:
     return sum(1 for _ in client.scan_iter(match=RunKeys(RUN).shard(0).obs_prefix + "*", count=1000))
 
 
-def ppo_updates(chunks: list[Chunk], played: Played, config: PPOConfig, updates: int = 2) -> PPOAlgorithm:
-    algo = PPOAlgorithm(config, played.obs_space, played.action_space, device="cpu")
+def ppo_updates(chunks: list[Chunk], played: Played, config: PPOConfig, updates: int = 2) -> PPOTrainer:
+    algo = PPOTrainer(config, played.obs_space, played.action_space, device="cpu")
     for _ in range(updates):
         stats = algo.update(chunks)
         assert all(np.isfinite(stats[k]) for k in ("policy_loss", "value_loss", "entropy", "approx_kl"))
@@ -110,7 +110,7 @@ def play_eval_episode(config: EnvConfig, policy: AgentPolicy) -> tuple[float, in
         env.close()
 
 
-def loaded_policy(algo: PPOAlgorithm, config: PPOConfig, played: Played) -> PPOPolicy:
+def loaded_policy(algo: PPOTrainer, config: PPOConfig, played: Played) -> PPOPolicy:
     policy = PPOPolicy(config, played.obs_space, played.action_space, num_envs=1, seed=0)
     policy.load_params(algo.actor_params(), algo.iteration)
     return policy

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.config import load_config
 from surreal_redis.envs import EnvError, make_env
 from surreal_redis.learner.chunk_check import ChunkCheck
@@ -24,7 +24,7 @@ def test_config_builds(path):
             raise
         pytest.skip(str(exc))
     section = config.with_overrides([f"{config.algo}.device=cpu"]).algo_config
-    algo = make_algorithm(section, env.observation_space, env.action_space)
+    algo = make_trainer(section, env.observation_space, env.action_space)
     assert algo.iteration == 0
     ChunkCheck.for_experiment(config, env.observation_space, env.action_space)
     env.close()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from surreal_redis.algos.ddpg.policy import DDPGConfig
-from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
+from surreal_redis.algos.ddpg.trainer import DDPGTrainer
 from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.envs import EnvConfig, make_env
 from surreal_redis.experience import TransitionBatch
@@ -52,7 +52,7 @@ def test_ddpg_updates_on_halfcheetah_chunks(fake_redis):
                             np.concatenate([b.next_obs for b in batches]), np.concatenate([b.discounts for b in batches]),
                             np.ones(size, np.float32), np.arange(size))
     assert obs.dtype == np.float32 and obs.shape[1:] == (17,) and size >= 16
-    algo = DDPGAlgorithm(ddpg, played.obs_space, played.action_space)
+    algo = DDPGTrainer(ddpg, played.obs_space, played.action_space)
     for _ in range(3):
         stats, td_errors = algo.update(batch)
         assert np.isfinite(stats["losses/critic_loss"]) and td_errors.shape == (size,)

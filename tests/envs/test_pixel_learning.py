@@ -14,7 +14,7 @@ import torch
 
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
-from surreal_redis.algos.ppo.trainer import PPOAlgorithm
+from surreal_redis.algos.ppo.trainer import PPOTrainer
 from surreal_redis.envs import EnvConfig, make_vector_env, step_vector_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
@@ -60,7 +60,7 @@ def test_ppo_learns_from_two_frames_through_the_hub(fake_redis):
         config = PPOConfig(learning_rate=1e-3, hidden_sizes=(), update_epochs=4, num_minibatches=4, ent_coef=0.01,
                            gamma=0.9, device="cpu")
         policy = PPOPolicy(config, envs.single_observation_space, envs.single_action_space, num_envs=8, seed=0)
-        algo = PPOAlgorithm(config, envs.single_observation_space, envs.single_action_space, device="cpu")
+        algo = PPOTrainer(config, envs.single_observation_space, envs.single_action_space, device="cpu")
         policy.load_params(algo.actor_params(), 0)
         sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=32), "motion", 0, 1)
         receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), "motion", 1)

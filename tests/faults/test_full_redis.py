@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import redis
 
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.evaluator import Evaluator
@@ -44,7 +44,7 @@ def cartpole_learner(tmp_path, client: redis.Redis, overrides: list[str]) -> Lea
                                    "stop.max_env_steps=null", "stop.max_seconds=null", *overrides])
     env = make_env(config.env, seed=0)
     section = config.algo_config
-    parts = LearnerParts(make_algorithm(section, env.observation_space, env.action_space, seed=0),
+    parts = LearnerParts(make_trainer(section, env.observation_space, env.action_space, seed=0),
                          make_feed(section, FeedSettings.of(config), seed=0),
                          ChunkCheck.for_experiment(config, env.observation_space, env.action_space))
     env.close()
@@ -174,7 +174,7 @@ def test_the_evaluator_backs_off_on_a_full_redis_and_records_its_eval_later(real
     config = load_config("smoke", [f"experiment.root={tmp_path}", "tracking.enabled=false", "eval.episodes=2",
                                    "eval.every_s=0.1", "ppo.hidden_sizes=[16, 16]"])
     env = make_env(config.env, seed=0)
-    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space,
+    algo = make_trainer(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space,
                           env.action_space)
     env.close()
     ParameterPublisher(real_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)

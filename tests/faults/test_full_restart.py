@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
@@ -32,7 +32,7 @@ def cartpole_learner(tmp_path, client) -> Learner:
                                    "hub.retention.max_entries=8", "stop.max_env_steps=null", "stop.max_seconds=null"])
     env = make_env(config.env, seed=0)
     section = config.algo_config
-    parts = LearnerParts(make_algorithm(section, env.observation_space, env.action_space, seed=0),
+    parts = LearnerParts(make_trainer(section, env.observation_space, env.action_space, seed=0),
                          make_feed(section, FeedSettings.of(config), seed=0),
                          ChunkCheck.for_experiment(config, env.observation_space, env.action_space))
     env.close()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from surreal_redis.agent import Agent
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.config import load_config
 from surreal_redis.connection import RedisSettings, connect
 from surreal_redis.embedded import EmbeddedRedis, find_redis_server
@@ -57,7 +57,7 @@ def test_agent_rides_out_a_redis_outage(tmp_path):
                                    "learner.on_policy_sync=free"])  # no learner grants steps here
     client = connect(url, RedisSettings(socket_timeout=1, connect_timeout=1, retries=0))
     env = make_env(config.env, 0)
-    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
+    algo = make_trainer(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(client, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
     stop = StopFlag(install_handlers=False)
     agent = Agent(config, client, 0, stop)
@@ -184,7 +184,7 @@ def test_agent_waiting_on_backpressure_stops_at_once(tmp_path, real_redis, redis
     config = load_config("smoke", [f"redis.url={redis_server.url}", "hub.sender.flush_steps=8", "hub.sender.max_lag=1",
                                    f"experiment.root={tmp_path}", "learner.on_policy_sync=free"])
     env = make_env(config.env, 0)
-    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
+    algo = make_trainer(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(real_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
     stop = StopFlag(install_handlers=False)
     agent = Agent(config, real_redis, 0, stop)

@@ -1,5 +1,5 @@
 """DDPG learns Pendulum-v1 in one process: vector env -> DDPGPolicy -> chunks -> n-step -> replay
--> DDPGAlgorithm -> parameters -> policy (surreal_redis.testing.offpolicy_loop)."""
+-> DDPGTrainer -> parameters -> policy (surreal_redis.testing.offpolicy_loop)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from surreal_redis.algos.ddpg.policy import DDPGConfig, DDPGPolicy
-from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
+from surreal_redis.algos.ddpg.trainer import DDPGTrainer
 from surreal_redis.envs import EnvConfig, make_vector_env
-from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import OffPolicyConfig
 from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def test_ddpg_solves_pendulum():
     torch.manual_seed(seed)
     env_config = EnvConfig(env_id="Pendulum-v1")
     envs = make_vector_env(env_config, 1, seed=seed)
-    algo = DDPGAlgorithm(PENDULUM, envs.single_observation_space, envs.single_action_space)
+    algo = DDPGTrainer(PENDULUM, envs.single_observation_space, envs.single_action_space)
     policy = DDPGPolicy(PENDULUM, envs.single_observation_space, envs.single_action_space, 1, seed=seed)
     result = run_offpolicy(algo, policy, envs, OffPolicyLoopConfig(total_steps=TOTAL_STEPS, off_policy=OFF_POLICY, seed=seed),
                            gamma=PENDULUM.gamma)

@@ -1,5 +1,5 @@
 """PPO learns CartPole-v1 in one process: vector env -> NumpyPPOPolicy (what agents act with on
-vector observations) -> chunks -> PPOAlgorithm. The torch PPOPolicy learns in
+vector observations) -> chunks -> PPOTrainer. The torch PPOPolicy learns in
 tests/envs/test_pixel_learning.py, and computes what the numpy one does (tests/unit/test_numpy_nets.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
-from surreal_redis.algos.ppo.trainer import PPOAlgorithm, PPOConfig
+from surreal_redis.algos.ppo.trainer import PPOConfig, PPOTrainer
 from surreal_redis.envs import EnvConfig, make_vector_env
 from surreal_redis.testing.local_loop import LocalLoopConfig, run_local
 
@@ -27,7 +27,7 @@ def test_ppo_solves_cartpole():
     seed = 0
     torch.manual_seed(seed)
     envs = make_vector_env(EnvConfig(env_id="CartPole-v1"), NUM_ENVS, seed=seed)
-    algo = PPOAlgorithm(CARTPOLE, envs.single_observation_space, envs.single_action_space, seed=seed)
+    algo = PPOTrainer(CARTPOLE, envs.single_observation_space, envs.single_action_space, seed=seed)
     policy = NumpyPPOPolicy(CARTPOLE, envs.single_observation_space, envs.single_action_space, NUM_ENVS, seed=seed)
     result = run_local(algo, policy, envs, LocalLoopConfig(total_steps=300_000, chunk_steps=128,
                                                            target_return=475.0, seed=seed))

@@ -1,5 +1,5 @@
 """SAC learns Pendulum-v1 in one process: vector env -> NumpySACPolicy (the agents' default) ->
-chunks -> replay -> SACAlgorithm -> parameters -> policy (surreal_redis.testing.offpolicy_loop)."""
+chunks -> replay -> SACTrainer -> parameters -> policy (surreal_redis.testing.offpolicy_loop)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import torch
 
 from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.numpy_policy import NumpySACPolicy
-from surreal_redis.algos.sac.trainer import SACAlgorithm
+from surreal_redis.algos.sac.trainer import SACTrainer
 from surreal_redis.envs import EnvConfig, make_vector_env
-from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import OffPolicyConfig
 from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def test_sac_solves_pendulum():
     torch.manual_seed(seed)
     env_config = EnvConfig(env_id="Pendulum-v1")
     envs = make_vector_env(env_config, 1, seed=seed)
-    algo = SACAlgorithm(PENDULUM, envs.single_observation_space, envs.single_action_space, seed=seed)
+    algo = SACTrainer(PENDULUM, envs.single_observation_space, envs.single_action_space, seed=seed)
     policy = NumpySACPolicy(PENDULUM, envs.single_observation_space, envs.single_action_space, 1, seed=seed)
     loop = OffPolicyLoopConfig(total_steps=TOTAL_STEPS, seed=seed, off_policy=OFF_POLICY)
     result = run_offpolicy(algo, policy, envs, loop, PENDULUM.gamma)

@@ -9,13 +9,14 @@ checkpoints it and publishes its weights; agents and eval act with :class:`ToyPo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, Algorithm
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, Trainer
 from surreal_redis.algos.registry import register
 from surreal_redis.algos.spec import AlgorithmSpec, PolicyRequest
 
@@ -40,15 +41,16 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=1, keepdims=True)
 
 
-class ToyPGTrainer(Algorithm):
+class ToyPGTrainer(Trainer):
     def __init__(self, config: ToyPGConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         self.config = config
         self.weights = np.zeros((obs_space.shape[0] + 1, action_space.n), np.float32)
         self.iteration = 0
 
-    def update(self, chunks: list) -> dict[str, float]:
+    def update(self, chunks: list, more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
         """One gradient ascent step on sum_t G_t * log pi(a_t | s_t), G_t the discounted reward to
-        go inside each chunk (cut at episode ends and at the chunk's end: a toy, biased there)."""
+        go inside each chunk (cut at episode ends and at the chunk's end: a toy, biased there).
+        One epoch always, so ``more_epochs`` (the learner asking whether to go on) is not asked."""
         grad = np.zeros_like(self.weights)
         steps = 0
         for chunk in chunks:

@@ -10,7 +10,7 @@ import redis
 
 from surreal_redis.agent import Agent, with_final_rows
 from surreal_redis.agent import loop as agent_module
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
@@ -32,7 +32,7 @@ from surreal_redis.runtime import StopFlag
 def run_agent(fake_redis, overrides, until) -> Agent:
     config = load_config("smoke", ["hub.sender.flush_steps=8", "learner.on_policy_sync=free", *overrides])
     env = make_env(config.env, 0)
-    algo = make_algorithm(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
+    algo = make_trainer(config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space, env.action_space)
     ParameterPublisher(fake_redis, config.run, config.hub.publisher).publish(algo.actor_params(), 0, force=True)
     stop = StopFlag(install_handlers=False)
     agent = Agent(config, fake_redis, 0, stop)
@@ -117,7 +117,7 @@ class LockstepRun:
         self.client = client
         self.config = load_config("smoke", ["hub.sender.flush_steps=8", "agent.heartbeat_every_s=0.2", *overrides])
         env = make_env(self.config.env, 0)
-        self.algo = make_algorithm(self.config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space,
+        self.algo = make_trainer(self.config.with_overrides(["ppo.device=cpu"]).algo_config, env.observation_space,
                                    env.action_space)
         self.publisher = ParameterPublisher(client, self.config.run, self.config.hub.publisher)
         self.quota = ProductionQuota(client, self.config.run)

@@ -18,9 +18,10 @@ from click.testing import CliRunner
 
 from surreal_redis.algos import registry
 from surreal_redis.algos.appo.config import APPOConfig
-from surreal_redis.algos.appo.trainer import APPOAlgorithm, vtrace
+from surreal_redis.algos.appo.trainer import APPOTrainer, vtrace
 from surreal_redis.algos.ppo.config import PPOConfig
-from surreal_redis.algos.ppo.trainer import PPOAlgorithm, PPOPolicy, compute_gae
+from surreal_redis.algos.ppo.losses import compute_gae
+from surreal_redis.algos.ppo.trainer import PPOPolicy, PPOTrainer
 from surreal_redis.cli import main
 from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError, from_dict
@@ -157,7 +158,7 @@ def test_the_lambda_advantage_is_gaes_without_lag_and_v_trace_s_correction_with_
     (so APPO on grants trains as PPO), with lag eq. (1)'s rho- and c-weighted correction."""
     d = episode_data(4)
     args = as_tensors(d)
-    algo = APPOAlgorithm.__new__(APPOAlgorithm)
+    algo = APPOTrainer.__new__(APPOTrainer)
     algo.config = APPOConfig(gamma=0.9, gae_lambda=lam, pg_advantage="lambda")
     zeros = torch.zeros(T, B, dtype=torch.float64)
     fresh = algo._targets(**args, behaviour_logp=zeros, target_logp=zeros)
@@ -176,7 +177,7 @@ def test_the_lambda_advantage_is_gaes_without_lag_and_v_trace_s_correction_with_
 SMALL = dict(hidden_sizes=(16, 16), device="cpu", update_epochs=2, num_minibatches=2)
 
 
-def cartpole(config: PPOConfig, cls: type[PPOAlgorithm], seed: int = 0):
+def cartpole(config: PPOConfig, cls: type[PPOTrainer], seed: int = 0):
     envs = make_vector_env(EnvConfig(env_id="CartPole-v1", max_episode_steps=30), 3, seed=0)
     torch.manual_seed(seed)
     algo = cls(config, envs.single_observation_space, envs.single_action_space, seed=seed)
@@ -185,12 +186,12 @@ def cartpole(config: PPOConfig, cls: type[PPOAlgorithm], seed: int = 0):
     return algo, policy, ChunkCollector(envs, policy, seed=seed)
 
 
-def parameters(algo: PPOAlgorithm) -> list[torch.Tensor]:
+def parameters(algo: PPOTrainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in algo.net.parameters()]
 
 
 def test_an_update_on_lagged_chunks_reports_the_clipping():
-    algo, policy, collector = cartpole(APPOConfig(learning_rate=0.02, **SMALL), APPOAlgorithm)
+    algo, policy, collector = cartpole(APPOConfig(learning_rate=0.02, **SMALL), APPOTrainer)
     lagged = collector.collect(48)  # by version 0
     assert any(c.truncated.any() for c in lagged) and any(c.terminated.any() for c in lagged)
     for _ in range(3):
@@ -207,8 +208,8 @@ def test_the_update_differs_from_ppos_only_through_the_targets(monkeypatch):
     """On lagged chunks APPO with PPO's ``_targets`` is PPO exactly; on fresh chunks (ratios 1) at
     lambda = 1 V-trace's targets are GAE's, and one update of each ends at the same parameters."""
     config = dict(gae_lambda=1.0, **SMALL)
-    ppo, _, collector = cartpole(PPOConfig(**config), PPOAlgorithm)
-    appo, _, _ = cartpole(APPOConfig(**config), APPOAlgorithm)
+    ppo, _, collector = cartpole(PPOConfig(**config), PPOTrainer)
+    appo, _, _ = cartpole(APPOConfig(**config), APPOTrainer)
     torch.testing.assert_close(parameters(ppo), parameters(appo), rtol=0, atol=0)
     fresh = collector.collect(48)
     ppo_stats, appo_stats = ppo.update(fresh), appo.update(fresh)
@@ -218,11 +219,11 @@ def test_the_update_differs_from_ppos_only_through_the_targets(monkeypatch):
     assert appo_stats["rho_clipped_fraction"] == 0.0
 
     lagged = collector.collect(48)  # by the initial parameters: both learners are one update ahead
-    ppo_again, _, _ = cartpole(PPOConfig(**config), PPOAlgorithm, seed=1)
-    appo_again, _, _ = cartpole(APPOConfig(**config), APPOAlgorithm, seed=1)
+    ppo_again, _, _ = cartpole(PPOConfig(**config), PPOTrainer, seed=1)
+    appo_again, _, _ = cartpole(APPOConfig(**config), APPOTrainer, seed=1)
     ppo_again.load_state_dict(copy.deepcopy(ppo.state_dict()))  # Adam's loaded state is not copied
     appo_again.load_state_dict(copy.deepcopy(ppo.state_dict()))
-    monkeypatch.setattr(APPOAlgorithm, "_targets", PPOAlgorithm._targets)
+    monkeypatch.setattr(APPOTrainer, "_targets", PPOTrainer._targets)
     assert ppo_again.update(lagged) == appo_again.update(lagged)
     torch.testing.assert_close(parameters(ppo_again), parameters(appo_again), rtol=0, atol=0)
     monkeypatch.undo()
@@ -235,8 +236,8 @@ def test_clip_against_proximal_clips_around_the_learners_policy_not_the_agents()
     ratios pi/pi_prox of exactly 1 (no sample clipped, approx KL 0): the lag is in the
     advantages' rho; PPO's ratios pi/mu on the same chunks are not 1."""
     config = dict(SMALL, update_epochs=1, num_minibatches=1, learning_rate=0.02)
-    appo, policy, collector = cartpole(APPOConfig(clip_against="proximal", **config), APPOAlgorithm)
-    ppo, _, _ = cartpole(PPOConfig(**config), PPOAlgorithm)
+    appo, policy, collector = cartpole(APPOConfig(clip_against="proximal", **config), APPOTrainer)
+    ppo, _, _ = cartpole(PPOConfig(**config), PPOTrainer)
     lagged = collector.collect(48)
     for _ in range(3):
         fresh = collector.collect(48)
@@ -247,11 +248,15 @@ def test_clip_against_proximal_clips_around_the_learners_policy_not_the_agents()
     assert ppo_stats["approx_kl"] > 1e-4 and appo_stats["rho_mean"] < 1.0
 
 
+def never_asked() -> bool:
+    raise AssertionError("a trainer with a fixed number of epochs asked more_epochs()")
+
+
 def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     """Past min_epochs an update runs another epoch only while ``more_epochs()`` says the next
     batch has not arrived, up to update_epochs; PPO (and APPO without min_epochs) runs them all."""
     config = dict(SMALL, update_epochs=5)
-    adaptive, _, collector = cartpole(APPOConfig(min_epochs=2, **config), APPOAlgorithm)
+    adaptive, _, collector = cartpole(APPOConfig(min_epochs=2, **config), APPOTrainer)
     chunks = collector.collect(16)
     asked = []
 
@@ -266,9 +271,10 @@ def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     assert adaptive.update(chunks, more_epochs=arrives_after(2))["epochs"] == 3
     assert adaptive.update(chunks, more_epochs=lambda: True)["epochs"] == 5  # never in: the maximum
     assert adaptive.update(chunks)["epochs"] == 5
-    for fixed in (cartpole(APPOConfig(**config), APPOAlgorithm)[0], cartpole(PPOConfig(**config), PPOAlgorithm)[0]):
+    for fixed in (cartpole(APPOConfig(**config), APPOTrainer)[0], cartpole(PPOConfig(**config), PPOTrainer)[0]):
         assert not fixed.adaptive_epochs
-        assert fixed.update(chunks, more_epochs=lambda: False)["epochs"] == 5
+        # the feed passes more_epochs to every trainer: a fixed one never asks
+        assert fixed.update(chunks, more_epochs=never_asked)["epochs"] == 5
 
 
 # ---------------------------------------------------------------- config and declaration

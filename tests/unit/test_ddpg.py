@@ -13,7 +13,7 @@ import torch
 from surreal_redis.algos.base import ActMode
 from surreal_redis.algos.ddpg.noise import NoiseConfig
 from surreal_redis.algos.ddpg.policy import DDPGConfig, DDPGPolicy
-from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
+from surreal_redis.algos.ddpg.trainer import DDPGTrainer
 from surreal_redis.configtools import ConfigError, from_dict
 from surreal_redis.experience import TransitionBatch
 
@@ -22,9 +22,9 @@ ACTION_SPACE = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 
 SMALL = {"actor_hidden": (8,), "critic_hidden": (8,), "policy_frequency": 1}  # the paper's: an actor step each update
 
 
-def make_algo(seed: int = 0, obs_space: gym.Space = OBS_SPACE, **overrides) -> DDPGAlgorithm:
+def make_algo(seed: int = 0, obs_space: gym.Space = OBS_SPACE, **overrides) -> DDPGTrainer:
     torch.manual_seed(seed)
-    return DDPGAlgorithm(DDPGConfig(**{**SMALL, **overrides}), obs_space, ACTION_SPACE, device="cpu")
+    return DDPGTrainer(DDPGConfig(**{**SMALL, **overrides}), obs_space, ACTION_SPACE, device="cpu")
 
 
 def make_batch(size: int = 4, seed: int = 0, **fields) -> TransitionBatch:
@@ -233,7 +233,7 @@ def test_dict_observations_with_an_image_stem():
 
 def test_only_bounded_box_actions_are_accepted():
     with pytest.raises(ValueError, match="Discrete"):
-        DDPGAlgorithm(DDPGConfig(**SMALL), OBS_SPACE, gym.spaces.Discrete(3), device="cpu")
+        DDPGTrainer(DDPGConfig(**SMALL), OBS_SPACE, gym.spaces.Discrete(3), device="cpu")
     with pytest.raises(ValueError, match="finite bounds"):
         DDPGPolicy(DDPGConfig(**SMALL), OBS_SPACE, gym.spaces.Box(-np.inf, np.inf, (2,)), num_envs=1)
 
@@ -255,12 +255,13 @@ def test_config_from_dict_and_validation():
 @pytest.mark.parametrize("selector", ["uniform", "prioritized"])
 def test_offpolicy_loop_feeds_replay_and_updates_at_the_replay_ratio(selector):
     from surreal_redis.envs import EnvConfig, make_vector_env
-    from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+    from surreal_redis.replay import ReplayConfig
+    from surreal_redis.replay.feeds import OffPolicyConfig
     from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, evaluate, run_offpolicy
 
     config = DDPGConfig(**SMALL, device="cpu")
     envs = make_vector_env(EnvConfig(env_id="Pendulum-v1", max_episode_steps=40), 2, seed=0)
-    algo = DDPGAlgorithm(config, envs.single_observation_space, envs.single_action_space)
+    algo = DDPGTrainer(config, envs.single_observation_space, envs.single_action_space)
     policy = DDPGPolicy(config, envs.single_observation_space, envs.single_action_space, 2, seed=0)
     off_policy = OffPolicyConfig(batch_size=16, n_step=3, learning_starts=90, updates_per_step=0.5, max_train_s=None,
                                  replay=ReplayConfig(capacity=1000, selector=selector))

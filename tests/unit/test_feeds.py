@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 
 from surreal_redis.experience import Chunk, TransitionBatch
-from surreal_redis.replay.feeds import (
-    ExperienceUse,
-    OffPolicyConfig,
-    OffPolicyFeed,
-    OnPolicyFeed,
-    ReplayConfig,
-)
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import ExperienceUse, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.rate_limiter import RateLimiterConfig
 
@@ -47,7 +42,8 @@ class ChunkTrainer:
         self.updates: list[list[Chunk]] = []
         self.stop, self.stop_after = stop, stop_after
 
-    def update(self, chunks: list[Chunk]) -> dict[str, float]:
+    def update(self, chunks: list[Chunk], more_epochs=None) -> dict[str, float]:
+        """A fixed number of epochs: ``more_epochs`` is not asked."""
         self.updates.append(chunks)
         if self.stop is not None and len(self.updates) == self.stop_after:
             self.stop.set()
@@ -91,8 +87,6 @@ def test_on_policy_feed_updates_once_per_steps_per_update_in_arrival_order():
 class AdaptiveTrainer(ChunkTrainer):
     """An on-policy trainer with adaptive epochs: records what ``more_epochs()`` said after each update's first epoch."""
 
-    adaptive_epochs = True
-
     def __init__(self) -> None:
         super().__init__()
         self.answers: list[bool] = []
@@ -105,7 +99,7 @@ class AdaptiveTrainer(ChunkTrainer):
 def test_on_policy_feed_tells_an_adaptive_trainer_whether_the_next_batch_is_in():
     """``more_epochs()`` is true while the feed and the steps still arriving (the learner's
     prefetch queue) hold less than the next update; false once they hold it, or once stopped.
-    A trainer without ``adaptive_epochs`` is called as ``update(chunks)``."""
+    A trainer with a fixed number of epochs gets it too, and does not ask."""
     feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=None), steps_per_update=8)
     trainer, arriving = AdaptiveTrainer(), [0]
     for env in range(4):

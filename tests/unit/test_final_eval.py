@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.algos.learning import make_algorithm
+from surreal_redis.algos.learning import make_trainer
 from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
@@ -20,7 +20,7 @@ def smoke_config(tmp_path: Path, *overrides: str):
 def write_checkpoint(config, iteration: int, seed: int = 0) -> Path:
     """A learner-like checkpoint of an untrained PPO CartPole policy at update ``iteration``."""
     env = make_env(config.env, seed=0, mode="eval")
-    algo = make_algorithm(config.algo_config, env.observation_space, env.action_space, seed)
+    algo = make_trainer(config.algo_config, env.observation_space, env.action_space, seed)
     env.close()
     algo.iteration = iteration
     manager = CheckpointManager(config.experiment_dir / "checkpoints", config.checkpoint)

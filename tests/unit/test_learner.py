@@ -14,7 +14,7 @@ import pytest
 
 from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.ddpg.policy import DDPGConfig
-from surreal_redis.algos.learning import chunk_needs, make_algorithm
+from surreal_redis.algos.learning import chunk_needs, make_trainer
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.algos.ppo.policy import PPOConfig
 from surreal_redis.algos.registry import UnknownAlgorithm
@@ -30,7 +30,8 @@ from surreal_redis.learner import FeedSettings, Learner, LearnerParts, make_feed
 from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.learner.metrics import AgentClocks, lag_percentile, use_summary
 from surreal_redis.learner.prefetch import PrefetchQueue
-from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed, ReplayConfig
+from surreal_redis.replay import ReplayConfig
+from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.replay.prioritized import PrioritizedReplay
 from surreal_redis.runtime import StopFlag
@@ -58,7 +59,7 @@ def parts(config: ExperimentConfig, feed: Feed | None = None) -> LearnerParts:
     section = config.algo_config
     if feed is None:
         feed = make_feed(section, FeedSettings.of(config), seed=0)
-    return LearnerParts(make_algorithm(section, obs_space, action_space, seed=0), feed,
+    return LearnerParts(make_trainer(section, obs_space, action_space, seed=0), feed,
                         ChunkCheck.for_experiment(config, obs_space, action_space))
 
 
@@ -233,7 +234,7 @@ def test_each_regime_is_built_from_its_spec_and_the_shared_sections():
     assert chunk_needs(PPOConfig(), env.action_space).extras == ("logp",)
     assert chunk_needs(DDPGConfig(), env.action_space).extras == ()
     with pytest.raises(UnknownAlgorithm, match="FIFOReplayConfig"):
-        make_algorithm(FIFOReplayConfig(), env.observation_space, env.action_space)
+        make_trainer(FIFOReplayConfig(), env.observation_space, env.action_space)
     env.close()
 
 
@@ -339,9 +340,9 @@ def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_
     claims = []
     train = learner.algo.update
 
-    def update_while_an_agent_claims(chunks):
+    def update_while_an_agent_claims(chunks, more_epochs=None):
         claims.append(quota.claim(1, 48))  # an agent asks for more while the learner trains
-        return train(chunks)
+        return train(chunks, more_epochs)
 
     learner.algo.update = update_while_an_agent_claims
     learner.iterate(received(learner))

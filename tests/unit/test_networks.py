@@ -3,14 +3,19 @@ get flattened (and z-filtered); anything else is refused naming the leaf."""
 
 from __future__ import annotations
 
+import typing
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from surreal_redis.algos.ddpg.config import DDPGConfig
+from surreal_redis.algos.network_config import ACTIVATION_NAMES
 from surreal_redis.algos.networks import NatureCNN, ObservationEncoder, SmallCNN, adam, channels_first, mlp
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.ppo.policy import ActorCritic, PPOConfig, PPOPolicy
+from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.envs.spaces import ImageLayout, image_layout
 
 
@@ -134,3 +139,11 @@ def test_fused_adam_takes_the_steps_of_torchs_loop():
     restored = adam(nets[1].parameters(), lr=1e-2)
     restored.load_state_dict(loop.state_dict())  # checkpoints written before the fused kernel load
     assert restored.state_dict()["state"][0]["exp_avg"].equal(loop.state_dict()["state"][0]["exp_avg"])
+
+
+@pytest.mark.parametrize("config_class", [PPOConfig, DDPGConfig, SACConfig])
+def test_every_configs_activation_literal_names_the_networks_activations(config_class):
+    """The sections type ``activation`` as a Literal (shown in the config reference); the
+    networks build from :data:`ACTIVATION_NAMES`: both must name the same activations."""
+    hint = typing.get_type_hints(config_class)["activation"]
+    assert typing.get_origin(hint) is typing.Literal and set(typing.get_args(hint)) == set(ACTIVATION_NAMES)

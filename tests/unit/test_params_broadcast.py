@@ -186,14 +186,14 @@ def test_a_trained_cartpole_policy_acts_alike_from_float16_weights(fake_redis):
     import torch
 
     from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
-    from surreal_redis.algos.ppo.trainer import PPOAlgorithm, PPOConfig
+    from surreal_redis.algos.ppo.trainer import PPOConfig, PPOTrainer
     from surreal_redis.envs import EnvConfig, make_vector_env
     from surreal_redis.testing.local_loop import ChunkCollector, LocalLoopConfig, run_local
 
     config = PPOConfig(learning_rate=2.5e-3, device="cpu")
     torch.manual_seed(0)
     envs = make_vector_env(EnvConfig(env_id="CartPole-v1"), 8, seed=0)
-    algo = PPOAlgorithm(config, envs.single_observation_space, envs.single_action_space, seed=0)
+    algo = PPOTrainer(config, envs.single_observation_space, envs.single_action_space, seed=0)
     policy = NumpyPPOPolicy(config, envs.single_observation_space, envs.single_action_space, 8, seed=0)
     result = run_local(algo, policy, envs, LocalLoopConfig(total_steps=16384, chunk_steps=128, seed=0, log_every=100))
     assert result.mean_return > 60  # trained: a fresh policy balances ~20 steps

@@ -11,11 +11,7 @@ import pytest
 import torch
 
 from surreal_redis.algos.base import ActMode
-from surreal_redis.algos.ppo.policy import to_tensors
-from surreal_redis.algos.ppo.trainer import (
-    PPOAlgorithm,
-    PPOConfig,
-    PPOPolicy,
+from surreal_redis.algos.ppo.losses import (
     adapt_kl_coef,
     clipped_surrogate_loss,
     compute_gae,
@@ -23,6 +19,8 @@ from surreal_redis.algos.ppo.trainer import (
     kl_penalty_loss,
     value_loss,
 )
+from surreal_redis.algos.ppo.policy import to_tensors
+from surreal_redis.algos.ppo.trainer import PPOConfig, PPOPolicy, PPOTrainer
 from surreal_redis.envs import EnvConfig, make_vector_env
 from surreal_redis.experience import Chunk
 from surreal_redis.testing.local_loop import ChunkCollector
@@ -79,7 +77,7 @@ def setup(name: str, num_envs: int = 3, seed: int = 0, **overrides):
     config = PPOConfig(**{**config.__dict__, **overrides})
     envs = make_envs(num_envs)
     torch.manual_seed(seed)
-    algo = PPOAlgorithm(config, envs.single_observation_space, envs.single_action_space, seed=seed)
+    algo = PPOTrainer(config, envs.single_observation_space, envs.single_action_space, seed=seed)
     policy = PPOPolicy(config, envs.single_observation_space, envs.single_action_space, num_envs, seed=seed)
     policy.load_params(algo.actor_params(), 0)
     return algo, policy, ChunkCollector(envs, policy, seed=seed)
@@ -121,7 +119,7 @@ def test_gae_time_major_batch_matches_columns():
 @pytest.mark.parametrize("ended", ["terminated", "truncated"])
 def test_learner_bootstraps_from_final_obs_and_chunk_end(ended):
     space = gym.spaces.Box(-5, 5, (4,), np.float32)
-    algo = PPOAlgorithm(PPOConfig(gamma=GAMMA, gae_lambda=LAMBDA, **SMALL), space, gym.spaces.Discrete(2))
+    algo = PPOTrainer(PPOConfig(gamma=GAMMA, gae_lambda=LAMBDA, **SMALL), space, gym.spaces.Discrete(2))
     obs = np.arange(16, dtype=np.float32).reshape(4, 4) / 10  # obs[2] is the reset obs of a new episode
     final = np.full(4, -1.0, dtype=np.float32)  # the true last obs of the episode that ended at t=1
     flags = {"terminated": np.zeros(3, bool), "truncated": np.zeros(3, bool)}
@@ -263,7 +261,7 @@ def test_discrete_actions_with_offset_and_modes():
     space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
     action_space = gym.spaces.Discrete(4, start=1)
     config = PPOConfig(update_epochs=1, num_minibatches=1, **SMALL)
-    algo = PPOAlgorithm(config, space, action_space)
+    algo = PPOTrainer(config, space, action_space)
     policy = PPOPolicy(config, space, action_space, num_envs=200, seed=0)
     policy.load_params(algo.actor_params(), 0)
     obs = np.random.default_rng(0).uniform(-1, 1, (200, 3)).astype(np.float32)

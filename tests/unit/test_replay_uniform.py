@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from surreal_redis.replay import ReplayConfig, make_replay
+from surreal_redis.replay.prioritized import PrioritizedReplay
 from surreal_redis.replay.uniform import UniformReplay, UniformReplayConfig
 
 K = 4  # frames per stacked observation
@@ -142,3 +144,14 @@ def test_pool_grows_when_frames_are_not_shared():
     for k in range(K):
         np.testing.assert_array_equal(batch.obs[k], obs[k][batch.actions])
         np.testing.assert_array_equal(batch.next_obs[k], next_obs[k][batch.actions])
+
+
+def test_make_replay_builds_the_selected_replay_and_uniform_ignores_priorities():
+    assert isinstance(make_replay(ReplayConfig(capacity=8, selector="prioritized")), PrioritizedReplay)
+    replay = make_replay(ReplayConfig(capacity=8))
+    assert isinstance(replay, UniformReplay)
+    obs = np.arange(8, dtype=np.float32).reshape(8, 1)
+    slots = replay.insert(obs, np.zeros(8, np.int64), np.zeros(8, np.float32), obs, np.ones(8, np.float32))
+    replay.update_priorities(slots, np.full(8, 1e6))  # nothing changes: the feed calls it for every replay
+    batch = replay.sample(4096, np.random.default_rng(0))
+    assert (batch.weights == 1.0).all() and np.bincount(batch.indices, minlength=8).min() > 400

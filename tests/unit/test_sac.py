@@ -15,12 +15,13 @@ import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.networks import normalized_obs, obs_to_tensor
 from surreal_redis.algos.numpy_nets import ParamsMismatch
 from surreal_redis.algos.policies import make_policy, resolved_inference
 from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.numpy_policy import NumpySACPolicy
 from surreal_redis.algos.sac.policy import Actor, SACPolicy
-from surreal_redis.algos.sac.trainer import SACAlgorithm
+from surreal_redis.algos.sac.trainer import SACTrainer
 from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError, from_dict
 from surreal_redis.experience import TransitionBatch
@@ -32,9 +33,9 @@ SMALL = {"actor_hidden": (8,), "critic_hidden": (8,)}
 
 
 def make_algo(seed: int = 0, obs_space: gym.Space = OBS_SPACE, action_space: gym.Space = ACTION_SPACE,
-              **overrides) -> SACAlgorithm:
+              **overrides) -> SACTrainer:
     torch.manual_seed(seed)
-    return SACAlgorithm(SACConfig(**{**SMALL, **overrides}), obs_space, action_space, device="cpu", seed=seed)
+    return SACTrainer(SACConfig(**{**SMALL, **overrides}), obs_space, action_space, device="cpu", seed=seed)
 
 
 def make_batch(size: int = 4, seed: int = 0, **fields) -> TransitionBatch:
@@ -72,7 +73,7 @@ class Reference:
     """One SAC update written out from the equations, on copies of ``algo``'s networks, optimizer
     moments, temperature and noise generator."""
 
-    def __init__(self, algo: SACAlgorithm) -> None:
+    def __init__(self, algo: SACTrainer) -> None:
         cfg = algo.config
         self.cfg = cfg
         self.actor = copy.deepcopy(algo.actor)
@@ -223,11 +224,10 @@ def test_numpy_actor_matches_the_torch_actor_on_random_weights(space_name, norma
     space = SPACES[space_name]
     config = SACConfig(actor_hidden=(16, 8), critic_hidden=(8,), activation="elu", normalize_obs=normalize_obs)
     torch.manual_seed(0)
-    algo = SACAlgorithm(config, space, ACTION_SPACE, device="cpu")
+    algo = SACTrainer(config, space, ACTION_SPACE, device="cpu")
     randomize(algo.actor, seed=5, gain=0.7)
     rng = np.random.default_rng(0)
     if normalize_obs:
-        from surreal_redis.algos.networks import obs_to_tensor
         algo.obs_normalizer.update(obs_to_tensor(sample_obs(space, 50, rng), torch.device("cpu")))
     params = algo.actor_params()
     numpy_policy = NumpySACPolicy(config, space, ACTION_SPACE, num_envs=6, seed=11)
@@ -238,7 +238,7 @@ def test_numpy_actor_matches_the_torch_actor_on_random_weights(space_name, norma
     obs = sample_obs(space, 6, rng)
 
     with torch.no_grad():
-        x = algo._preprocess(obs)
+        x = normalized_obs(obs, algo.device, algo.obs_normalizer)  # what the learner's update feeds the actor
         mean, log_std = algo.actor(x)
         noise = np.random.default_rng(7).standard_normal((6, 2), dtype=np.float32)
         torch_actions, torch_log_prob = algo.actor.sample(x, noise=torch.from_numpy(noise))
@@ -398,12 +398,13 @@ def test_importance_weights_scale_the_critic_loss_per_transition():
 
 def test_prioritized_replay_loop_updates_priorities_from_the_td_errors():
     from surreal_redis.envs import EnvConfig, make_vector_env
-    from surreal_redis.replay.feeds import OffPolicyConfig, ReplayConfig
+    from surreal_redis.replay import ReplayConfig
+    from surreal_redis.replay.feeds import OffPolicyConfig
     from surreal_redis.testing.offpolicy_loop import OffPolicyLoopConfig, run_offpolicy
 
     config = SACConfig(**SMALL, device="cpu")
     envs = make_vector_env(EnvConfig(env_id="Pendulum-v1", max_episode_steps=40), 2, seed=0)
-    algo = SACAlgorithm(config, envs.single_observation_space, envs.single_action_space)
+    algo = SACTrainer(config, envs.single_observation_space, envs.single_action_space)
     policy = NumpySACPolicy(config, envs.single_observation_space, envs.single_action_space, 2, seed=0)
     seen = []
     update = algo.update

@@ -3,28 +3,43 @@ without pause with the newest parameters they have (``learner.on_policy_sync: fr
 learner trains on whatever arrives within ``replay.fifo.max_policy_lag`` versions, and corrects
 for the lag with V-trace (Espeholt et al. 2018, arXiv:1802.01561): V-trace value targets and
 policy-gradient advantages under PPO's clipped surrogate. ``config`` (torch-free section),
-``trainer`` (V-trace and :class:`~surreal_redis.algos.appo.trainer.APPOAlgorithm`); the
+``trainer`` (V-trace and :class:`~surreal_redis.algos.appo.trainer.APPOTrainer`); the
 network, the agents' policies and the chunks' extras are PPO's."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import gymnasium as gym
 
 from surreal_redis.algos.appo.config import APPOConfig
-from surreal_redis.algos.base import Algorithm
+from surreal_redis.algos.base import Trainer
 from surreal_redis.algos.ppo import SPEC as PPO_SPEC
 from surreal_redis.algos.spec import AlgorithmSpec
 
 
-def _trainer(section: APPOConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Algorithm:
-    from surreal_redis.algos.appo.trainer import APPOAlgorithm
+def _trainer(section: APPOConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Trainer:
+    from surreal_redis.algos.appo.trainer import APPOTrainer
 
-    return APPOAlgorithm(section, obs_space, action_space, seed=seed)
+    return APPOTrainer(section, obs_space, action_space, seed=seed)
+
+
+def _check(config: Any) -> None:
+    """Rules across the :class:`~surreal_redis.config.ExperimentConfig`: with ``min_epochs`` the
+    learner sees the next batch arrive in its prefetch queue, so that queue must hold one."""
+    section: APPOConfig = config.algo_config
+    if section.min_epochs is None:
+        return
+    needed = math.ceil(config.learner.steps_per_update / config.hub.sender.flush_steps)
+    if config.learner.prefetch_chunks < needed:
+        raise ValueError(f"{config.algo}.min_epochs needs learner.prefetch_chunks >= {needed} (the chunks of one "
+                         f"update: steps_per_update / hub.sender.flush_steps), got {config.learner.prefetch_chunks}")
 
 
 SPEC = AlgorithmSpec(
     name="appo", config_class=APPOConfig, on_policy=True, make_trainer=_trainer,
     make_policy=PPO_SPEC.make_policy, chunk_needs=PPO_SPEC.chunk_needs,
-    numpy_unsupported=PPO_SPEC.numpy_unsupported,
+    numpy_unsupported=PPO_SPEC.numpy_unsupported, check=_check,
     summary="APPO: PPO's clipped surrogate on V-trace advantages, for agents that run ahead of the learner "
             "(learner.on_policy_sync: free); PPO's network and agents")

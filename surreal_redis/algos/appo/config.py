@@ -4,6 +4,7 @@ truncation levels."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from surreal_redis.algos.ppo.config import PPOConfig
 
@@ -20,23 +21,22 @@ class APPOConfig(PPOConfig):
     another epoch only while the next batch has not arrived: it fills the wait with gradient
     steps on the data it has instead of idling, and takes the next batch as soon as it is
     complete, so agents never wait on its epochs. Then the epochs an update gets depend on how
-    fast the agents produce (the ``train/epochs`` metric). None: ``update_epochs`` every update,
+    fast the agents produce (the ``losses/epochs`` metric). None: ``update_epochs`` every update,
     as PPO."""
-    clip_against: str = "behaviour"
+    clip_against: Literal["behaviour", "proximal"] = "behaviour"
     """What the clipped surrogate's ratio is taken against: ``behaviour``, the agents' mu (Sample
     Factory's APPO), or ``proximal``, the learner's own policy at the start of the update
     (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's weight rho being in the
-    advantages already, so lagged samples keep their gradient. On HalfCheetah with all 20 epochs
-    (240 s, seed 3, 2026-12-02) ``behaviour`` scored eval 2207, ``proximal`` 1557."""
-    pg_advantage: str = "lambda"
+    advantages already, so lagged samples keep their gradient (on HalfCheetah ``behaviour`` learned
+    better: docs/benchmarks.md)."""
+    pg_advantage: Literal["one_step", "lambda"] = "lambda"
     """The policy-gradient advantage under the clipped surrogate: ``one_step``, the paper's
     rho_s (r_s + gamma v_{s+1} - V(x_s)) (Espeholt et al. 2018, section 4.2; Sample Factory's and
     RLlib's APPO), which without lag is GAE's advantage with the next step's weighted by 1 instead
     of lambda; or ``lambda``, v_s - V(x_s) = sum_t gamma^{t-s} (prod c_i) rho_t delta_t (eq. 1's
     correction), which without lag is GAE(lambda)'s advantage exactly, so APPO on grants is PPO.
     ``lambda`` is the default: one_step's next-step term weighs the learner's value error at full
-    gamma, and on HalfCheetah (appo_halfcheetah.yaml, 240 s, seeds 1-3, 2026-12-02) it scored eval
-    1130 (886-1567) where ``lambda`` scored 2307 (623-3206)."""
+    gamma, and on HalfCheetah it learned half as well (docs/benchmarks.md)."""
     vtrace_rho_bar: float = 1.0
     """rho_bar: truncates the importance weight rho_t = min(rho_bar, pi/mu) of each TD error and of
     the policy-gradient advantage; it sets the fixed point the value function learns (larger: nearer

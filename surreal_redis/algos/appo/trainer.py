@@ -1,4 +1,4 @@
-"""APPO learner: PPO's update (:class:`~surreal_redis.algos.ppo.trainer.PPOAlgorithm`) with V-trace
+"""APPO learner: PPO's update (:class:`~surreal_redis.algos.ppo.trainer.PPOTrainer`) with V-trace
 targets in place of GAE.
 
 V-trace is Espeholt et al. 2018 (IMPALA, arXiv:1802.01561): section 4.1, eq. (1), for the value
@@ -22,9 +22,9 @@ from typing import NamedTuple
 import torch
 
 from surreal_redis.algos.appo.config import APPOConfig
-from surreal_redis.algos.ppo.trainer import PPOAlgorithm, Targets
+from surreal_redis.algos.ppo.trainer import PPOTrainer, Targets
 
-__all__ = ["APPOAlgorithm", "APPOConfig", "VTrace", "vtrace"]
+__all__ = ["APPOTrainer", "APPOConfig", "VTrace", "vtrace"]
 
 # A ratio pi/mu counts as clipped by rho_bar (the rho_clipped_fraction stat) when it exceeds rho_bar
 # by more than this fraction. On fresh data pi = mu up to float noise (the agents' numpy network and
@@ -50,7 +50,7 @@ def vtrace(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tenso
 
     ``values[t]`` is V(x_t); ``next_values[t]`` V of the observation that followed action t (the
     true final observation where an episode ended at t, obs[t+1] otherwise, obs[T] at the chunk's
-    end), as for :func:`~surreal_redis.algos.ppo.trainer.compute_gae`; ``terminated`` and
+    end), as for :func:`~surreal_redis.algos.ppo.losses.compute_gae`; ``terminated`` and
     ``truncated`` are bool; ``log_rhos`` is log pi(a_t|x_t) - log mu(a_t|x_t) (target minus
     behaviour). Eq. (1) of Espeholt et al. 2018, with lambda in the traces as section 4.1 allows
     (``c_i = lambda * min(c_bar, pi/mu)``; lambda = 1 is eq. (1) itself)::
@@ -82,8 +82,8 @@ def vtrace(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tenso
     return VTrace(vs, pg_advantages, rhos, ratios > rho_bar * (1.0 + RHO_CLIPPED_TOLERANCE))
 
 
-class APPOAlgorithm(PPOAlgorithm):
-    """Learner side of APPO: :class:`PPOAlgorithm` (the same network, minibatches, clipped
+class APPOTrainer(PPOTrainer):
+    """Learner side of APPO: :class:`PPOTrainer` (the same network, minibatches, clipped
     surrogate, value loss, reward scaling and z-filter) with :func:`vtrace` targets (and, with
     ``clip_against: proximal``, the surrogate's ratio against the network at the update's start): ``returns`` are v_s, ``advantages`` the policy-gradient
     advantages, both for the network at the start of the update. The update's stats add

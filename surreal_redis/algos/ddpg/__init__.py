@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import AgentPolicy, Algorithm
+from surreal_redis.algos.base import AgentPolicy, Trainer
 from surreal_redis.algos.ddpg.config import DDPGConfig
 from surreal_redis.algos.spec import AlgorithmSpec, PolicyRequest
 
 
-def _trainer(section: DDPGConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Algorithm:
-    from surreal_redis.algos.ddpg.trainer import DDPGAlgorithm
+def _trainer(section: DDPGConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Trainer:
+    from surreal_redis.algos.ddpg.trainer import DDPGTrainer
 
-    return DDPGAlgorithm(section, obs_space, action_space)
+    return DDPGTrainer(section, obs_space, action_space)
 
 
 def _policy(section: DDPGConfig, obs_space: gym.Space, action_space: gym.Space,

@@ -65,7 +65,7 @@ class DDPGConfig:
     """Critic updates per actor update (and target update), as CleanRL's ``policy_frequency``."""
     actor_hidden: tuple[int, ...] = (256, 256)
     critic_hidden: tuple[int, ...] = (256, 256)
-    activation: str = "relu"
+    activation: Literal["elu", "relu", "tanh"] = "relu"
     actor_max_grad_norm: float | None = None
     """Clip the actor gradient to this global norm (None: no clipping)."""
     critic_max_grad_norm: float | None = None

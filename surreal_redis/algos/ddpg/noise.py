@@ -93,8 +93,8 @@ class AdaptiveParamNoise:
     The acting network is a copy of the actor with ``N(0, sigma^2)`` added to every weight. The
     scale follows the action-space distance ``d = sqrt(mean((mu(s) - mu~(s))^2))`` measured on
     recent states: ``sigma /= coef`` when ``d > target_distance``, ``sigma *= coef`` otherwise.
-    Each adaptation uses one fresh measurement (SURREAL overwrote a running distance instead of
-    averaging it; research/surreal.md section 1.1).
+    Each adaptation uses one fresh measurement (SURREAL's code, Fan et al. 2018, overwrote a running
+    distance instead of averaging it).
     """
 
     def __init__(self, initial_sigma: float, target_distance: float, adapt_coef: float) -> None:

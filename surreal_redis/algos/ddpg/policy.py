@@ -26,7 +26,7 @@ from surreal_redis.algos.ddpg.noise import (
     agent_sigma,
     make_action_noise,
 )
-from surreal_redis.algos.networks import ObservationEncoder, load_module_params, mlp, obs_to_tensor
+from surreal_redis.algos.networks import ObservationEncoder, load_actor_params, mlp, normalized_obs
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
 
@@ -82,7 +82,7 @@ class DDPGPolicy(AgentPolicy):
     sigma from the per-agent schedule, see :func:`~surreal_redis.algos.ddpg.noise.agent_sigma`) and, with
     ``noise.param_noise``, acts with a perturbed copy of the actor; ``eval_stochastic`` adds
     Gaussian noise of std ``noise.eval_sigma``; ``eval_deterministic`` returns ``mu(s)``.
-    Runs on the CPU. Parameters come from :meth:`DDPGAlgorithm.actor_params` (keys ``actor.*`` and
+    Runs on the CPU. Parameters come from :meth:`DDPGTrainer.actor_params` (keys ``actor.*`` and
     ``obs_normalizer.*``).
 
     Args:
@@ -120,9 +120,7 @@ class DDPGPolicy(AgentPolicy):
         self.training_acts = 0
 
     def load_params(self, params: ParamDict, version: int) -> None:
-        load_module_params(self.actor, "actor.", params)
-        if self.obs_normalizer is not None:
-            load_module_params(self.obs_normalizer, "obs_normalizer.", params)
+        load_actor_params(self.actor, self.obs_normalizer, params)
         if self.param_noise is not None:
             self.param_noise.perturb(self.actor, self.perturbed_actor, self.generator)
         self.version = version
@@ -130,9 +128,7 @@ class DDPGPolicy(AgentPolicy):
     @torch.no_grad()
     def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
         """Actions ``[N, A]`` (the action space's dtype) for observation leaves ``[N, ...]``."""
-        x = obs_to_tensor(obs, self.device)
-        if self.obs_normalizer is not None:
-            x = self.obs_normalizer(x)
+        x = normalized_obs(obs, self.device, self.obs_normalizer)
         scale = self.actor.action_scale.numpy()
         if mode is ActMode.TRAINING:
             actions = self._training_actions(x) + self.noise.sample() * scale

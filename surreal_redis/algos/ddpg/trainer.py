@@ -23,39 +23,29 @@ import numpy as np
 import torch
 from torch import nn
 
-from surreal_redis.algos.base import Algorithm, ParamDict
+from surreal_redis.algos.actor_critic import ActorCriticTrainer
 from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig
-from surreal_redis.algos.networks import adam, module_params, obs_to_tensor, resolve_device, soft_update
-from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.codec import Tree
+from surreal_redis.algos.networks import soft_update
 from surreal_redis.experience import TransitionBatch
 
 logger = logging.getLogger(__name__)
 
 
-class DDPGAlgorithm(Algorithm):
-    """Learner-side DDPG: actor, critic, their target copies and Adam optimizers.
+class DDPGTrainer(ActorCriticTrainer):
+    """Learner-side DDPG: the parts of :class:`ActorCriticTrainer` (whose arguments it takes, on a
+    bounded 1-d Box action space) and a target copy of the actor."""
 
-    Args:
-        config: hyperparameters.
-        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
-        device: overrides ``config.device`` (e.g. ``"cpu"`` in tests); None uses the config.
-    """
+    config: DDPGConfig
+    actor: Actor
+    critic: Critic
 
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None) -> None:
         self.config = config
-        self.device = resolve_device(config.device if device is None else device)
-        self.actor = Actor(config, obs_space, action_space).to(self.device)
-        self.critic = Critic(config, obs_space, action_space).to(self.device)
-        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
-                               if config.normalize_obs else None)
-        self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
         # Adam's weight_decay adds critic_l2 * theta to the gradient: the L2 penalty of the paper
-        self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr, weight_decay=config.critic_l2)
-        self.iteration = 0
+        super().__init__(config, obs_space, Actor(config, obs_space, action_space),
+                         Critic(config, obs_space, action_space), device, critic_weight_decay=config.critic_l2)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         logger.info("DDPG on %s: actor %d, critic %d parameters", self.device,
                     sum(p.numel() for p in self.actor.parameters()),
                     sum(p.numel() for p in self.critic.parameters()))
@@ -68,15 +58,7 @@ class DDPGAlgorithm(Algorithm):
             ``(stats, td_errors)``: scalar stats under ``losses/``, and float32 ``[B]`` TD errors
             ``y - Q(s, a)`` from before the step (for ``PrioritizedReplay.update_priorities``).
         """
-        if self.obs_normalizer is not None:
-            # statistics of the sampled observations: the replay's distribution, not the newest data
-            self.obs_normalizer.update(obs_to_tensor(batch.obs, self.device))
-        obs = self._preprocess(batch.obs)
-        next_obs = self._preprocess(batch.next_obs)
-        actions = torch.as_tensor(batch.actions, dtype=torch.float32, device=self.device)
-        rewards = torch.as_tensor(batch.rewards, dtype=torch.float32, device=self.device)
-        discounts = torch.as_tensor(batch.discounts, dtype=torch.float32, device=self.device)
-        weights = torch.as_tensor(batch.weights, dtype=torch.float32, device=self.device)
+        obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
 
         # critic: regress Q(s, a) on the n-step target (discount is 0 after a termination)
         with torch.no_grad():
@@ -114,40 +96,12 @@ class DDPGAlgorithm(Algorithm):
         })
         return stats, td_errors.detach().cpu().numpy()
 
-    def _preprocess(self, obs: Tree) -> Tree:
-        x = obs_to_tensor(obs, self.device)
-        return self.obs_normalizer(x) if self.obs_normalizer is not None else x
-
-    def actor_params(self) -> ParamDict:
-        params = module_params("actor.", self.actor)
-        if self.obs_normalizer is not None:
-            params.update(module_params("obs_normalizer.", self.obs_normalizer))
-        return params
-
     def state_dict(self) -> dict[str, Any]:
-        state = {
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "actor_target": self.actor_target.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "iteration": self.iteration,
-        }
-        if self.obs_normalizer is not None:
-            state["obs_normalizer"] = self.obs_normalizer.state_dict()
-        return state
+        return dict(super().state_dict(), actor_target=self.actor_target.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
+        super().load_state_dict(state)
         self.actor_target.load_state_dict(state["actor_target"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        if self.obs_normalizer is not None:
-            self.obs_normalizer.load_state_dict(state["obs_normalizer"])
-        self.iteration = int(state["iteration"])
 
 
 def _clip_grad(module: nn.Module, max_norm: float | None) -> float:

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import AgentPolicy, Algorithm
+from surreal_redis.algos.base import AgentPolicy, Trainer
 from surreal_redis.algos.ppo.config import PPOConfig, numpy_unsupported
 from surreal_redis.algos.spec import AlgorithmSpec, ChunkNeeds, PolicyRequest
 
 
-def _trainer(section: PPOConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Algorithm:
-    from surreal_redis.algos.ppo.trainer import PPOAlgorithm
+def _trainer(section: PPOConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Trainer:
+    from surreal_redis.algos.ppo.trainer import PPOTrainer
 
-    return PPOAlgorithm(section, obs_space, action_space, seed=seed)
+    return PPOTrainer(section, obs_space, action_space, seed=seed)
 
 
 def _policy(section: PPOConfig, obs_space: gym.Space, action_space: gym.Space,

@@ -55,7 +55,7 @@ class PPOConfig:
     target_kl: float | None = None
     """Stop the epochs early once the approximate KL of an epoch's last minibatch exceeds this."""
     hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
+    activation: Literal["elu", "relu", "tanh"] = "tanh"
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (continuous actions)."""
     use_lstm: bool = False

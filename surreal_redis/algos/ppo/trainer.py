@@ -1,9 +1,9 @@
 """PPO learner: GAE over chunks, then clipped-surrogate or adaptive-KL updates.
 
-Reads top to bottom like CleanRL's ``ppo.py``: the pure math (GAE, losses, KL coefficient
-rule), then :class:`PPOAlgorithm`, which turns a list of :class:`~surreal_redis.experience.Chunk`
-into tensors, computes values and advantages with the current network, and runs
-``update_epochs`` passes of minibatch gradient steps.
+Reads top to bottom like CleanRL's ``ppo.py``, with the pure math (GAE, losses, KL coefficient
+rule) in :mod:`surreal_redis.algos.ppo.losses`: :class:`PPOTrainer` turns a list of
+:class:`~surreal_redis.experience.Chunk` into tensors, computes values and advantages with the
+current network, and runs ``update_epochs`` passes of minibatch gradient steps.
 
 Differences from CleanRL, each on purpose:
 
@@ -23,7 +23,7 @@ Differences from CleanRL, each on purpose:
   2017 (section 4), with the KL measured against the network at the start of the update
   (SURREAL's ``ref_target_model``).
 
-What the update trains towards is one method, :meth:`PPOAlgorithm._targets` (here GAE): a
+What the update trains towards is one method, :meth:`PPOTrainer._targets` (here GAE): a
 subclass replaces it and keeps the rest (APPO's V-trace, :mod:`surreal_redis.algos.appo`).
 """
 
@@ -40,9 +40,17 @@ import torch
 from torch import nn
 from torch.distributions import Distribution, kl_divergence
 
-from surreal_redis.algos.base import Algorithm, ParamDict
-from surreal_redis.algos.networks import adam
+from surreal_redis.algos.base import ParamDict, Trainer
+from surreal_redis.algos.networks import adam, resolve_device
 from surreal_redis.algos.normalizer import RewardScaler
+from surreal_redis.algos.ppo.losses import (
+    adapt_kl_coef,
+    clipped_surrogate_loss,
+    compute_gae,
+    explained_variance,
+    kl_penalty_loss,
+    value_loss,
+)
 from surreal_redis.algos.ppo.policy import (
     ActorCritic,
     LSTMState,
@@ -55,8 +63,7 @@ from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
-__all__ = ["PPOAlgorithm", "PPOConfig", "PPOPolicy", "Targets", "adapt_kl_coef", "clipped_surrogate_loss",
-           "compute_gae", "explained_variance", "kl_penalty_loss", "resolve_device", "value_loss"]
+__all__ = ["PPOTrainer", "PPOConfig", "PPOPolicy", "Targets"]
 
 log = logging.getLogger(__name__)
 
@@ -66,81 +73,6 @@ log = logging.getLogger(__name__)
 # (74-row passes): an update's peak is +55 MiB over what it holds, against +82 MiB at 4 MiB and
 # +135 MiB unsliced, for 1.02x the CPU time of 4 MiB.
 PASS_OBS_BYTES = 2 << 20
-
-
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
-                terminated: torch.Tensor, truncated: torch.Tensor, gamma: float,
-                gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE(lambda) advantages and lambda-returns over T steps (time-major: ``[T]`` or ``[T, B]``).
-
-    ``values[t]`` is V(obs[t]); ``next_values[t]`` is V of the observation that followed action
-    t: the true final observation if the episode ended at t, else obs[t+1] (obs[T] at the
-    chunk's end). ``terminated``/``truncated`` are bool. Then::
-
-        delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t
-        A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1},   done = terminated | truncated
-
-    with A_T = 0: the trace stops at episode ends and at the chunk's end, and only a terminated
-    step drops the bootstrap. Returns ``(advantages, returns = advantages + values)``.
-    """
-    not_terminated = 1.0 - terminated.to(rewards.dtype)
-    not_done = 1.0 - (terminated | truncated).to(rewards.dtype)
-    deltas = rewards + gamma * not_terminated * next_values - values
-    advantages = torch.zeros_like(rewards)
-    last = torch.zeros_like(rewards[0])
-    for t in reversed(range(rewards.shape[0])):
-        last = deltas[t] + gamma * gae_lambda * not_done[t] * last
-        advantages[t] = last
-    return advantages, advantages + values
-
-
-def clipped_surrogate_loss(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
-    """``mean(max(-A * r, -A * clip(r, 1 - eps, 1 + eps)))`` with ``r = exp(logratio)`` (PPO-clip)."""
-    ratio = logratio.exp()
-    return torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-
-
-def kl_penalty_loss(logratio: torch.Tensor, advantages: torch.Tensor, kl: torch.Tensor,
-                    kl_coef: float) -> torch.Tensor:
-    """Negated eq. (8) of Schulman et al. 2017: ``-mean(r * A - beta * KL[pi_old, pi])``."""
-    return -(logratio.exp() * advantages).mean() + kl_coef * kl.mean()
-
-
-def value_loss(values: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
-               clip_coef: float | None) -> torch.Tensor:
-    """``0.5 * mean((V - R)^2)``; with ``clip_coef``, CleanRL's clipped form
-    ``0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2))``."""
-    unclipped = (values - returns).square()
-    if clip_coef is None:
-        return 0.5 * unclipped.mean()
-    clipped = old_values + (values - old_values).clamp(-clip_coef, clip_coef)
-    return 0.5 * torch.max(unclipped, (clipped - returns).square()).mean()
-
-
-def adapt_kl_coef(kl_coef: float, kl: float, kl_target: float, tolerance: float = 1.5,
-                  factor: float = 2.0, bounds: tuple[float, float] = (1e-3, 100.0)) -> float:
-    """Schulman et al. 2017, section 4: halve beta when KL < target / 1.5, double it when
-    KL > target * 1.5; kept within ``bounds``."""
-    if kl < kl_target / tolerance:
-        kl_coef /= factor
-    elif kl > kl_target * tolerance:
-        kl_coef *= factor
-    return min(max(kl_coef, bounds[0]), bounds[1])
-
-
-def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """``1 - Var[R - V] / Var[R]`` (NaN when the returns are constant)."""
-    var_returns = returns.var(unbiased=False)
-    if var_returns == 0:
-        return float("nan")
-    return float(1.0 - (returns - values).var(unbiased=False) / var_returns)
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; anything else as ``torch.device``."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class Targets(NamedTuple):
@@ -202,7 +134,7 @@ def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
     return _Rollout._make([*fields, None])  # initial_state: none, the rollouts are feed-forward
 
 
-class PPOAlgorithm(Algorithm):
+class PPOTrainer(Trainer):
     """Learner side of PPO. One :meth:`update` per batch of chunks (about ``num_steps`` steps
     gathered from a FIFO replay); ``iteration`` counts the updates done.
 
@@ -381,7 +313,8 @@ class PPOAlgorithm(Algorithm):
 
     @property
     def adaptive_epochs(self) -> bool:
-        """Whether an update's epochs depend on ``more_epochs`` (the on-policy feed passes it then)."""
+        """Whether an update's epochs depend on ``more_epochs``: true when :meth:`min_epochs` is below
+        ``update_epochs``."""
         return self.min_epochs() < self.config.update_epochs
 
     def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
@@ -438,7 +371,8 @@ class PPOAlgorithm(Algorithm):
                 for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
                     epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, clip_coef))
             epochs += 1
-            if epochs >= self.min_epochs() and more_epochs is not None and not more_epochs():
+            # asked only between epochs that may or may not run: never with a fixed number (PPO)
+            if self.min_epochs() <= epochs < cfg.update_epochs and more_epochs is not None and not more_epochs():
                 break
             if cfg.target_kl is not None and epoch_info[-1]["approx_kl"] > cfg.target_kl:
                 log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from surreal_redis.algos.base import AgentPolicy, Algorithm
+from surreal_redis.algos.base import AgentPolicy, Trainer
 from surreal_redis.algos.sac.config import SACConfig, numpy_unsupported
 from surreal_redis.algos.spec import AlgorithmSpec, PolicyRequest
 
 
-def _trainer(section: SACConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Algorithm:
-    from surreal_redis.algos.sac.trainer import SACAlgorithm
+def _trainer(section: SACConfig, obs_space: gym.Space, action_space: gym.Space, seed: int) -> Trainer:
+    from surreal_redis.algos.sac.trainer import SACTrainer
 
-    return SACAlgorithm(section, obs_space, action_space, seed=seed)
+    return SACTrainer(section, obs_space, action_space, seed=seed)
 
 
 def _policy(section: SACConfig, obs_space: gym.Space, action_space: gym.Space,

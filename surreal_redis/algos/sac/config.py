@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -47,7 +48,7 @@ class SACConfig:
     """Hidden layer sizes of the actor's torso (the mean and log-std heads follow it)."""
     critic_hidden: tuple[int, ...] = (256, 256)
     """Hidden layer sizes of each of the two critics."""
-    activation: str = "relu"
+    activation: Literal["elu", "relu", "tanh"] = "relu"
     """Activation between hidden layers: relu, tanh or elu."""
     policy_frequency: int = 2
     """Every this many critic updates, this many actor (and temperature) steps on the same batch:

@@ -22,9 +22,9 @@ from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDi
 from surreal_redis.algos.networks import (
     ObservationEncoder,
     layer_init,
-    load_module_params,
+    load_actor_params,
     mlp,
-    obs_to_tensor,
+    normalized_obs,
 )
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.sac.config import SACConfig, sac_action_space
@@ -121,7 +121,7 @@ class SACPolicy(AgentPolicy):
     """The agent side of SAC for N envs, on torch (CPU): ``training`` and ``eval_stochastic`` sample
     ``a = tanh(mean + std * eps) * scale + bias``, ``eval_deterministic`` returns
     ``tanh(mean) * scale + bias``; no extras. Parameters come from
-    :meth:`~surreal_redis.algos.sac.trainer.SACAlgorithm.actor_params` (keys ``actor.*`` and
+    :meth:`~surreal_redis.algos.sac.trainer.SACTrainer.actor_params` (keys ``actor.*`` and
     ``obs_normalizer.*``). :class:`~surreal_redis.algos.sac.numpy_policy.NumpySACPolicy` is the
     same without torch.
 
@@ -147,17 +147,13 @@ class SACPolicy(AgentPolicy):
             self.generator.manual_seed(seed)
 
     def load_params(self, params: ParamDict, version: int) -> None:
-        load_module_params(self.actor, "actor.", params)
-        if self.obs_normalizer is not None:
-            load_module_params(self.obs_normalizer, "obs_normalizer.", params)
+        load_actor_params(self.actor, self.obs_normalizer, params)
         self.version = version
 
     @torch.no_grad()
     def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
         """Actions ``[N, A]`` (the action space's dtype) for observation leaves ``[N, ...]``."""
-        x = obs_to_tensor(obs, self.device)
-        if self.obs_normalizer is not None:
-            x = self.obs_normalizer(x)
+        x = normalized_obs(obs, self.device, self.obs_normalizer)
         if mode is ActMode.EVAL_DETERMINISTIC:
             actions = self.actor.squash(self.actor(x)[0])
         else:

@@ -23,7 +23,6 @@ Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.sac.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from typing import Any
@@ -32,39 +31,30 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from surreal_redis.algos.base import Algorithm, ParamDict
-from surreal_redis.algos.networks import adam, module_params, obs_to_tensor, resolve_device, soft_update
-from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.algos.actor_critic import ActorCriticTrainer
+from surreal_redis.algos.networks import adam, soft_update
 from surreal_redis.algos.sac.config import SACConfig, sac_action_space
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
-from surreal_redis.codec import Tree
 from surreal_redis.experience import TransitionBatch
 
 logger = logging.getLogger(__name__)
 
 
-class SACAlgorithm(Algorithm):
-    """Learner-side SAC: the actor, twin critics and their targets, ``log_alpha``, Adam optimizers.
+class SACTrainer(ActorCriticTrainer):
+    """Learner-side SAC: the parts of :class:`ActorCriticTrainer` (whose arguments it takes, on a
+    bounded 1-d Box action space) with twin critics, plus the temperature ``log_alpha`` and its
+    optimizer. ``seed`` seeds the update's own sampling noise (``generator``, on the device)."""
 
-    Args:
-        config: hyperparameters.
-        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
-        device: overrides ``config.device`` (e.g. ``"cpu"`` in tests); None uses the config.
-        seed: seeds the update's own sampling noise (``generator``, on the learner's device).
-    """
+    config: SACConfig
+    actor: Actor
+    critic: TwinCritic
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0) -> None:
         self.config = config
-        self.device = resolve_device(config.device if device is None else device)
         box = sac_action_space(action_space)
-        self.actor = Actor(config, obs_space, action_space).to(self.device)
-        self.critic = TwinCritic(config, obs_space, action_space).to(self.device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
-                               if config.normalize_obs else None)
-        self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
-        self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr)
+        super().__init__(config, obs_space, Actor(config, obs_space, action_space),
+                         TwinCritic(config, obs_space, action_space), device)
         self.target_entropy = (-float(box.shape[0]) if config.target_entropy is None
                                else float(config.target_entropy))
         initial = config.init_alpha if config.autotune else max(config.alpha, 1e-30)
@@ -72,7 +62,6 @@ class SACAlgorithm(Algorithm):
         self.alpha_optimizer = (adam([self.log_alpha], lr=config.alpha_lr) if config.autotune
                                 else None)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.iteration = 0
         logger.info("SAC on %s: actor %d, critics %d parameters, target entropy %g", self.device,
                     sum(p.numel() for p in self.actor.parameters()),
                     sum(p.numel() for p in self.critic.parameters()), self.target_entropy)
@@ -92,15 +81,7 @@ class SACAlgorithm(Algorithm):
             ``PrioritizedReplay.update_priorities``).
         """
         config = self.config
-        if self.obs_normalizer is not None:
-            # statistics of the sampled observations: the replay's distribution, not the newest data
-            self.obs_normalizer.update(obs_to_tensor(batch.obs, self.device))
-        obs = self._preprocess(batch.obs)
-        next_obs = self._preprocess(batch.next_obs)
-        actions = torch.as_tensor(batch.actions, dtype=torch.float32, device=self.device)
-        rewards = torch.as_tensor(batch.rewards, dtype=torch.float32, device=self.device)
-        discounts = torch.as_tensor(batch.discounts, dtype=torch.float32, device=self.device)
-        weights = torch.as_tensor(batch.weights, dtype=torch.float32, device=self.device)
+        obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
         alpha = self.alpha
 
         # soft target, eq. 3: the soft value of s' under the current policy, with the smaller target critic
@@ -156,45 +137,18 @@ class SACAlgorithm(Algorithm):
         td_errors = 0.5 * (td1 + td2)
         return stats, td_errors.detach().to(torch.float32).cpu().numpy()
 
-    def _preprocess(self, obs: Tree) -> Tree:
-        x = obs_to_tensor(obs, self.device)
-        return self.obs_normalizer(x) if self.obs_normalizer is not None else x
-
-    def actor_params(self) -> ParamDict:
-        params = module_params("actor.", self.actor)
-        if self.obs_normalizer is not None:
-            params.update(module_params("obs_normalizer.", self.obs_normalizer))
-        return params
-
     def state_dict(self) -> dict[str, Any]:
-        state = {
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "log_alpha": self.log_alpha.detach().clone(),
-            "generator": self.generator.get_state(),
-            "iteration": self.iteration,
-        }
+        state = dict(super().state_dict(), log_alpha=self.log_alpha.detach().clone(),
+                     generator=self.generator.get_state())
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
-        if self.obs_normalizer is not None:
-            state["obs_normalizer"] = self.obs_normalizer.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        super().load_state_dict(state)
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         if self.alpha_optimizer is not None:
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
-        if self.obs_normalizer is not None:
-            self.obs_normalizer.load_state_dict(state["obs_normalizer"])
         if "generator" in state:
             self.generator.set_state(state["generator"].cpu())
-        self.iteration = int(state["iteration"])

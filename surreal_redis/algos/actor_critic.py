@@ -1,0 +1,113 @@
+"""What the learners of DDPG and SAC share: an actor and a critic on the section's device, a
+target copy of the critic, an optional z-filter of observations, an Adam optimizer each, a sampled
+batch as tensors, and the parameters and checkpointed state of all these. Each algorithm's
+trainer adds its own (DDPG: a target actor; SAC: the temperature) and writes its ``update``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, NamedTuple, Protocol
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from surreal_redis.algos.base import ParamDict, Trainer
+from surreal_redis.algos.networks import actor_params, adam, normalized_obs, obs_to_tensor, resolve_device
+from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.codec import Tree
+from surreal_redis.experience import TransitionBatch
+
+
+class ActorCriticSection(Protocol):
+    """The settings of an algorithm's section that :class:`ActorCriticTrainer` reads."""
+
+    @property
+    def actor_lr(self) -> float: ...
+    @property
+    def critic_lr(self) -> float: ...
+    @property
+    def normalize_obs(self) -> bool: ...
+    @property
+    def obs_clip(self) -> float: ...
+    @property
+    def device(self) -> str: ...
+
+
+class BatchTensors(NamedTuple):
+    """A :class:`~surreal_redis.experience.TransitionBatch` of B transitions on the learner's
+    device: observation trees (leaves ``[B, ...]``) through the z-filter, float32 ``actions``
+    ``[B, A]``, ``rewards``, ``discounts`` and importance ``weights`` ``[B]``."""
+
+    obs: Tree
+    next_obs: Tree
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor
+    weights: torch.Tensor
+
+
+class ActorCriticTrainer(Trainer):
+    """An off-policy actor-critic learner's parts (the ``update`` is the algorithm's own).
+
+    Args:
+        config: the algorithm's section.
+        obs_space: single-env observation space (the z-filter's shape).
+        actor, critic: the freshly built networks (for single-env spaces); they move to the device.
+        device: overrides ``config.device`` (e.g. ``"cpu"`` in tests); None uses the config.
+        critic_weight_decay: Adam's L2 penalty on the critic (DDPG's ``critic_l2``).
+    """
+
+    def __init__(self, config: ActorCriticSection, obs_space: gym.Space, actor: nn.Module, critic: nn.Module,
+                 device: str | torch.device | None = None, critic_weight_decay: float = 0.0) -> None:
+        self.device = resolve_device(config.device if device is None else device)
+        self.actor = actor.to(self.device)
+        self.critic = critic.to(self.device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
+                               if config.normalize_obs else None)
+        self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
+        self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr, weight_decay=critic_weight_decay)
+        self.iteration = 0
+
+    def _tensors(self, batch: TransitionBatch) -> BatchTensors:
+        """``batch`` on the device, after the z-filter took its observations in: the statistics of
+        the sampled observations, the replay's distribution rather than the newest data."""
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.update(obs_to_tensor(batch.obs, self.device))
+
+        def floats(values: Any) -> torch.Tensor:
+            return torch.as_tensor(values, dtype=torch.float32, device=self.device)
+
+        return BatchTensors(normalized_obs(batch.obs, self.device, self.obs_normalizer),
+                            normalized_obs(batch.next_obs, self.device, self.obs_normalizer),
+                            floats(batch.actions), floats(batch.rewards), floats(batch.discounts),
+                            floats(batch.weights))
+
+    def actor_params(self) -> ParamDict:
+        """The actor's weights (``actor.*``) and the z-filter's statistics (``obs_normalizer.*``)."""
+        return actor_params(self.actor, self.obs_normalizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "iteration": self.iteration,
+        }
+        if self.obs_normalizer is not None:
+            state["obs_normalizer"] = self.obs_normalizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.load_state_dict(state["obs_normalizer"])
+        self.iteration = int(state["iteration"])
