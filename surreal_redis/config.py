@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from surreal_redis.algos.registry import UnknownAlgorithm, algorithm, algorithm_names, load_plugins
+from surreal_redis.algos.registry import UnknownAlgorithm, algorithm, algorithm_names
 from surreal_redis.algos.spec import AlgorithmSpec
 from surreal_redis.checkpoint import CheckpointConfig
 from surreal_redis.configtools import (
@@ -35,6 +35,7 @@ from surreal_redis.hub.experience.retention import RetentionConfig
 from surreal_redis.hub.experience.sender import SenderConfig
 from surreal_redis.hub.params import ParameterClientConfig, PublisherConfig
 from surreal_redis.keys import validate_run_name
+from surreal_redis.plugins import load_plugins
 from surreal_redis.replay.feeds import OffPolicyConfig
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.resources import resource_dir

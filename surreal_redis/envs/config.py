@@ -3,7 +3,7 @@ loaded from the ``env:`` section of an experiment config), and the table of fami
 ``env.family`` names.
 
 A family is a name and a builder ``make(config, env_id) -> gymnasium.Env``, as Sample Factory's
-``register_env``, found as algorithms are (:mod:`surreal_redis.algos.registry`):
+``register_env``, found as algorithms are (:mod:`surreal_redis.plugins`):
 
 - Built-ins: :data:`surreal_redis.envs.families.BUILTIN_FAMILIES`, loaded the first time the table
   is read.
@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any, Literal
 
 import gymnasium as gym
 
-logger = logging.getLogger(__name__)
+from surreal_redis.plugins import Registry
 
 Mode = Literal["train", "eval"]
 BUILTIN_FAMILIES_MODULE = "surreal_redis.envs.families"
@@ -202,9 +200,17 @@ MakeEnv = Callable[[EnvConfig, str], gym.Env]
 applies what it supports of ``kwargs``, ``max_episode_steps`` and ``action_repeat``). :func:`make_env
 <surreal_redis.envs.make.make_env>` wraps it in the outer stack every family shares."""
 
-_families: dict[str, MakeEnv] = {}
-_builtins_loaded = False
-_entry_points_loaded = False
+def _qualname(make: MakeEnv) -> str:
+    return f"{getattr(make, '__module__', '?')}.{getattr(make, '__qualname__', type(make).__name__)}"
+
+
+def _builtins() -> list[tuple[str, MakeEnv]]:
+    # imported by name: the built-in builders import this module for EnvConfig
+    return list(importlib.import_module(BUILTIN_FAMILIES_MODULE).BUILTIN_FAMILIES.items())
+
+
+FAMILIES: Registry[MakeEnv] = Registry("environment family", ENTRY_POINT_GROUP, _builtins,
+                                       (callable, "a callable"), describe=lambda make: f"by {_qualname(make)}")
 
 
 class UnknownFamily(EnvError):
@@ -218,65 +224,20 @@ def register_family(name: str, make: MakeEnv) -> MakeEnv:
         raise ValueError(f"an environment family needs a non-empty name without surrounding spaces, got {name!r}")
     if not callable(make):
         raise TypeError(f"register_family({name!r}, make) takes a callable, got {type(make).__name__}")
-    _load_builtins()
-    return _add(name, make)
-
-
-def _add(name: str, make: MakeEnv) -> MakeEnv:
-    held = _families.get(name)
-    if held is not None and held is not make:
-        raise ValueError(f"environment family {name!r} is registered already (by {_qualname(held)})")
-    _families[name] = make
-    return make
-
-
-def _qualname(make: MakeEnv) -> str:
-    return f"{getattr(make, '__module__', '?')}.{getattr(make, '__qualname__', type(make).__name__)}"
-
-
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if _builtins_loaded:
-        return
-    _builtins_loaded = True
-    # imported by name: the built-in builders import this module for EnvConfig
-    for name, make in importlib.import_module(BUILTIN_FAMILIES_MODULE).BUILTIN_FAMILIES.items():
-        _add(name, make)
-
-
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            make = point.load()
-        except Exception as exc:  # a broken third-party package must not hide the built-ins
-            logger.error("entry point %s = %s of group %s failed to load: %s", point.name, point.value,
-                      ENTRY_POINT_GROUP, exc)
-            continue
-        if not callable(make):
-            logger.error("entry point %s = %s is a %s, not a callable: skipped", point.name, point.value,
-                      type(make).__name__)
-            continue
-        _add(point.name, make)
+    return FAMILIES.add(name, make)
 
 
 def env_family(name: str) -> MakeEnv:
     """The builder registered under ``name``; raises :class:`UnknownFamily` naming the known ones."""
-    _load_builtins()
-    if name not in _families:
-        _load_entry_points()
-    if name not in _families:
+    make = FAMILIES.get(name)
+    if make is None:
         raise UnknownFamily(f"family {name!r} is not a registered environment family (known: "
                             f"{', '.join(family_names())}; others come from a module in the config's plugins "
                             "that calls surreal_redis.envs.register_family, or an installed package's "
                             f"{ENTRY_POINT_GROUP} entry point)")
-    return _families[name]
+    return make
 
 
 def family_names() -> tuple[str, ...]:
     """Names of the families registered so far, sorted (built-ins always included)."""
-    _load_builtins()
-    return tuple(sorted(_families))
+    return FAMILIES.names()

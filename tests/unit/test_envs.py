@@ -274,12 +274,13 @@ def test_a_missing_extra_is_named_with_its_missing_packages():
 @pytest.fixture
 def family_table(monkeypatch):
     """The table as it is now, restored after the test (built-ins loaded, entry points not read)."""
-    import surreal_redis.envs.config as env_config
+    import surreal_redis.plugins as plugins
+    from surreal_redis.envs.config import FAMILIES
 
     family_names()
-    monkeypatch.setattr(env_config, "_families", dict(env_config._families))
-    monkeypatch.setattr(env_config, "_entry_points_loaded", False)
-    return env_config
+    monkeypatch.setattr(FAMILIES, "_items", dict(FAMILIES._items))
+    monkeypatch.setattr(FAMILIES, "_entry_points_read", False)
+    return plugins
 
 
 def make_counting(config: EnvConfig, env_id: str) -> gym.Env:
