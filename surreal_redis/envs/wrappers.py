@@ -100,8 +100,7 @@ class Float32Observations(gym.ObservationWrapper):
         return observation
 
     @staticmethod
-    def needed(space: gym.Space) -> bool:
-        """Whether ``space`` has a float64 Box leaf."""
+    def needed(space: gym.Space) -> bool:  # whether ``space`` has a float64 Box leaf
         if isinstance(space, gym.spaces.Dict):
             return any(Float32Observations.needed(s) for s in space.spaces.values())
         return isinstance(space, gym.spaces.Box) and space.dtype == np.float64

@@ -4,15 +4,10 @@
   every ``steps_per_update`` env steps make one update; chunks too stale for the published
   parameters are dropped and counted.
 - :class:`OffPolicyFeed` (DDPG, SAC): chunks become n-step transitions in a uniform or prioritized
-  replay; updates are owed at ``updates_per_step`` per transition inserted once the replay can be
-  sampled, or at the rate limiter's ``samples_per_insert`` when it sets the ratio. Reading pauses while updates are owed, so
-  the backlog builds up in Redis and agents wait on ``hub.sender.max_lag``.
+  replay; updates are owed at the replay ratio (:class:`OffPolicyConfig`). Reading pauses while
+  updates are owed, so the backlog builds up in Redis and agents wait on ``hub.sender.max_lag``.
 
-Both offer ``ingest(chunk)``, ``wants_data()``, ``train(algo, stop)`` (an iterator of per-update
-stats), ``on_publish(version)``, ``refill(chunks)``, ``stats()`` and a checkpointable state. The
-learner process and the in-process loops of :mod:`surreal_redis.testing` drive them the same way.
-The on-policy feed also says how many env steps its next update still needs (``steps_needed``:
-what a lockstep learner grants agents) and what became of the steps it took in (``use``).
+The learner process and the in-process loops of :mod:`surreal_redis.testing` drive both the same way.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Where off-policy replays keep their transitions: :class:`TransitionStorage`, a preallocated numpy
-ring of (n-step) transitions, and :class:`Replay`, the face of a replay that holds one and picks
-which slots a batch samples (:class:`~surreal_redis.replay.uniform.UniformReplay`,
-:class:`~surreal_redis.replay.prioritized.PrioritizedReplay`), as Reverb's and TorchRL's samplers
-sit over their storage.
+ring of (n-step) transitions, and :class:`Replay`, which holds one and picks the slots a batch
+samples (as Reverb's and TorchRL's samplers sit over their storage).
 
-Storage design
---------------
 Storage is allocated lazily from the first :meth:`TransitionStorage.insert` (its tree structure,
 leaf shapes and dtypes fix the layout; later inserts must match). Every observation leaf is stored
 in one of two ways:
@@ -22,9 +18,6 @@ in one of two ways:
 When the ring wraps, the overwritten transitions release their frames; a frame whose count drops
 to zero frees its slot for reuse. The pool starts at ``capacity + 64`` slots (numpy allocates pages
 lazily, so unused slots cost no resident memory) and grows by half when a stream shares less.
-
-The storage itself takes no lock: a :class:`Replay`'s ``insert``, ``sample`` and
-``update_priorities`` take the replay's, so hub reader threads may insert while the learner samples.
 """
 
 from __future__ import annotations
@@ -52,8 +45,7 @@ class _FramePool:
         self._high_water = 0  # slots below it have been used at least once
 
     def __len__(self) -> int:
-        """Number of distinct frames held."""
-        return len(self._slot_of)
+        return len(self._slot_of)  # distinct frames held
 
     def acquire(self, items: np.ndarray) -> np.ndarray:
         """Store ``items`` ``[M, *shape]`` (content already held is reused); +1 reference each.
@@ -111,7 +103,8 @@ def _name(path: Path) -> str:
 
 class TransitionStorage:
     """Ring of ``capacity`` transitions; the oldest are overwritten first. Not thread-safe: the
-    :class:`Replay` holding it locks around every call.
+    :class:`Replay` holding it locks around every call, so hub reader threads may insert while the
+    learner samples.
 
     Args:
         capacity: number of transitions kept.
@@ -276,21 +269,19 @@ class Replay(abc.ABC):
 
     @property
     def capacity(self) -> int:
-        """Maximum number of transitions held."""
         return self.storage.capacity
 
     def __len__(self) -> int:
-        """Number of transitions held (at most :attr:`capacity`)."""
         return len(self.storage)
 
     @property
     def num_frames(self) -> int:
-        """Distinct pooled observation arrays held (frames, images), over all pools."""
+        """See :attr:`TransitionStorage.num_frames`."""
         return self.storage.num_frames
 
     @property
     def nbytes(self) -> int:
-        """Bytes of allocated storage (pools at their allocated size, rings, index arrays)."""
+        """See :attr:`TransitionStorage.nbytes`."""
         return self.storage.nbytes
 
     def insert(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, next_obs: Tree,

@@ -1,12 +1,8 @@
 """An in-process on-policy loop: vector env -> policy -> chunks -> learner -> parameters -> policy.
 
-No Redis and no processes: :class:`ChunkCollector` cuts experience into
-:class:`~surreal_redis.experience.Chunk` objects exactly as an agent does (T steps per env, the
-true final observation of every episode that ends, the recurrent state at each chunk start), and
-:func:`run_local` alternates collection and one learner update through the learner's own
-:class:`~surreal_redis.replay.feeds.OnPolicyFeed`, loading the new parameters into the policy after
-each. Used by the learning tests; ``bench/learner_step.py`` cuts its chunks with
-:class:`ChunkCollector`.
+No Redis and no processes: :class:`ChunkCollector` cuts experience into chunks exactly as an agent
+does, and :func:`run_local` alternates collection and one update through the learner's own
+:class:`~surreal_redis.replay.feeds.OnPolicyFeed`.
 """
 
 from __future__ import annotations
@@ -73,7 +69,8 @@ class LoopResult(NamedTuple):
 
 
 class ChunkCollector:
-    """Steps ``envs`` with ``policy`` in training mode and returns one chunk per env per call."""
+    """Steps ``envs`` with ``policy`` in training mode and returns one chunk per env per call: T
+    steps, the true final observation of every episode that ends, the recurrent state at the start."""
 
     def __init__(self, envs: gym.vector.VectorEnv, policy: AgentPolicy, seed: int = 0, agent_id: int = 0) -> None:
         if envs.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:

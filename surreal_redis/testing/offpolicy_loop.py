@@ -1,14 +1,10 @@
 """An in-process off-policy loop: the data path of a distributed off-policy run (DDPG, SAC) in one
-process, no Redis.
+process, no Redis: chunks (:class:`~surreal_redis.testing.local_loop.ChunkCollector`) -> the
+learner's :class:`~surreal_redis.replay.feeds.OffPolicyFeed` -> ``algo.update`` -> the policy.
 
-    vector env -> policy.act -> one Chunk per env every ``chunk_steps`` steps (ChunkCollector,
-    as an agent sends them) -> the learner's OffPolicyFeed (n-step builder, replay) ->
-    algo.update -> actor_params -> policy.load_params
-
-Updates run between chunks at the replay ratio of ``off_policy`` once the replay holds
-``off_policy.learning_starts``, and the policy gets the new parameters after each chunk's updates: transitions
-reach the replay a chunk late and the policy acts with parameters up to a chunk old, as in the
-distributed run. Used by the learning tests.
+Updates run between chunks, and the policy gets the new parameters after each chunk's updates: as
+in the distributed run, transitions reach the replay a chunk late and the policy acts with
+parameters up to a chunk old.
 """
 
 from __future__ import annotations
@@ -55,8 +51,6 @@ class OffPolicyLoopConfig:
 
 
 class OffPolicyLearner(OffPolicyTrainer, Protocol):
-    """What the loop uses of an off-policy algorithm (DDPG's, SAC's): updates from replayed
-    transitions, and the actor parameters its agents act with."""
 
     def actor_params(self) -> ParamDict: ...
 
