@@ -49,11 +49,8 @@ ATARI_GAMES = (
 
 
 def atari_env_id(name: str) -> str | None:
-    """The ALE v5 id for an Atari game name, or None if ``name`` names no Atari game.
-
-    Accepts ``pong``, ``Pong``, ``space_invaders``, ``SpaceInvaders``, ``PongNoFrameskip-v4``,
-    ``PongDeterministic-v4``, ``Pong-v4``, ``ALE/Pong-v5`` (all -> ``ALE/Pong-v5``; frame skip and
-    sticky actions come from :class:`AtariConfig`, not from the name).
+    """The ALE v5 id for an Atari game name (``pong``, ``SpaceInvaders``, ``PongNoFrameskip-v4``,
+    ``ALE/Pong-v5``, ...), or None. Frame skip and sticky actions come from :class:`AtariConfig`.
     """
     base = re.sub(r"-v\d+$", "", name.removeprefix("ALE/"))
     base = re.sub(r"(NoFrameskip|Deterministic)$", "", base)
@@ -78,8 +75,7 @@ class AtariGame(Protocol):
     def get_action_meanings(self) -> list[str]: ...
 
 
-def ale_env(env: gym.Env) -> AtariGame:
-    """The Atari game under ``env``'s wrappers; EnvError if it is none."""
+def ale_env(env: gym.Env) -> AtariGame:  # EnvError if ``env`` wraps no Atari game
     base = env.unwrapped
     if not isinstance(base, AtariGame):
         raise EnvError(f"{env} is not an ALE (Atari) environment: no ale.lives() or get_action_meanings()")
@@ -111,8 +107,7 @@ class NoopReset(gym.Wrapper):
 
 
 class MaxAndSkip(gym.Wrapper):
-    """Repeats the action ``skip`` frames, sums the rewards, and shows the pixel-wise max of the
-    last two frames (Atari sprites flicker between frames)."""
+    """Repeats the action ``skip`` frames, sums the rewards, shows the max of the last two (flicker)."""
 
     def __init__(self, env: gym.Env, skip: int) -> None:
         super().__init__(env)
@@ -220,10 +215,8 @@ class ClipReward(gym.RewardWrapper):
 
 def _area_passes(src: int, dst: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Area-interpolation weights along one axis of ``src`` -> ``dst`` pixels, as OpenCV's
-    ``computeResizeAreaTab`` makes them: output pixel d averages the input pixels its cell
-    ``[d * src / dst, (d + 1) * src / dst)`` covers, each weighted by the fraction it covers.
-    Returned as passes k = 0, 1, ...: (output indices, their k-th input index, float32 weight), so
-    that adding pass by pass sums each output in OpenCV's order."""
+    ``computeResizeAreaTab`` makes them, as passes k = 0, 1, ...: (output indices, their k-th input
+    index, float32 weight); adding pass by pass sums each output in OpenCV's order."""
     scale = 1.0 / (dst / src)
     terms: list[list[tuple[int, float]]] = []
     for d in range(dst):
@@ -295,9 +288,8 @@ def make_atari(config: EnvConfig, gym_id: str) -> gym.Env:
 
 
 def wrap_atari(env: gym.Env, atari: AtariConfig, max_episode_steps: int | None = None) -> gym.Env:
-    """The preprocessing stack around an ALE env with ``frameskip=1`` and (H, W, 3) uint8 RGB
-    screens (anything whose ``unwrapped`` has ``ale.lives()``, ``get_action_meanings()`` and
-    ``np_random``)."""
+    """The preprocessing stack around an :class:`AtariGame` with ``frameskip=1`` and (H, W, 3) uint8
+    RGB screens."""
     if atari.noop_max > 0:
         env = NoopReset(env, atari.noop_max)
     env = MaxAndSkip(env, atari.frame_skip)

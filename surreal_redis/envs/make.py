@@ -67,10 +67,7 @@ def make_env(config: EnvConfig, seed: int, mode: Mode = "train") -> gym.Env:
 def make_vector_env(config: EnvConfig, num_envs: int | None = None, seed: int = 0,
                     mode: Mode = "train") -> gym.vector.SyncVectorEnv:
     """``num_envs`` (default ``config.num_envs``) envs stepped in lockstep in this process, env i
-    seeded with ``seed + i``, reset automatically in the step where an episode ends (SAME_STEP).
-
-    Step it with :func:`step_vector_env`; observations are batched trees with leaves ``[N, ...]``.
-    """
+    seeded with ``seed + i``, autoreset SAME_STEP; step it with :func:`step_vector_env`."""
     count = config.num_envs if num_envs is None else num_envs
     if count < 1:
         raise ValueError(f"num_envs must be >= 1, got {count}")
@@ -87,13 +84,11 @@ class EpisodeResult(NamedTuple):
 class VectorStep(NamedTuple):
     """One step of N envs (from :func:`step_vector_env`).
 
-    ``obs``: tree with leaves ``[N, ...]``, the observation each env shows now (for an env whose
-    episode just ended, the first one of its next episode); ``rewards`` float32 ``[N]`` (clipped
-    when the env clips them); ``terminated``, ``truncated`` bool ``[N]``; ``final_obs``: env index ->
-    true last observation of the episode that ended at this step (no batch axis), for every env
-    with terminated or truncated set; ``episodes``: env index -> raw return and length, for every
-    env whose whole episode ended (with Atari's episodic life a lost life sets ``terminated`` and
-    ``final_obs`` but reports no episode: the game goes on); ``infos``: gymnasium's batched info.
+    ``obs``: leaves ``[N, ...]``, what each env shows now (after an episode end, the next episode's
+    first observation); ``rewards`` float32 ``[N]`` (clipped when the env clips them);
+    ``terminated``, ``truncated`` bool ``[N]``; ``final_obs``: env index -> true last observation
+    (no batch axis) of each episode that ended; ``episodes``: env index -> raw return and length of
+    each whole episode that ended (an Atari lost life reports none); ``infos``: gymnasium's.
     """
 
     obs: Tree

@@ -21,8 +21,7 @@ STATE_KEYS = ("robot0_proprio-state", "object-state")
 DEFAULT_CAMERA = "agentview"
 
 
-def robosuite_missing() -> str | None:
-    """Why robosuite cannot be used here (None when it can)."""
+def robosuite_missing() -> str | None:  # why robosuite cannot be used here, or None
     if importlib.util.find_spec("robosuite") is None:
         return "robosuite is not installed, which the 'robosuite' extra brings: pip install 'surreal-redis[robosuite]'"
     return None

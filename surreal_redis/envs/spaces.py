@@ -46,8 +46,7 @@ def image_layout(space: gym.Space) -> ImageLayout | None:
     return None
 
 
-def is_image_space(space: gym.Space) -> bool:
-    """A uint8 Box of shape ``(H, W)``, ``(H, W, C)`` or ``(C, H, W)``."""
+def is_image_space(space: gym.Space) -> bool:  # a uint8 Box (H, W), (H, W, C) or (C, H, W)
     return isinstance(space, gym.spaces.Box) and image_layout(space) is not None
 
 

@@ -59,8 +59,7 @@ class FIFOReplay:
         return self._learner_version  # staleness is measured against it
 
     def stats(self) -> dict[str, int]:
-        """Cumulative counters: inserted/taken steps and dropped chunks and steps, by reason."""
-        with self._lock:
+        with self._lock:  # cumulative counters
             return dict(self._stats)
 
     def insert(self, chunk: Chunk) -> None:
@@ -104,8 +103,8 @@ class FIFOReplay:
             self._queue = fresh
 
     def take(self, num_steps: int) -> list[Chunk]:
-        """The fewest oldest chunks holding at least ``num_steps`` steps, removed from the queue
-        (so the result may hold up to one chunk's length more); ``[]`` if fewer are waiting."""
+        """Remove and return the fewest oldest chunks holding at least ``num_steps`` steps (up to a
+        chunk's length more); ``[]`` if fewer are waiting."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         with self._lock:

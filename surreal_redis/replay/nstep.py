@@ -26,12 +26,9 @@ logger = logging.getLogger(__name__)
 
 
 class NStepBatch(NamedTuple):
-    """B n-step transitions, in the argument order of ``replay.insert(*batch)``.
-
-    Shapes: ``obs``, ``next_obs`` trees with leaves ``[B, ...]``; ``actions`` ``[B, ...]``;
-    ``rewards`` float32 ``[B]`` (discounted sums); ``discounts`` float32 ``[B]`` (gamma**m, or 0
-    after a termination).
-    """
+    """B n-step transitions, in the argument order of ``replay.insert(*batch)``: ``obs``, ``next_obs``
+    trees with leaves ``[B, ...]``; ``actions`` ``[B, ...]``; ``rewards`` float32 ``[B]`` (discounted
+    sums); ``discounts`` float32 ``[B]`` (gamma**m, or 0 after a termination)."""
 
     obs: Tree
     actions: np.ndarray
@@ -118,11 +115,8 @@ class NStepBuilder:
 
     def _transitions(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray,
                      truncated: np.ndarray, final_obs: dict[int, Tree]) -> tuple[NStepBatch | None, int]:
-        """n-step transitions of L consecutive steps (``obs`` leaves ``[L+1, ...]``).
-
-        Returns the transitions that are complete and the index of the first step that must wait
-        for more steps (L if none must).
-        """
+        """The complete n-step transitions of L consecutive steps (``obs`` leaves ``[L+1, ...]``), and
+        the index of the first step that must wait for more (L if none must)."""
         num_steps = rewards.shape[0]
         ends = terminated | truncated
         last_steps, returns, discounts = [], [], []

@@ -85,17 +85,15 @@ class PrioritizedReplay(Replay):
 
     def insert(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, next_obs: Tree,
                discounts: np.ndarray) -> np.ndarray:
-        """As :meth:`Replay.insert`; the new transitions get the largest priority so far."""
-        with self._lock:
+        with self._lock:  # the new transitions get the largest priority so far
             indices = super().insert(obs, actions, rewards, next_obs, discounts)
             self._sum[indices] = self._max_priority
             self._min[indices] = self._max_priority
             return indices
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> TransitionBatch:
-        """``batch_size`` transitions drawn in proportion to priority (stratified), with
-        float32 ``[B]`` importance weights in (0, 1]. Raises ValueError when empty; never blocks.
-        """
+        """``batch_size`` transitions drawn in proportion to priority (stratified), with float32 ``[B]``
+        importance weights in (0, 1]. Raises ValueError when empty; never blocks."""
         with self._lock:
             self.storage.check_can_sample(batch_size)
             total = self._sum.sum()

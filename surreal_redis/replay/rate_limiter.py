@@ -1,8 +1,7 @@
 """Rate limiters with Reverb's semantics: when may the learner sample, and when may data go in.
 
-A limiter counts inserted items and sampled items (each transition in a batch is one sample) and
-answers two questions; it never blocks, a False answer is the caller's cue to do the other thing
-(read more experience, or train). Its rules are those of Reverb's ``RateLimiter``:
+A limiter counts inserted and sampled items (each transition in a batch is one sample). It never
+blocks: a False answer is the caller's cue to do the other thing (read more experience, or train).
 
 - ``can_sample(n)``: at least ``min_size_to_sample`` items were inserted, and
   ``inserts * samples_per_insert - samples - n >= min_diff``.
@@ -14,13 +13,10 @@ Unlike Reverb, deletions are not counted: a ring replay never shrinks once full.
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import threading
 from dataclasses import dataclass
-
-logger = logging.getLogger(__name__)
 
 
 class RateLimiter:

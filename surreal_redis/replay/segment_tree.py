@@ -14,13 +14,10 @@ in the widest dense level with one ``searchsorted`` over its cumulative sums, th
 from __future__ import annotations
 
 import importlib.util
-import logging
 from functools import cache
 from types import SimpleNamespace
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 NUMBA_INSTALLED = importlib.util.find_spec("numba") is not None
 
@@ -62,13 +59,9 @@ def _compiled_kernels() -> SimpleNamespace:
 
 
 class SegmentTree:
-    """A binary tree whose internal nodes hold ``operation(left, right)``.
-
-    Args:
-        capacity: number of leaves addressed by callers (indices ``0 <= i < capacity``).
-        operation: ``np.add`` or ``np.minimum``.
-        neutral: the operation's identity, the value of leaves never set.
-        compiled: use the numba kernels (default: when numba is installed); False forces numpy.
+    """A binary tree of ``capacity`` leaves whose internal nodes hold ``operation(left, right)``
+    (``np.add`` or ``np.minimum``); leaves never set hold ``neutral``. ``compiled``: use the numba
+    kernels (default: when numba is installed); False forces numpy.
     """
 
     DENSE_NODES = 1024  # a power of two; levels this small are updated and searched whole (numpy)
@@ -92,8 +85,7 @@ class SegmentTree:
         return self._kernels is not None  # the numba kernels do the work
 
     def __setitem__(self, indices: np.ndarray, values: np.ndarray | float) -> None:
-        """Set leaves ``indices`` (int ``[B]``) to ``values`` (``[B]`` or a scalar); with repeated
-        indices the last value wins."""
+        """Set leaves ``indices`` (int ``[B]``) to ``values`` (``[B]`` or a scalar); the last repeat wins."""
         indices = self._checked(indices)
         if len(indices) == 0:
             return
@@ -124,8 +116,8 @@ class SegmentTree:
         return float(self._tree[1])
 
     def _checked(self, indices: np.ndarray) -> np.ndarray:
-        """``indices`` as a contiguous int64 ``[B]`` array (not copied when it is one already:
-        callers never write to it); IndexError names one outside."""
+        """``indices`` as a contiguous int64 ``[B]`` array (not copied: callers never write to it);
+        IndexError names one outside."""
         indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) and (indices.min() < 0 or indices.max() >= self.capacity):
             bad = indices[(indices < 0) | (indices >= self.capacity)][0]
@@ -144,11 +136,8 @@ class SumSegmentTree(SegmentTree):
 
     def find_prefixsum_idx(self, prefixsums: np.ndarray) -> np.ndarray:
         """For each p in ``prefixsums`` (float ``[B]``, 0 <= p < :meth:`sum`), the leaf i with
-        ``sum(leaves[:i]) <= p < sum(leaves[:i+1])``; int64 ``[B]``.
-
-        Leaves holding 0 are never returned for p in range. A p at or above the sum (rounding)
-        walks to the last leaf, which may be unused: callers clip to their size.
-        """
+        ``sum(leaves[:i]) <= p < sum(leaves[:i+1])`` (never a leaf holding 0); int64 ``[B]``. A p at
+        or above the sum (rounding) walks to the last leaf, which may be unused: callers clip."""
         remaining = np.array(prefixsums, dtype=np.float64).reshape(-1)
         if self._kernels is not None:
             found = np.empty(len(remaining), dtype=np.int64)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -21,7 +20,7 @@ from surreal_redis.algos.base import ActMode, AgentPolicy, ParamDict
 from surreal_redis.codec import Tree
 from surreal_redis.envs import step_vector_env
 from surreal_redis.experience import Chunk
-from surreal_redis.replay.feeds import OnPolicyFeed
+from surreal_redis.replay.feeds import OnPolicyFeed, OnPolicyTrainer
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.trees import tree_map, tree_stack
 
@@ -30,9 +29,7 @@ log = logging.getLogger(__name__)
 INITIAL_STATE = "initial_state"  # the Chunk.extras key of the recurrent state at the chunk start
 
 
-class OnPolicyLearner(Protocol):
-    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]: ...
-
+class OnPolicyLearner(OnPolicyTrainer, Protocol):
     def actor_params(self) -> ParamDict: ...
 
 
@@ -55,16 +52,20 @@ class LocalLoopConfig:
             raise ValueError(f"total_steps, chunk_steps, return_window and log_every must be >= 1: {self}")
 
 
+def mean_return(episode_returns: list[float], window: int) -> float:
+    """Mean of the last ``window`` episode returns (NaN before the first episode)."""
+    recent = episode_returns[-window:]
+    return float(np.mean(recent)) if recent else float("nan")
+
+
 class LoopResult(NamedTuple):
     """What an in-process training loop (on- or off-policy) did."""
 
     steps: int
     updates: int
     wall_s: float
-    episode_returns: list[float]
-    """Return of every finished training episode (with exploration), in order."""
-    mean_return: float
-    """Mean of the last ``return_window`` episode returns (NaN before the first episode)."""
+    episode_returns: list[float]  # every finished training episode's, in order
+    mean_return: float  # see mean_return()
     last_stats: dict[str, float]
 
 
@@ -148,7 +149,7 @@ def run_local(learner: OnPolicyLearner, policy: AgentPolicy, envs: gym.vector.Ve
     policy.load_params(learner.actor_params(), 0)
     collector = ChunkCollector(envs, policy, seed=config.seed)
     steps, updates, stats = 0, 0, {}
-    mean_return = float("nan")
+    mean = float("nan")
     while steps < config.total_steps:
         for chunk in collector.collect(config.chunk_steps):
             feed.ingest(chunk)
@@ -158,14 +159,13 @@ def run_local(learner: OnPolicyLearner, policy: AgentPolicy, envs: gym.vector.Ve
             updates += 1
         feed.on_publish(updates)
         policy.load_params(learner.actor_params(), updates)
-        recent = collector.episode_returns[-config.return_window:]
-        mean_return = float(np.mean(recent)) if recent else float("nan")
+        mean = mean_return(collector.episode_returns, config.return_window)
         if updates % config.log_every == 0:
             log.info("steps %d updates %d episodes %d mean return %.1f (%.0f s)", steps, updates,
-                     len(collector.episode_returns), mean_return, time.perf_counter() - start)
-        if (config.target_return is not None and len(recent) == config.return_window
-                and mean_return >= config.target_return):
+                     len(collector.episode_returns), mean, time.perf_counter() - start)
+        if (config.target_return is not None and len(collector.episode_returns) >= config.return_window
+                and mean >= config.target_return):
             break
     wall_s = time.perf_counter() - start
-    log.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean_return, wall_s)
-    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean_return, stats)
+    log.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean, wall_s)
+    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean, stats)
