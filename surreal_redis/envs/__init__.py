@@ -1,17 +1,6 @@
-"""Environments: :func:`make_env` and :func:`make_vector_env` for gymnasium ids, Atari games
-(``atari`` extra), MuJoCo (``mujoco``), dm_control through shimmy (``dmc``) and robosuite
-(``robosuite``), families a user registers (:func:`register_family`), plus the wrappers agents rely on.
-
-- :mod:`~surreal_redis.envs.config`: :class:`EnvConfig`, the family settings, and the table of
-  families (:func:`register_family`, :func:`env_family`).
-- :mod:`~surreal_redis.envs.families`: the built-in families, and which one an ``env_id`` belongs to.
-- :mod:`~surreal_redis.envs.spaces`: which observation leaves are images, in which axis order.
-- :mod:`~surreal_redis.envs.wrappers`: frame stacks kept as separate frames, action repeat,
-  float32 observations, the space check.
-- :mod:`~surreal_redis.envs.atari`: Atari preprocessing as CleanRL and SB3 do it.
-- :mod:`~surreal_redis.envs.robosuite_adapter`: robosuite behind the gymnasium API.
-- :mod:`~surreal_redis.envs.make`: building and stepping (vector) envs.
-"""
+"""Environments: :func:`make_env` and :func:`make_vector_env` for gymnasium ids, Atari games,
+MuJoCo, dm_control, robosuite and families a user registers (:func:`register_family`), plus the
+wrappers agents rely on. See docs/environments.md."""
 
 from surreal_redis.envs.atari import ATARI_GAMES, atari_env_id
 from surreal_redis.envs.config import (

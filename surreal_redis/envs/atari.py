@@ -1,4 +1,5 @@
-"""Atari as CleanRL's ``ppo_atari.py`` and SB3's ``AtariWrapper`` run it, on ALE v5 ids.
+"""Atari as CleanRL's ``ppo_atari.py`` and SB3's ``AtariWrapper`` run it, on ALE v5 ids (see
+docs/environments.md).
 
 Wrapper stack, innermost first: the ALE env (``frameskip=1``, sticky actions and action set from
 :class:`AtariConfig`, RGB screens) -> :class:`NoopReset` -> :class:`MaxAndSkip` -> :class:`GrayFrame`
@@ -6,14 +7,12 @@ Wrapper stack, innermost first: the ALE env (``frameskip=1``, sticky actions and
 ``RecordEpisodeStatistics`` (whole games, raw rewards, lengths in agent steps) ->
 :class:`EpisodicLife` -> :class:`FireReset` -> :class:`ClipReward` -> :class:`ResizeFrame`.
 
-Gray frames are OpenCV's gray of the max of the last two RGB frames, as in SB3 (``MaxAndSkipEnv``,
-then ``WarpFrame``) and CleanRL. The max of two gray screens (ALE's ``obs_type="grayscale"``, which
-is the same gray per screen) differs from that in about half of Pong's frames, by up to 16 levels.
+Gray frames are OpenCV's gray of the max of the last two RGB frames, as in SB3 and CleanRL; the
+max of two gray screens (ALE's ``obs_type="grayscale"``) differs from it in many frames.
 
-Episodic life and autoreset: a lost life sets ``terminated`` (so the learner does not bootstrap
-across it), and the vector env's autoreset then calls ``reset``, which :class:`EpisodicLife` turns
-into one no-op step: the game goes on. Only a game over (or a truncation) resets the game, and
-only then does ``RecordEpisodeStatistics``, which sits below it, report an episode.
+A lost life sets ``terminated``, and the vector env's autoreset then calls ``reset``, which
+:class:`EpisodicLife` turns into one no-op step; only a game over (or a truncation) resets the
+game, and only then does ``RecordEpisodeStatistics``, below it, report an episode.
 """
 
 from __future__ import annotations
@@ -50,11 +49,8 @@ ATARI_GAMES = (
 
 
 def atari_env_id(name: str) -> str | None:
-    """The ALE v5 id for an Atari game name, or None if ``name`` names no Atari game.
-
-    Accepts ``pong``, ``Pong``, ``space_invaders``, ``SpaceInvaders``, ``PongNoFrameskip-v4``,
-    ``PongDeterministic-v4``, ``Pong-v4``, ``ALE/Pong-v5`` (all -> ``ALE/Pong-v5``; frame skip and
-    sticky actions come from :class:`AtariConfig`, not from the name).
+    """The ALE v5 id for an Atari game name (``pong``, ``SpaceInvaders``, ``PongNoFrameskip-v4``,
+    ``ALE/Pong-v5``, ...), or None. Frame skip and sticky actions come from :class:`AtariConfig`.
     """
     base = re.sub(r"-v\d+$", "", name.removeprefix("ALE/"))
     base = re.sub(r"(NoFrameskip|Deterministic)$", "", base)
@@ -79,8 +75,7 @@ class AtariGame(Protocol):
     def get_action_meanings(self) -> list[str]: ...
 
 
-def ale_env(env: gym.Env) -> AtariGame:
-    """The Atari game under ``env``'s wrappers; EnvError if it is none."""
+def ale_env(env: gym.Env) -> AtariGame:  # EnvError if ``env`` wraps no Atari game
     base = env.unwrapped
     if not isinstance(base, AtariGame):
         raise EnvError(f"{env} is not an ALE (Atari) environment: no ale.lives() or get_action_meanings()")
@@ -112,8 +107,7 @@ class NoopReset(gym.Wrapper):
 
 
 class MaxAndSkip(gym.Wrapper):
-    """Repeats the action ``skip`` frames, sums the rewards, and shows the pixel-wise max of the
-    last two frames (Atari sprites flicker between frames)."""
+    """Repeats the action ``skip`` frames, sums the rewards, shows the max of the last two (flicker)."""
 
     def __init__(self, env: gym.Env, skip: int) -> None:
         super().__init__(env)
@@ -139,11 +133,8 @@ _GRAY_WEIGHTS = np.array([9798, 19235, 3735], np.float32)
 
 def rgb_to_gray(frame: np.ndarray) -> np.ndarray:
     """(..., 3) uint8 RGB -> (...) uint8 gray: ``(9798 R + 19235 G + 3735 B + 2**14) >> 15``, the
-    same bytes as ``cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY)``.
-
-    Computed in float32, which is exact here (each product and partial sum is an integer below
-    2**24, in any summation order; scaling by 2**-15 is exact and truncation floors) and about twice
-    as fast as the same sum in uint32."""
+    same bytes as ``cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY)``. float32 is exact here (every product
+    and partial sum is an integer below 2**24; scaling by 2**-15 is exact) and faster than uint32."""
     gray = frame.astype(np.float32) @ _GRAY_WEIGHTS
     gray += 2**14
     gray *= 2**-15
@@ -224,10 +215,8 @@ class ClipReward(gym.RewardWrapper):
 
 def _area_passes(src: int, dst: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Area-interpolation weights along one axis of ``src`` -> ``dst`` pixels, as OpenCV's
-    ``computeResizeAreaTab`` makes them: output pixel d averages the input pixels its cell
-    ``[d * src / dst, (d + 1) * src / dst)`` covers, each weighted by the fraction it covers.
-    Returned as passes k = 0, 1, ...: (output indices, their k-th input index, float32 weight), so
-    that adding pass by pass sums each output in OpenCV's order."""
+    ``computeResizeAreaTab`` makes them, as passes k = 0, 1, ...: (output indices, their k-th input
+    index, float32 weight); adding pass by pass sums each output in OpenCV's order."""
     scale = 1.0 / (dst / src)
     terms: list[list[tuple[int, float]]] = []
     for d in range(dst):
@@ -256,8 +245,8 @@ class ResizeFrame(gym.ObservationWrapper):
     """Resizes (H, W) or (H, W, C) uint8 frames to ``size x size`` with area interpolation.
 
     The same bytes as ``cv2.resize(frame, (size, size), interpolation=cv2.INTER_AREA)`` (float32
-    sums in OpenCV's order, rounded half to even), in numpy: OpenCV would cost every agent ~16 MiB
-    of memory for this one call."""
+    sums in OpenCV's order, rounded half to even), in numpy: importing OpenCV would cost every agent
+    memory for this one call."""
 
     def __init__(self, env: gym.Env, size: int) -> None:
         super().__init__(env)
@@ -284,7 +273,7 @@ class ResizeFrame(gym.ObservationWrapper):
 
 
 def make_atari(config: EnvConfig, gym_id: str) -> gym.Env:
-    """The wrapped Atari env for ``config`` (already in its mode), see the module docstring."""
+    """The wrapped Atari env for ``config`` (already in its mode)."""
     require_extra(f"{config.env_id!r} is the Atari game {gym_id}", "atari", {"ale-py": "ale_py"})
     if config.action_repeat != 1:
         raise EnvError(f"action_repeat={config.action_repeat} does not apply to Atari games: set atari.frame_skip")
@@ -299,9 +288,8 @@ def make_atari(config: EnvConfig, gym_id: str) -> gym.Env:
 
 
 def wrap_atari(env: gym.Env, atari: AtariConfig, max_episode_steps: int | None = None) -> gym.Env:
-    """The preprocessing stack around an ALE env with ``frameskip=1`` and (H, W, 3) uint8 RGB
-    screens (anything whose ``unwrapped`` has ``ale.lives()``, ``get_action_meanings()`` and
-    ``np_random``)."""
+    """The preprocessing stack around an :class:`AtariGame` with ``frameskip=1`` and (H, W, 3) uint8
+    RGB screens."""
     if atari.noop_max > 0:
         env = NoopReset(env, atari.noop_max)
     env = MaxAndSkip(env, atari.frame_skip)

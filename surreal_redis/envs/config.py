@@ -35,8 +35,7 @@ class EnvError(ValueError):
 
 
 def require_extra(what: str, extra: str, modules: dict[str, str]) -> None:
-    """Raise :class:`EnvError` naming ``extra`` when any of ``modules`` (package name -> import
-    name) is not installed; ``what`` says which environment needs them."""
+    """:class:`EnvError` naming ``extra`` when any of ``modules`` (package -> import name) is missing."""
     import importlib.util
 
     missing = [package for package, module in modules.items() if importlib.util.find_spec(module) is None]

@@ -1,14 +1,7 @@
-"""The built-in environment families, and which one an ``env_id`` belongs to.
-
-- ``gym``: any registered gymnasium id, or ``module:Id`` (gymnasium imports ``module`` first, which
-  registers ``Id``); ``gymnasium.make`` with the time limit in agent steps and the action repeat.
-- ``mujoco``: gymnasium's MuJoCo ids (``HalfCheetah-v5``, ...), as ``gym`` once the extra is there.
-- ``atari``: game names (``pong``, ``PongNoFrameskip-v4``, ``ALE/Pong-v5``); :mod:`~surreal_redis.envs.atari`.
-- ``dmc``: ``dm_control/<domain>-<task>-v0`` through shimmy, camera frames optional.
-- ``robosuite``: ``robosuite/<task>``; :mod:`~surreal_redis.envs.robosuite_adapter`.
-
-:data:`BUILTIN_FAMILIES` is read by the table in :mod:`surreal_redis.envs.config`, where plug-ins add
-theirs; :func:`resolve_env_id` picks the family when ``env.family`` is empty.
+"""The built-in environment families (``gym``, ``mujoco``, ``atari``, ``dmc``, ``robosuite``; see
+docs/environments.md), and which one an ``env_id`` belongs to (:func:`resolve_env_id`, used when
+``env.family`` is empty). :data:`BUILTIN_FAMILIES` is read by the table in
+:mod:`surreal_redis.envs.config`.
 """
 
 from __future__ import annotations
@@ -33,10 +26,8 @@ SUPPORTED = ("any registered gymnasium id (CartPole-v1, Pendulum-v1, ...); Atari
 
 
 class ResolvedEnvId(NamedTuple):
-    gym_id: str
-    """The id the family's builder gets (Atari names become their ALE v5 id)."""
+    gym_id: str  # the id the family's builder gets (Atari names become their ALE v5 id)
     family: str
-    """The built-in family's name."""
 
 
 def resolve_env_id(env_id: str) -> ResolvedEnvId:

@@ -1,17 +1,13 @@
 """Building environments: :func:`make_env`, :func:`make_vector_env` and :func:`step_vector_env`.
 
-The family ``env.family`` names builds the env (empty: the built-in family
-:func:`~surreal_redis.envs.families.resolve_env_id` picks from the id); every family then ends in
-the same outer stack:
-``RecordEpisodeStatistics`` (whole episodes, raw rewards, lengths in agent steps; unless the family's
-env records them itself, as Atari does below episodic life, see :mod:`surreal_redis.envs.atari`) ->
-float32 observations -> :class:`FrameTupleStack` (``frame_stack > 1``) -> the space check.
+The family's env (``env.family``, or the one :func:`~surreal_redis.envs.families.resolve_env_id`
+picks) gets the same outer stack: ``RecordEpisodeStatistics`` (unless the family's env records
+episodes itself, as Atari does) -> float32 observations -> :class:`FrameTupleStack` -> the space check.
 
 Vector envs use gymnasium's ``AutoresetMode.SAME_STEP``: the step where an episode ends already
-returns the first observation of the next episode, and the true last observation is reported
-beside it (:func:`step_vector_env` collects these per env). That is exactly a chunk's layout
-(``obs[t+1]`` is the reset observation, ``final_obs[t]`` the true last one), and no step is wasted
-on the dummy action NEXT_STEP mode needs.
+returns the first observation of the next episode, and the true last one beside it. That is a
+chunk's layout (``obs[t+1]`` the reset observation, ``final_obs[t]`` the true last one), and no
+step is wasted on the dummy action NEXT_STEP mode needs.
 """
 
 from __future__ import annotations
@@ -31,16 +27,6 @@ from surreal_redis.envs.wrappers import Float32Observations, FrameTupleStack, ch
 logger = logging.getLogger(__name__)
 
 
-def _make_core(config: EnvConfig) -> tuple[gym.Env, str]:
-    """The family's env with its episode statistics recorded, and the id it was built from."""
-    gym_id, family = (config.env_id, config.family) if config.family else resolve_env_id(config.env_id)
-    env = env_family(family)(config, gym_id)
-    # Atari records whole games below its episodic life; a second recorder would meet its stats
-    if not _records_episodes(env):
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-    return env, gym_id
-
-
 def _records_episodes(env: gym.Env) -> bool:
     while isinstance(env, gym.Wrapper):
         if isinstance(env, gym.wrappers.RecordEpisodeStatistics):
@@ -50,19 +36,18 @@ def _records_episodes(env: gym.Env) -> bool:
 
 
 def make_env(config: EnvConfig, seed: int, mode: Mode = "train") -> gym.Env:
-    """Build, wrap, check and seed one environment.
+    """Build, wrap, check and seed one environment, with ``mode``'s overrides applied to ``config``.
 
-    Args:
-        config: see :class:`EnvConfig`; ``mode``'s overrides are applied first.
-        seed: seeds the env (through a first ``reset(seed=seed)``, so later plain ``reset()`` calls
-            continue that random stream) and its action space.
-        mode: "train" or "eval" (eval plays whole Atari games with raw rewards).
-
-    Raises:
-        EnvError: unknown id, missing extra, unsupported action or observation space.
+    ``seed`` seeds the env (through a first ``reset(seed=seed)``, so later plain ``reset()`` calls
+    continue that random stream) and its action space. Raises :class:`EnvError` for an unknown id,
+    a missing extra, or an unsupported action or observation space.
     """
     config = config.for_mode(mode)
-    env, gym_id = _make_core(config)
+    gym_id, family = (config.env_id, config.family) if config.family else resolve_env_id(config.env_id)
+    env = env_family(family)(config, gym_id)
+    # Atari records whole games below its episodic life; a second recorder would meet its stats
+    if not _records_episodes(env):
+        env = gym.wrappers.RecordEpisodeStatistics(env)
     try:
         if Float32Observations.needed(env.observation_space):
             env = Float32Observations(env)
@@ -82,10 +67,7 @@ def make_env(config: EnvConfig, seed: int, mode: Mode = "train") -> gym.Env:
 def make_vector_env(config: EnvConfig, num_envs: int | None = None, seed: int = 0,
                     mode: Mode = "train") -> gym.vector.SyncVectorEnv:
     """``num_envs`` (default ``config.num_envs``) envs stepped in lockstep in this process, env i
-    seeded with ``seed + i``, reset automatically in the step where an episode ends (SAME_STEP).
-
-    Step it with :func:`step_vector_env`; observations are batched trees with leaves ``[N, ...]``.
-    """
+    seeded with ``seed + i``, autoreset SAME_STEP; step it with :func:`step_vector_env`."""
     count = config.num_envs if num_envs is None else num_envs
     if count < 1:
         raise ValueError(f"num_envs must be >= 1, got {count}")
@@ -102,13 +84,11 @@ class EpisodeResult(NamedTuple):
 class VectorStep(NamedTuple):
     """One step of N envs (from :func:`step_vector_env`).
 
-    ``obs``: tree with leaves ``[N, ...]``, the observation each env shows now (for an env whose
-    episode just ended, the first one of its next episode); ``rewards`` float32 ``[N]`` (clipped
-    when the env clips them); ``terminated``, ``truncated`` bool ``[N]``; ``final_obs``: env index ->
-    true last observation of the episode that ended at this step (no batch axis), for every env
-    with terminated or truncated set; ``episodes``: env index -> raw return and length, for every
-    env whose whole episode ended (with Atari's episodic life a lost life sets ``terminated`` and
-    ``final_obs`` but reports no episode: the game goes on); ``infos``: gymnasium's batched info.
+    ``obs``: leaves ``[N, ...]``, what each env shows now (after an episode end, the next episode's
+    first observation); ``rewards`` float32 ``[N]`` (clipped when the env clips them);
+    ``terminated``, ``truncated`` bool ``[N]``; ``final_obs``: env index -> true last observation
+    (no batch axis) of each episode that ended; ``episodes``: env index -> raw return and length of
+    each whole episode that ended (an Atari lost life reports none); ``infos``: gymnasium's.
     """
 
     obs: Tree

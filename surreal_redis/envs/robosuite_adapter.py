@@ -1,11 +1,8 @@
 """robosuite tasks (``robosuite/Lift``, ``robosuite/Stack``, ...) behind the gymnasium API.
 
-robosuite's own ``GymWrapper`` flattens every observation key, camera images included, into one
-vector. This adapter keeps the two kinds apart, as SURREAL's ``RobosuiteWrapper`` did: ``state``
-(float32: the robot's proprio-state followed by the object state) and, with cameras on,
-``pixels`` (uint8 ``(size, size, 3)``, upright), so the CNN sees the image, the z-filter sees
-only the state, and the hub stores every frame once. robosuite ends episodes only at its
-horizon: that is a truncation (the task itself never terminates).
+Unlike robosuite's ``GymWrapper``, which flattens every key, camera images included, into one
+vector, this keeps ``state`` and ``pixels`` apart: the CNN sees the image, the z-filter only the
+state, and the hub stores every frame once. Episodes end only at the horizon, as a truncation.
 """
 
 from __future__ import annotations
@@ -24,21 +21,16 @@ STATE_KEYS = ("robot0_proprio-state", "object-state")
 DEFAULT_CAMERA = "agentview"
 
 
-def robosuite_missing() -> str | None:
-    """Why robosuite cannot be used here (None when it can)."""
+def robosuite_missing() -> str | None:  # why robosuite cannot be used here, or None
     if importlib.util.find_spec("robosuite") is None:
         return "robosuite is not installed, which the 'robosuite' extra brings: pip install 'surreal-redis[robosuite]'"
     return None
 
 
 class RobosuiteEnv(gym.Env):
-    """One robosuite task; observations ``{"state": float32 [D]}`` or ``{"state", "pixels"}``.
-
-    Args:
-        task: robosuite environment name (``Lift``, ``Stack``, ``PickPlaceCan``, ...).
-        config: robots, controller, control frequency, horizon, reward shaping.
-        pixels: camera settings (``enabled`` adds ``pixels``; ``camera`` defaults to agentview).
-        kwargs: passed on to ``robosuite.make``.
+    """One robosuite ``task`` (``Lift``, ``Stack``, ...); observations ``{"state": float32 [D]}``
+    (proprio-state, then object state) and, with ``pixels.enabled``, ``"pixels"`` (uint8
+    ``(size, size, 3)``, upright). ``kwargs`` go to ``robosuite.make``.
     """
 
     metadata = {"render_modes": []}

@@ -4,9 +4,8 @@ An image is a uint8 Box of rank 2 ``(H, W)`` (grayscale) or rank 3, either chann
 ``(H, W, C)`` (gymnasium's renders, ALE RGB, robosuite cameras) or channels-first ``(C, H, W)``.
 The channel axis of a rank-3 image is the smaller of its first and last axes (channels-last on a
 tie): ``(84, 84, 3)`` and ``(84, 84, 12)`` are channels-last, ``(3, 64, 64)`` and ``(4, 84, 84)``
-channels-first. A frame stack is a Tuple of K identical image Boxes (see
-:class:`~surreal_redis.envs.wrappers.FrameTupleStack`): each frame stays a separate array, so the
-hub stores it once. Every other Box is a vector (flattened; z-filtered when asked).
+channels-first. A frame stack is a Tuple of K identical image Boxes
+(:class:`~surreal_redis.envs.wrappers.FrameTupleStack`). Every other Box is a vector.
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ def image_layout(space: gym.Space) -> ImageLayout | None:
     return None
 
 
-def is_image_space(space: gym.Space) -> bool:
-    """A uint8 Box of shape ``(H, W)``, ``(H, W, C)`` or ``(C, H, W)``."""
+def is_image_space(space: gym.Space) -> bool:  # a uint8 Box (H, W), (H, W, C) or (C, H, W)
     return isinstance(space, gym.spaces.Box) and image_layout(space) is not None
 
 

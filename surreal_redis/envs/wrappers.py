@@ -15,12 +15,9 @@ from surreal_redis.envs.spaces import is_frame_tuple, is_image_space
 
 
 class FrameTupleStack(gym.Wrapper):
-    """Keeps the last K frames of each image observation as a tuple of K separate arrays.
-
-    Box image observations become ``Tuple(K x Box)``; in a Dict, image entries are stacked and the
-    others (low-dim state) passed through. After a reset all K entries are the same first frame.
-    Frames are copied once on arrival and never written again, so a frame object shared by K
-    consecutive observations can be deduplicated by identity or content downstream.
+    """Keeps the last K frames of each image observation (a Box, or the image entries of a Dict) as
+    ``Tuple(K x Box)``; after a reset all K are the first frame. Frames are copied once on arrival
+    and never written again, so downstream can deduplicate them by identity or content.
     """
 
     def __init__(self, env: gym.Env, num_frames: int) -> None:
@@ -100,8 +97,7 @@ class Float32Observations(gym.ObservationWrapper):
         return observation
 
     @staticmethod
-    def needed(space: gym.Space) -> bool:
-        """Whether ``space`` has a float64 Box leaf."""
+    def needed(space: gym.Space) -> bool:  # whether ``space`` has a float64 Box leaf
         if isinstance(space, gym.spaces.Dict):
             return any(Float32Observations.needed(s) for s in space.spaces.values())
         return isinstance(space, gym.spaces.Box) and space.dtype == np.float64

@@ -4,15 +4,10 @@
   every ``steps_per_update`` env steps make one update; chunks too stale for the published
   parameters are dropped and counted.
 - :class:`OffPolicyFeed` (DDPG, SAC): chunks become n-step transitions in a uniform or prioritized
-  replay; updates are owed at ``updates_per_step`` per transition inserted once the replay can be
-  sampled, or at the rate limiter's ``samples_per_insert`` when it sets the ratio. Reading pauses while updates are owed, so
-  the backlog builds up in Redis and agents wait on ``hub.sender.max_lag``.
+  replay; updates are owed at the replay ratio (:class:`OffPolicyConfig`). Reading pauses while
+  updates are owed, so the backlog builds up in Redis and agents wait on ``hub.sender.max_lag``.
 
-Both offer ``ingest(chunk)``, ``wants_data()``, ``train(algo, stop)`` (an iterator of per-update
-stats), ``on_publish(version)``, ``refill(chunks)``, ``stats()`` and a checkpointable state. The
-learner process and the in-process loops of :mod:`surreal_redis.testing` drive them the same way.
-The on-policy feed also says how many env steps its next update still needs (``steps_needed``:
-what a lockstep learner grants agents) and what became of the steps it took in (``use``).
+The learner process and the in-process loops of :mod:`surreal_redis.testing` drive both the same way.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ class StopSignal(Protocol):
 class OnPolicyTrainer(Protocol):
     def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
         """One update on ``chunks``, returning its stats. A trainer whose epochs adapt (APPO's
-        ``min_epochs``) runs another epoch past its minimum only while ``more_epochs()`` is true
-        (None: always); one with a fixed number of epochs ignores it."""
+        ``min_epochs``) runs an epoch past its minimum only while ``more_epochs()`` (None: always)."""
         ...
 
 
@@ -56,8 +50,8 @@ TrainerT = TypeVar("TrainerT", contravariant=True)
 
 
 class ExperienceUse(NamedTuple):
-    """Env steps an on-policy feed took in, by fate so far: ``used`` by an update, ``dropped``
-    (too stale, or pushed out by the capacity bound) or ``held`` for the next update."""
+    """Env steps an on-policy feed took in: ``used`` by an update, ``dropped`` (stale, or over
+    capacity) or ``held`` for the next update."""
 
     used: int
     dropped: int
@@ -78,10 +72,10 @@ class Feed(abc.ABC, Generic[TrainerT]):
     @abc.abstractmethod
     def train(self, algo: TrainerT, stop: StopSignal, arriving: Callable[[], int] | None = None
               ) -> Iterator[dict[str, float]]:
-        """Run the updates the data in hand allows, yielding each update's stats; the caller
-        may publish between updates. Ends early once ``stop`` is set. CPU/GPU-bound, no I/O.
-        ``arriving()``: env steps read and not ingested yet (the learner's prefetch queue); the
-        on-policy feed lets an update go on with more epochs while the next batch is short."""
+        """Run the updates the data in hand allows, yielding each update's stats (the caller may
+        publish between them); ends early once ``stop`` is set. CPU/GPU-bound, no I/O.
+        ``arriving()``: env steps read and not ingested yet; while the next batch is short the
+        on-policy feed lets an update go on with more epochs."""
 
     def on_publish(self, version: int) -> None:  # noqa: B027  (only the on-policy feed cares)
         """The learner published parameter version ``version``."""
@@ -92,14 +86,12 @@ class Feed(abc.ABC, Generic[TrainerT]):
         return None
 
     def use(self) -> ExperienceUse | None:
-        """What became of the env steps taken in; None when every step goes into a replay that
-        samples it many times (off-policy), where the question does not arise."""
+        """What became of the env steps taken in; None off-policy, where a replay samples each many times."""
         return None
 
     def refill(self, chunks: Iterable[Chunk]) -> int:
-        """After a restart: store the hub's retained experience (already trained on once).
-        Returns the transitions stored; a feed that has no use for old data does not iterate
-        ``chunks`` at all (so a lazy reader never touches Redis)."""
+        """After a restart: store the hub's retained experience; returns the transitions stored. A
+        feed with no use for old data never iterates ``chunks`` (a lazy reader never touches Redis)."""
         return 0
 
     @abc.abstractmethod
@@ -115,7 +107,7 @@ class Feed(abc.ABC, Generic[TrainerT]):
 
 
 class OnPolicyFeed(Feed[OnPolicyTrainer]):
-    """The on-policy feed: one update per ``steps_per_update`` env steps, each chunk used once, in order."""
+    """One update per ``steps_per_update`` env steps, each chunk used once, in order."""
 
     def __init__(self, fifo: FIFOReplayConfig, steps_per_update: int) -> None:
         if steps_per_update < 1:
@@ -202,10 +194,9 @@ class OffPolicyConfig:
 class OffPolicyFeed(Feed[OffPolicyTrainer]):
     """The off-policy feed: chunks -> n-step transitions -> replay -> sampled batches, at a set replay ratio.
 
-    Updates are owed only for transitions that came through :meth:`ingest` after the last
-    :meth:`train` call that found the replay too small to sample; refilled transitions were
-    trained on before a restart and earn none. Sampling uses the feed's own generator (``seed``),
-    which :meth:`state_dict` keeps.
+    Only transitions ingested after the last :meth:`train` call that found the replay too small
+    earn updates (refilled ones were trained on before a restart). Sampling uses the feed's own
+    generator (``seed``), which :meth:`state_dict` keeps.
     """
 
     def __init__(self, config: OffPolicyConfig, gamma: float, seed: int = 0) -> None:
@@ -232,8 +223,7 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
         self.limiter.record_insert(batch.size)
         return batch.size
 
-    def ready(self) -> bool:
-        """Whether the replay holds enough to sample (``learning_starts`` and one batch)."""
+    def ready(self) -> bool:  # the replay holds ``learning_starts`` and one batch
         return len(self.replay) >= max(self.config.learning_starts, self.config.batch_size)
 
     def owed_updates(self) -> int:

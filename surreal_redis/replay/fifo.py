@@ -1,8 +1,6 @@
-"""On-policy FIFO replay: each chunk is handed to the learner once, in arrival order.
-
-Unlike SURREAL's ``deque(maxlen)``, nothing is dropped silently: chunks too stale for the learner's
-current parameters, and chunks pushed out by the capacity bound, are counted (:meth:`FIFOReplay.stats`)
-and logged.
+"""On-policy FIFO replay: each chunk is handed to the learner once, in arrival order. Nothing is
+dropped silently: chunks too stale for the learner's parameters, and chunks pushed out by the
+capacity bound, are counted (:meth:`FIFOReplay.stats`) and logged.
 """
 
 from __future__ import annotations
@@ -40,13 +38,8 @@ class FIFOReplayConfig:
 
 
 class FIFOReplay:
-    """Queue of experience chunks for PPO.
-
-    Args:
-        config: see :class:`FIFOReplayConfig`.
-
-    Thread-safe (hub reader threads insert while the learner takes); no method blocks.
-    """
+    """Queue of experience chunks for PPO. Thread-safe (hub reader threads insert while the learner
+    takes); no method blocks."""
 
     def __init__(self, config: FIFOReplayConfig) -> None:
         self.config = config
@@ -59,17 +52,14 @@ class FIFOReplay:
              "dropped_full_chunks", "dropped_full_steps"), 0)
 
     def __len__(self) -> int:
-        """Env steps waiting to be taken."""
-        return self._steps
+        return self._steps  # env steps waiting to be taken
 
     @property
     def learner_version(self) -> int:
-        """The parameter version staleness is measured against."""
-        return self._learner_version
+        return self._learner_version  # staleness is measured against it
 
     def stats(self) -> dict[str, int]:
-        """Cumulative counters: inserted/taken steps and dropped chunks and steps, by reason."""
-        with self._lock:
+        with self._lock:  # cumulative counters
             return dict(self._stats)
 
     def insert(self, chunk: Chunk) -> None:
@@ -113,8 +103,8 @@ class FIFOReplay:
             self._queue = fresh
 
     def take(self, num_steps: int) -> list[Chunk]:
-        """The fewest oldest chunks holding at least ``num_steps`` steps, removed from the queue
-        (so the result may hold up to one chunk's length more); ``[]`` if fewer are waiting."""
+        """Remove and return the fewest oldest chunks holding at least ``num_steps`` steps (up to a
+        chunk's length more); ``[]`` if fewer are waiting."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         with self._lock:

@@ -9,8 +9,7 @@ For step t of an episode, with m = min(n, steps from t to the episode's last ste
 so the critic target is ``R_t + discount * Q'(next_obs, mu'(next_obs))``: truncated episodes are
 bootstrapped from their true final observation, terminated ones are not, the last n-1 steps of an
 episode give shorter-horizon transitions instead of being dropped, and no transition reaches across
-an episode boundary. SURREAL's n-step sender (Fan et al. 2018) got the last two wrong: it dropped
-episode tails and weighted the first n-1 rewards of an episode with steps of the previous one.
+an episode boundary (SURREAL's sender, Fan et al. 2018, dropped tails and mixed episodes).
 """
 
 from __future__ import annotations
@@ -27,12 +26,9 @@ logger = logging.getLogger(__name__)
 
 
 class NStepBatch(NamedTuple):
-    """B n-step transitions, in the argument order of ``replay.insert(*batch)``.
-
-    Shapes: ``obs``, ``next_obs`` trees with leaves ``[B, ...]``; ``actions`` ``[B, ...]``;
-    ``rewards`` float32 ``[B]`` (discounted sums); ``discounts`` float32 ``[B]`` (gamma**m, or 0
-    after a termination).
-    """
+    """B n-step transitions, in the argument order of ``replay.insert(*batch)``: ``obs``, ``next_obs``
+    trees with leaves ``[B, ...]``; ``actions`` ``[B, ...]``; ``rewards`` float32 ``[B]`` (discounted
+    sums); ``discounts`` float32 ``[B]`` (gamma**m, or 0 after a termination)."""
 
     obs: Tree
     actions: np.ndarray
@@ -62,9 +58,7 @@ class NStepBuilder:
     seen, e.g. the agent restarted), the kept steps are emitted as truncated at the last observation
     seen, so nothing is lost and no two episodes are mixed. Not thread-safe: add from one thread.
 
-    Args:
-        n: number of steps summed before bootstrapping (1 = one-step TD).
-        gamma: discount factor.
+    ``n``: steps summed before bootstrapping (1 = one-step TD); ``gamma``: the discount factor.
     """
 
     def __init__(self, n: int, gamma: float) -> None:
@@ -110,8 +104,7 @@ class NStepBuilder:
             batches.append(batch)
         return _concat(batches) if batches else None
 
-    def _flush(self, pending: _Pending) -> NStepBatch:
-        """Emit every waiting step, bootstrapping from the observation after the last one."""
+    def _flush(self, pending: _Pending) -> NStepBatch:  # bootstraps from the obs after the last step
         k = pending.rewards.shape[0]
         truncated = np.zeros(k, bool)
         truncated[-1] = True
@@ -122,11 +115,8 @@ class NStepBuilder:
 
     def _transitions(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray,
                      truncated: np.ndarray, final_obs: dict[int, Tree]) -> tuple[NStepBatch | None, int]:
-        """n-step transitions of L consecutive steps (``obs`` leaves ``[L+1, ...]``).
-
-        Returns the transitions that are complete and the index of the first step that must wait
-        for more steps (L if none must).
-        """
+        """The complete n-step transitions of L consecutive steps (``obs`` leaves ``[L+1, ...]``), and
+        the index of the first step that must wait for more (L if none must)."""
         num_steps = rewards.shape[0]
         ends = terminated | truncated
         last_steps, returns, discounts = [], [], []

@@ -6,12 +6,7 @@ largest priority seen so far, so each is sampled soon). A batch of B is stratifi
 each of B equal slices of the total priority mass. Importance weights correct the bias:
 w_i = (N * P(i))^-beta / max_j w_j, with beta annealed linearly from ``beta0`` to 1 over
 ``beta_steps`` calls to :meth:`~PrioritizedReplay.sample`.
-
-The replay holds its transitions in a :class:`~surreal_redis.replay.storage.TransitionStorage`
-(deduplicated frames, as :class:`~surreal_redis.replay.uniform.UniformReplay`) and keeps their
-priorities beside it, as Reverb's and TorchRL's prioritized samplers sit over their storage.
-The priority trees run compiled (numba) kernels when numba is installed (the ``fast`` extra):
-about twice the sampling and priority-update rate of the numpy kernels at CartPole size.
+Priorities live in segment trees beside the :class:`~surreal_redis.replay.storage.TransitionStorage`.
 """
 
 from __future__ import annotations
@@ -66,12 +61,7 @@ class PrioritizedReplayConfig(UniformReplayConfig):
 
 
 class PrioritizedReplay(Replay):
-    """Transitions sampled in proportion to their priority (DDPG or SAC with PER).
-
-    Args:
-        config: see :class:`PrioritizedReplayConfig`.
-
-    A slot overwritten between ``sample`` and ``update_priorities`` takes the priority meant for
+    """Transitions sampled in proportion to their priority (DDPG or SAC with PER). A slot overwritten between ``sample`` and ``update_priorities`` takes the priority meant for
     the transition it replaced.
     """
 
@@ -95,17 +85,15 @@ class PrioritizedReplay(Replay):
 
     def insert(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, next_obs: Tree,
                discounts: np.ndarray) -> np.ndarray:
-        """As :meth:`Replay.insert`; the new transitions get the largest priority so far."""
-        with self._lock:
+        with self._lock:  # the new transitions get the largest priority so far
             indices = super().insert(obs, actions, rewards, next_obs, discounts)
             self._sum[indices] = self._max_priority
             self._min[indices] = self._max_priority
             return indices
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> TransitionBatch:
-        """``batch_size`` transitions drawn in proportion to priority (stratified), with
-        float32 ``[B]`` importance weights in (0, 1]. Raises ValueError when empty; never blocks.
-        """
+        """``batch_size`` transitions drawn in proportion to priority (stratified), with float32 ``[B]``
+        importance weights in (0, 1]. Raises ValueError when empty; never blocks."""
         with self._lock:
             self.storage.check_can_sample(batch_size)
             total = self._sum.sum()
@@ -118,12 +106,8 @@ class PrioritizedReplay(Replay):
             return self.storage.gather(indices, weights.astype(np.float32))
 
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
-        """Set the priorities of sampled slots from their TD errors.
-
-        Args:
-            indices: int ``[B]`` slots, from ``TransitionBatch.indices``.
-            td_errors: float ``[B]`` TD errors (any sign); priority = (|td| + eps)^alpha.
-        """
+        """Priorities (|td| + eps)^alpha of slots ``indices`` (int ``[B]``, ``TransitionBatch.indices``)
+        from their TD errors (float ``[B]``, any sign)."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         td_errors = np.asarray(td_errors, dtype=np.float64).reshape(-1)
         if indices.shape != td_errors.shape:

@@ -1,8 +1,7 @@
 """Rate limiters with Reverb's semantics: when may the learner sample, and when may data go in.
 
-A limiter counts inserted items and sampled items (each transition in a batch is one sample) and
-answers two questions; it never blocks, a False answer is the caller's cue to do the other thing
-(read more experience, or train). Its rules are those of Reverb's ``RateLimiter``:
+A limiter counts inserted and sampled items (each transition in a batch is one sample). It never
+blocks: a False answer is the caller's cue to do the other thing (read more experience, or train).
 
 - ``can_sample(n)``: at least ``min_size_to_sample`` items were inserted, and
   ``inserts * samples_per_insert - samples - n >= min_diff``.
@@ -14,24 +13,15 @@ Unlike Reverb, deletions are not counted: a ring replay never shrinks once full.
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import threading
 from dataclasses import dataclass
 
-logger = logging.getLogger(__name__)
-
 
 class RateLimiter:
-    """Counts inserts and samples, and keeps their ratio inside ``[min_diff, max_diff]``.
-
-    Args:
-        samples_per_insert: target number of times each item is sampled.
-        min_size_to_sample: number of inserted items before any sample is allowed.
-        min_diff, max_diff: bounds of ``inserts * samples_per_insert - samples``.
-
-    Thread-safe; no method blocks.
+    """Counts inserts and samples, and keeps ``inserts * samples_per_insert - samples`` inside
+    ``[min_diff, max_diff]`` once ``min_size_to_sample`` items are in. Thread-safe; no method blocks.
     """
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float,
@@ -52,12 +42,10 @@ class RateLimiter:
 
     @property
     def inserts(self) -> int:
-        """Items inserted so far."""
         return self._inserts
 
     @property
     def samples(self) -> int:
-        """Items sampled so far."""
         return self._samples
 
     def can_sample(self, n: int = 1) -> bool:
@@ -94,7 +82,7 @@ class RateLimiter:
             self._inserts += n
 
     def record_sample(self, n: int = 1) -> None:
-        """Count ``n`` sampled items, e.g. the batch size of one learner step."""
+        """Count ``n`` sampled items (a learner step's batch size)."""
         _check_count(n)
         with self._lock:
             self._samples += n
@@ -113,14 +101,10 @@ class MinSize(RateLimiter):
 
 
 class SampleToInsertRatio(RateLimiter):
-    """Keeps ``samples / inserts`` near ``samples_per_insert`` once ``min_size_to_sample`` items are in.
-
-    Args:
-        samples_per_insert: average number of times each item is sampled over its lifetime.
-        min_size_to_sample: items inserted before sampling starts (inserts are free until then).
-        error_buffer: how far ``(inserts - min_size_to_sample) * samples_per_insert - samples``
-            may drift either way before sampling (below) or inserting (above) is refused. It must
-            be at least ``max(1, samples_per_insert)``, or one side could block forever.
+    """Keeps ``samples / inserts`` near ``samples_per_insert`` once ``min_size_to_sample`` items are in
+    (inserts are free until then). ``error_buffer``: how far ``(inserts - min_size_to_sample) *
+    samples_per_insert - samples`` may drift either way before sampling (below) or inserting (above)
+    is refused; at least ``max(1, samples_per_insert)``, or one side could block forever.
     """
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer: float) -> None:

@@ -4,39 +4,30 @@ The tree is an array of ``2 * size`` float64 nodes (``size`` = capacity rounded 
 two): leaves at ``[size, 2 * size)``, node i's children at 2i and 2i+1, the root at 1. Parents are
 always recomputed from their children, never adjusted by deltas, so sums do not drift.
 
-Two interchangeable kernels do the batch work:
-
-- compiled loops (numba, the ``fast`` extra), used when numba is installed: a batch of 256
-  updates or searches costs a few microseconds, all levels walked per item in machine code;
-- numpy, otherwise: each step is one numpy call over the whole batch, and each numpy call costs
-  about a microsecond however small, so the top of the tree (the levels with at most
-  ``DENSE_NODES`` nodes) is handled whole rather than node by node: an update recomputes the
-  touched parents level by level up to the dense part, then every node of the dense levels; a
-  search takes the cumulative sums of the widest dense level, finds each query's node there with
-  one ``searchsorted`` and walks down the remaining levels.
+Two interchangeable kernels do the batch work: compiled loops (numba, the ``fast`` extra) when
+numba is installed, else numpy. A numpy call has a fixed cost however small, so the numpy kernels
+handle the top of the tree (levels of at most ``DENSE_NODES`` nodes) whole: an update recomputes
+the touched parents up to the dense part, then every dense node; a search finds each query's node
+in the widest dense level with one ``searchsorted`` over its cumulative sums, then walks down.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 from functools import cache
 from types import SimpleNamespace
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 NUMBA_INSTALLED = importlib.util.find_spec("numba") is not None
 
 
 @cache
 def _compiled_kernels() -> SimpleNamespace:
-    """The numba kernels, compiled on first use (and cached on disk by numba: about a second once).
+    """The numba kernels, compiled on first use (and cached on disk by numba).
 
-    Each walks the whole batch one tree level at a time, like the numpy code, so the memory loads
-    of different items overlap instead of waiting for one another (3x faster than one item at a
-    time on a 1M-leaf tree), and every step is branch-free arithmetic.
+    Each walks the whole batch one tree level at a time, so the memory loads of different items
+    overlap instead of waiting for one another, and every step is branch-free arithmetic.
     """
     from numba import njit
 
@@ -68,13 +59,9 @@ def _compiled_kernels() -> SimpleNamespace:
 
 
 class SegmentTree:
-    """A binary tree whose internal nodes hold ``operation(left, right)``.
-
-    Args:
-        capacity: number of leaves addressed by callers (indices ``0 <= i < capacity``).
-        operation: ``np.add`` or ``np.minimum``.
-        neutral: the operation's identity, the value of leaves never set.
-        compiled: use the numba kernels (default: when numba is installed); False forces numpy.
+    """A binary tree of ``capacity`` leaves whose internal nodes hold ``operation(left, right)``
+    (``np.add`` or ``np.minimum``); leaves never set hold ``neutral``. ``compiled``: use the numba
+    kernels (default: when numba is installed); False forces numpy.
     """
 
     DENSE_NODES = 1024  # a power of two; levels this small are updated and searched whole (numpy)
@@ -95,12 +82,10 @@ class SegmentTree:
 
     @property
     def compiled(self) -> bool:
-        """Whether the numba kernels do the work."""
-        return self._kernels is not None
+        return self._kernels is not None  # the numba kernels do the work
 
     def __setitem__(self, indices: np.ndarray, values: np.ndarray | float) -> None:
-        """Set leaves ``indices`` (int ``[B]``) to ``values`` (``[B]`` or a scalar); with repeated
-        indices the last value wins."""
+        """Set leaves ``indices`` (int ``[B]``) to ``values`` (``[B]`` or a scalar); the last repeat wins."""
         indices = self._checked(indices)
         if len(indices) == 0:
             return
@@ -131,8 +116,8 @@ class SegmentTree:
         return float(self._tree[1])
 
     def _checked(self, indices: np.ndarray) -> np.ndarray:
-        """``indices`` as a contiguous int64 ``[B]`` array (not copied when it is one already:
-        callers never write to it); IndexError names one outside."""
+        """``indices`` as a contiguous int64 ``[B]`` array (not copied: callers never write to it);
+        IndexError names one outside."""
         indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) and (indices.min() < 0 or indices.max() >= self.capacity):
             bad = indices[(indices < 0) | (indices >= self.capacity)][0]
@@ -147,16 +132,12 @@ class SumSegmentTree(SegmentTree):
         super().__init__(capacity, np.add, 0.0, compiled)
 
     def sum(self) -> float:
-        """Sum of all leaves."""
         return self.reduce()
 
     def find_prefixsum_idx(self, prefixsums: np.ndarray) -> np.ndarray:
         """For each p in ``prefixsums`` (float ``[B]``, 0 <= p < :meth:`sum`), the leaf i with
-        ``sum(leaves[:i]) <= p < sum(leaves[:i+1])``; int64 ``[B]``.
-
-        Leaves holding 0 are never returned for p in range. A p at or above the sum (rounding)
-        walks to the last leaf, which may be unused: callers clip to their size.
-        """
+        ``sum(leaves[:i]) <= p < sum(leaves[:i+1])`` (never a leaf holding 0); int64 ``[B]``. A p at
+        or above the sum (rounding) walks to the last leaf, which may be unused: callers clip."""
         remaining = np.array(prefixsums, dtype=np.float64).reshape(-1)
         if self._kernels is not None:
             found = np.empty(len(remaining), dtype=np.int64)
@@ -185,5 +166,4 @@ class MinSegmentTree(SegmentTree):
         super().__init__(capacity, np.minimum, float("inf"), compiled)
 
     def min(self) -> float:
-        """Minimum over all leaves."""
         return self.reduce()

@@ -1,30 +1,20 @@
 """Where off-policy replays keep their transitions: :class:`TransitionStorage`, a preallocated numpy
-ring of (n-step) transitions, and :class:`Replay`, the face of a replay that holds one and picks
-which slots a batch samples (:class:`~surreal_redis.replay.uniform.UniformReplay`,
-:class:`~surreal_redis.replay.prioritized.PrioritizedReplay`), as Reverb's and TorchRL's samplers
-sit over their storage.
+ring of (n-step) transitions, and :class:`Replay`, which holds one and picks the slots a batch
+samples (as Reverb's and TorchRL's samplers sit over their storage).
 
-Storage design
---------------
-Storage is allocated lazily from the first :meth:`TransitionStorage.insert` (its tree structure,
-leaf shapes and dtypes fix the layout; later inserts must match). Every observation leaf is stored
-in one of two ways:
+The first :meth:`TransitionStorage.insert` fixes the layout (tree structure, leaf shapes, dtypes).
+Each observation leaf is stored one of two ways:
 
-- **dense** (leaves smaller than ``dedup_min_bytes`` per item, e.g. CartPole's 4 floats): two ring
-  arrays ``[capacity, ...]``, one for ``obs`` and one for ``next_obs``, as in SB3's ReplayBuffer.
-- **pooled** (larger leaves: images and each frame of a frame-stack tuple): a content-addressed
-  :class:`_FramePool` per (dtype, shape) holds each distinct array once, keyed by its blake2b
-  digest and reference-counted; the ring stores one pool slot index per transition, for ``obs`` and
-  ``next_obs``. A 4-frame Atari stream shares 3 of 4 frames between neighbouring observations and
-  all 4 between a transition's ``next_obs`` and the next transition's ``obs``, so the pool holds
-  about one 84x84 frame per transition (plus K per episode start) instead of SB3's 8.
+- **dense** (under ``dedup_min_bytes`` per item, e.g. CartPole's 4 floats): ring arrays
+  ``[capacity, ...]`` for ``obs`` and ``next_obs``, as in SB3's ReplayBuffer.
+- **pooled** (images, each frame of a frame stack): a :class:`_FramePool` per (dtype, shape) holds
+  each distinct array once (blake2b digest, reference-counted), and the rings hold pool slots. A
+  4-frame Atari stream shares 3 of 4 frames between neighbouring observations and all 4 between a
+  ``next_obs`` and the next ``obs``, so the pool holds about one frame per transition (plus K per
+  episode start) instead of SB3's 8.
 
-When the ring wraps, the overwritten transitions release their frames; a frame whose count drops
-to zero frees its slot for reuse. The pool starts at ``capacity + 64`` slots (numpy allocates pages
+Overwritten transitions release their frames; a frame no longer referenced frees its slot. The pool starts at ``capacity + 64`` slots (numpy allocates pages
 lazily, so unused slots cost no resident memory) and grows by half when a stream shares less.
-
-The storage itself takes no lock: a :class:`Replay`'s ``insert``, ``sample`` and
-``update_priorities`` take the replay's, so hub reader threads may insert while the learner samples.
 """
 
 from __future__ import annotations
@@ -52,8 +42,7 @@ class _FramePool:
         self._high_water = 0  # slots below it have been used at least once
 
     def __len__(self) -> int:
-        """Number of distinct frames held."""
-        return len(self._slot_of)
+        return len(self._slot_of)  # distinct frames held
 
     def acquire(self, items: np.ndarray) -> np.ndarray:
         """Store ``items`` ``[M, *shape]`` (content already held is reused); +1 reference each.
@@ -104,18 +93,16 @@ class _LeafSpec(NamedTuple):
     pooled: bool
 
 
-def _name(path: Path) -> str:
-    """A leaf path for messages: ``("pixels", 0)`` -> ``"pixels/0"`` (``""`` for a bare array)."""
+def _name(path: Path) -> str:  # for messages: ("pixels", 0) -> "pixels/0"
     return "/".join(map(str, path))
 
 
 class TransitionStorage:
     """Ring of ``capacity`` transitions; the oldest are overwritten first. Not thread-safe: the
-    :class:`Replay` holding it locks around every call.
+    :class:`Replay` holding it locks around every call, so hub reader threads may insert while the
+    learner samples.
 
-    Args:
-        capacity: number of transitions kept.
-        dedup_min_bytes: observation leaves of at least this many bytes per transition are pooled.
+    Observation leaves of at least ``dedup_min_bytes`` per transition are pooled.
     """
 
     def __init__(self, capacity: int, dedup_min_bytes: int) -> None:
@@ -134,7 +121,6 @@ class TransitionStorage:
         self._discounts = np.zeros(capacity, dtype=np.float32)
 
     def __len__(self) -> int:
-        """Number of transitions held (at most :attr:`capacity`)."""
         return self._size
 
     @property
@@ -191,7 +177,7 @@ class TransitionStorage:
         return indices
 
     def check_can_sample(self, batch_size: int) -> None:
-        """Raises ValueError for a ``batch_size`` below 1 or an empty storage."""
+        """ValueError for a ``batch_size`` below 1 or an empty storage."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if self._size == 0:
@@ -276,21 +262,19 @@ class Replay(abc.ABC):
 
     @property
     def capacity(self) -> int:
-        """Maximum number of transitions held."""
         return self.storage.capacity
 
     def __len__(self) -> int:
-        """Number of transitions held (at most :attr:`capacity`)."""
         return len(self.storage)
 
     @property
     def num_frames(self) -> int:
-        """Distinct pooled observation arrays held (frames, images), over all pools."""
+        """See :attr:`TransitionStorage.num_frames`."""
         return self.storage.num_frames
 
     @property
     def nbytes(self) -> int:
-        """Bytes of allocated storage (pools at their allocated size, rings, index arrays)."""
+        """See :attr:`TransitionStorage.nbytes`."""
         return self.storage.nbytes
 
     def insert(self, obs: Tree, actions: np.ndarray, rewards: np.ndarray, next_obs: Tree,

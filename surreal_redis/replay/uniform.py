@@ -1,8 +1,4 @@
-"""Uniform off-policy replay: every stored transition equally likely (DDPG's and SAC's replay).
-
-The transitions live in a :class:`~surreal_redis.replay.storage.TransitionStorage` (a numpy ring
-that stores large observation leaves, frames and images, once per distinct content).
-"""
+"""Uniform off-policy replay: every stored transition equally likely (DDPG's and SAC's replay)."""
 
 from __future__ import annotations
 
@@ -32,11 +28,7 @@ class UniformReplayConfig:
 
 
 class UniformReplay(Replay):
-    """Transitions sampled uniformly with replacement.
-
-    Args:
-        config: capacity and deduplication threshold, see :class:`UniformReplayConfig`.
-    """
+    """Transitions sampled uniformly with replacement."""
 
     def __init__(self, config: UniformReplayConfig) -> None:
         super().__init__(TransitionStorage(config.capacity, config.dedup_min_bytes))
@@ -44,9 +36,7 @@ class UniformReplay(Replay):
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement; ``weights`` are ones.
-
-        Raises ValueError when the replay is empty. Never blocks.
-        """
+        Raises ValueError when the replay is empty. Never blocks."""
         with self._lock:
             self.storage.check_can_sample(batch_size)
             indices = rng.integers(0, len(self.storage), size=batch_size, dtype=np.int64)

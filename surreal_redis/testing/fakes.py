@@ -1,5 +1,5 @@
-"""fakeredis as the unit tests use it: the Lua scripts need ``redis.sha1hex``, which every real
-Redis (2.6 and newer) gives scripts and fakeredis does not; :func:`fake_redis` adds it."""
+"""fakeredis as the unit tests use it, with the ``redis.sha1hex`` the Lua scripts need (every real
+Redis has it, fakeredis does not)."""
 
 from __future__ import annotations
 

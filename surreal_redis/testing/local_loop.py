@@ -1,12 +1,8 @@
 """An in-process on-policy loop: vector env -> policy -> chunks -> learner -> parameters -> policy.
 
-No Redis and no processes: :class:`ChunkCollector` cuts experience into
-:class:`~surreal_redis.experience.Chunk` objects exactly as an agent does (T steps per env, the
-true final observation of every episode that ends, the recurrent state at each chunk start), and
-:func:`run_local` alternates collection and one learner update through the learner's own
-:class:`~surreal_redis.replay.feeds.OnPolicyFeed`, loading the new parameters into the policy after
-each. Used by the learning tests; ``bench/learner_step.py`` cuts its chunks with
-:class:`ChunkCollector`.
+No Redis and no processes: :class:`ChunkCollector` cuts experience into chunks exactly as an agent
+does, and :func:`run_local` alternates collection and one update through the learner's own
+:class:`~surreal_redis.replay.feeds.OnPolicyFeed`.
 """
 
 from __future__ import annotations
@@ -14,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -25,7 +20,7 @@ from surreal_redis.algos.base import ActMode, AgentPolicy, ParamDict
 from surreal_redis.codec import Tree
 from surreal_redis.envs import step_vector_env
 from surreal_redis.experience import Chunk
-from surreal_redis.replay.feeds import OnPolicyFeed
+from surreal_redis.replay.feeds import OnPolicyFeed, OnPolicyTrainer
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.trees import tree_map, tree_stack
 
@@ -34,9 +29,7 @@ log = logging.getLogger(__name__)
 INITIAL_STATE = "initial_state"  # the Chunk.extras key of the recurrent state at the chunk start
 
 
-class OnPolicyLearner(Protocol):
-    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]: ...
-
+class OnPolicyLearner(OnPolicyTrainer, Protocol):
     def actor_params(self) -> ParamDict: ...
 
 
@@ -59,21 +52,26 @@ class LocalLoopConfig:
             raise ValueError(f"total_steps, chunk_steps, return_window and log_every must be >= 1: {self}")
 
 
+def mean_return(episode_returns: list[float], window: int) -> float:
+    """Mean of the last ``window`` episode returns (NaN before the first episode)."""
+    recent = episode_returns[-window:]
+    return float(np.mean(recent)) if recent else float("nan")
+
+
 class LoopResult(NamedTuple):
     """What an in-process training loop (on- or off-policy) did."""
 
     steps: int
     updates: int
     wall_s: float
-    episode_returns: list[float]
-    """Return of every finished training episode (with exploration), in order."""
-    mean_return: float
-    """Mean of the last ``return_window`` episode returns (NaN before the first episode)."""
+    episode_returns: list[float]  # every finished training episode's, in order
+    mean_return: float  # see mean_return()
     last_stats: dict[str, float]
 
 
 class ChunkCollector:
-    """Steps ``envs`` with ``policy`` in training mode and returns one chunk per env per call."""
+    """Steps ``envs`` with ``policy`` in training mode and returns one chunk per env per call: T
+    steps, the true final observation of every episode that ends, the recurrent state at the start."""
 
     def __init__(self, envs: gym.vector.VectorEnv, policy: AgentPolicy, seed: int = 0, agent_id: int = 0) -> None:
         if envs.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
@@ -151,7 +149,7 @@ def run_local(learner: OnPolicyLearner, policy: AgentPolicy, envs: gym.vector.Ve
     policy.load_params(learner.actor_params(), 0)
     collector = ChunkCollector(envs, policy, seed=config.seed)
     steps, updates, stats = 0, 0, {}
-    mean_return = float("nan")
+    mean = float("nan")
     while steps < config.total_steps:
         for chunk in collector.collect(config.chunk_steps):
             feed.ingest(chunk)
@@ -161,14 +159,13 @@ def run_local(learner: OnPolicyLearner, policy: AgentPolicy, envs: gym.vector.Ve
             updates += 1
         feed.on_publish(updates)
         policy.load_params(learner.actor_params(), updates)
-        recent = collector.episode_returns[-config.return_window:]
-        mean_return = float(np.mean(recent)) if recent else float("nan")
+        mean = mean_return(collector.episode_returns, config.return_window)
         if updates % config.log_every == 0:
             log.info("steps %d updates %d episodes %d mean return %.1f (%.0f s)", steps, updates,
-                     len(collector.episode_returns), mean_return, time.perf_counter() - start)
-        if (config.target_return is not None and len(recent) == config.return_window
-                and mean_return >= config.target_return):
+                     len(collector.episode_returns), mean, time.perf_counter() - start)
+        if (config.target_return is not None and len(collector.episode_returns) >= config.return_window
+                and mean >= config.target_return):
             break
     wall_s = time.perf_counter() - start
-    log.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean_return, wall_s)
-    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean_return, stats)
+    log.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean, wall_s)
+    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean, stats)

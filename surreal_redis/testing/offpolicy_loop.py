@@ -1,14 +1,10 @@
 """An in-process off-policy loop: the data path of a distributed off-policy run (DDPG, SAC) in one
-process, no Redis.
+process, no Redis: chunks (:class:`~surreal_redis.testing.local_loop.ChunkCollector`) -> the
+learner's :class:`~surreal_redis.replay.feeds.OffPolicyFeed` -> ``algo.update`` -> the policy.
 
-    vector env -> policy.act -> one Chunk per env every ``chunk_steps`` steps (ChunkCollector,
-    as an agent sends them) -> the learner's OffPolicyFeed (n-step builder, replay) ->
-    algo.update -> actor_params -> policy.load_params
-
-Updates run between chunks at the replay ratio of ``off_policy`` once the replay holds
-``off_policy.learning_starts``, and the policy gets the new parameters after each chunk's updates: transitions
-reach the replay a chunk late and the policy acts with parameters up to a chunk old, as in the
-distributed run. Used by the learning tests.
+Updates run between chunks, and the policy gets the new parameters after each chunk's updates: as
+in the distributed run, transitions reach the replay a chunk late and the policy acts with
+parameters up to a chunk old.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from surreal_redis.codec import ParamDict
 from surreal_redis.envs import step_vector_env
 from surreal_redis.replay import ReplayConfig
 from surreal_redis.replay.feeds import OffPolicyConfig, OffPolicyFeed, OffPolicyTrainer
-from surreal_redis.testing.local_loop import ChunkCollector, LoopResult
+from surreal_redis.testing.local_loop import ChunkCollector, LoopResult, mean_return
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +51,14 @@ class OffPolicyLoopConfig:
 
 
 class OffPolicyLearner(OffPolicyTrainer, Protocol):
-    """What the loop uses of an off-policy algorithm (DDPG's, SAC's): updates from replayed
-    transitions, and the actor parameters its agents act with."""
 
     def actor_params(self) -> ParamDict: ...
 
 
 def run_offpolicy(algo: OffPolicyLearner, policy: AgentPolicy, envs: gym.vector.VectorEnv,
                   config: OffPolicyLoopConfig, gamma: float) -> LoopResult:
-    """Train off-policy ``algo`` from ``envs`` (a SAME_STEP vector env, see ``envs.make_vector_env``)
-    stepped by ``policy``, with n-step returns discounted by ``gamma``. Blocks; returns a summary."""
+    """Train ``algo`` from ``envs`` (SAME_STEP) stepped by ``policy``, n-step returns discounted by
+    ``gamma``. Blocks; returns a summary."""
     start = time.perf_counter()
     feed = OffPolicyFeed(config.off_policy, gamma=gamma, seed=config.seed)
     never = threading.Event()
@@ -84,15 +78,13 @@ def run_offpolicy(algo: OffPolicyLearner, policy: AgentPolicy, envs: gym.vector.
 
         if steps >= next_log:
             next_log += config.log_every
-            recent = collector.episode_returns[-config.return_window:]
             logger.info("steps %d updates %d episodes %d mean return %.1f (%.0f s)", steps, updates,
-                        len(collector.episode_returns), np.mean(recent) if recent else float("nan"),
+                        len(collector.episode_returns), mean_return(collector.episode_returns, config.return_window),
                         time.perf_counter() - start)
-    recent = collector.episode_returns[-config.return_window:]
-    mean_return = float(np.mean(recent)) if recent else float("nan")
+    mean = mean_return(collector.episode_returns, config.return_window)
     wall_s = time.perf_counter() - start
-    logger.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean_return, wall_s)
-    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean_return, stats)
+    logger.info("done: %d steps, %d updates, mean return %.1f, %.1f s", steps, updates, mean, wall_s)
+    return LoopResult(steps, updates, wall_s, list(collector.episode_returns), mean, stats)
 
 
 def evaluate(policy: AgentPolicy, envs: gym.vector.VectorEnv, mode: ActMode = ActMode.EVAL_DETERMINISTIC,
