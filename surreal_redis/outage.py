@@ -34,12 +34,9 @@ T = TypeVar("T")
 
 
 class OutageGuard:
-    """The one way a long-running loop rides out a Redis outage: capped exponential backoff with
-    jitter, one warning per failed attempt, one info line when Redis answers again.
-
-    Two uses: :meth:`call` retries one call until it succeeds (None once ``stop`` is set); a loop
-    that keeps its own shape calls :meth:`failed` in its ``except OUTAGE_ERRORS`` branch (sleeps the
-    next delay, waking early on ``stop``) and :meth:`succeeded` after a good round.
+    """Capped jittered backoff, one warning per failed attempt, one info line when Redis answers
+    again. :meth:`call` retries one call until it succeeds; a loop of its own shape calls
+    :meth:`failed` in its ``except OUTAGE_ERRORS`` branch and :meth:`succeeded` after a good round.
     """
 
     def __init__(self, who: str, stop: Waiter, base: float = 0.1, cap: float = 5.0,

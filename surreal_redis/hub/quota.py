@@ -1,14 +1,9 @@
 """Lockstep production for on-policy learning: the learner grants the env steps its next update
 needs, per parameter version; agents claim them before producing, and wait once they are used up.
 
-Synchronous PPO wastes nothing because every step it collects is used by the next update. Across
-processes the same holds if agents produce only what the learner will use: after publishing
-version v the learner grants ``steps_per_update`` (less what it already holds) for v; an agent
-claims one flush (``flush_steps`` x its envs) at a time with ``lua/claim.lua``, which checks the
-claim against the live version atomically. An agent acting with an old version is told to load
-the new one first (STALE); when v's quota is spent it waits (WAIT) and leaves the CPU to the
-learner. Claims are whole flushes, so a version's production overshoots its grant by less than
-one claim per agent; the overshoot is used by the next update, one version old.
+The protocol (grants, claims of one flush, OK / STALE / WAIT) is told in docs/concepts.md
+(On-policy production). Claims are whole flushes, so a version's production overshoots its grant
+by less than one claim per agent; the overshoot is used by the next update, one version old.
 
 The quota hash sits in the parameter slot (``{run.p}``) beside ``meta``, so the check and the
 decrement are one script on one slot (Redis Cluster too).

@@ -75,16 +75,8 @@ class PublisherConfig:
     - ``wait_replica_ms``: after each publish, block up to this many ms until one replica of the
       parameters' server has it (``WAIT 1``), so a failover right after a publish does not take
       the version back; 0: off (replication stays asynchronous; docs/deployment.md, Redis Cluster).
-    - ``dtype``: what float32 leaves travel as, ``float32`` or ``float16`` (half the bytes per
-      download; see :func:`to_wire`). Other dtypes (float64 normalizer statistics, integers) and
-      float32 leaves with a finite value beyond float16's range (65504) travel unchanged. Clients
-      cast the float16 leaves back to float32 on load, so agents and evals run inference in
-      float32 with weights rounded to float16 (relative error <= 2**-11; docs/benchmarks.md, Scale,
-      gives the logit differences measured). The learner's own weights and its checkpoints stay
-      float32. On-policy consequence: an agent's recorded behaviour log-prob comes from the
-      rounded weights, not the learner's, so PPO's ratio at the first epoch is not exactly 1 (it
-      treats the rounding as a tiny policy lag) and APPO's V-trace importance weights correct for
-      it like for any lag.
+    - ``dtype``: see :func:`to_wire` and the comment on the field. float16 weights have a relative
+      error <= 2**-11 (docs/benchmarks.md, Scale, gives the logit differences measured).
     """
 
     min_publish_interval: float = 0.0
@@ -140,7 +132,7 @@ class ParameterPublisher:
         self._version: int | None = None  # read from meta on first use
         self._last_publish: float | None = None
         self._floor = 0
-        # equal jitter from retry_base_s doubling up to 1 s; OUTAGE_ERRORS only: others propagate at once
+        # OUTAGE_ERRORS only: others propagate at once
         self._retry = Retry(EqualJitterBackoff(cap=1.0, base=config.retry_base_s), config.retries,
                             OUTAGE_ERRORS)
 
@@ -278,9 +270,8 @@ class ParameterPublisher:
             log.warning("could not delete the staged parameter blob (its TTL will): %s", exc)
 
     def _retrying(self, step: Callable[[], T]) -> T:
-        """``step()``, re-sent up to ``retries`` times after an outage error (it must be
-        idempotent), sleeping an equal-jitter backoff from ``retry_base_s`` doubling up to 1 s
-        between tries; blocks for the tries and sleeps; the last error propagates."""
+        """``step()`` (idempotent), re-sent up to ``retries`` times after an outage error with
+        backoff; blocks for the tries and sleeps; the last error propagates."""
         return self._retry.call_with_retry(step, self._retry_failed, with_failure_count=True)
 
     def _retry_failed(self, exc: Exception, failures: int) -> None:

@@ -29,16 +29,13 @@ log = logging.getLogger(__name__)
 
 CODEC = "srt1"  # the encode_tree format; "+lz4" is appended when leaves may be compressed
 # The digest guards against corruption, not forgery: only the learner's Redis user can write
-# parameter keys (acl.py). XXH3-128 hashes ~30 GB/s here against sha256's ~1 GB/s, which cost
-# as much as the download of the blob itself.
+# parameter keys (acl.py). XXH3-128, because sha256 cost as much as the download itself.
 DIGEST_ALGO = "xxh3_128"
 MAX_BLOB_BYTES = 512 * 1024 * 1024  # Redis proto-max-bulk-len: the largest string a key can hold
-# 1 MiB reads: hundreds of agents downloading a big blob at once each hold at most a few pieces in
-# Redis' client output buffers, far below their limits
+# 1 MiB reads keep each agent's share of Redis' client output buffers to a few pieces
 DEFAULT_PIECE_BYTES = 1 << 20
 WIRE_DTYPES = ("float32", "float16")  # PublisherConfig.dtype: what float32 leaves travel as
-# every codec a client can read: the encode_tree format, "+lz4" when leaves may be compressed,
-# "+float16" when float32 leaves travel as float16 (older clients refuse it as unknown)
+# "+float16": float32 leaves travel as float16 (older clients refuse it as unknown)
 CODECS = frozenset(CODEC + lz4 + wire for lz4 in ("", "+lz4") for wire in ("", "+float16"))
 
 

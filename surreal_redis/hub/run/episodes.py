@@ -174,11 +174,11 @@ class TrainReturns:
     knows them), of each one's mean over its own last ``ceil(window / n)`` episodes, n the agents
     among them that reported; an agent without records counts as not reaching the target. So it
     reaches a target only when more than half of the agents (2 of 2, 2 of 3, 3 of 4) do, however
-    many records one agent writes under its own id: a flood fills only its own window (it used to
-    push the others out of one shared window of the last ``window`` records). An agent that writes
-    records under other agents' ids, or heartbeats under made-up ones, still can (agents share one
-    Redis user); ``stop.target_metric: eval`` stops only on eval results, which agents cannot
-    write. At most ``MAX_AGENT_IDS`` ids are kept (the longest silent is forgotten first).
+    many records one agent writes under its own id: a flood fills only its own window. An agent
+    that writes records under other agents' ids, or heartbeats under made-up ones, still can
+    (agents share one Redis user); ``stop.target_metric: eval`` stops only on eval results, which
+    agents cannot write. At most ``MAX_AGENT_IDS`` ids are kept (the longest silent is forgotten
+    first).
     """
 
     MAX_AGENT_IDS = 4096
