@@ -4,15 +4,12 @@ needs, per parameter version; agents claim them before producing, and wait once 
 The protocol (grants, claims of one flush, OK / STALE / WAIT) is told in docs/concepts.md
 (On-policy production). Claims are whole flushes, so a version's production overshoots its grant
 by less than one claim per agent; the overshoot is used by the next update, one version old.
+The quota hash sits beside ``meta`` in the parameter slot, so check and decrement are one script.
 
-The quota hash sits in the parameter slot (``{run.p}``) beside ``meta``, so the check and the
-decrement are one script on one slot (Redis Cluster too).
-
-Waiting agents listen on the parameter ``notify`` channel: ``publish.lua`` announces each new
-version there (payload: the version), and :meth:`ProductionQuota.grant` announces each grant
-(payload ``grant:<version>:<steps>``), which may come after the publish it belongs to. Either
-means "claim again"; agents also claim again every couple of seconds (the agent's claim
-recheck) in case a message was lost (a reconnect)."""
+Waiting agents listen on the ``notify`` channel: ``publish.lua`` announces each version there
+(payload: the version), :meth:`ProductionQuota.grant` each grant (``grant:<version>:<steps>``,
+maybe after its publish). Either means "claim again"; agents also claim again every couple of
+seconds in case a message was lost (a reconnect)."""
 
 from __future__ import annotations
 
@@ -79,11 +76,9 @@ class ProductionQuota:
 
     def claim(self, version: int, steps: int) -> Claim:
         """Claim ``steps`` env steps for parameter ``version`` (see :class:`Claim`). One round
-        trip. Not idempotent: when a reply is lost, claiming again claims twice (the grant is
-        overshot by one more claim, which the next update uses).
-
-        Raises :class:`ClaimScriptMissing` when the server lacks ``claim.lua`` and this client may
-        not load it (the learner loads it for agents), OOM and connection errors unchanged."""
+        trip. Not idempotent: when a reply is lost, claiming again claims twice (the next update
+        uses the overshoot). Raises :class:`ClaimScriptMissing` when the server lacks ``claim.lua``
+        and this client may not load it, OOM and connection errors unchanged."""
         try:
             status, granted, live = self._scripts.call("claim", [self.keys.meta, self.keys.quota], [version, steps])
         except ScriptError as exc:
@@ -114,10 +109,8 @@ def _granted_version(data: bytes | str) -> int:
 class QuotaNews:
     """An agent's ear on the notify channel while it waits for a claim: :meth:`drain` forgets the
     messages so far, :meth:`wait` blocks until a new one (a publish or a grant) or the timeout.
-
-    Subscribes on first use, on its own connection (:class:`~surreal_redis.hub.channel.Subscription`).
-    A connection error propagates (the caller backs off) and drops the subscription; the next call
-    subscribes again. Not thread-safe."""
+    Subscribes on first use, on its own connection; a connection error propagates and the next
+    call subscribes again (:class:`~surreal_redis.hub.channel.Subscription`). Not thread-safe."""
 
     def __init__(self, client: RedisClient, run: str) -> None:
         self._subscription = Subscription(client, ParamKeys(run).notify)

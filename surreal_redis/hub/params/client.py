@@ -42,19 +42,16 @@ class ParameterClientConfig:
     """Settings of :class:`ParameterClient`.
 
     - ``max_in_flight``: GETRANGE pieces per pipelined round trip (bounds the server's output
-      buffer per agent to about ``max_in_flight`` pieces).
+      buffer per agent to about that many pieces).
     - ``piece_bytes``: overrides the read piece size the publisher recorded (None: use it, and
-      1 MiB for the first reads, which go out with the meta read before that size is known).
-    - ``reject_backoff_s`` / ``reject_backoff_cap_s``: after a version failed verification
-      (digest mismatch, wrong size, missing blob, undecodable), wait between this and twice this
-      before downloading that same version again, doubling after each further failure up to the
-      cap (seconds, jittered). A newer version is fetched at once.
+      1 MiB for the first reads, which go out with the meta read).
+    - ``reject_backoff_s`` / ``reject_backoff_cap_s``: after a version failed verification, wait
+      between this and twice this before downloading it again, doubling per further failure up
+      to the cap (seconds, jittered). A newer version is fetched at once.
     - ``primary_poll_every_s``: with read replicas, ask the primary for the version at least this
-      often (seconds), so a replica whose replication stopped delays new parameters by at most
-      this much. Ignored without replicas (every poll goes to the primary then).
-    - ``replica_backoff_s`` / ``replica_backoff_cap_s``: after a replica failed (unreachable or
-      erroring), read from the primary for between this and twice this before trying a replica
-      again, doubling per further failure up to the cap (seconds, jittered).
+      often (seconds), so a replica whose replication stopped delays new parameters at most this.
+    - ``replica_backoff_s`` / ``replica_backoff_cap_s``: after a replica failed, read from the
+      primary for a backoff like the rejection's before trying a replica again.
     """
 
     max_in_flight: int = 4
@@ -138,8 +135,7 @@ class ParameterClient:
     @property
     def rejections(self) -> int:
         """Downloads rejected so far (digest or size mismatch, missing blob, malformed meta,
-        undecodable contents), counted once per attempt; Redis outages do not count. A rising
-        count while the published version stays the same means the live blob is unusable."""
+        undecodable contents), once per attempt; Redis outages do not count."""
         return self._rejections
 
     def fetch(self, force: bool = False, at_least: int = 0) -> tuple[ParamDict | None, ParamInfo]:
@@ -202,10 +198,9 @@ class ParameterClient:
     def _poll(self, force: bool, at_least: int) -> tuple[RedisClient, int]:
         """(the server to download from, the version published there; 0: none). A replica's
         answer counts only when it is at least the version held, at least ``at_least`` and not 0;
-        else (or when the primary is due, or ``force``) the primary is asked. A new version that
-        only the periodic primary poll found is still downloaded from a replica, which must hold
-        at least that version (else :meth:`_download_from` reads the primary), so that the check
-        on the replicas does not send a share of every agent's downloads to the primary."""
+        else (or when the primary is due, or ``force``) the primary is asked. A new version found
+        by the periodic primary poll is still downloaded from a replica (:meth:`_download_from`
+        falls back), so that check sends no share of the downloads to the primary."""
         if not self._replicas and not force and at_least > self._info.version:
             return self._client, at_least  # the download reads meta anyway: no poll needed
         now = time.monotonic()
@@ -258,9 +253,8 @@ class ParameterClient:
     def _download(self, source: RedisClient, version: int, floor: int = 0) -> tuple[ParamDict, ParamInfo]:
         """Read, verify and decode the version ``source``'s meta names (polled: ``version``);
         raises :class:`ParamFetchError` if that is below ``floor``."""
-        # The meta read carries the first max_in_flight pieces of the polled version as one range
-        # (GETRANGE stops at the end), so a blob of up to that many pieces costs one round trip
-        # and arrives in one piece: no copy to join pieces (the same reply bytes in flight).
+        # The meta read carries the first max_in_flight pieces of the polled version as one range,
+        # so a blob of up to that many pieces costs one round trip and needs no join.
         step = self._config.max_in_flight
         head_bytes = step * (self._config.piece_bytes or DEFAULT_PIECE_BYTES)
         pipe = source.pipeline(transaction=False)
@@ -303,8 +297,6 @@ class ParameterClient:
         got = f"{DIGEST_ALGO}:{hasher.hexdigest()}"
         if got != info.digest:
             raise ParamFetchError(f"v{info.version}: digest mismatch (meta {info.digest}, blob {got})")
-        # The blob is byte for byte what the publisher encoded, so the contents match meta's spec
-        # (written by the same script call from the same parameters) without a second check.
         buf = b"".join(parts) if len(parts) > 1 else parts[0]
         return decode_params(buf, info, codec, spec), info
 

@@ -4,11 +4,8 @@
 announces ``version`` on the ``notify`` channel.
 
 Every Redis step of a publish can be repeated without harm, so the publisher retries each one
-itself (a few times, with redis-py's :class:`~redis.retry.Retry` and capped backoff) after a
-connection error: the blob is written at explicit offsets (SET, then SETRANGE), and the script
-answers a re-sent call whose version and digest are already live with success (its first reply
-was lost). A client that rejects a blob keeps its parameters and counts the rejection, and the
-learner can :meth:`~ParameterPublisher.republish` above it.
+itself after a connection error: the blob is written at explicit offsets (SET, then SETRANGE),
+and the script answers a re-sent call whose version and digest are already live with success.
 """
 
 from __future__ import annotations
@@ -49,11 +46,9 @@ T = TypeVar("T")
 
 
 class PublishBackpressure(RuntimeError):
-    """Redis refused the parameter upload for lack of memory (an OOM reply under ``noeviction``).
-
-    Nothing was published and the staged bytes were deleted; the previous version stays live.
-    Treat it like backpressure: keep training (which frees memory as experience is consumed and
-    trimmed) and publish again later."""
+    """Redis refused the parameter upload for lack of memory (OOM under ``noeviction``); nothing
+    was published and the staged bytes were deleted. Keep training (which frees memory as
+    experience is consumed) and publish again later."""
 
 
 @dataclass(frozen=True)
@@ -115,12 +110,10 @@ class PublisherConfig:
 
 
 class ParameterPublisher:
-    """Learner side: uploads the encoded parameters to its staging key, then ``lua/publish.lua``
-    renames that to ``blob:<v+1>`` and swaps ``meta`` to it.
-
-    Versions continue from whatever ``meta`` holds (a restarted learner resumes the sequence),
-    and never fall below what this publisher already published (a Redis restarted empty).
-    One publisher per run: a second one makes the script refuse with a version error.
+    """Learner side (module docstring). Versions continue from whatever ``meta`` holds (a
+    restarted learner resumes the sequence), and never fall below what this publisher already
+    published (a Redis restarted empty). One publisher per run: a second one makes the script
+    refuse with a version error.
     """
 
     def __init__(self, client: RedisClient, run: str, config: PublisherConfig) -> None:
@@ -156,13 +149,11 @@ class ParameterPublisher:
         Returns None without touching Redis when the last publish was less than
         ``min_publish_interval`` seconds ago and ``force`` is false. Blocks for the blob upload
         (one round trip per ``write_piece_bytes``) and the script call, plus up to ``retries``
-        backoff sleeps (well under a few seconds) per step that hits a connection error.
+        backoff sleeps per step that hits a connection error.
 
         Raises ``TypeError`` / ``CodecError`` for unencodable params, ``ValueError`` for a bad
         ``iteration`` or ``message``, :class:`PublishBackpressure` when Redis is out of memory,
-        :class:`ScriptError` if the script refuses (another publisher moved the version; the
-        next call re-reads it) and other Redis errors (connection errors once the retries are
-        spent) unchanged.
+        :class:`ScriptError` if another publisher moved the version, other Redis errors unchanged.
         """
         if (not force and self._last_publish is not None
                 and time.monotonic() - self._last_publish < self._config.min_publish_interval):
@@ -170,11 +161,10 @@ class ParameterPublisher:
         return self._publish(params, iteration, message)
 
     def republish(self, params: ParamDict, iteration: int, above: int = 0, message: str = "republish") -> int:
-        """Publish ``params`` as a version above every one seen: the version in ``meta`` (even one
-        another writer put there), this publisher's own last one and ``above`` (say, the highest
-        version agents report). For when the live blob is unusable (agents keep rejecting it) or
-        ``meta`` moved behind this publisher's back. Ignores ``min_publish_interval``; blocks
-        and raises like :meth:`publish`.
+        """Publish ``params`` above every version seen: ``meta``'s, this publisher's last one and
+        ``above`` (say, the highest agents report), for when agents keep rejecting the live blob or
+        ``meta`` moved behind this publisher's back. Ignores ``min_publish_interval``; blocks and
+        raises like :meth:`publish`.
         """
         if isinstance(above, bool) or not isinstance(above, (int, np.integer)) or above < 0:
             raise ValueError(f"above must be an integer >= 0, got {above!r}")

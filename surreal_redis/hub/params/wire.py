@@ -80,11 +80,9 @@ def param_spec(params: ParamDict) -> dict[str, list]:
 
 
 def to_wire(params: ParamDict, dtype: str) -> ParamDict:
-    """``params`` as a publisher with ``PublisherConfig.dtype`` ``dtype`` sends them: every
-    float32 leaf cast to ``dtype``, except one holding a finite value that ``dtype`` cannot
-    represent (beyond float16's 65504: it would arrive as inf), which stays float32 like every
-    other dtype. New arrays for the cast leaves, the same objects for the others; ``params`` is
-    not changed. Raises ``ValueError`` naming a bad ``dtype``."""
+    """``params`` as sent with ``PublisherConfig.dtype`` ``dtype``: every float32 leaf cast to
+    ``dtype`` (new arrays), except one holding a finite value beyond its range (float16: 65504),
+    which stays float32 like every other dtype. Raises ``ValueError`` naming a bad ``dtype``."""
     if dtype not in WIRE_DTYPES:
         raise ValueError(f"wire dtype must be one of {', '.join(WIRE_DTYPES)}, got {dtype!r}")
     if dtype == "float32":
@@ -103,10 +101,9 @@ def to_wire(params: ParamDict, dtype: str) -> ParamDict:
 
 
 def from_wire(tree: ParamDict, spec: dict[str, list]) -> ParamDict:
-    """The parameters a client returns for a ``+float16`` blob: each leaf that ``spec`` (meta's
-    ``{name: [dtype, shape]}``) lists as float32 and that arrived as float16 cast back to float32
-    (a new array); leaves already of their spec's dtype unchanged. Raises :class:`ParamFetchError`
-    for a leaf missing from ``spec`` or of another dtype than the spec's and not float16 for float32."""
+    """A ``+float16`` blob's leaves with each float16 one that ``spec`` (meta's ``{name: [dtype,
+    shape]}``) lists as float32 cast back (a new array). Raises :class:`ParamFetchError` for a
+    leaf missing from ``spec`` or of another dtype."""
     out: ParamDict = {}
     for name, value in tree.items():
         want = spec.get(name)

@@ -1,8 +1,6 @@
-"""A run's own state in Redis, in one place: the control hash (running / stopping and why), the
-learner's status report (JSON with a TTL), the experiment config that ``launch`` stores for
-``agent --run`` and friends, and dropping every key of a run.
-
-Every call is one or a few round trips and blocks only for those."""
+"""A run's own state in Redis: the control hash (running / stopping and why), the learner's status
+report (JSON with a TTL), the experiment config ``launch`` stores for ``--run``, and dropping a
+run. Every call is one or a few round trips and blocks only for those."""
 
 from __future__ import annotations
 
@@ -109,13 +107,10 @@ class RunControl:
 
 
 class StopWatch:
-    """Set when ``stop`` is set or when the run's control state says ``stopping`` (which then sets
-    ``stop`` too). For waits deep inside a component, such as the sender's backpressure wait, that
-    must notice a ``surreal-redis stop`` or a learner's stop request within a second.
-
-    A :class:`~surreal_redis.outage.Waiter`: ``is_set()`` polls Redis at most every
-    ``poll_s`` seconds (one HMGET; an outage counts as "not stopping"); ``wait(timeout)`` blocks
-    up to ``timeout`` seconds and wakes at once on a signal, within ``poll_s`` on a stop request.
+    """A :class:`~surreal_redis.outage.Waiter` set when ``stop`` is set or when the run's control
+    state says ``stopping`` (which then sets ``stop`` too), for waits deep inside a component.
+    ``is_set()`` polls Redis at most every ``poll_s`` seconds (an outage counts as "not
+    stopping"); ``wait(timeout)`` wakes at once on a signal, within ``poll_s`` on a stop request.
     """
 
     def __init__(self, stop: StopFlag, control: RunControl, poll_s: float = 0.5) -> None:
