@@ -65,7 +65,7 @@ def string_list(reply: object) -> list[bytes]:
 
 
 def as_text(reply: bytes | str, errors: str = "strict") -> str:
-    """A reply as text. Clients from :func:`connect` reply bytes; redis-py types replies as either."""
+    """A reply as text (redis-py types replies as bytes or str)."""
     return reply.decode(errors=errors) if isinstance(reply, bytes) else reply
 
 

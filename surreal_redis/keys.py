@@ -100,14 +100,13 @@ class ShardKeys:
 
     @property
     def inbox(self) -> str:
-        """List the agents append insert batches to (``insert.lua``); the learner's ``move.lua``
-        moves them into :attr:`exp`. Agents may only append to it, never trim it."""
+        """List the agents append insert batches to; the learner's ``move.lua`` moves them into
+        :attr:`exp`."""
         return f"{self.tag}:inbox"
 
     @property
     def pinned(self) -> str:
-        """Set of digests referenced by batches still in :attr:`inbox` (gc spares them); emptied by
-        ``move.lua`` whenever the inbox is."""
+        """Set of digests referenced by batches still in :attr:`inbox` (gc spares them)."""
         return f"{self.tag}:pinned"
 
     @property
@@ -125,9 +124,8 @@ class ShardKeys:
         return f"{self.tag}:obs:"
 
     def obs(self, digest: str) -> str:
-        """String key holding one blob: an encoded observation leaf or frame (named by its digest),
-        or a chunk payload stored apart (entry field ``p``, named by a random id in the same
-        grammar)."""
+        """String key of one blob: an observation leaf or frame (named by its digest), or a chunk
+        payload stored apart (named by a random id in the same grammar)."""
         if not _DIGEST.fullmatch(digest):
             raise ValueError(f"invalid observation digest {digest!r}")
         return f"{self.tag}:obs:{digest}"
@@ -150,7 +148,7 @@ class ShardKeys:
     @property
     def reads(self) -> str:
         """Pub/sub channel on which the learner announces each read of new entries from
-        :attr:`exp` (payload: how many): senders waiting on its backlog look again at once."""
+        :attr:`exp` (payload: how many), for senders waiting on its backlog."""
         return f"{self.tag}:reads"
 
     @property
@@ -221,8 +219,7 @@ class RunKeys:
 
     @property
     def episodes(self) -> str:
-        """Stream of finished training episodes, moved there by the learner from
-        :attr:`episodes_inbox` (``drain.lua``)."""
+        """Stream of finished training episodes, moved from :attr:`episodes_inbox` (``drain.lua``)."""
         return f"{self.tag}:episodes"
 
     @property

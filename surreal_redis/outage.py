@@ -1,7 +1,5 @@
 """Riding out a Redis outage in a long-running loop: :data:`OUTAGE_ERRORS` names what counts as
-one, :class:`OutageGuard` backs off between attempts (capped, jittered) and wakes at once when the
-loop is stopped. Calls that are retried a few times and then fail are
-:func:`~surreal_redis.connection.retry_idempotent`'s.
+one, :class:`OutageGuard` backs off between attempts and wakes at once when the loop is stopped.
 """
 
 from __future__ import annotations

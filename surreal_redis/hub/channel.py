@@ -88,8 +88,8 @@ class Subscription:
         return data if isinstance(data, bytes) else str(data).encode()
 
     def pause(self) -> None:
-        """Unsubscribe, keeping the connection (no round trip waited for: the confirmation is read,
-        and skipped, by the next :meth:`open`). Messages published meanwhile are not delivered."""
+        """Unsubscribe, keeping the connection, without waiting (the next :meth:`open` skips the
+        confirmation). Messages published meanwhile are not delivered."""
         if not self._subscribed or self._pubsub is None:
             return
         self._subscribed = False

@@ -55,9 +55,8 @@ class ProductionQuota:
         self._scripts = Scripts(client)
 
     def grant(self, version: int, steps: int) -> None:
-        """Let agents acting with ``version`` produce ``steps`` env steps (replaces any earlier
-        grant: call it after publishing ``version``, or again to top up a stalled one), and tell
-        waiting agents on the notify channel. One round trip (HSET, then PUBLISH)."""
+        """Let agents acting with ``version`` produce ``steps`` env steps (replacing any earlier
+        grant), and tell waiting agents on the notify channel. One round trip (HSET, PUBLISH)."""
         if version < 0 or steps < 0:
             raise ValueError(f"grant needs version >= 0 and steps >= 0, got version={version} steps={steps}")
         pipe = self.client.pipeline(transaction=False)
@@ -91,8 +90,8 @@ class ProductionQuota:
         return Claim(_CLAIM_STATUSES[text], int(granted), int(live))
 
     def load_script(self) -> None:
-        """Load ``claim.lua`` for agents whose ACL user may run scripts but not load them, on the
-        server owning the run's quota (in a cluster, not on every primary: one down fails that)."""
+        """Load ``claim.lua`` for agents, whose ACL user may not, on the server owning the quota
+        only (on every primary, one down would fail it)."""
         self._scripts.load("claim", self.keys.quota)
 
 

@@ -86,9 +86,8 @@ class ParameterClientConfig:
 
 
 def connect_replicas(urls: Sequence[str], settings: RedisSettings) -> list[RedisClient]:
-    """Clients of parameter read replicas (``redis.param_read_urls``) for :class:`ParameterClient`,
-    one per URL, built like :func:`~surreal_redis.connection.connect` (which connects on first use:
-    an unreachable replica costs nothing here). Raises ``ValueError`` naming a bad URL."""
+    """Clients of parameter read replicas (``redis.param_read_urls``), one per URL, built by
+    :func:`~surreal_redis.connection.connect` (lazily). Raises ``ValueError`` naming a bad URL."""
     return [connect(url, settings) for url in urls]
 
 

@@ -217,7 +217,7 @@ class ParameterPublisher:
             self._retrying(partial(self._client.setrange, self._staging, start, view[start:start + piece]))
 
     def _swap_in(self, blob: bytes, fields: list) -> int:
-        """Run the publish script until it takes the staged blob (at most 3 tries); the new version."""
+        """Run the publish script until it takes the staged blob (3 tries); the new version."""
         tries_left = 3
         while True:
             prev = self.version
@@ -231,9 +231,8 @@ class ParameterPublisher:
                     self._wait_for_replica(new)
                 return new
             except ScriptError as exc:
-                # The script wrote nothing. A lost staging key means Redis restarted mid-publish:
-                # upload again. Meta behind our own last version means a Redis that restarted
-                # empty: re-read it and go on. Meta ahead of it means another publisher: refuse.
+                # The script wrote nothing. A lost staging key (Redis restarted mid-publish): upload
+                # again; meta behind our last version (restarted empty): go on; ahead: refuse.
                 tries_left -= 1
                 if tries_left == 0:
                     raise
@@ -245,8 +244,7 @@ class ParameterPublisher:
                     raise
 
     def _wait_for_replica(self, version: int) -> None:
-        """WAIT 1 on the server holding ``meta``; a replica that does not answer in time is logged
-        (the version stays published)."""
+        """WAIT 1 on the server holding ``meta``; no replica in time is only logged."""
         node = node_client(self._client, self._keys.meta)
         acked = node.execute_command("WAIT", 1, self._config.wait_replica_ms)
         if int(acked) < 1:

@@ -1,16 +1,11 @@
-"""The parameter wire format: what a published version looks like in Redis, how float32 leaves
-travel, and how a client checks and decodes what it read.
+"""The parameter wire format, and how a client checks and decodes what it read.
 
-Keys (names from :class:`surreal_redis.keys.ParamKeys`):
-
-- ``blob:<v>``: the parameters as :func:`surreal_redis.codec.encode_tree` bytes (pickle-free,
-  optionally lz4 per leaf). A published blob never changes.
-- ``meta``: hash ``version nbytes piece digest codec spec iteration time message``.
-  ``spec`` (JSON ``{name: [dtype, shape]}``) tells the shapes without a download, with the dtypes
-  the learner holds: with ``hub.publisher.dtype: float16`` the blob carries float32 leaves as
-  float16 (:func:`to_wire`), ``codec`` ends in ``+float16``, and clients cast those leaves back to
-  the spec's float32 (:func:`from_wire`). ``digest`` (:func:`blob_digest`) guards the blob
-  against corruption.
+- ``blob:<v>``: the parameters as :func:`surreal_redis.codec.encode_tree` bytes (optionally lz4
+  per leaf). A published blob never changes.
+- ``meta``: hash ``version nbytes piece digest codec spec iteration time message``. ``spec``
+  (JSON ``{name: [dtype, shape]}``) gives the shapes and the learner's dtypes without a download;
+  with ``hub.publisher.dtype: float16`` float32 leaves travel as float16 (:func:`to_wire`),
+  ``codec`` ends in ``+float16`` and clients cast them back (:func:`from_wire`).
 """
 
 from __future__ import annotations

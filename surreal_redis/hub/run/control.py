@@ -28,7 +28,6 @@ class RunControl:
         self.client, self.run = client, run
         self.keys = RunKeys(run)
 
-    # ---------------------------------------------------------------- running / stopping
     def start(self) -> None:
         self.client.hset(self.keys.control, mapping={"state": RUNNING, "reason": ""})
 
@@ -40,7 +39,6 @@ class RunControl:
         state, reason = self.client.hmget(self.keys.control, ["state", "reason"])
         return state == STOPPING.encode(), as_text(reason or b"")
 
-    # ---------------------------------------------------------------- learner status
     def write_learner_status(self, status: dict[str, Any], ttl_s: int) -> None:
         """The learner's report (iteration, version, env steps, returns, state, time); it expires
         after ``ttl_s`` seconds, so a dead learner's last report does not look alive for long."""
@@ -60,10 +58,9 @@ class RunControl:
         return {}
 
     def mark_learner_exited(self, pid: int, exit_code: int) -> bool:
-        """Record that the learner process ``pid`` is gone (its supervisor saw it exit), so a
-        ``--resume`` right after a crash is not refused as a second learner. The last report stays
-        readable for an hour; a report of another pid (a newer learner) is left alone. Returns
-        whether it changed the report. One WATCH/GET/SET transaction."""
+        """Record that the learner process ``pid`` exited, so a ``--resume`` right after a crash is
+        not refused as a second learner; a report of another pid is left alone. Returns whether
+        it changed the report. One WATCH/GET/SET transaction."""
 
         def mark(pipe: redis.client.Pipeline) -> bool:
             raw = pipe.get(self.keys.learner)
@@ -80,7 +77,6 @@ class RunControl:
                                           value_from_callable=True)
         return bool(changed)
 
-    # ---------------------------------------------------------------- stored config
     def store_config(self, yaml_text: str) -> None:
         """The run's experiment config, for processes started with ``--run`` instead of ``--config``."""
         self.client.hset(self.keys.config, mapping={"yaml": yaml_text, "created": time.time()})
@@ -90,7 +86,6 @@ class RunControl:
         raw = self.client.hget(self.keys.config, "yaml")
         return None if raw is None else as_text(raw)
 
-    # ---------------------------------------------------------------- dropping
     def drop(self) -> int:
         """Delete every key of the run (SCAN + UNLINK in batches of 500); returns how many."""
         deleted = 0
