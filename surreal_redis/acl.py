@@ -9,40 +9,18 @@ What Redis 7.0 enforces, and what it cannot (measured on 7.0.15; tests/integrati
   agent may run ``insert.lua`` and ``claim.lua`` and nothing else, whoever loaded what. It may not
   load scripts (no EVAL, SCRIPT LOAD, FUNCTION): the learner loads them for it.
 
-Agent user (Redis 7 ACL selectors, so each command is allowed on its own keys only):
-
-- EVALSHA of ``insert.lua``, and what it runs: RPUSH on ``inbox`` (a list: the agent may append
-  a batch, never trim or reorder; the learner's ``move.lua`` moves batches into the stream and
-  keeps the dedup windows and ``obsref`` scores, which agents cannot touch), SADD on ``pinned``,
-  SETNX (never SET: an observation, once stored, cannot be overwritten) and EXISTS on ``obs:*``;
-  the sender also runs SADD and SETNX itself, for the chunk payloads it stores apart (blobs
-  ``obs:<id>`` like observations, under random ids; their bytes never pass through the scripts);
-  XINFO GROUPS, XLEN, XRANGE on ``exp`` and LLEN on ``inbox`` (backpressure).
-- EVALSHA of ``claim.lua`` (lockstep production) and what it runs: HMGET/HINCRBY on ``quota``.
-- Parameters read-only: HGET/HGETALL/HMGET on ``meta``, GETRANGE on ``blob:*``, SUBSCRIBE to the
-  notify channel; HGET/HGETALL/HMGET on ``control`` and ``config``.
-- SUBSCRIBE to the shards' ``reads`` channels, on which the learner announces its reads (a sender
-  waiting on the backlog wakes on them).
-- HSET/HDEL on ``agents`` (heartbeats), RPUSH on ``episodes:inbox`` (training episodes, which the
-  learner moves into ``episodes``); PING.
-- What a Redis Cluster client sends to find its way (:data:`CLUSTER_CLIENT_COMMANDS`): CLUSTER
-  SLOTS / CLUSTER SHARDS (the slot map), COMMAND (redis-py's key-position table) and ASKING (a
-  slot in migration). None of them reads or writes a key.
-- Nothing else: no eval results, no key listing (SCAN, KEYS, RANDOMKEY), no other run.
-
-Eval user: XADD on ``evals`` (the only writer of eval results), the agent's parameter, control
-and config reads, PING, the cluster client's commands and the notify channel.
+Agent user: its two scripts, and each command they and the agent run allowed on its own keys
+only (Redis 7 ACL selectors: ``_AGENT_SELECTORS``), SUBSCRIBE to the notify and ``reads``
+channels, PING and :data:`CLUSTER_CLIENT_COMMANDS`. Nothing else: no eval results, no key
+listing, no other run. Eval user: XADD on ``evals`` (the only writer of eval results), the
+agent's reads of parameters, control and config, PING, the cluster commands and the notify channel.
+Learner user: every key and channel of the run; every command except the ``@dangerous`` ones (but
+INFO, which its ``hub/*`` metrics read) and those that list or watch other runs' keys or
+channels or drop or stop their scripts and functions (``_LEARNER_DENIED``).
 
 On a Redis Cluster every node keeps its own users (ACLs are not replicated):
-:func:`create_users` sets them on every primary and replica of the slot map; a node added later
-needs ``surreal-redis acl`` again.
-
-Learner user: every key, the notify channel and the ``reads`` channels of the run; every command except the
-``@dangerous`` ones (but INFO, which its ``hub/*`` metrics read), those that list or watch keys
-or channels of other runs (SCAN, RANDOMKEY, PUBSUB, CLIENT TRACKING, CLUSTER GETKEYSINSLOT) and
-those that drop or stop the scripts and functions of other runs.
-
-docs/trust-boundary.md lists what an agent can still do with these rights.
+:func:`create_users` sets them on every node of the slot map; a node added later needs
+``surreal-redis acl`` again. docs/trust-boundary.md lists what an agent can and cannot do.
 """
 
 from __future__ import annotations
@@ -86,9 +64,10 @@ _AGENT_SELECTORS = (
     (("quota",), "~", ("hmget", "hincrby")),
 ) + _READER_SELECTORS
 _EVAL_SELECTORS = ((("evals",), "~", ("xadd",)),) + _READER_SELECTORS
-# What a RedisCluster client sends besides the commands it is asked to (found on a real cluster:
-# redis-py reads CLUSTER SLOTS and COMMAND when it connects; CLUSTER SHARDS is the newer slot map
-# other clients read; ASKING precedes a command redirected during slot migration).
+# What a RedisCluster client sends besides the commands it is asked to, none touching a key:
+# redis-py reads CLUSTER SLOTS (the slot map) and COMMAND (key positions) when it connects;
+# CLUSTER SHARDS is the newer slot map other clients read; ASKING precedes a command redirected
+# during slot migration.
 CLUSTER_CLIENT_COMMANDS = ("cluster|slots", "cluster|shards", "command", "asking")
 _LEARNER_DENIED = ("@dangerous", "scan", "randomkey", "pubsub", "client|tracking", "cluster|getkeysinslot",
                    "cluster|countkeysinslot", "script|flush", "script|kill", "script|debug", "function", "fcall",
@@ -156,10 +135,8 @@ def _set_users(node: RedisClient, run: str, names: Mapping[Role, str], passwords
 def create_users(client: RedisClient, run: str, passwords: Mapping[Role, str],
                  num_shards: int | None = None, where: str = "the server") -> dict[Role, str]:
     """Create (or reset) the users of ``run``, enabled, with ``passwords`` (role -> password, one
-    for each of :data:`ROLES`).
-
-    ``client`` must be allowed ACL SETUSER (an administrator); a cluster client sets the users on
-    every node of its slot map, primaries and replicas. Returns ``{role: user name}``.
+    for each of :data:`ROLES`); returns ``{role: user name}``. ``client`` must be allowed ACL
+    SETUSER (an administrator); a cluster client sets the users on every node of its slot map.
     Blocks for one round trip per user and node; Redis errors propagate. A server older than
     Redis 7.0 (no ACL selectors) raises :class:`~surreal_redis.embedded.RedisVersionError`
     naming its version (``where``: how the message names a standalone server), before any user

@@ -1,18 +1,11 @@
-"""Redis connections: URL -> client with explicit timeouts, and explicit retries of idempotent
-calls with capped backoff.
-
-Every process builds its client through :func:`connect`; blocking reads size their ``BLOCK`` with
-:func:`block_ms` so a blocked call always returns well inside the socket timeout. Beside it:
-:mod:`surreal_redis.redis_cluster` (which node serves a key, slot-map refresh),
-:mod:`surreal_redis.outage` (riding out an outage in a loop) and :mod:`surreal_redis.embedded` (a
-private ``redis-server`` for runs given no URL).
+"""Redis connections: URL -> client with explicit timeouts (:func:`connect`), ``BLOCK`` durations
+inside the socket timeout (:func:`block_ms`), and explicit retries of idempotent calls.
 
 Retry policy: a client from :func:`connect` never repeats a command by itself. A command whose
 reply was lost may have run (an ``XREADGROUP ... >`` has then moved entries into the consumer's
-pending list; a trim has removed entries), so only the caller knows whether running it again is
-safe. Idempotent calls (GET, GETRANGE, HGET, MGET, XACK, XRANGE, a script call keyed by a sequence
-number, ...) go through :func:`retry_idempotent`; everything else handles the error itself
-(long-running loops with :class:`~surreal_redis.outage.OutageGuard`).
+pending list), so only the caller knows whether running it again is safe. Idempotent calls go
+through :func:`retry_idempotent`; long-running loops ride out errors with
+:class:`~surreal_redis.outage.OutageGuard`.
 """
 
 from __future__ import annotations
@@ -57,8 +50,7 @@ StreamRead = list[tuple[bytes, list[StreamEntry]]]
 
 
 def stream_entries(reply: object) -> list[StreamEntry]:
-    """An XRANGE / XREVRANGE reply, typed as :func:`connect`'s clients return it (redis-py types
-    every reply for any protocol and decoding, so ids as bytes, str or None). None: ``[]``."""
+    """An XRANGE / XREVRANGE reply typed as :func:`connect`'s clients return it; None: ``[]``."""
     return cast(list[StreamEntry], reply or [])
 
 
@@ -73,7 +65,7 @@ def string_list(reply: object) -> list[bytes]:
 
 
 def as_text(reply: bytes | str, errors: str = "strict") -> str:
-    """A reply as text. Clients from :func:`connect` reply bytes; redis-py types replies as either."""
+    """A reply as text (redis-py types replies as bytes or str)."""
     return reply.decode(errors=errors) if isinstance(reply, bytes) else reply
 
 
@@ -117,14 +109,10 @@ def resolve_url(url: str | None) -> str | None:
 
 def connect(url: str, settings: RedisSettings | None = None) -> RedisClient:
     """A client for ``redis://``, ``rediss://`` or ``unix://`` URLs, or a
-    :class:`redis.cluster.RedisCluster` for ``redis+cluster://`` / ``rediss+cluster://`` ones.
-
-    RESP2, bytes replies, explicit socket/connect timeouts, and no automatic retries: a connection
-    or timeout error reaches the caller, whose command may or may not have run (see the module
-    docstring; :func:`retry_idempotent` retries calls that are safe to repeat). A cluster client
-    refreshes its slot map after a connection error or a MOVED reply, so the caller's next call
-    goes to the promoted replica after a failover.
-    Raises ``ValueError`` naming the URL when its scheme is not supported.
+    :class:`redis.cluster.RedisCluster` for ``redis+cluster://`` / ``rediss+cluster://`` ones:
+    RESP2, bytes replies, explicit timeouts, no automatic retries (module docstring). A cluster
+    client refreshes its slot map after a connection error or a MOVED reply, so the next call goes
+    to the promoted replica after a failover. Raises ``ValueError`` naming an unsupported URL.
     """
     settings = settings or RedisSettings()
     common = _ClientOptions(
@@ -192,12 +180,9 @@ def block_ms(requested_ms: int, settings: RedisSettings) -> int:
 
 
 class Backoff(EqualJitterBackoff):
-    """Capped exponential backoff with equal jitter, for loops that count their own failures:
-    redis-py's :class:`~redis.backoff.EqualJitterBackoff` (the n-th delay is drawn uniformly from
-    ``[c/2, c]`` seconds, ``c = min(cap, base * 2**n)``) plus the failure count.
-
-    ``next_delay()`` counts a failure and returns the seconds to sleep before the next attempt;
-    ``reset()`` after a success (a :class:`~redis.retry.Retry` also calls it before each call).
+    """redis-py's :class:`~redis.backoff.EqualJitterBackoff` (the n-th delay drawn uniformly from
+    ``[c/2, c]`` seconds, ``c = min(cap, base * 2**n)``) plus the failure count: ``next_delay()``
+    counts a failure and returns the seconds to sleep; ``reset()`` after a success.
     """
 
     def __init__(self, base: float = 0.05, cap: float = 5.0) -> None:
@@ -219,11 +204,10 @@ T = TypeVar("T")
 
 
 def retry_idempotent(fn: Callable[[], T], settings: RedisSettings | None = None) -> T:
-    """``fn()``, called again after a connection or timeout error up to ``settings.retries`` times,
-    sleeping a capped exponential backoff with jitter (``backoff_base`` .. ``backoff_cap``) between
-    attempts; the last error propagates. Only for calls that are safe to repeat when their reply
-    was lost (reads, XACK, SET of the same value, a script deduplicated by a sequence number).
-    Blocks for the attempts and sleeps."""
+    """``fn()``, called again after a connection or timeout error up to ``settings.retries`` times
+    with capped jittered backoff; the last error propagates. Only for calls that are safe to repeat
+    when their reply was lost (reads, XACK, SET of the same value, a script deduplicated by a
+    sequence number). Blocks for the attempts and sleeps."""
     settings = settings or RedisSettings()
 
     def failed(exc: Exception, failures: int) -> None:

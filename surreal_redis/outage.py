@@ -1,7 +1,5 @@
 """Riding out a Redis outage in a long-running loop: :data:`OUTAGE_ERRORS` names what counts as
-one, :class:`OutageGuard` backs off between attempts (capped, jittered) and wakes at once when the
-loop is stopped. Calls that are retried a few times and then fail are
-:func:`~surreal_redis.connection.retry_idempotent`'s.
+one, :class:`OutageGuard` backs off between attempts and wakes at once when the loop is stopped.
 """
 
 from __future__ import annotations
@@ -34,12 +32,9 @@ T = TypeVar("T")
 
 
 class OutageGuard:
-    """The one way a long-running loop rides out a Redis outage: capped exponential backoff with
-    jitter, one warning per failed attempt, one info line when Redis answers again.
-
-    Two uses: :meth:`call` retries one call until it succeeds (None once ``stop`` is set); a loop
-    that keeps its own shape calls :meth:`failed` in its ``except OUTAGE_ERRORS`` branch (sleeps the
-    next delay, waking early on ``stop``) and :meth:`succeeded` after a good round.
+    """Capped jittered backoff, one warning per failed attempt, one info line when Redis answers
+    again. :meth:`call` retries one call until it succeeds; a loop of its own shape calls
+    :meth:`failed` in its ``except OUTAGE_ERRORS`` branch and :meth:`succeeded` after a good round.
     """
 
     def __init__(self, who: str, stop: Waiter, base: float = 0.1, cap: float = 5.0,

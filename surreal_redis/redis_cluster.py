@@ -1,7 +1,5 @@
-"""Redis Cluster addressing for clients from :func:`~surreal_redis.connection.connect`: which
-server holds a key, every primary or every node of a cluster, and reloading the slot map after a
-failover. On a standalone client each function is the identity (or a no-op), so callers need not
-ask which kind they hold. (Parsing a ``redis+cluster://`` URL is :mod:`surreal_redis.connection`'s.)
+"""Redis Cluster addressing: which server holds a key, every primary or node, and reloading the
+slot map after a failover. On a standalone client each function is the identity (or a no-op).
 """
 
 from __future__ import annotations
@@ -34,9 +32,9 @@ def primary_clients(client: RedisClient) -> list[redis.Redis]:
 
 def all_node_clients(client: RedisClient) -> list[redis.Redis]:
     """One client per server: ``[client]`` for a standalone server; for a cluster, every node its
-    primaries know of (``CLUSTER NODES``), primaries and replicas, failed ones included (state that
-    is per node and never replicated, e.g. ACL users, is set on each). The slot map alone would
-    miss a replica that has just joined or is down. Blocks for one round trip per primary."""
+    primaries know of (``CLUSTER NODES``), replicas and failed ones included (the slot map alone
+    misses a replica just joined or down), for per-node state such as ACL users. Blocks for one
+    round trip per primary."""
     if not isinstance(client, RedisCluster):
         return [client]
     nodes: dict[str, ClusterNode] = {}

@@ -41,10 +41,9 @@ class Scripts:
         return script
 
     def load(self, name: str, key: str | bytes | None = None) -> None:
-        """SCRIPT LOAD ``name`` on the server owning ``key`` (a cluster's primary of its slot), or
-        with no key where the client sends keyless commands (a cluster client: every primary,
-        which fails while one is down). One round trip; blocks for it. A connection error
-        propagates after a cluster client's slot map is refreshed (the node may have failed over)."""
+        """SCRIPT LOAD ``name`` on the server owning ``key``, or with no key where the client sends
+        keyless commands (a cluster client: every primary, which fails while one is down). One
+        round trip. A connection error propagates after a cluster's slot map is refreshed."""
         source = self.get(name).script
         try:
             (self.client if key is None else node_client(self.client, key)).script_load(source)
@@ -54,12 +53,10 @@ class Scripts:
 
     def call(self, name: str, keys: list, args: list):
         """Run script ``name``; a Redis error reply that the script raised becomes ScriptError,
-        while OOM, connection errors and outages (a cluster slot without a primary during a
-        failover: CLUSTERDOWN, TRYAGAIN) propagate unchanged for the caller's backoff.
+        while OOM and outage errors (CLUSTERDOWN, TRYAGAIN too) propagate unchanged.
 
         On NOSCRIPT the script is loaded on the node of ``keys[0]`` only and run again: redis-py's
-        ``Script`` loads it on every primary of a cluster, so one dead primary failed the calls of
-        all shards until its failover."""
+        ``Script`` loads it on every primary, so one dead primary would fail every shard's calls."""
         sha = self.get(name).sha
         try:
             try:

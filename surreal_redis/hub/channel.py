@@ -1,11 +1,7 @@
-"""A pub/sub subscription on a connection of its own, for waits that a message may end early: an
-agent waiting for a grant hears ``notify`` (:class:`~surreal_redis.hub.quota.QuotaNews`), a sender
-waiting for the learner to read its shard hears that shard's ``reads`` channel
-(:class:`~surreal_redis.hub.experience.sender.ExperienceSender`).
-
-A message only says "look again": whoever waits reads the state it waits on after each one, and
-also after a timeout of its own, since a message published while the subscription was down (a
-reconnect) is never delivered."""
+"""A pub/sub subscription on a connection of its own, for waits that a message may end early (an
+agent's for a grant, a sender's for the learner to read its shard). A message only says "look
+again": whoever waits reads its state after each one and after a timeout of its own, since a
+message published while the subscription was down (a reconnect) is never delivered."""
 
 from __future__ import annotations
 
@@ -21,12 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class Subscription:
-    """``channel``, subscribed by :meth:`open` and left by :meth:`pause` (the connection is kept
-    for the next :meth:`open`) or :meth:`close` (the connection too).
-
-    :meth:`open` returns once the server has confirmed the subscription, so every message published
-    after it returns is heard. A connection error propagates from any method and closes the
-    subscription; the next :meth:`open` subscribes again on a new connection. Not thread-safe.
+    """``channel``, subscribed by :meth:`open` and left by :meth:`pause` (keeping the connection)
+    or :meth:`close`. A connection error propagates from any method and closes the subscription;
+    the next :meth:`open` subscribes again on a new connection. Not thread-safe.
     """
 
     def __init__(self, client: RedisClient, channel: str) -> None:
@@ -39,8 +32,9 @@ class Subscription:
         return self._subscribed
 
     def open(self, timeout_s: float = 5.0) -> None:
-        """Subscribe (a no-op when subscribed) and wait for the server's confirmation, at most
-        ``timeout_s`` (then ``redis.TimeoutError``). One round trip; blocks for it."""
+        """Subscribe (a no-op when subscribed) and wait for the server's confirmation, so every
+        message published after it returns is heard; at most ``timeout_s``, then
+        ``redis.TimeoutError``."""
         if self._subscribed:
             return
         if self._pubsub is None:
@@ -94,8 +88,8 @@ class Subscription:
         return data if isinstance(data, bytes) else str(data).encode()
 
     def pause(self) -> None:
-        """Unsubscribe, keeping the connection (no round trip waited for: the confirmation is read,
-        and skipped, by the next :meth:`open`). Messages published meanwhile are not delivered."""
+        """Unsubscribe, keeping the connection, without waiting (the next :meth:`open` skips the
+        confirmation). Messages published meanwhile are not delivered."""
         if not self._subscribed or self._pubsub is None:
             return
         self._subscribed = False

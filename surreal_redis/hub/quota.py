@@ -1,23 +1,15 @@
 """Lockstep production for on-policy learning: the learner grants the env steps its next update
 needs, per parameter version; agents claim them before producing, and wait once they are used up.
 
-Synchronous PPO wastes nothing because every step it collects is used by the next update. Across
-processes the same holds if agents produce only what the learner will use: after publishing
-version v the learner grants ``steps_per_update`` (less what it already holds) for v; an agent
-claims one flush (``flush_steps`` x its envs) at a time with ``lua/claim.lua``, which checks the
-claim against the live version atomically. An agent acting with an old version is told to load
-the new one first (STALE); when v's quota is spent it waits (WAIT) and leaves the CPU to the
-learner. Claims are whole flushes, so a version's production overshoots its grant by less than
-one claim per agent; the overshoot is used by the next update, one version old.
+The protocol (grants, claims of one flush, OK / STALE / WAIT) is told in docs/concepts.md
+(On-policy production). Claims are whole flushes, so a version's production overshoots its grant
+by less than one claim per agent; the overshoot is used by the next update, one version old.
+The quota hash sits beside ``meta`` in the parameter slot, so check and decrement are one script.
 
-The quota hash sits in the parameter slot (``{run.p}``) beside ``meta``, so the check and the
-decrement are one script on one slot (Redis Cluster too).
-
-Waiting agents listen on the parameter ``notify`` channel: ``publish.lua`` announces each new
-version there (payload: the version), and :meth:`ProductionQuota.grant` announces each grant
-(payload ``grant:<version>:<steps>``), which may come after the publish it belongs to. Either
-means "claim again"; agents also claim again every couple of seconds (the agent's claim
-recheck) in case a message was lost (a reconnect)."""
+Waiting agents listen on the ``notify`` channel: ``publish.lua`` announces each version there
+(payload: the version), :meth:`ProductionQuota.grant` each grant (``grant:<version>:<steps>``,
+maybe after its publish). Either means "claim again"; agents also claim again every couple of
+seconds in case a message was lost (a reconnect)."""
 
 from __future__ import annotations
 
@@ -63,9 +55,8 @@ class ProductionQuota:
         self._scripts = Scripts(client)
 
     def grant(self, version: int, steps: int) -> None:
-        """Let agents acting with ``version`` produce ``steps`` env steps (replaces any earlier
-        grant: call it after publishing ``version``, or again to top up a stalled one), and tell
-        waiting agents on the notify channel. One round trip (HSET, then PUBLISH)."""
+        """Let agents acting with ``version`` produce ``steps`` env steps (replacing any earlier
+        grant), and tell waiting agents on the notify channel. One round trip (HSET, PUBLISH)."""
         if version < 0 or steps < 0:
             raise ValueError(f"grant needs version >= 0 and steps >= 0, got version={version} steps={steps}")
         pipe = self.client.pipeline(transaction=False)
@@ -84,11 +75,9 @@ class ProductionQuota:
 
     def claim(self, version: int, steps: int) -> Claim:
         """Claim ``steps`` env steps for parameter ``version`` (see :class:`Claim`). One round
-        trip. Not idempotent: when a reply is lost, claiming again claims twice (the grant is
-        overshot by one more claim, which the next update uses).
-
-        Raises :class:`ClaimScriptMissing` when the server lacks ``claim.lua`` and this client may
-        not load it (the learner loads it for agents), OOM and connection errors unchanged."""
+        trip. Not idempotent: when a reply is lost, claiming again claims twice (the next update
+        uses the overshoot). Raises :class:`ClaimScriptMissing` when the server lacks ``claim.lua``
+        and this client may not load it, OOM and connection errors unchanged."""
         try:
             status, granted, live = self._scripts.call("claim", [self.keys.meta, self.keys.quota], [version, steps])
         except ScriptError as exc:
@@ -101,8 +90,8 @@ class ProductionQuota:
         return Claim(_CLAIM_STATUSES[text], int(granted), int(live))
 
     def load_script(self) -> None:
-        """Load ``claim.lua`` for agents whose ACL user may run scripts but not load them, on the
-        server owning the run's quota (in a cluster, not on every primary: one down fails that)."""
+        """Load ``claim.lua`` for agents, whose ACL user may not, on the server owning the quota
+        only (on every primary, one down would fail it)."""
         self._scripts.load("claim", self.keys.quota)
 
 
@@ -119,10 +108,8 @@ def _granted_version(data: bytes | str) -> int:
 class QuotaNews:
     """An agent's ear on the notify channel while it waits for a claim: :meth:`drain` forgets the
     messages so far, :meth:`wait` blocks until a new one (a publish or a grant) or the timeout.
-
-    Subscribes on first use, on its own connection (:class:`~surreal_redis.hub.channel.Subscription`).
-    A connection error propagates (the caller backs off) and drops the subscription; the next call
-    subscribes again. Not thread-safe."""
+    Subscribes on first use, on its own connection; a connection error propagates and the next
+    call subscribes again (:class:`~surreal_redis.hub.channel.Subscription`). Not thread-safe."""
 
     def __init__(self, client: RedisClient, run: str) -> None:
         self._subscription = Subscription(client, ParamKeys(run).notify)

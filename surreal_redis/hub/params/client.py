@@ -4,14 +4,10 @@ so that hundreds of agents fetching a big blob at once do not inflate Redis' cli
 buffers. A client that rejects a blob (digest, size, codec) keeps its parameters, counts the
 rejection and waits, with capped backoff, before downloading that version again.
 
-Fan-out: a :class:`ParameterClient` may be given read replicas of the learner's Redis. It polls
-and downloads there, and reads the primary instead whenever a replica cannot be trusted to be
-current: its version is not above the one held (a lagging replica must neither take an agent back
-nor hide a newer version the caller knows of), its blob is missing or corrupt, it is unreachable
-(then replicas rest for a capped backoff), or ``primary_poll_every_s`` passed since the primary was
-last asked (a replica whose replication link broke keeps serving its old version). The publish
-script swaps ``meta`` and renames the blob in one atomic step, which replicas apply atomically
-too, so a replica that shows version v normally also holds ``blob:<v>``; the digest catches the rest.
+Read replicas and when the primary is read instead: docs/deployment.md (Parameter fan-out). The
+publish script swaps ``meta`` and renames the blob in one atomic step, which replicas apply
+atomically too, so a replica that shows version v normally also holds ``blob:<v>``; the digest
+catches the rest.
 """
 
 from __future__ import annotations
@@ -46,26 +42,16 @@ class ParameterClientConfig:
     """Settings of :class:`ParameterClient`.
 
     - ``max_in_flight``: GETRANGE pieces per pipelined round trip (bounds the server's output
-      buffer per agent to about ``max_in_flight`` pieces).
+      buffer per agent to about that many pieces).
     - ``piece_bytes``: overrides the read piece size the publisher recorded (None: use it, and
-      1 MiB for the first reads, which go out with the meta read before that size is known).
-    - ``reject_backoff_s`` / ``reject_backoff_cap_s``: after a version failed verification
-      (digest mismatch, wrong size, missing blob, undecodable), wait between this and twice this
-      before downloading that same version again, doubling after each further failure up to the
-      cap (seconds, jittered). A newer version is fetched at once.
+      1 MiB for the first reads, which go out with the meta read).
+    - ``reject_backoff_s`` / ``reject_backoff_cap_s``: after a version failed verification, wait
+      between this and twice this before downloading it again, doubling per further failure up
+      to the cap (seconds, jittered). A newer version is fetched at once.
     - ``primary_poll_every_s``: with read replicas, ask the primary for the version at least this
-      often (seconds), so a replica whose replication stopped delays new parameters by at most
-      this much. Ignored without replicas (every poll goes to the primary then).
-    - ``replica_backoff_s`` / ``replica_backoff_cap_s``: after a replica failed (unreachable or
-      erroring), read from the primary for between this and twice this before trying a replica
-      again, doubling per further failure up to the cap (seconds, jittered).
-    - ``min_version_lag``: a poll downloads only a version at least this many versions above
-      the one held (or any, while none is held); 1: every newer version. 2 halves the bytes
-      agents download and leaves them up to 2 publishes behind (plus the poll period). A version
-      the caller asks for (``fetch(at_least=...)``: agents producing on grants load the version
-      a claim names) is downloaded whatever the lag, so the lag only acts on free production.
-      There, on-policy runs drop chunks more than ``replay.fifo.max_policy_lag`` versions old:
-      set that to at least this lag.
+      often (seconds), so a replica whose replication stopped delays new parameters at most this.
+    - ``replica_backoff_s`` / ``replica_backoff_cap_s``: after a replica failed, read from the
+      primary for a backoff like the rejection's before trying a replica again.
     """
 
     max_in_flight: int = 4
@@ -76,8 +62,9 @@ class ParameterClientConfig:
     replica_backoff_s: float = 1.0
     replica_backoff_cap_s: float = 30.0
     # a poll downloads only a version at least this many above the one held (1: every newer
-    # one); versions a claim names (learner.on_policy_sync) are downloaded whatever the lag. With
-    # free production on-policy, set replay.fifo.max_policy_lag to at least this
+    # one; 2 halves the bytes agents download); versions a claim names (learner.on_policy_sync)
+    # are downloaded whatever the lag. With free production on-policy, set
+    # replay.fifo.max_policy_lag to at least this
     min_version_lag: int = 1
 
     def __post_init__(self) -> None:
@@ -99,11 +86,9 @@ class ParameterClientConfig:
 
 
 def connect_replicas(urls: Sequence[str], settings: RedisSettings) -> list[RedisClient]:
-    """Clients of parameter read replicas (``redis.param_read_urls``) for :class:`ParameterClient`,
-    one per URL, built like :func:`~surreal_redis.connection.connect` (which connects on first use:
-    an unreachable replica costs nothing here). Raises ``ValueError`` naming a bad URL."""
+    """Clients of parameter read replicas (``redis.param_read_urls``), one per URL, built by
+    :func:`~surreal_redis.connection.connect` (lazily). Raises ``ValueError`` naming a bad URL."""
     return [connect(url, settings) for url in urls]
-
 
 
 class ParameterClient:
@@ -111,13 +96,10 @@ class ParameterClient:
 
     Not thread-safe; one per process. ``fetch`` never raises for Redis outages or bad blobs: it
     logs a warning and returns ``(None, info)``, and the caller keeps its current parameters.
-    A version that failed verification is counted in :attr:`rejections` and downloaded again only
-    after a capped backoff (``reject_backoff_s`` doubling to ``reject_backoff_cap_s``).
 
-    ``replicas``: clients of read replicas of ``client``'s server (which the learner publishes
-    to). Polls and downloads then go to one of them (picked at random; the next one after a
-    failure) and fall back to ``client`` as the module docstring describes; a version read from a
-    replica is loaded only if it is above the one held. The caller owns (and closes) all clients.
+    ``replicas``: clients of read replicas of ``client``'s server. Polls and downloads go to one
+    of them (picked at random; the next one after a failure) and fall back to ``client``. The
+    caller owns (and closes) all clients.
     """
 
     def __init__(self, client: RedisClient, run: str, config: ParameterClientConfig,
@@ -152,8 +134,7 @@ class ParameterClient:
     @property
     def rejections(self) -> int:
         """Downloads rejected so far (digest or size mismatch, missing blob, malformed meta,
-        undecodable contents), counted once per attempt; Redis outages do not count. A rising
-        count while the published version stays the same means the live blob is unusable."""
+        undecodable contents), once per attempt; Redis outages do not count."""
         return self._rejections
 
     def fetch(self, force: bool = False, at_least: int = 0) -> tuple[ParamDict | None, ParamInfo]:
@@ -161,23 +142,20 @@ class ParameterClient:
         loaded last (or always with ``force``, which also skips a rejection's backoff and reads
         from the primary). ``at_least``: a version the caller knows is live (a claim told it): a
         replica that shows less is lagging, so the primary is asked instead; without replicas, an
-        ``at_least`` above the version held is downloaded without polling first.
-        ``min_version_lag`` (config) > 1: a polled version less than that many above the one held
-        is not downloaded (``(None, info)``); an ``at_least`` above the one held, ``force`` and a
-        client holding nothing yet download whatever the lag.
+        ``at_least`` above the version held is downloaded without polling first. It, ``force`` and
+        a client holding nothing yet download whatever ``min_version_lag``.
 
-        Returns ``(params, info)`` for a new version (the arrays are read-only views of the
-        downloaded blob, or float32 copies of its float16 leaves: copy before writing; of the
-        dtypes meta's ``spec`` lists), ``(None, info)`` when nothing changed or not enough
-        (``min_version_lag``), nothing is published yet, the version was rejected less than its backoff ago, or the
-        download failed (warning logged); ``info`` always describes the parameters this client
-        holds. Blocks for one round trip when nothing changed (two when a replica lags, none for
-        a known ``at_least``); for a download, one more for meta and the first ``max_in_flight``
-        pieces (read as one range),
+        Returns ``(params, info)`` for a new version (read-only views of the downloaded blob, or
+        float32 copies of its float16 leaves: copy before writing; of the dtypes meta's ``spec``
+        lists), ``(None, info)`` when nothing changed or not enough (``min_version_lag``), nothing
+        is published yet, the version was rejected less than its backoff ago, or the download
+        failed (warning logged); ``info`` always describes the parameters this client holds.
+        Blocks for one round trip when nothing changed (two when a replica lags, none for a known
+        ``at_least``); for a download, one more for meta and the first ``max_in_flight`` pieces,
         then one per ``max_in_flight`` further pieces, all again on the primary if the replica
         could not serve them.
         """
-        version = 0  # unknown until the poll parsed
+        version = 0
         try:
             source, version = self._poll(force, at_least)
             if version == 0:
@@ -219,11 +197,9 @@ class ParameterClient:
     def _poll(self, force: bool, at_least: int) -> tuple[RedisClient, int]:
         """(the server to download from, the version published there; 0: none). A replica's
         answer counts only when it is at least the version held, at least ``at_least`` and not 0;
-        else (or when the primary is due, or ``force``) the primary is asked. A new version that
-        only the periodic primary poll found is still downloaded from a replica, which must hold
-        at least that version (else :meth:`_download_from` reads the primary): the check on the
-        replicas must not send one download in every ``primary_poll_every_s`` of every agent to
-        the primary (at 1024 agents, a tenth of the parameter bytes)."""
+        else (or when the primary is due, or ``force``) the primary is asked. A new version found
+        by the periodic primary poll is still downloaded from a replica (:meth:`_download_from`
+        falls back), so that check sends no share of the downloads to the primary."""
         if not self._replicas and not force and at_least > self._info.version:
             return self._client, at_least  # the download reads meta anyway: no poll needed
         now = time.monotonic()
@@ -276,9 +252,8 @@ class ParameterClient:
     def _download(self, source: RedisClient, version: int, floor: int = 0) -> tuple[ParamDict, ParamInfo]:
         """Read, verify and decode the version ``source``'s meta names (polled: ``version``);
         raises :class:`ParamFetchError` if that is below ``floor``."""
-        # The meta read carries the first max_in_flight pieces of the polled version as one range
-        # (GETRANGE stops at the end), so a blob of up to that many pieces costs one round trip
-        # and arrives in one piece: no copy to join pieces (the same reply bytes in flight).
+        # The meta read carries the first max_in_flight pieces of the polled version as one range,
+        # so a blob of up to that many pieces costs one round trip and needs no join.
         step = self._config.max_in_flight
         head_bytes = step * (self._config.piece_bytes or DEFAULT_PIECE_BYTES)
         pipe = source.pipeline(transaction=False)
@@ -321,8 +296,6 @@ class ParameterClient:
         got = f"{DIGEST_ALGO}:{hasher.hexdigest()}"
         if got != info.digest:
             raise ParamFetchError(f"v{info.version}: digest mismatch (meta {info.digest}, blob {got})")
-        # The blob is byte for byte what the publisher encoded, so the contents match meta's spec
-        # (written by the same script call from the same parameters) without a second check.
         buf = b"".join(parts) if len(parts) > 1 else parts[0]
         return decode_params(buf, info, codec, spec), info
 

@@ -4,11 +4,8 @@
 announces ``version`` on the ``notify`` channel.
 
 Every Redis step of a publish can be repeated without harm, so the publisher retries each one
-itself (a few times, with redis-py's :class:`~redis.retry.Retry` and capped backoff) after a
-connection error: the blob is written at explicit offsets (SET, then SETRANGE), and the script
-answers a re-sent call whose version and digest are already live with success (its first reply
-was lost). A client that rejects a blob keeps its parameters and counts the rejection, and the
-learner can :meth:`~ParameterPublisher.republish` above it.
+itself after a connection error: the blob is written at explicit offsets (SET, then SETRANGE),
+and the script answers a re-sent call whose version and digest are already live with success.
 """
 
 from __future__ import annotations
@@ -49,11 +46,9 @@ T = TypeVar("T")
 
 
 class PublishBackpressure(RuntimeError):
-    """Redis refused the parameter upload for lack of memory (an OOM reply under ``noeviction``).
-
-    Nothing was published and the staged bytes were deleted; the previous version stays live.
-    Treat it like backpressure: keep training (which frees memory as experience is consumed and
-    trimmed) and publish again later."""
+    """Redis refused the parameter upload for lack of memory (OOM under ``noeviction``); nothing
+    was published and the staged bytes were deleted. Keep training (which frees memory as
+    experience is consumed) and publish again later."""
 
 
 @dataclass(frozen=True)
@@ -75,16 +70,8 @@ class PublisherConfig:
     - ``wait_replica_ms``: after each publish, block up to this many ms until one replica of the
       parameters' server has it (``WAIT 1``), so a failover right after a publish does not take
       the version back; 0: off (replication stays asynchronous; docs/deployment.md, Redis Cluster).
-    - ``dtype``: what float32 leaves travel as, ``float32`` or ``float16`` (half the bytes per
-      download; see :func:`to_wire`). Other dtypes (float64 normalizer statistics, integers) and
-      float32 leaves with a finite value beyond float16's range (65504) travel unchanged. Clients
-      cast the float16 leaves back to float32 on load, so agents and evals run inference in
-      float32 with weights rounded to float16 (relative error <= 2**-11; docs/benchmarks.md, Scale,
-      gives the logit differences measured). The learner's own weights and its checkpoints stay
-      float32. On-policy consequence: an agent's recorded behaviour log-prob comes from the
-      rounded weights, not the learner's, so PPO's ratio at the first epoch is not exactly 1 (it
-      treats the rounding as a tiny policy lag) and APPO's V-trace importance weights correct for
-      it like for any lag.
+    - ``dtype``: see :func:`to_wire` and the comment on the field. float16 weights have a relative
+      error <= 2**-11 (docs/benchmarks.md, Scale, gives the logit differences measured).
     """
 
     min_publish_interval: float = 0.0
@@ -123,12 +110,10 @@ class PublisherConfig:
 
 
 class ParameterPublisher:
-    """Learner side: uploads the encoded parameters to its staging key, then ``lua/publish.lua``
-    renames that to ``blob:<v+1>`` and swaps ``meta`` to it.
-
-    Versions continue from whatever ``meta`` holds (a restarted learner resumes the sequence),
-    and never fall below what this publisher already published (a Redis restarted empty).
-    One publisher per run: a second one makes the script refuse with a version error.
+    """Learner side (module docstring). Versions continue from whatever ``meta`` holds (a
+    restarted learner resumes the sequence), and never fall below what this publisher already
+    published (a Redis restarted empty). One publisher per run: a second one makes the script
+    refuse with a version error.
     """
 
     def __init__(self, client: RedisClient, run: str, config: PublisherConfig) -> None:
@@ -140,7 +125,7 @@ class ParameterPublisher:
         self._version: int | None = None  # read from meta on first use
         self._last_publish: float | None = None
         self._floor = 0
-        # equal jitter from retry_base_s doubling up to 1 s; OUTAGE_ERRORS only: others propagate at once
+        # OUTAGE_ERRORS only: others propagate at once
         self._retry = Retry(EqualJitterBackoff(cap=1.0, base=config.retry_base_s), config.retries,
                             OUTAGE_ERRORS)
 
@@ -164,13 +149,11 @@ class ParameterPublisher:
         Returns None without touching Redis when the last publish was less than
         ``min_publish_interval`` seconds ago and ``force`` is false. Blocks for the blob upload
         (one round trip per ``write_piece_bytes``) and the script call, plus up to ``retries``
-        backoff sleeps (well under a few seconds) per step that hits a connection error.
+        backoff sleeps per step that hits a connection error.
 
         Raises ``TypeError`` / ``CodecError`` for unencodable params, ``ValueError`` for a bad
         ``iteration`` or ``message``, :class:`PublishBackpressure` when Redis is out of memory,
-        :class:`ScriptError` if the script refuses (another publisher moved the version; the
-        next call re-reads it) and other Redis errors (connection errors once the retries are
-        spent) unchanged.
+        :class:`ScriptError` if another publisher moved the version, other Redis errors unchanged.
         """
         if (not force and self._last_publish is not None
                 and time.monotonic() - self._last_publish < self._config.min_publish_interval):
@@ -178,11 +161,10 @@ class ParameterPublisher:
         return self._publish(params, iteration, message)
 
     def republish(self, params: ParamDict, iteration: int, above: int = 0, message: str = "republish") -> int:
-        """Publish ``params`` as a version above every one seen: the version in ``meta`` (even one
-        another writer put there), this publisher's own last one and ``above`` (say, the highest
-        version agents report). For when the live blob is unusable (agents keep rejecting it) or
-        ``meta`` moved behind this publisher's back. Ignores ``min_publish_interval``; blocks
-        and raises like :meth:`publish`.
+        """Publish ``params`` above every version seen: ``meta``'s, this publisher's last one and
+        ``above`` (say, the highest agents report), for when agents keep rejecting the live blob or
+        ``meta`` moved behind this publisher's back. Ignores ``min_publish_interval``; blocks and
+        raises like :meth:`publish`.
         """
         if isinstance(above, bool) or not isinstance(above, (int, np.integer)) or above < 0:
             raise ValueError(f"above must be an integer >= 0, got {above!r}")
@@ -235,7 +217,7 @@ class ParameterPublisher:
             self._retrying(partial(self._client.setrange, self._staging, start, view[start:start + piece]))
 
     def _swap_in(self, blob: bytes, fields: list) -> int:
-        """Run the publish script until it takes the staged blob (at most 3 tries); the new version."""
+        """Run the publish script until it takes the staged blob (3 tries); the new version."""
         tries_left = 3
         while True:
             prev = self.version
@@ -249,9 +231,8 @@ class ParameterPublisher:
                     self._wait_for_replica(new)
                 return new
             except ScriptError as exc:
-                # The script wrote nothing. A lost staging key means Redis restarted mid-publish:
-                # upload again. Meta behind our own last version means a Redis that restarted
-                # empty: re-read it and go on. Meta ahead of it means another publisher: refuse.
+                # The script wrote nothing. A lost staging key (Redis restarted mid-publish): upload
+                # again; meta behind our last version (restarted empty): go on; ahead: refuse.
                 tries_left -= 1
                 if tries_left == 0:
                     raise
@@ -263,8 +244,7 @@ class ParameterPublisher:
                     raise
 
     def _wait_for_replica(self, version: int) -> None:
-        """WAIT 1 on the server holding ``meta``; a replica that does not answer in time is logged
-        (the version stays published)."""
+        """WAIT 1 on the server holding ``meta``; no replica in time is only logged."""
         node = node_client(self._client, self._keys.meta)
         acked = node.execute_command("WAIT", 1, self._config.wait_replica_ms)
         if int(acked) < 1:
@@ -278,9 +258,8 @@ class ParameterPublisher:
             log.warning("could not delete the staged parameter blob (its TTL will): %s", exc)
 
     def _retrying(self, step: Callable[[], T]) -> T:
-        """``step()``, re-sent up to ``retries`` times after an outage error (it must be
-        idempotent), sleeping an equal-jitter backoff from ``retry_base_s`` doubling up to 1 s
-        between tries; blocks for the tries and sleeps; the last error propagates."""
+        """``step()`` (idempotent), re-sent up to ``retries`` times after an outage error with
+        backoff; blocks for the tries and sleeps; the last error propagates."""
         return self._retry.call_with_retry(step, self._retry_failed, with_failure_count=True)
 
     def _retry_failed(self, exc: Exception, failures: int) -> None:

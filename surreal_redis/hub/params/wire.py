@@ -1,16 +1,11 @@
-"""The parameter wire format: what a published version looks like in Redis, how float32 leaves
-travel, and how a client checks and decodes what it read.
+"""The parameter wire format, and how a client checks and decodes what it read.
 
-Keys (names from :class:`surreal_redis.keys.ParamKeys`):
-
-- ``blob:<v>``: the parameters as :func:`surreal_redis.codec.encode_tree` bytes (pickle-free,
-  optionally lz4 per leaf). A published blob never changes.
-- ``meta``: hash ``version nbytes piece digest codec spec iteration time message``.
-  ``spec`` (JSON ``{name: [dtype, shape]}``) tells the shapes without a download, with the dtypes
-  the learner holds: with ``hub.publisher.dtype: float16`` the blob carries float32 leaves as
-  float16 (:func:`to_wire`), ``codec`` ends in ``+float16``, and clients cast those leaves back to
-  the spec's float32 (:func:`from_wire`). ``digest`` (:func:`blob_digest`) guards the blob
-  against corruption.
+- ``blob:<v>``: the parameters as :func:`surreal_redis.codec.encode_tree` bytes (optionally lz4
+  per leaf). A published blob never changes.
+- ``meta``: hash ``version nbytes piece digest codec spec iteration time message``. ``spec``
+  (JSON ``{name: [dtype, shape]}``) gives the shapes and the learner's dtypes without a download;
+  with ``hub.publisher.dtype: float16`` float32 leaves travel as float16 (:func:`to_wire`),
+  ``codec`` ends in ``+float16`` and clients cast them back (:func:`from_wire`).
 """
 
 from __future__ import annotations
@@ -29,16 +24,13 @@ log = logging.getLogger(__name__)
 
 CODEC = "srt1"  # the encode_tree format; "+lz4" is appended when leaves may be compressed
 # The digest guards against corruption, not forgery: only the learner's Redis user can write
-# parameter keys (acl.py). XXH3-128 hashes ~30 GB/s here against sha256's ~1 GB/s, which cost
-# as much as the download of the blob itself.
+# parameter keys (acl.py). XXH3-128, because sha256 cost as much as the download itself.
 DIGEST_ALGO = "xxh3_128"
 MAX_BLOB_BYTES = 512 * 1024 * 1024  # Redis proto-max-bulk-len: the largest string a key can hold
-# 1 MiB reads: hundreds of agents downloading a big blob at once each hold at most a few pieces in
-# Redis' client output buffers, far below their limits
+# 1 MiB reads keep each agent's share of Redis' client output buffers to a few pieces
 DEFAULT_PIECE_BYTES = 1 << 20
 WIRE_DTYPES = ("float32", "float16")  # PublisherConfig.dtype: what float32 leaves travel as
-# every codec a client can read: the encode_tree format, "+lz4" when leaves may be compressed,
-# "+float16" when float32 leaves travel as float16 (older clients refuse it as unknown)
+# "+float16": float32 leaves travel as float16 (older clients refuse it as unknown)
 CODECS = frozenset(CODEC + lz4 + wire for lz4 in ("", "+lz4") for wire in ("", "+float16"))
 
 
@@ -83,11 +75,9 @@ def param_spec(params: ParamDict) -> dict[str, list]:
 
 
 def to_wire(params: ParamDict, dtype: str) -> ParamDict:
-    """``params`` as a publisher with ``PublisherConfig.dtype`` ``dtype`` sends them: every
-    float32 leaf cast to ``dtype``, except one holding a finite value that ``dtype`` cannot
-    represent (beyond float16's 65504: it would arrive as inf), which stays float32 like every
-    other dtype. New arrays for the cast leaves, the same objects for the others; ``params`` is
-    not changed. Raises ``ValueError`` naming a bad ``dtype``."""
+    """``params`` as sent with ``PublisherConfig.dtype`` ``dtype``: every float32 leaf cast to
+    ``dtype`` (new arrays), except one holding a finite value beyond its range (float16: 65504),
+    which stays float32 like every other dtype. Raises ``ValueError`` naming a bad ``dtype``."""
     if dtype not in WIRE_DTYPES:
         raise ValueError(f"wire dtype must be one of {', '.join(WIRE_DTYPES)}, got {dtype!r}")
     if dtype == "float32":
@@ -106,10 +96,9 @@ def to_wire(params: ParamDict, dtype: str) -> ParamDict:
 
 
 def from_wire(tree: ParamDict, spec: dict[str, list]) -> ParamDict:
-    """The parameters a client returns for a ``+float16`` blob: each leaf that ``spec`` (meta's
-    ``{name: [dtype, shape]}``) lists as float32 and that arrived as float16 cast back to float32
-    (a new array); leaves already of their spec's dtype unchanged. Raises :class:`ParamFetchError`
-    for a leaf missing from ``spec`` or of another dtype than the spec's and not float16 for float32."""
+    """A ``+float16`` blob's leaves with each float16 one that ``spec`` (meta's ``{name: [dtype,
+    shape]}``) lists as float32 cast back (a new array). Raises :class:`ParamFetchError` for a
+    leaf missing from ``spec`` or of another dtype."""
     out: ParamDict = {}
     for name, value in tree.items():
         want = spec.get(name)

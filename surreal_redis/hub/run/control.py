@@ -1,8 +1,6 @@
-"""A run's own state in Redis, in one place: the control hash (running / stopping and why), the
-learner's status report (JSON with a TTL), the experiment config that ``launch`` stores for
-``agent --run`` and friends, and dropping every key of a run.
-
-Every call is one or a few round trips and blocks only for those."""
+"""A run's own state in Redis: the control hash (running / stopping and why), the learner's status
+report (JSON with a TTL), the experiment config ``launch`` stores for ``--run``, and dropping a
+run. Every call is one or a few round trips and blocks only for those."""
 
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ class RunControl:
         self.client, self.run = client, run
         self.keys = RunKeys(run)
 
-    # ---------------------------------------------------------------- running / stopping
     def start(self) -> None:
         self.client.hset(self.keys.control, mapping={"state": RUNNING, "reason": ""})
 
@@ -42,7 +39,6 @@ class RunControl:
         state, reason = self.client.hmget(self.keys.control, ["state", "reason"])
         return state == STOPPING.encode(), as_text(reason or b"")
 
-    # ---------------------------------------------------------------- learner status
     def write_learner_status(self, status: dict[str, Any], ttl_s: int) -> None:
         """The learner's report (iteration, version, env steps, returns, state, time); it expires
         after ``ttl_s`` seconds, so a dead learner's last report does not look alive for long."""
@@ -62,10 +58,9 @@ class RunControl:
         return {}
 
     def mark_learner_exited(self, pid: int, exit_code: int) -> bool:
-        """Record that the learner process ``pid`` is gone (its supervisor saw it exit), so a
-        ``--resume`` right after a crash is not refused as a second learner. The last report stays
-        readable for an hour; a report of another pid (a newer learner) is left alone. Returns
-        whether it changed the report. One WATCH/GET/SET transaction."""
+        """Record that the learner process ``pid`` exited, so a ``--resume`` right after a crash is
+        not refused as a second learner; a report of another pid is left alone. Returns whether
+        it changed the report. One WATCH/GET/SET transaction."""
 
         def mark(pipe: redis.client.Pipeline) -> bool:
             raw = pipe.get(self.keys.learner)
@@ -82,7 +77,6 @@ class RunControl:
                                           value_from_callable=True)
         return bool(changed)
 
-    # ---------------------------------------------------------------- stored config
     def store_config(self, yaml_text: str) -> None:
         """The run's experiment config, for processes started with ``--run`` instead of ``--config``."""
         self.client.hset(self.keys.config, mapping={"yaml": yaml_text, "created": time.time()})
@@ -92,7 +86,6 @@ class RunControl:
         raw = self.client.hget(self.keys.config, "yaml")
         return None if raw is None else as_text(raw)
 
-    # ---------------------------------------------------------------- dropping
     def drop(self) -> int:
         """Delete every key of the run (SCAN + UNLINK in batches of 500); returns how many."""
         deleted = 0
@@ -109,13 +102,10 @@ class RunControl:
 
 
 class StopWatch:
-    """Set when ``stop`` is set or when the run's control state says ``stopping`` (which then sets
-    ``stop`` too). For waits deep inside a component, such as the sender's backpressure wait, that
-    must notice a ``surreal-redis stop`` or a learner's stop request within a second.
-
-    A :class:`~surreal_redis.outage.Waiter`: ``is_set()`` polls Redis at most every
-    ``poll_s`` seconds (one HMGET; an outage counts as "not stopping"); ``wait(timeout)`` blocks
-    up to ``timeout`` seconds and wakes at once on a signal, within ``poll_s`` on a stop request.
+    """A :class:`~surreal_redis.outage.Waiter` set when ``stop`` is set or when the run's control
+    state says ``stopping`` (which then sets ``stop`` too), for waits deep inside a component.
+    ``is_set()`` polls Redis at most every ``poll_s`` seconds (an outage counts as "not
+    stopping"); ``wait(timeout)`` wakes at once on a signal, within ``poll_s`` on a stop request.
     """
 
     def __init__(self, stop: StopFlag, control: RunControl, poll_s: float = 0.5) -> None:

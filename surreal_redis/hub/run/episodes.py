@@ -1,13 +1,9 @@
-"""Finished-episode statistics. Agents append training episodes (JSON) to the list
-``sr:{run}:episodes:inbox``, which their ACL user may append to but not trim; the learner moves
-them into the stream ``sr:{run}:episodes`` (``lua/drain.lua``). The eval process appends eval
-episodes to ``sr:{run}:evals``, a stream only its own ACL user may write. The learner reads both
-(charts, best-k checkpoints, stop conditions) and trusts a record's mode only by the stream it came
-from, so no agent can put a score into the eval results.
-
-Agents all write as one Redis user, so nothing tells one agent's records from another's: the
-train-return stop rule therefore uses :class:`TrainReturns`, a window per agent id, which one
-agent's records under its own id cannot drive, however many it writes (see there)."""
+"""Finished-episode statistics. Agents append training episodes (JSON) to the ``episodes:inbox``
+list, which the learner moves into the ``episodes`` stream (``lua/drain.lua``); the eval process
+alone may write the ``evals`` stream. The learner reads both (charts, best-k checkpoints, stop
+conditions) and trusts a record's mode only by the stream it came from, so no agent can put a
+score into the eval results; :class:`TrainReturns` keeps one agent from driving the train-return
+stop rule."""
 
 from __future__ import annotations
 
@@ -93,11 +89,10 @@ class EpisodeLog:
 
 
 class EpisodeReader:
-    """The learner's reader of the training and eval episodes appended since the last call: moves
-    the agents' queued training records into the ``episodes`` stream (``drain.lua``, which needs
-    the learner's rights), then one non-blocking XREAD of both streams from their cursors. A record
-    that does not parse, or whose mode is not its stream's (an agent claiming an eval), is counted
-    in :attr:`malformed` and skipped; ``maxlen``: the ``episodes`` stream's approximate cap."""
+    """The learner's reader of the episodes appended since the last call: ``drain.lua``, then one
+    non-blocking XREAD of both streams from their cursors. A record that does not parse, or whose
+    mode is not its stream's (an agent claiming an eval), is counted in :attr:`malformed` and
+    skipped; ``maxlen``: the ``episodes`` stream's approximate cap."""
 
     def __init__(self, client: RedisClient, run: str, start_id: str = "$", maxlen: int = 100_000) -> None:
         if maxlen < 1:
@@ -111,9 +106,8 @@ class EpisodeReader:
 
     def read_new(self, count: int = 10_000) -> list[EpisodeRecord]:
         """Up to ``count`` records of each stream, oldest first within each. Blocks for two round
-        trips (the drain, the read), two more once to resolve a ``"$"`` start. A full Redis (OOM)
-        refuses the drain: the records wait in the inbox for a later call. Other Redis errors
-        propagate."""
+        trips, two more once to resolve a ``"$"`` start. Under OOM the records wait in the inbox
+        for a later call; other Redis errors propagate."""
         try:
             taken, dropped, _ = self._scripts.call("drain", [self.keys.episodes_inbox, self.keys.episodes],
                                                    [count, self.maxlen, MAX_RECORD_BYTES])
@@ -167,18 +161,12 @@ def parse_episode(fields: dict[bytes, bytes], mode: EpisodeMode) -> EpisodeRecor
 
 
 class TrainReturns:
-    """Training episode returns, for charts (:meth:`mean`: the last ``window`` of all agents) and
-    the train-return stop rule (:meth:`stop_score`: a window per agent id).
-
-    The stop score is the lower median, over the agents (the ids that heartbeat, when the caller
-    knows them), of each one's mean over its own last ``ceil(window / n)`` episodes, n the agents
-    among them that reported; an agent without records counts as not reaching the target. So it
-    reaches a target only when more than half of the agents (2 of 2, 2 of 3, 3 of 4) do, however
-    many records one agent writes under its own id: a flood fills only its own window (it used to
-    push the others out of one shared window of the last ``window`` records). An agent that writes
-    records under other agents' ids, or heartbeats under made-up ones, still can (agents share one
-    Redis user); ``stop.target_metric: eval`` stops only on eval results, which agents cannot
-    write. At most ``MAX_AGENT_IDS`` ids are kept (the longest silent is forgotten first).
+    """Training episode returns, for charts (:meth:`mean`) and the train-return stop rule
+    (:meth:`stop_score`, a window per agent id, so it reaches a target only when more than half of
+    the agents do, however many records one agent writes under its own id). An agent writing
+    under other ids, or heartbeating under made-up ones, still can (agents share one Redis user);
+    ``stop.target_metric: eval`` cannot be driven by agents. At most ``MAX_AGENT_IDS`` ids are
+    kept (the longest silent is forgotten first).
     """
 
     MAX_AGENT_IDS = 4096
@@ -214,10 +202,10 @@ class TrainReturns:
         return float(np.mean(self._recent)) if self._recent else None
 
     def stop_score(self, agents: Collection[str] | None = None) -> float | None:
-        """Lower median over ``agents`` (default, or when empty: every id with records) of each
-        one's mean return over its last ``ceil(window / n)`` episodes, n the agents that reported;
-        None until those windows hold ``window`` episodes together, or while the median agent has
-        none."""
+        """Lower median over ``agents`` (the ids that heartbeat; default, or when empty: every id
+        with records) of each one's mean return over its last ``ceil(window / n)`` episodes, n the
+        agents that reported, an agent without records counting as not reaching the target; None
+        until those windows hold ``window`` episodes together, or while the median agent has none."""
         ids = set(agents) if agents else set(self._by_agent)
         reporting = [self._by_agent[a] for a in ids if a in self._by_agent]
         if not reporting:

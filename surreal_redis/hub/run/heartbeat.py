@@ -1,9 +1,7 @@
-"""Agent liveness: one JSON entry per agent in the run's ``agents`` hash.
-
-Hash fields cannot expire on Redis 7.0 (HEXPIRE is 7.4+), so the TTL is a timestamp rule instead:
-an entry whose ``ts`` is older than ``ttl_s`` is stale. Readers mark stale entries
-(:func:`read_agents`); the learner deletes them (:func:`prune_stale`). Timestamps are wall-clock
-unix seconds of the writing host, so hosts' clocks must agree to well within ``ttl_s`` (NTP).
+"""Agent liveness: one JSON entry per agent in the run's ``agents`` hash. Hash fields cannot expire
+on Redis 7.0 (HEXPIRE is 7.4+), so an entry whose ``ts`` (the writing host's unix seconds: clocks
+must agree to well within ``ttl_s``) is older than ``ttl_s`` is stale: :func:`read_agents` marks
+it, the learner deletes it (:func:`prune_stale`).
 """
 
 from __future__ import annotations
@@ -27,11 +25,9 @@ _FIELDS = ("pid", "host", "steps", "episodes", "param_version", "ts")
 class AgentStatus:
     """One agent's last heartbeat. ``ts`` is its unix time in seconds, ``age_s`` the seconds since
     then when it was read, ``stale`` whether that age exceeded the TTL. ``idle_s`` of ``running_s``
-    seconds of its env loop (this process) were spent waiting (on claims, on backpressure); both 0
-    in heartbeats of agents that do not report them. ``param_rejections``: parameter downloads this
-    process rejected (digest mismatch); ``chunks_dropped``: chunks its sender gave up on (both
-    cumulative per process, 0 when not reported). ``claimed``: env steps it claimed and has not
-    sent yet (production on grants; 0 when not reported)."""
+    seconds of its env loop were spent waiting (on claims, on backpressure). ``param_rejections``
+    and ``chunks_dropped`` count per process; ``claimed``: env steps claimed and not sent yet. The
+    fields with defaults are 0 in heartbeats that do not report them."""
 
     agent_id: str
     pid: int
@@ -85,11 +81,8 @@ class Heartbeat:
 
     def beat(self, steps: int, episodes: int, param_version: int, force: bool = False, idle_s: float = 0.0,
              running_s: float = 0.0, param_rejections: int = 0, chunks_dropped: int = 0, claimed: int = 0) -> bool:
-        """Record the agent's counters (total env steps, finished episodes, loaded parameter
-        version, seconds idle of seconds its env loop has run, parameter downloads rejected,
-        chunks dropped, env steps claimed and not sent yet). Returns whether it wrote; blocks
-        for one HSET when it does, and lets Redis errors propagate (the agent's loop decides how to
-        back off)."""
+        """Record the agent's counters (see :class:`AgentStatus`; ``steps``: total env steps).
+        Returns whether it wrote; blocks for one HSET when it does; Redis errors propagate."""
         if not (idle_s >= 0 and running_s >= 0):
             raise ValueError(f"idle_s and running_s must be >= 0 seconds, got {idle_s!r} and {running_s!r}")
         if claimed < 0:
@@ -144,11 +137,8 @@ def read_agents(client: RedisClient, run: str, ttl_s: float, include_stale: bool
 
 def prune_stale(client: RedisClient, run: str, ttl_s: float) -> list[str]:
     """Delete the entries of agents silent for more than ``ttl_s`` seconds (and unreadable ones)
-    and return their ids. One HGETALL plus one HDEL.
-
-    An agent that beats between the read and the delete loses its entry until its next beat (at
-    most ``ttl_s / 3`` later); that is harmless, so no transaction is spent on it.
-    """
+    and return their ids. One HGETALL plus one HDEL, no transaction: an agent that beats in
+    between loses its entry until its next beat, harmlessly."""
     ttl_s = _check_ttl(ttl_s)
     key = RunKeys(run).agents
     now = time.time()
