@@ -61,10 +61,9 @@ class Backpressure:
         ending).
 
         Once over, the sender subscribes to the shard's ``reads`` channel and looks at the backlog
-        again after each read the learner announces there, and at the latest after a capped backoff
-        delay (a lost message or subscription); it leaves the channel when the wait ends. A
-        backoff alone overslept: the learner drained 22 chunks in 0.25 s, then sat 0.7 s on the
-        last batch while the senders slept on (HalfCheetah APPO, 2026-12-02)."""
+        again after each read the learner announces there (a backoff alone oversleeps while the
+        learner drains the backlog), and at the latest after a capped backoff delay (a lost
+        message or subscription); it leaves the channel when the wait ends."""
         cfg, stop = self.config, self.stop
         if not cfg.max_lag:
             return

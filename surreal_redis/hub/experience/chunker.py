@@ -3,15 +3,11 @@
 Steps of N envs go into preallocated numpy buffers (``[N, T+1, ...]`` for inline observation
 leaves, ``[N, T, ...]`` for the rest), so a step costs a few array copies. Referenced observation
 leaves are not buffered: each is identified as it arrives. A frame repeated from the previous
-step (a frame stack shifting by one, an unchanged screen, a reset stack of equal frames) is
-recognised by the XXH3-128 of its raw bytes (hashed in place, no copy: 0.2 µs for a 7 KB frame)
-matching one of those few candidates', which is far cheaper than copying, encoding and hashing it
-again (lz4 and blake2b of a 7 KB frame cost ~2 µs); a stack that shifted in every env at once is
-recognised by one hash of each leaf's N frames, with no look per env. Any other frame is encoded
-and hashed with blake2b, so a repeat elsewhere is still stored once, under the same digest. The
-XXH3 match is only ever made among one agent's own frames (a collision, at odds of 2**-128, would
-make an agent reference its own earlier frame); what is stored and checked across agents is the
-blake2b digest.
+step (a frame stack shifting by one, an unchanged screen) is recognised by the XXH3-128 of its raw
+bytes, hashed in place, which is far cheaper than encoding and hashing it again; a stack that
+shifted in every env at once is recognised by one hash of each leaf's N frames. Any other frame
+is encoded and hashed with blake2b, the digest stored and checked across agents; the XXH3 match
+is only made among one agent's own frames (docs/benchmarks.md, Hub).
 """
 
 from __future__ import annotations

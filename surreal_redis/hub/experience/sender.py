@@ -1,17 +1,10 @@
 """Agent side of the experience path: vectorized steps -> chunks -> one pipeline per flush.
 
-Each env's steps fill preallocated numpy buffers; every ``flush_steps`` steps all envs' chunks go
-out in one pipeline of ``insert.lua`` calls (at most 64 chunks, 256 obs keys and
-``max_insert_bytes`` each). Each call carries the observation blobs not uploaded before and
-writes them together with the batch, all-or-nothing, into the shard's inbox; the learner moves
-the batch into the stream once per (sender uuid, seq) (``move.lua``). Blobs
-that the sender remembers as stored travel again only when the script answers MISSING (gc
-collected them meanwhile). A chunk payload of at least ``payload_ref_min_bytes`` never passes
-through Lua: it gets a random id (128 bits, the digests' grammar), and in the same pipeline, before
-the call, the sender pins the id (SADD) and stores the payload under it itself (SETNX
-``obs:<id>``); the batch carries only the id. Commands are
-packed and sent without redis-py's pipeline (see
-:func:`surreal_redis.hub.experience.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.experience.wire`.
+Every ``flush_steps`` steps all envs' chunks go out in one pipeline of ``insert.lua`` calls, each
+carrying the observation blobs not known stored and writing them with the batch, all-or-nothing,
+into the shard's inbox; a payload of at least ``payload_ref_min_bytes`` is stored apart by the
+sender's own SETNX under a random id. The entry format is in
+:mod:`surreal_redis.hub.experience.wire`; docs/concepts.md tells the whole path.
 """
 
 from __future__ import annotations
@@ -59,39 +52,31 @@ STOP_RETRY_S = 5.0  # once stopping, an insert is retried this long at most (wit
 class SenderConfig:
     """Experience sender settings. Sizes in bytes, times in seconds.
 
-    ``flush_steps``: steps per chunk (T): a chunk leaves the agent every T steps; the default 64
-    halves the per-chunk costs of 32 on both sides (for on-policy runs, pick a divisor of the
-    rollout length). Dedup rule: an observation leaf of at least ``dedup_min_bytes`` per env and
-    step is stored once under ``obs:<digest>`` and referenced; smaller leaves travel inline in
-    the chunk. The default (4 KiB) references images and each frame of a frame stack (84x84
-    uint8 = 7 KB), which repeat across steps, and keeps state vectors inline (MuJoCo's 376
-    float32 = 1.5 KB never repeat, and a key costs ~250 B of Redis memory). Observation blobs and
-    chunk bodies of at least ``compress_min_bytes`` are lz4-compressed when that shrinks them.
-    ``lru_size``: digests remembered as stored (at least the most recent ``lru_size / 2``).
-    ``max_insert_bytes``:
-    bytes (fields and blobs) per insert call, which bounds how long one call holds the server;
-    a single bigger chunk goes alone. ``max_lag``: after each flush, wait while the learner has more
-    unread entries than this on our shard, less the other agents' flushes (``peer_chunks``), so
-    that the shard's backlog stays within about one flush of it (None or 0: never wait). ``max_wait_s``: give up
-    (HubUnavailableError) after retrying an insert refused for OOM or connection errors this
-    long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long as
-    it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its referenced
-    observations) of at least this many bytes is stored once as a blob by the sender's own SETNX,
-    beside the insert call, and only its id passes through the scripts (Lua copies each byte it
-    handles several times, ~1 µs per KiB each; a blob costs ~200 B of Redis memory and the learner
-    one more round trip). Measured (docs/benchmarks.md, Hub): Redis spends less CPU on a payload
-    stored apart at every size from 2 KB, sender, receiver and Redis together as much at 2-4 KB
-    and less from 8 KB; the default (16 KiB) keeps the memory a blob costs under 1.5% of its
-    payload: it stores MuJoCo
-    Humanoid's 96 KB and robosuite Lift's ~20 KB (100 steps of 42 floats) chunks apart and keeps
-    CartPole's 2 KB, HalfCheetah's 7-10 KB and Atari's ~1 KB (frames by digest) inline. None:
-    always inline. ``wait_replica_ms``: when > 0, an insert counts as stored only once a replica
-    of the primary has it too (``WAIT 1 <ms>`` after each pipeline; no replica within the time:
-    the batches are sent again under the same seqs, which the primary that has them answers DUP):
-    a failover then loses nothing the sender was told was stored, at the cost of one replication
-    round trip per flush, and senders stall while their shard's primary has no replica (up to
-    ``max_wait_s``). 0 (the default): acknowledged by the primary alone; a primary that dies or is
-    demoted before replicating loses that tail (docs/reliability.md).
+    ``flush_steps``: steps per chunk (T): a chunk leaves the agent every T steps (for on-policy
+    runs, pick a divisor of the rollout length). An observation leaf of at least
+    ``dedup_min_bytes`` per env and step is stored once under ``obs:<digest>`` and referenced;
+    smaller leaves travel inline. The default (4 KiB) references images and each frame of a frame
+    stack, which repeat across steps, and keeps state vectors inline (they never repeat, and a key
+    costs ~250 B of Redis memory). Observation blobs and chunk bodies of at least
+    ``compress_min_bytes`` are lz4-compressed when that shrinks them. ``lru_size``: digests
+    remembered as stored (at least the most recent ``lru_size / 2``). ``max_insert_bytes``: bytes
+    (fields and blobs) per insert call, which bounds how long one call holds the server; a single
+    bigger chunk goes alone. ``max_lag``: after each flush, wait while the learner has more unread
+    entries than this on our shard, less the other agents' flushes (``peer_chunks``), so that the
+    shard's backlog stays within about one flush of it (None or 0: never wait). ``max_wait_s``:
+    give up (HubUnavailableError) after retrying an insert refused for OOM or connection errors
+    this long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long
+    as it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its
+    referenced observations) of at least this many bytes is stored once as a blob by the sender's
+    own SETNX, and only its id passes through the scripts, since Lua copies each byte it handles
+    several times; a blob costs ~200 B of Redis memory and the learner one more round trip, so the
+    default (16 KiB) keeps that under 1.5% of the payload (docs/benchmarks.md, Hub). None: always
+    inline. ``wait_replica_ms``: when > 0, an insert counts as stored only once a replica has it
+    too (``WAIT 1 <ms>`` after each pipeline; else the batches are sent again under the same
+    seqs, which the primary that has them answers DUP): a failover then loses nothing the sender
+    was told was stored, at the cost of one replication round trip per flush, and senders stall
+    while their shard's primary has no replica (up to ``max_wait_s``). 0: acknowledged by the
+    primary alone, which loses that tail if it dies before replicating (docs/reliability.md).
     """
 
     flush_steps: int = 64
@@ -174,12 +159,10 @@ class ExperienceSender:
         """``ledger``: where acknowledged batches are recorded (default: the one
         ``SURREAL_LEDGER_DIR`` names, usually none; :mod:`surreal_redis.hub.experience.ledger`).
         ``peer_chunks``: the chunks that the other agents of this shard send in one flush each
-        (:func:`shard_peer_chunks`); the backlog wait admits a flush only while ``unread +
-        peer_chunks <= max_lag``, so that when one read wakes every waiting agent of the shard at
-        once and all of them are admitted, the backlog still ends at most one flush past
-        ``max_lag``. Without it, N agents woken together each added a flush: 15 CartPole agents
-        left 30 chunks (4 updates) past max_lag, and 59% of their experience lagged past
-        ``replay.fifo.max_policy_lag`` and was dropped (2026-12-04, 16 cores, learner on a GPU)."""
+        (:func:`shard_peer_chunks`); a flush goes out only while ``unread + peer_chunks <=
+        max_lag``, so that when one read wakes every waiting agent of the shard at once, the
+        backlog still ends at most one flush past ``max_lag`` (else each woken agent adds a flush,
+        and their experience lags past ``replay.fifo.max_policy_lag`` and is dropped)."""
         if agent_id < 0:
             raise ValueError(f"agent_id must be >= 0, got {agent_id}")
         if num_shards < 1:
@@ -287,9 +270,8 @@ class ExperienceSender:
         """The chunk with its payload replaced by a fresh blob id when it is at least
         ``payload_ref_min_bytes`` (the blob waits in ``_payloads``); else the chunk itself.
 
-        The id is 128 random bits (``secrets``), not the payload's digest: no agent can store
-        anything under it first, since it is seen only once the blob exists (in the stream), and
-        hashing 96 KB would cost the sender and the learner ~3 µs per step each."""
+        The id is 128 random bits, not the payload's digest: no agent can store anything under it
+        first (it is seen only once the blob exists), and neither side pays for hashing the payload."""
         limit = self.config.payload_ref_min_bytes
         agent, env, refs, payload = chunk.fields
         if limit is None or len(payload) < limit:
