@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -140,12 +140,7 @@ class EntryDecoder:
             if d is not None:
                 wanted.setdefault(shard, {}).setdefault(d, []).append(position)
         payloads: dict[int, bytes] = {}
-        if not wanted:
-            return payloads, unusable
-        pipe = self.client.pipeline(transaction=False)
-        for shard, digests in wanted.items():
-            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
-        for digests, blobs in zip(wanted.values(), pipe.execute()):
+        for digests, blobs in self._mget(wanted):
             for (d, positions), blob in zip(digests.items(), blobs):
                 for position in positions:  # its bytes count in its entry's nbytes
                     if blob is None:
@@ -153,6 +148,16 @@ class EntryDecoder:
                     else:
                         payloads[position] = blob
         return payloads, unusable
+
+    def _mget(self, wanted: Mapping[int, dict[str, Any]]) -> list[tuple[dict[str, Any], list]]:
+        """(digests, their blobs) per shard of ``wanted`` (shard -> digest -> anything): one MGET
+        per shard, in one pipeline; no round trip when nothing is wanted."""
+        if not wanted:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for shard, digests in wanted.items():
+            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
+        return list(zip(wanted.values(), pipe.execute()))
 
     def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:
         """Why a fetched blob cannot be used for ``spec`` (reason, detail), checked before it is
@@ -188,12 +193,7 @@ class EntryDecoder:
                 else:
                     wanted.setdefault(shard, {}).setdefault(d, spec)
         bad: dict[str, tuple[str, str]] = {}
-        if not wanted:
-            return arrays, bad
-        pipe = self.client.pipeline(transaction=False)
-        for shard, digests in wanted.items():
-            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
-        for digests, blobs in zip(wanted.values(), pipe.execute()):
+        for digests, blobs in self._mget(wanted):
             for (d, spec), blob in zip(digests.items(), blobs):
                 self.cache_misses += 1
                 if blob is None:

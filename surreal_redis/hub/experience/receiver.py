@@ -1,14 +1,6 @@
 """Learner side of the experience path: shard inboxes -> shard streams -> decoded :class:`Chunk`
-objects, read through the consumer group ``keys.CONSUMER_GROUP`` and acked once in replay.
-
-Its parts: :mod:`~surreal_redis.hub.experience.new_entries` moves the agents' batches from the
-inboxes into the streams (``move.lua``: each (sender uuid, seq) stored once) and reads new
-entries; :mod:`~surreal_redis.hub.experience.pending` takes entries back from the pending lists;
-:mod:`~surreal_redis.hub.experience.decoding` builds chunks (payloads and observation blobs
-fetched by MGET, a bounded cache, digests checked); :mod:`~surreal_redis.hub.experience.delivery`
-remembers what the receiver holds, owes and consumed; :mod:`~surreal_redis.hub.experience.retained`
-reads the retained window outside the group; :mod:`~surreal_redis.hub.experience.groups` creates
-the groups.
+objects, read through the consumer group ``keys.CONSUMER_GROUP`` and acked once in replay; its
+parts are the sibling modules new_entries, pending, decoding, delivery, retained and groups.
 
 Exactly once: every entry the group hands this consumer stays in its pending list until
 :meth:`~ExperienceReceiver.ack` (or until it is set aside); on start and after any connection
@@ -176,11 +168,9 @@ class ExperienceReceiver:
 
     :meth:`receive` (and :meth:`read_retained`) from one thread; :meth:`ack` and :meth:`set_aside`
     may be called from another. Use one receiver per reader thread (with distinct ``shards`` or
-    consumer names). Reading new entries moves the inboxes first, and waits on one shard's inbox
-    at a time (:class:`~surreal_redis.hub.experience.new_entries.NewEntryReader`). Blocking calls
-    wait at most ``block_ms`` (capped below half the socket timeout).
-    Connection errors propagate (nothing is lost: see the module docstring); the next call
-    recovers. Out-of-memory replies never do: they are waited out.
+    consumer names). Blocking calls wait at most ``block_ms`` (capped below half the socket
+    timeout). Connection errors propagate (nothing is lost: see the module docstring); the next
+    call recovers. Out-of-memory replies never do: they are waited out.
     """
 
     def __init__(self, client: RedisClient, config: ReceiverConfig, run: str, num_shards: int,
@@ -253,11 +243,9 @@ class ExperienceReceiver:
                                 "consumers_removed": pending.consumers_removed})
 
     def start(self) -> int:
-        """Create missing consumer groups (from the stream start, MKSTREAM), load the agents'
-        insert script, and take the first page of this consumer's own pending entries and of
-        entries other consumers left pending (the rest follows page by page); they are returned
-        first by :meth:`receive`. Returns how many entries were taken. Called by the first
-        :meth:`receive` if not called before. Works in a full Redis once the groups exist."""
+        """Create missing consumer groups, load the agents' insert script, and take the first page
+        of the pending entries (:meth:`receive` returns them first); returns how many. Called by
+        the first :meth:`receive` if not called before. Works in a full Redis once the groups exist."""
         groups.create_groups(self.client, self._scripts, self._keys.values())
         before = len(self._delivery.queue)
         self._pending.start()
@@ -271,14 +259,12 @@ class ExperienceReceiver:
 
     def receive(self, max_chunks: int = 256, block_ms: int | None = None) -> list[ReceivedChunk]:
         """Up to ``max_chunks`` chunks (rounded up to a multiple of the number of shards read):
-        entries this consumer was given before and does not hold (its own pending list, read
-        again on start and after connection errors) and claimed ones first, then new ones.
+        entries taken back from pending lists first, then new ones.
 
         Waits up to ``block_ms`` (default ``config.block_ms``; 0: do not wait) when nothing is
         available; returns ``[]`` on timeout, and after waiting out an out-of-memory refusal.
         Malformed entries are set aside and acked here; the returned ones must be passed to
-        :meth:`ack` once stored (or to :meth:`set_aside`). Connection errors propagate; the next
-        call re-reads the pending list, so nothing a lost reply carried is lost.
+        :meth:`ack` once stored (or to :meth:`set_aside`). Connection errors propagate.
         """
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
@@ -347,13 +333,11 @@ class ExperienceReceiver:
         consumer group (nothing is acked, claimed or delivered).
 
         For an off-policy learner refilling its replay after a restart. Reads up to the newest
-        entry of each shard when the call starts (later inserts are left to :meth:`receive`),
-        ``config.retained_batch`` entries per round trip, resolving observations like
-        :meth:`receive` (cache, MGET, digest check). A malformed entry, or one whose
-        observations were collected meanwhile, is counted (``retained_skipped``,
-        ``skipped_by_reason``), logged and skipped; it stays in the stream and is not
-        dead-lettered again. ``max_entries``: stop after that many entries (good or skipped).
-        Blocks for one round trip per batch and shard, lazily, as the iterator is consumed.
+        entry of each shard when the call starts, ``config.retained_batch`` entries per round
+        trip (lazily, as the iterator is consumed), decoding like :meth:`receive`. A malformed
+        entry, or one whose observations were collected meanwhile, is counted
+        (``retained_skipped``, ``skipped_by_reason``), logged and skipped (not dead-lettered).
+        ``max_entries``: stop after that many entries (good or skipped).
 
         ``delivered_only``: only what the consumer group was already given (up to its
         last-delivered id), and entries still pending (a dead learner read them, never stored

@@ -1,9 +1,6 @@
-"""Eviction of experience: move what agents queued into the shard streams, trim the streams by
-count and age, then collect unreferenced observations (two-phase gc against the obsref sorted set
-and the pins of queued batches, see ``lua/gc.lua``). Under memory pressure (Redis near or at
-``maxmemory``: INFO memory over ``memory_high_water``, or a write refused for OOM) it also trims by
-memory: acked entries first, then unread ones oldest first (counted), collecting after each step,
-until used memory is below the high-water mark.
+"""Eviction of experience: move what agents queued into the shard streams, trim the streams (by
+count, age and, under memory pressure, memory: :class:`RetentionConfig`), then collect
+unreferenced observations (two-phase gc, see ``lua/gc.lua``).
 
 Every script call does bounded work; :meth:`HubJanitor.run_once` loops in Python. Trimming and gc
 only free memory, so they run while Redis refuses writes for ``maxmemory`` (OOM).
