@@ -205,9 +205,8 @@ class ExperienceReceiver:
                                    self._delivery.dead.count_written)
 
     def count_dead_letters(self, reason: str, shard: int, count: int) -> None:
-        """Count ``count`` records another mover of this run (the janitor's ``move.lua`` calls)
-        wrote to ``shard``'s dead-letter stream, so ``dead`` covers every entry set aside. Safe
-        from any thread."""
+        """Count records the janitor's ``move.lua`` calls wrote to ``shard``'s dead-letter stream,
+        so ``dead`` covers every entry set aside. Safe from any thread."""
         with self._delivery.lock:
             self._delivery.dead.count_written(reason, shard, count)
 
@@ -253,8 +252,7 @@ class ExperienceReceiver:
         return len(self._delivery.queue) - before
 
     def load_agent_scripts(self) -> None:
-        """(Re)load the agents' ``insert.lua`` on every shard's server
-        (:func:`~surreal_redis.hub.experience.groups.load_agent_scripts`)."""
+        """:func:`~surreal_redis.hub.experience.groups.load_agent_scripts` for these shards."""
         groups.load_agent_scripts(self.client, self._scripts, self._keys.values())
 
     def receive(self, max_chunks: int = 256, block_ms: int | None = None) -> list[ReceivedChunk]:
@@ -313,9 +311,8 @@ class ExperienceReceiver:
 
     def set_aside(self, item: ReceivedChunk, reason: str, detail: str) -> None:
         """Dead-letter (and ack) a chunk that decoded but that the caller cannot use, e.g. shapes
-        that do not match its environment. Counted like malformed entries. While Redis is out of
-        memory the entry stays pending and is set aside later (by :meth:`receive`); never raises
-        for that. Two round trips."""
+        that do not match its environment. While Redis is out of memory the entry stays pending
+        and is set aside by a later :meth:`receive`. Two round trips."""
         keys = self._keys[item.shard]
         entries = stream_entries(self.client.xrange(keys.exp, item.entry_id, item.entry_id))
         delivery = self._delivery
@@ -349,14 +346,14 @@ class ExperienceReceiver:
     # ------------------------------------------------------------ taking entries
 
     def _lost_connection(self) -> None:
-        """After a connection error: read our own pending list again before anything new (a
-        lost XREADGROUP/XAUTOCLAIM reply has put entries there that we never saw)."""
+        """Read our own pending list again before anything new (a lost reply may have put
+        entries there that we never saw)."""
         if self._started:
             self._pending.reread_own()
 
     def _refill(self, max_chunks: int, wait_ms: int) -> None:
-        """Queue entries: our own pending list while it is being re-read, then a page of claims
-        when one is due, else new entries (blocking up to ``wait_ms``)."""
+        """Queue pending entries (``PendingReader.refill``), else new ones (blocking up to
+        ``wait_ms``)."""
         self._pending.refill()
         if not self._delivery.queue:
             self._new.read(max_chunks, wait_ms)
@@ -390,10 +387,8 @@ class ExperienceReceiver:
         return self._hand_out(good)
 
     def _hand_out(self, good: list[Decoded]) -> list[ReceivedChunk]:
-        """The decoded entries whose chunk was not consumed yet; nothing after this may raise
-        (what it hands out is in flight). Copies of consumed chunks are acked (a lost reply is
-        sent again with the next ack), copies of chunks in flight stay pending until those are
-        acked."""
+        """The decoded entries whose chunk was not consumed yet (``Delivery.hand_out``); nothing
+        after this may raise (what it hands out is in flight)."""
         new, consumed = self._delivery.hand_out(good)
         counts = self._counts
         counts["duplicates_consumed"] += len(good) - len(new)

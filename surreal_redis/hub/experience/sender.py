@@ -149,8 +149,8 @@ class ExperienceSender:
     """Turns vectorized env steps into chunks and sends them to shard ``agent_id % num_shards``.
 
     Not thread-safe: one sender per agent process. ``add`` blocks only when it flushes (every
-    ``flush_steps`` calls): for the pipeline round trip, for backpressure (``max_lag``) and for
-    backoff while Redis is out of memory or unreachable.
+    ``flush_steps`` calls): for the round trip, for backpressure and for backoff while Redis is
+    out of memory or unreachable.
     """
 
     def __init__(self, client: RedisClient, config: SenderConfig, run: str, agent_id: int,
@@ -237,8 +237,7 @@ class ExperienceSender:
         return SenderStats(**self._counts, backpressure_wait_s=self._backpressure.waited_s)
 
     def close(self) -> None:
-        """Drop the connection the backpressure wait listens on (kept between waits); the sender
-        stays usable and opens it again when it next waits."""
+        """Drop the connection the backpressure wait listens on; the sender stays usable."""
         self._backpressure.close()
 
     # ------------------------------------------------------------ sending
@@ -261,9 +260,8 @@ class ExperienceSender:
         finally:
             self._unsent, self._payloads = {}, {}
             self._buffer.release()
-        # After the send, not before: the chunks leave as soon as they are made, and the agent
-        # makes its next ones after the wait, with the parameters it pulls then
-        # (``learner_waits``), instead of holding finished chunks that age while it waits.
+        # After the send: finished chunks do not age while the agent waits, and its next ones use
+        # the parameters it pulls after the wait (``learner_waits``).
         self._backpressure.wait()
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
@@ -283,10 +281,9 @@ class ExperienceSender:
     def _send(self, chunks: list[EncodedChunk]) -> None:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.
 
-        Every batch keeps its seq until its fate is known: a refused batch (MISSING, OOM, NOSCRIPT)
-        is resent under the same seq, and so is every batch of a pipeline whose replies were lost
-        (queued twice then: move.lua remembers each stored seq at or above the floor, the lowest
-        unsettled seq, and drops the copy). At most ``SEQ_WINDOW`` seqs past the floor are in flight.
+        A refused batch, and every batch of a pipeline whose replies were lost, is resent under the
+        same seq (move.lua drops a copy queued twice). At most ``SEQ_WINDOW`` seqs past the floor,
+        the lowest unsettled seq, are in flight.
         """
         cfg = self.config
         known, blob, payloads = self._known, self._buffer.blob, self._payloads
@@ -335,8 +332,7 @@ class ExperienceSender:
                     self.stop.wait(backoff.next_delay())  # a stop ends the wait: retried, then capped
 
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
-        """One pipeline of inserts, each preceded by the pins and SETNX of the payloads it
-        stores apart (``Batch.direct``). Returns the batches to retry and why."""
+        """One pipeline of inserts (:func:`insert_pipeline`); returns the batches to retry and why."""
         payloads, wait_ms = self._payloads, self.config.wait_replica_ms
         commands = insert_pipeline(self._scripts.get("insert").sha, self.keys, self.uuid, floor, batches,
                                    self._buffer.blob, payloads, wait_ms)
@@ -362,9 +358,7 @@ class ExperienceSender:
             if why is not None:
                 error = why
             retry.append((batch, kind))  # nothing of it was written: resent under the same seq
-        if wait_ms and stored_now and not is_replicated(replies[-1]):
-            # stored on the primary alone, which a failover may lose: sent again until a replica
-            # has it too (the primary that kept them answers DUP, a promoted replica stores them)
+        if wait_ms and stored_now and not is_replicated(replies[-1]):  # see SenderConfig.wait_replica_ms
             self._counts["unreplicated_retries"] += 1
             error = RuntimeError(f"no replica acknowledged the insert within {wait_ms} ms ({replies[-1]!r})")
             log.info("shard %d: %s; sending it again", self.shard, error)
@@ -383,9 +377,8 @@ class ExperienceSender:
         batch.direct = [d for d in batch.direct if d not in stored]
 
     def _before_retry(self, batch: Batch, kind: Outcome, detail: Any) -> tuple[Outcome, BaseException | None]:
-        """Ready a refused batch for its retry: load the script (RELOAD), add the blobs gc
-        collected (MISSING), or count a back-off. Returns its outcome now, and the error to back
-        off for (None: retried at once)."""
+        """Ready a refused batch for its retry; returns its outcome now, and the error to back off
+        for (None: retried at once)."""
         if kind is Outcome.RELOAD:
             try:
                 self._scripts.load("insert", self.keys.exp)
@@ -398,8 +391,7 @@ class ExperienceSender:
             return kind, None
         if kind is Outcome.MISSING:
             payloads, blob = self._payloads, self._buffer.blob
-            # gc collected them since the LRU recorded them stored: this time they travel along
-            for d in detail:
+            for d in detail:  # gc collected them since they were recorded stored
                 self._known.discard(d)
             # a payload goes beside the call again (an OOM refused its SETNX, or gc took it)
             batch.direct += [d for d in detail if d in payloads and d not in batch.direct]
