@@ -43,8 +43,7 @@ def xreadgroup(client: RedisClient, consumer: str, streams: Mapping[KeyT, Stream
 
 
 class MoveSettings(Protocol):
-    """What :class:`NewEntryReader` reads of the receiver's config; read-only, so a frozen config
-    satisfies it."""
+    """What :class:`NewEntryReader` reads of the receiver's config."""
 
     @property
     def consumer(self) -> str: ...

@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class ClaimSettings(Protocol):
-    """What :class:`PendingReader` reads of the receiver's config (times in ms unless ``_s``);
-    read-only, so a frozen config satisfies it."""
+    """What :class:`PendingReader` reads of the receiver's config (times in ms unless ``_s``)."""
 
     @property
     def consumer(self) -> str: ...
