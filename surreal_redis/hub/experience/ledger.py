@@ -90,20 +90,10 @@ class NullLedger(Ledger):
     def __init__(self) -> None:  # no file: nothing is written
         pass
 
-    def acked(self, tag: str, seq: int, count: int, node: str | None = None) -> None:
+    def _ignore(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def trained(self, origins: Iterable[Origin | None]) -> None:
-        pass
-
-    def dead(self, origins: Iterable[Origin | None]) -> None:
-        pass
-
-    def dead_entries(self, entries: Iterable[Mapping[bytes, bytes]]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    acked = trained = dead = dead_entries = close = _ignore
 
 
 def _origin_or_none(fields: Mapping[bytes, bytes]) -> Origin | None:

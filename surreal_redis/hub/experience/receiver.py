@@ -112,21 +112,19 @@ class ReceivedChunk(NamedTuple):
 
 
 class ReceiverStats(NamedTuple):
-    """Cumulative receiver counters (for metrics). ``chunks``, ``steps``, ``dead``: of
-    :meth:`~ExperienceReceiver.receive` (``dead``: entries set aside, counted once written);
-    ``bytes`` counts its entries and every fetched blob; ``claimed``: entries taken over from
-    other consumers; ``reread``: entries taken back from this consumer's own pending list (given
-    to a predecessor, or read by a call whose reply was lost); ``pending_trimmed``: entries
-    trimmed while pending, lost before anyone stored them; ``dead_retries``: attempts to set
-    entries aside that Redis refused (out of memory); ``consumers_removed``: idle consumers
-    deleted; ``retained``/``retained_skipped``: chunks yielded / malformed entries skipped by
-    :meth:`~ExperienceReceiver.read_retained`; ``cached_bytes`` (a gauge): decoded observations
-    in the cache now; ``moved``/``duplicates``: agents' batches moved from the inbox into the
-    stream / dropped there as copies of a stored one (resent after a lost reply); malformed inbox
-    items are set aside (``dead``, reason ``malformed_batch``, or ``script_error`` when storing one
-    failed); ``move_errors``: move.lua calls refused as a whole (logged; reading goes on);
-    ``duplicates_consumed``: entries dropped (and acked) because the learner already consumed
-    their chunk (delivered again after a failover took back its move, delivery and ack)."""
+    """Cumulative receiver counters (for metrics). ``chunks``, ``steps``: of
+    :meth:`~ExperienceReceiver.receive`; ``dead``: entries set aside, counted once written
+    (malformed inbox items included, reason ``malformed_batch`` or ``script_error``); ``bytes``
+    counts the entries and every fetched blob; ``claimed``: entries taken over from other
+    consumers; ``reread``: entries taken back from this consumer's own pending list;
+    ``pending_trimmed``: entries trimmed while pending, lost before anyone stored them;
+    ``dead_retries``: attempts to set entries aside that Redis refused (out of memory);
+    ``consumers_removed``: idle consumers deleted; ``retained``/``retained_skipped``: chunks
+    yielded / malformed entries skipped by :meth:`~ExperienceReceiver.read_retained`;
+    ``cached_bytes`` (a gauge): decoded observations in the cache now; ``moved``/``duplicates``:
+    agents' batches moved from the inbox into the stream / dropped as copies of a stored one;
+    ``move_errors``: move.lua calls refused as a whole; ``duplicates_consumed``: entries dropped
+    (and acked) because the learner already consumed their chunk."""
 
     chunks: int
     steps: int

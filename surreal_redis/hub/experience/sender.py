@@ -100,10 +100,9 @@ class SenderConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"sender.{name} must be > 0, got {getattr(self, name)!r}")
-        if not 1 <= self.max_chunks_per_insert <= 64:
-            raise ValueError(f"sender.max_chunks_per_insert must be in 1..64, got {self.max_chunks_per_insert}")
-        if not 1 <= self.max_obs_per_insert <= 256:
-            raise ValueError(f"sender.max_obs_per_insert must be in 1..256, got {self.max_obs_per_insert}")
+        for name, top in (("max_chunks_per_insert", 64), ("max_obs_per_insert", 256)):
+            if getattr(self, name) > top:
+                raise ValueError(f"sender.{name} must be in 1..{top}, got {getattr(self, name)}")
         if self.max_lag is not None and self.max_lag < 0:
             raise ValueError(f"sender.max_lag must be >= 0 or None, got {self.max_lag}")
         if not 0 < self.retry_base_s <= self.retry_cap_s:
@@ -117,8 +116,8 @@ class SenderConfig:
 
 
 class SenderStats(NamedTuple):
-    """Cumulative sender counters (for metrics). ``payloads_stored``: chunk payloads stored apart
-    (new blobs the sender's SETNX wrote; their bytes count in ``bytes_sent``)."""
+    """Cumulative sender counters (for metrics). ``payloads_stored``: new payload blobs the
+    sender's SETNX wrote (their bytes count in ``bytes_sent``)."""
 
     steps: int
     chunks: int
