@@ -73,13 +73,11 @@ class RetentionConfig:
 
 class JanitorStats(NamedTuple):
     """What one :meth:`HubJanitor.run_once` did, summed over shards. ``unread_dropped``: entries
-    trimmed before the learner's group was given them (counted atomically with the trim);
-    ``obs_deleted``: obs keys deleted (each counted once, when DEL removed it); ``orphans_deleted``:
-    those no entry could reach (included in ``obs_deleted``); ``moved``: queued batches taken from
-    the inboxes first (so a Redis the agents filled while no learner read can be trimmed);
-    ``set_aside``: those of them written to the dead-letter stream instead (malformed, or storing
-    failed); ``malformed_removed``: obsref members that are no digest (removed); ``obs_skipped``:
-    obs keys the sweep met whose name holds no digest (an agent's SETNX; left alone);
+    trimmed before the learner's group was given them; ``obs_deleted``: obs keys deleted;
+    ``orphans_deleted``: those no entry could reach (included in ``obs_deleted``); ``moved``:
+    queued batches taken from the inboxes first; ``set_aside``: those of them written to the
+    dead-letter stream instead; ``malformed_removed``: obsref members that are no digest
+    (removed); ``obs_skipped``: obs keys the sweep met whose name holds no digest (left alone);
     ``pressure_trimmed``: entries trimmed for memory pressure (included in ``trimmed``, and their
     unread ones in ``unread_dropped``)."""
 
@@ -95,8 +93,7 @@ class JanitorStats(NamedTuple):
     pressure_trimmed: int = 0
 
     def as_metrics(self) -> dict[str, float]:
-        """These counts as the learner's ``hub/*_total`` metrics, by name (run totals when these
-        stats are the sum of every :meth:`HubJanitor.run_once` so far)."""
+        """These counts as the learner's ``hub/*_total`` metrics, by name."""
         return {
             "hub/trimmed_total": float(self.trimmed),
             "hub/unread_trimmed_total": float(self.unread_dropped),
