@@ -39,12 +39,11 @@ class Backlog(NamedTuple):
 
 
 def read_backlog(client: RedisClient, keys: ShardKeys, max_count: int = 10_000) -> Backlog:
-    """One round trip (XINFO GROUPS, XLEN, first entry id, LLEN of the inbox); blocks only for
-    that round trip.
+    """One round trip (XINFO GROUPS, XLEN, first entry id, LLEN of the inbox).
 
-    Redis >= 7 reports the group's ``lag``, but it still counts entries trimmed before delivery, so
-    it is capped by the entries after the last-delivered id. Without a usable lag (Redis 6.2), the
-    unread entries are counted with an XRANGE of at most ``max_count`` ids.
+    Redis >= 7 reports the group's ``lag``, which still counts entries trimmed before delivery, so
+    it is capped by the stream length; without it (Redis 6.2), the unread entries are counted with
+    an XRANGE of at most ``max_count`` ids (a second round trip).
     """
     pipe = client.pipeline(transaction=False)
     pipe.xinfo_groups(keys.exp)
@@ -78,10 +77,10 @@ def read_backlog(client: RedisClient, keys: ShardKeys, max_count: int = 10_000) 
 def dedup_ratio(client: RedisClient, keys: ShardKeys, length: int) -> tuple[float | None, int]:
     """(observation slots referenced by the retained entries / observation blobs stored, blobs).
 
-    The slots per entry, and the share of entries whose payload is a blob of its own (field
-    ``p``, not an observation: left out of the blobs), are estimated from the newest
-    ``DEDUP_SAMPLE`` entries (of whose payload blobs ``DEDUP_PAYLOADS`` are read: a second round
-    trip when there are any); None when the shard stores no observation blobs (every observation travels inline)."""
+    The slots per entry, and the share of entries whose payload is a blob of its own (left out of
+    the blobs), are estimated from the newest ``DEDUP_SAMPLE`` entries (reading at most
+    ``DEDUP_PAYLOADS`` payload blobs, a second round trip); None when the shard stores no
+    observation blobs."""
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keys.obsref)
     pipe.xrevrange(keys.exp, count=DEDUP_SAMPLE)

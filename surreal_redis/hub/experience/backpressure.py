@@ -23,8 +23,8 @@ STOP_LOOK_S = 0.25  # a backpressure wait looks at the stop flag at least this o
 
 
 class WaitSettings(Protocol):
-    """What :class:`Backpressure` reads of the sender's config (seconds); read-only, so a frozen
-    config satisfies it."""
+    """What :class:`Backpressure` reads of the sender's config (seconds); read-only properties, so
+    a frozen config satisfies it (like the receiver's settings protocols)."""
 
     @property
     def max_lag(self) -> int | None: ...
@@ -56,15 +56,13 @@ class Backpressure:
         self._reads.close()
 
     def wait(self) -> None:
-        """After a flush: block while the learner's unread backlog on our shard exceeds max_lag
-        less the other agents' flushes (``admit_below``), or until ``stop`` is set (the run is
-        ending).
+        """After a flush: block while the learner's unread backlog on our shard exceeds
+        ``admit_below``, or until ``stop`` is set.
 
         Once over, the sender subscribes to the shard's ``reads`` channel and looks at the backlog
-        again after each read the learner announces there, and at the latest after a capped backoff
-        delay (a lost message or subscription); it leaves the channel when the wait ends. A
-        backoff alone overslept: the learner drained 22 chunks in 0.25 s, then sat 0.7 s on the
-        last batch while the senders slept on (HalfCheetah APPO, 2026-12-02)."""
+        again after each read the learner announces there (a backoff alone oversleeps while the
+        learner drains the backlog), and at the latest after a capped backoff delay (a lost
+        message or subscription); it leaves the channel when the wait ends."""
         cfg, stop = self.config, self.stop
         if not cfg.max_lag:
             return

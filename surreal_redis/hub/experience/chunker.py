@@ -3,15 +3,11 @@
 Steps of N envs go into preallocated numpy buffers (``[N, T+1, ...]`` for inline observation
 leaves, ``[N, T, ...]`` for the rest), so a step costs a few array copies. Referenced observation
 leaves are not buffered: each is identified as it arrives. A frame repeated from the previous
-step (a frame stack shifting by one, an unchanged screen, a reset stack of equal frames) is
-recognised by the XXH3-128 of its raw bytes (hashed in place, no copy: 0.2 µs for a 7 KB frame)
-matching one of those few candidates', which is far cheaper than copying, encoding and hashing it
-again (lz4 and blake2b of a 7 KB frame cost ~2 µs); a stack that shifted in every env at once is
-recognised by one hash of each leaf's N frames, with no look per env. Any other frame is encoded
-and hashed with blake2b, so a repeat elsewhere is still stored once, under the same digest. The
-XXH3 match is only ever made among one agent's own frames (a collision, at odds of 2**-128, would
-make an agent reference its own earlier frame); what is stored and checked across agents is the
-blake2b digest.
+step (a frame stack shifting by one, an unchanged screen) is recognised by the XXH3-128 of its raw
+bytes, hashed in place, which is far cheaper than encoding and hashing it again; a stack that
+shifted in every env at once is recognised by one hash of each leaf's N frames. Any other frame
+is encoded and hashed with blake2b, the digest stored and checked across agents; the XXH3 match
+is only made among one agent's own frames (docs/benchmarks.md, Hub).
 """
 
 from __future__ import annotations
@@ -78,12 +74,10 @@ _identity = xxhash.xxh3_128_intdigest  # of a C-contiguous frame's raw bytes, re
 
 
 class ChunkBuffer:
-    """Buffers the steps of N envs and encodes T-step chunks (T = ``flush_steps``).
-
-    Observation leaves of at least ``dedup_min_bytes`` per env and step are referenced by digest
-    (their encoded blobs are available from :meth:`blob` until :meth:`release`); others travel
-    inline. Observation blobs and chunk bodies of at least ``compress_min_bytes`` are
-    lz4-compressed. A chunk may reference at most ``max_obs`` (<= 256) distinct digests.
+    """Buffers the steps of N envs and encodes T-step chunks (T = ``flush_steps``; the size
+    settings are :class:`~surreal_redis.hub.experience.sender.SenderConfig`'s). Referenced blobs
+    are available from :meth:`blob` until :meth:`release`. A chunk may reference at most
+    ``max_obs`` (<= 256) distinct digests.
     """
 
     def __init__(self, agent_id: int, flush_steps: int, dedup_min_bytes: int, compress_min_bytes: int,
@@ -263,9 +257,8 @@ class ChunkBuffer:
             buffer[:, t] = leaves[i]
         if spec.referenced and not inline_only:
             leaves = _as_wire(leaves, spec)
-            # A frame stack shifts by one leaf per step: where referenced leaf k of this step holds
-            # all N envs' frames of leaf k+1 of the last (one hash of the whole leaf each, in
-            # place), every env's frame k is its last row's frame k+1, without a look per env.
+            # A frame stack shifts by one leaf per step: one hash of each whole [N, ...] leaf finds
+            # the leaves that shifted in every env at once, without a look per env.
             referenced, frame_class = spec.referenced, spec.frame_class
             hashes = self._leaf_hashes[t] = [_identity(leaves[i].data) for i in referenced]
             last = self._leaf_hashes[t - 1] if t else []
@@ -279,9 +272,8 @@ class ChunkBuffer:
 
     def _digest_row(self, leaves: list[np.ndarray], env: int, prev: Row, shifted: list[bool] | None = None) -> Row:
         """The references of env ``env``'s referenced leaves (C-contiguous, :func:`_as_wire`). A
-        frame whose XXH3-128 matches one of a few candidates of its class (frame stacks shift by
-        one leaf per step: leaf k of this row is leaf k+1 of ``prev``; an unchanged screen; a reset
-        stack of equal frames) shares their Frame; any other is encoded and hashed.
+        frame whose XXH3-128 matches a candidate of its class (leaf k+1 or k of ``prev``, or the
+        previous leaf of this row) shares its Frame; any other is encoded and hashed.
         ``shifted[k]``: referenced leaf k is known to equal leaf k+1 of ``prev`` (for every env)."""
         spec = self._step_spec()
         frame_class, specs = spec.frame_class, spec.leaf_specs

@@ -1,19 +1,17 @@
 """What the learner consumed, per sender: so a chunk delivered a second time is dropped.
 
 Redis replicates asynchronously: a primary that dies after the learner moved, read and acked
-chunks takes the move, the delivery, the XACK and ``move.lua``'s dedup window with it, and the
-promoted replica still holds those batches in its inbox (or its stream, pending). Every stream
-entry names its origin (:class:`~surreal_redis.hub.experience.wire.Origin`: sender uuid, batch
-seq, index in the batch, batch size), so the learner remembers what it stored and drops copies.
+chunks takes all that and ``move.lua``'s dedup window with it, and the promoted replica still
+holds those batches. Every stream entry names its origin
+(:class:`~surreal_redis.hub.experience.wire.Origin`), so the learner remembers what it stored.
 
-Per sender: the seqs of batches all of whose chunks were consumed, as sorted disjoint ranges
-(one range while nothing is missing), and the indices consumed of the batches not complete yet.
-A restarted agent draws a new uuid (a new sender), so no sequence is ever reused. Memory is
-bounded: at most ``max_ranges`` ranges per sender (beyond, the oldest gap is closed: a chunk of
-it arriving later would be dropped, counted in ``gaps_closed``), ``max_partial`` incomplete
-batches (beyond, the oldest is counted complete, in ``partial_closed``), and ``max_senders``
-senders (the least recently consumed is forgotten, in ``senders_forgotten``). Chunks without an
-origin (entries an older mover wrote) are never dropped. Not thread-safe: the receiver locks.
+Per sender: the seqs of batches all of whose chunks were consumed, as sorted disjoint ranges, and
+the indices consumed of the batches not complete yet. Memory is bounded: at most ``max_ranges``
+ranges per sender (beyond, the oldest gap is closed: a chunk of it arriving later would be
+dropped, counted in ``gaps_closed``), ``max_partial`` incomplete batches (beyond, the oldest is
+counted complete, in ``partial_closed``), and ``max_senders`` senders (the least recently consumed
+is forgotten, in ``senders_forgotten``). Chunks without an origin are never dropped. Not
+thread-safe: the receiver locks.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Setting entries aside for the receiver: each malformed or unusable entry is copied, with its
-reason, to its shard's dead-letter stream (``sr:{run.sN}:dead``) and then acked.
-
-A full Redis (maxmemory, noeviction) refuses the copy: the entry then waits, still pending in its
-consumer group, and is tried again after a capped backoff, so neither the reader stops nor the
-entry is lost. Counted once written (``written``, ``by_reason``).
+reason, to its shard's dead-letter stream (``sr:{run.sN}:dead``) and then acked. A full Redis
+refuses the copy: the entry then stays pending and is tried again after a capped backoff.
 """
 
 from __future__ import annotations
@@ -46,9 +43,9 @@ class DeadLetters:
             self._waiting.extend(failures)
 
     def flush(self, force: bool = False) -> None:
-        """Write the waiting entries (one XADD each), then ack those written. Refused for memory
-        (or the connection failed): they stay waiting, and pending in Redis, until the next try
-        after a capped backoff (``force``: try now). Other errors (e.g. no permission) raise."""
+        """Write the waiting entries (one XADD each), then ack those written. Those refused for
+        memory (or a connection error) wait for the next try after a capped backoff (``force``:
+        try now). Other errors (e.g. no permission) raise."""
         with self._lock:
             if not self._waiting or (not force and time.monotonic() < self._due):
                 return

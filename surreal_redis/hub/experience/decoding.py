@@ -1,15 +1,13 @@
-"""Raw stream entries -> :class:`Chunk` objects, for the receiver: fetch the payload blobs of entries
-that store their payload apart (field ``p``: one MGET per shard), parse each entry, fetch the
-observation blobs it references (a bounded cache of decoded arrays, then one MGET per shard),
-check every blob before it is decompressed, build the chunk.
+"""Raw stream entries -> :class:`Chunk` objects, for the receiver: fetch the payload blobs stored
+apart (field ``p``), parse each entry, fetch the observation blobs it references (a bounded cache
+of decoded arrays, then one MGET per shard), check every blob before it is decompressed, build
+the chunk.
 
-No entry's data can stop this: any exception it provokes (RecursionError, MemoryError, KeyError,
-...) makes that entry a failure with a reason, and the others go on. A blob must hash to its digest
-(``verify_digests``), declare the dtype and shape the entry's template gives it, stay under
-``max_obs_bytes`` and under the compression ratio lz4 can reach; only then is it decompressed, and
-only once it decoded is it cached. A payload blob is named by a random id, not a digest (see
-:class:`~surreal_redis.hub.experience.sender.ExperienceSender`): it is decoded and checked like an
-inline payload, and never cached (it belongs to one entry).
+No entry's data can stop this: any exception it provokes makes that entry a failure with a
+reason, and the others go on. A blob must hash to its digest (``verify_digests``), declare the
+dtype and shape the entry's template gives it, stay under ``max_obs_bytes`` and under the
+compression ratio lz4 can reach; only then is it decompressed, and only once decoded cached. A
+payload blob (a random id, not a digest) is checked like an inline payload and never cached.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -36,8 +34,7 @@ from surreal_redis.hub.experience.wire import (
 )
 from surreal_redis.keys import ShardKeys
 
-# An lz4 block never inflates more than ~255x: a blob that declares more is refused unread (the
-# decompressor would allocate the declared size first).
+# An lz4 block never inflates more than ~255x: a blob that declares more is refused unread.
 MAX_INFLATION = 256
 
 Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
@@ -55,8 +52,7 @@ class Decoded(NamedTuple):
 
 
 class DecodingLimits(Protocol):
-    """What :class:`EntryDecoder` reads of the receiver's config (sizes in bytes); read-only, so
-    a frozen config satisfies it."""
+    """What :class:`EntryDecoder` reads of the receiver's config (sizes in bytes)."""
 
     @property
     def verify_digests(self) -> bool: ...
@@ -96,9 +92,8 @@ class EntryDecoder:
         self.cache_hits = self.cache_misses = self.blob_bytes = 0
 
     def decode(self, entries: list[Entry]) -> tuple[list[Decoded], list[Failure]]:
-        """Parse, resolve and build: (decoded good entries, failures). One round trip (MGET per
-        shard) when entries store their payload apart, and one when observation blobs are missing
-        from the cache; connection errors propagate."""
+        """(decoded good entries, failures). A round trip for the payloads stored apart and one
+        for the observation blobs not cached, when there are any; connection errors propagate."""
         parsed: list[tuple[int, bytes, dict, ParsedEntry]] = []
         failures: list[Failure] = []
         payloads, unusable = self._fetch_payloads(entries)
@@ -126,9 +121,8 @@ class EntryDecoder:
         return good, failures
 
     def _fetch_payloads(self, entries: list[Entry]) -> tuple[dict[int, bytes], dict[int, tuple[str, str]]]:
-        """The payload blobs of the entries with field ``p`` (one MGET per shard, each id once), by
-        position in ``entries``, and (reason, detail) for the positions whose payload is unusable:
-        ``p`` not a blob id (format) or the blob gone (missing_payload)."""
+        """The payload blobs of the entries with field ``p``, by position in ``entries``, and
+        (reason, detail) for the positions whose payload is unusable (format, missing_payload)."""
         wanted: dict[int, dict[str, list[int]]] = {}  # shard -> digest -> positions
         unusable: dict[int, tuple[str, str]] = {}
         for position, (shard, _, fields) in enumerate(entries):
@@ -140,12 +134,7 @@ class EntryDecoder:
             if d is not None:
                 wanted.setdefault(shard, {}).setdefault(d, []).append(position)
         payloads: dict[int, bytes] = {}
-        if not wanted:
-            return payloads, unusable
-        pipe = self.client.pipeline(transaction=False)
-        for shard, digests in wanted.items():
-            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
-        for digests, blobs in zip(wanted.values(), pipe.execute()):
+        for digests, blobs in self._mget(wanted):
             for (d, positions), blob in zip(digests.items(), blobs):
                 for position in positions:  # its bytes count in its entry's nbytes
                     if blob is None:
@@ -153,6 +142,16 @@ class EntryDecoder:
                     else:
                         payloads[position] = blob
         return payloads, unusable
+
+    def _mget(self, wanted: Mapping[int, dict[str, Any]]) -> list[tuple[dict[str, Any], list]]:
+        """(digests, their blobs) per shard of ``wanted`` (shard -> digest -> anything): one MGET
+        per shard, in one pipeline; no round trip when nothing is wanted."""
+        if not wanted:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for shard, digests in wanted.items():
+            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
+        return list(zip(wanted.values(), pipe.execute()))
 
     def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:
         """Why a fetched blob cannot be used for ``spec`` (reason, detail), checked before it is
@@ -170,9 +169,8 @@ class EntryDecoder:
         return None
 
     def _fetch(self, parsed: list[tuple[int, bytes, dict, ParsedEntry]]) -> tuple[dict, dict]:
-        """Decoded arrays of every digest the entries use (cache, then one MGET per shard), and
-        digest -> (reason, detail) for those that could not be resolved. A blob is checked
-        against the template of the first entry using it."""
+        """Decoded arrays of every digest the entries use, and digest -> (reason, detail) for those
+        that could not be resolved (checked against the template of the first entry using it)."""
         arrays: dict[str, np.ndarray] = {}
         wanted: dict[int, dict[str, tuple]] = {}
         cache = self._cache
@@ -188,12 +186,7 @@ class EntryDecoder:
                 else:
                     wanted.setdefault(shard, {}).setdefault(d, spec)
         bad: dict[str, tuple[str, str]] = {}
-        if not wanted:
-            return arrays, bad
-        pipe = self.client.pipeline(transaction=False)
-        for shard, digests in wanted.items():
-            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
-        for digests, blobs in zip(wanted.values(), pipe.execute()):
+        for digests, blobs in self._mget(wanted):
             for (d, spec), blob in zip(digests.items(), blobs):
                 self.cache_misses += 1
                 if blob is None:

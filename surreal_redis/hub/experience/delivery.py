@@ -1,14 +1,12 @@
-"""What an experience receiver holds between taking an entry into its consumer's pending list and
-acking it, so that no entry is handed out twice.
+"""What an experience receiver holds between taking an entry into its pending list and acking it,
+so that no entry is handed out twice.
 
-An entry is *held* from the moment it is taken (queued) until it is acked: queued and not
-processed yet, handed out and not acked, or waiting to be set aside. Re-reading the pending list
-(after a connection error) or claiming skips what is held. Acks whose reply was lost are *owed*
-and sent with the next ack (XACK is idempotent). Origins (sender uuid, batch seq, index) of the
-chunks acked are *consumed* (:class:`~surreal_redis.hub.experience.consumed.ConsumedWindow`): a copy
-delivered again after a failover is acked unread; a copy of a chunk handed out and not acked yet
-(*in flight*) stays pending until that chunk is acked, then it is acked too. Entries set aside go
-through :class:`~surreal_redis.hub.experience.dead_letters.DeadLetters`, which acks them here.
+An entry is *held* from the moment it is taken (queued) until it is acked; re-reading the pending
+list or claiming skips what is held. Acks whose reply was lost are *owed* and sent with the next
+ack (XACK is idempotent). Origins of the chunks acked are *consumed*
+(:class:`~surreal_redis.hub.experience.consumed.ConsumedWindow`): a copy delivered again after a
+failover is acked unread; a copy of a chunk handed out and not acked yet (*in flight*) stays
+pending until that chunk is acked, then it is acked too.
 """
 
 from __future__ import annotations
@@ -88,9 +86,8 @@ class Delivery:
             self.queue = deque(e for e in self.queue if e[1] not in entries.get(e[0], ()))
 
     def hand_out(self, good: list[Decoded]) -> tuple[list[Decoded], ByShard]:
-        """Split decoded entries into those to hand out (their origins are in flight from now
-        on) and copies of chunks consumed already (to ack, by shard). Copies of chunks in flight
-        are in neither: they stay pending until those are acked (:meth:`settle_origin`)."""
+        """Split decoded entries into those to hand out (their origins now in flight) and copies
+        of chunks consumed already (to ack, by shard); copies of chunks in flight are in neither."""
         out: list[Decoded] = []
         copies: list[tuple[int, bytes]] = []
         with self.lock:
@@ -108,8 +105,7 @@ class Delivery:
         return out, by_shard(copies)
 
     def settle_origin(self, origin: Origin | None) -> list[tuple[int, bytes]]:
-        """Record ``origin`` as consumed; returns the copies of it held pending meanwhile (to be
-        acked)."""
+        """Record ``origin`` as consumed; returns its copies held pending meanwhile (to ack)."""
         if origin is None:
             return []
         with self.lock:

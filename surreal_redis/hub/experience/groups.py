@@ -17,11 +17,9 @@ log = logging.getLogger(__name__)
 
 
 def load_agent_scripts(client: RedisClient, scripts: Scripts, shards: Iterable[ShardKeys]) -> None:
-    """(Re)load ``insert.lua`` for agents whose ACL user may run scripts but not load them.
-    The learner calls this at start, after a server restart (NOGROUP) and periodically, so a
-    ``SCRIPT FLUSH`` stalls agents for one housekeeping interval at most. Loaded on the server
-    of each shard (in a cluster, every primary at once failed while one was down): one round
-    trip per server."""
+    """(Re)load ``insert.lua`` for agents whose ACL user may run scripts but not load them (at
+    start, after a server restart and periodically). One round trip per shard's server, each
+    loaded apart, so one primary down fails none of the others."""
     servers = {node_name(client, keys.exp): keys.exp for keys in shards}
     for key in servers.values():
         scripts.load("insert", key)

@@ -1,8 +1,7 @@
-"""The shard inboxes: agents append insert batches (``lua/insert.lua``, as their ACL user, which
-may only append); the learner moves them into the shard stream (``lua/move.lua``), storing each
-(sender uuid, seq) once, in queue order, and setting aside items that are not batches. A batch
-carries a big chunk payload by its digest only (the agent stored the blob itself), so no move
-copies payload bytes; once the inbox is empty, move.lua scores the pins in obsref for gc."""
+"""The shard inboxes: agents append insert batches (``lua/insert.lua``); the learner moves them into
+the shard stream (``lua/move.lua``), storing each (sender uuid, seq) once, in queue order, and
+setting aside items that are not batches; once the inbox is empty, move.lua scores the pins in
+obsref for gc."""
 
 from __future__ import annotations
 
@@ -47,11 +46,11 @@ DEAD_MAXLEN = 10_000
 def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = MOVE_ITEMS, seen_ttl_s: int = SEEN_TTL_S,
                dead_maxlen: int = DEAD_MAXLEN) -> Moved:
     """Move up to ``max_items`` (1..256) of the agents' queued batches of one shard into its stream,
-    stopping early once ``MOVE_BYTES`` are taken (needs the learner's rights); malformed items go to the shard's dead-letter stream (approximate
-    cap ``dead_maxlen``); a sender's dedup window is kept ``seen_ttl_s`` after its last batch. One
-    round trip; it runs in a full Redis too (it frees about what it adds). Connection errors
-    propagate (the call may have run: a later one moves the rest, and drops nothing twice); a
-    refusal (ScriptError: bad arguments, or a learner key of the wrong type) has written nothing."""
+    stopping early once ``MOVE_BYTES`` are taken (needs the learner's rights); malformed items go
+    to the shard's dead-letter stream (approximate cap ``dead_maxlen``); a sender's dedup window
+    is kept ``seen_ttl_s`` after its last batch. One round trip; it runs in a full Redis too.
+    Connection errors propagate (a later call moves the rest, storing nothing twice); a refusal
+    (ScriptError) has written nothing."""
     reply = scripts.call("move", [keys.inbox, keys.exp, keys.obsref, keys.seen, keys.pinned, keys.dead],
                          [max_items, seen_ttl_s * 1000, dead_maxlen, MOVE_BYTES])
     return Moved(*(int(value) for value in reply))

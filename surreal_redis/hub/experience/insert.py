@@ -28,10 +28,8 @@ class HubUnavailableError(RuntimeError):
 class Batch:
     """One insert.lua call: chunks (stream fields a, e, o, d), the digests they reference (each
     once), those whose blobs this call uploads, and its size in bytes (fields and blobs). ``seq``
-    is fixed for the batch's life: resends reuse it, so insert.lua stores the batch at most once.
-    ``direct``: digests of the payload blobs the sender still has to store itself (SADD to the
-    pins, then SETNX) before the call; they travel beside the call, never through it, and are not
-    counted in ``nbytes``."""
+    is fixed for the batch's life (resends reuse it). ``direct``: the payload blobs the sender
+    still has to store itself beside the call (not counted in ``nbytes``)."""
 
     seq: int
     chunks: list[tuple[bytes, ...]] = field(default_factory=list)
@@ -81,10 +79,8 @@ def split_batches(chunks: list[tuple[tuple[bytes, ...], list[str]]], max_chunks:
     """Group (fields, digests) chunks, in order, into calls of at most ``max_chunks`` chunks,
     ``max_obs`` distinct digests and ``max_bytes`` bytes (a single bigger chunk goes alone).
 
-    ``upload_size(d)``: the size of digest d's blob if it must be uploaded (not known to be
-    stored), else None. The first batch referencing such a digest uploads it; later ones only
-    reference it (the pipeline runs them in order). A single chunk over ``max_obs`` raises
-    ValueError.
+    ``upload_size(d)``: the size of digest d's blob if it must be uploaded, else None; only the
+    first batch referencing it uploads it. A single chunk over ``max_obs`` raises ValueError.
     """
     batches: list[Batch] = []
     uploaded: set[str] = set()
@@ -115,8 +111,8 @@ def split_batches(chunks: list[tuple[tuple[bytes, ...], list[str]]], max_chunks:
 
 
 def pack_command(*args: bytes | str | int) -> bytes:
-    """One command in RESP, built with a single join. (hiredis' pack_command, which redis-py
-    uses, spends ~2.5 µs per KB of arguments: 2 ms for a 0.8 MB insert, 30x this.)"""
+    """One command in RESP, built with a single join (redis-py's packing, through hiredis, costs
+    many times more on the large arguments of an insert)."""
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
         if isinstance(arg, str):
@@ -129,10 +125,8 @@ def pack_command(*args: bytes | str | int) -> bytes:
 
 def insert_command(sha: str, keys: ShardKeys, sender: str, floor: int, batch: Batch,
                    blob: Callable[[str], bytes]) -> bytes:
-    """The EVALSHA of ``insert.lua`` (script ``sha``) for one batch. KEYS: the shard's inbox and
-    pins, then the observation keys in :meth:`Batch.keys_order`; ARGV: the sender's uuid, the
-    batch seq, ``floor`` (the lowest seq still in flight), the chunk and upload counts, the blobs
-    uploaded (``blob(digest)``), then the fields of every chunk."""
+    """The EVALSHA of ``insert.lua`` (script ``sha``) for one batch, KEYS and ARGV as the header
+    of ``lua/insert.lua`` says (``floor``: the lowest seq in flight; ``blob(d)``: an upload's bytes)."""
     head = (keys.inbox, keys.pinned)
     obs_keys = keys.obs_keys(batch.keys_order())
     args: list[bytes | str | int] = [sender, batch.seq, floor, len(batch.chunks), len(batch.upload)]
@@ -144,10 +138,9 @@ def insert_command(sha: str, keys: ShardKeys, sender: str, floor: int, batch: Ba
 
 def insert_pipeline(sha: str, keys: ShardKeys, sender: str, floor: int, batches: list[Batch],
                     blob: Callable[[str], bytes], payloads: Mapping[str, bytes], wait_replica_ms: int) -> list[bytes]:
-    """The packed commands of one insert attempt: per batch, the pins (SADD) and SETNX of the
-    payloads it stores apart (``Batch.direct``, bytes in ``payloads``), then its
-    :func:`insert_command`; with ``wait_replica_ms``, a final ``WAIT 1 <ms>``. Read the replies
-    with :func:`split_replies`."""
+    """The packed commands of one insert attempt: per batch, the pins (SADD) and SETNX of
+    ``Batch.direct`` (bytes in ``payloads``), then its :func:`insert_command`; with
+    ``wait_replica_ms``, a final ``WAIT 1 <ms>``. Read the replies with :func:`split_replies`."""
     commands = []
     for batch in batches:
         if batch.direct:
@@ -156,7 +149,7 @@ def insert_pipeline(sha: str, keys: ShardKeys, sender: str, floor: int, batches:
             commands.append(pack_command("SADD", keys.pinned, *batch.direct))
             commands += [pack_command("SETNX", keys.obs(d), payloads[d]) for d in batch.direct]
         commands.append(insert_command(sha, keys, sender, floor, batch, blob))
-    if wait_replica_ms:  # blocks until a replica has every write above, or wait_replica_ms passes
+    if wait_replica_ms:
         commands.append(pack_command("WAIT", 1, wait_replica_ms))
     return commands
 
@@ -191,10 +184,9 @@ def is_replicated(reply: Any) -> bool:
 def send_commands(client: RedisClient, commands: list[bytes], key: str | None = None) -> list[Any]:
     """Send packed commands in one write on one pooled connection and read their replies in
     order; an error reply becomes its exception in the list. Connection errors disconnect and
-    propagate (the outcome of the commands is then unknown). Blocks for one round trip.
-
-    On Redis Cluster every command must touch ``key``'s slot: they go to the primary serving it
-    (a MOVED reply or a connection error refreshes the client's slot map for the next call)."""
+    propagate (the outcome is then unknown). Blocks for one round trip. On Redis Cluster every
+    command must touch ``key``'s slot, whose primary they go to (a MOVED reply or a connection
+    error refreshes the slot map for the next call)."""
     cluster = isinstance(client, RedisCluster)
     if isinstance(client, RedisCluster):
         if key is None:

@@ -1,12 +1,10 @@
 """An opt-in, append-only record of the experience path for exact accounting (the chaos tests).
 
-Off unless the environment variable ``SURREAL_LEDGER_DIR`` names a directory: then every sender
-and receiver built without an explicit ledger opens :meth:`Ledger.from_environment` once, in its
-constructor (otherwise they get a :class:`NullLedger`, which records nothing, so the production
-path carries no test switch), and each process appends JSON lines to its own file ``<dir>/<role>-<pid>.jsonl``,
-one unbuffered ``write`` per line (a ``kill -9`` loses at most the line being written, which
-:func:`read_ledger` skips; lines from two threads or two ledgers of one process never interleave:
-the file is opened ``O_APPEND``). Records:
+Off unless the environment variable ``SURREAL_LEDGER_DIR`` names a directory (else senders and
+receivers get a :class:`NullLedger`, which records nothing). Each process appends JSON lines to its
+own file ``<dir>/<role>-<pid>.jsonl``, one unbuffered ``O_APPEND`` write per line, so lines never
+interleave and a ``kill -9`` loses at most the line being written (:func:`read_ledger` skips it).
+Records:
 
 - ``{"k": "acked", "tag": <sender tag>, "seq": <batch seq>, "n": <chunks>, "t": <unix time>}``:
   the sender got a batch acknowledged by ``insert.lua`` (its chunks are origins
@@ -15,8 +13,6 @@ the file is opened ``O_APPEND``). Records:
 - ``{"k": "trained", "o": [[tag, seq, position, size], ...]}``: the learner acked these chunks,
   i.e. its feed holds them (recorded where the receiver marks them consumed);
 - ``{"k": "dead", "o": [...]}``: chunks the receiver set aside (dead-letter stream).
-
-Recording changes no behaviour: the writes go to a local file, never to Redis.
 """
 
 from __future__ import annotations
@@ -94,20 +90,10 @@ class NullLedger(Ledger):
     def __init__(self) -> None:  # no file: nothing is written
         pass
 
-    def acked(self, tag: str, seq: int, count: int, node: str | None = None) -> None:
+    def _ignore(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def trained(self, origins: Iterable[Origin | None]) -> None:
-        pass
-
-    def dead(self, origins: Iterable[Origin | None]) -> None:
-        pass
-
-    def dead_entries(self, entries: Iterable[Mapping[bytes, bytes]]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    acked = trained = dead = dead_entries = close = _ignore
 
 
 def _origin_or_none(fields: Mapping[bytes, bytes]) -> Origin | None:

@@ -43,8 +43,7 @@ def xreadgroup(client: RedisClient, consumer: str, streams: Mapping[KeyT, Stream
 
 
 class MoveSettings(Protocol):
-    """What :class:`NewEntryReader` reads of the receiver's config; read-only, so a frozen config
-    satisfies it."""
+    """What :class:`NewEntryReader` reads of the receiver's config."""
 
     @property
     def consumer(self) -> str: ...
@@ -78,8 +77,7 @@ class NewEntryReader:
     def read(self, max_chunks: int, wait_ms: int) -> None:
         """Move the inboxes into the streams, then read new entries without blocking; while that
         finds nothing and ``wait_ms`` are not over (capped below half the socket timeout), wait
-        for a batch in the next shard's inbox (at most ``BLOCK_SLICE_MS`` when there are several
-        shards, in rotation, so a quiet shard never starves the others) and go again."""
+        for a batch in the next shard's inbox, in rotation (:data:`BLOCK_SLICE_MS`), and go again."""
         streams: dict[KeyT, StreamIdT] = {keys.exp: ">" for keys in self.keys.values()}
         count = -(-max_chunks // len(streams))
         block = block_ms(wait_ms, self.settings) if wait_ms > 0 else 0
@@ -104,8 +102,7 @@ class NewEntryReader:
         inbox = self.keys[next(self._rotation)].inbox
         slice_ms = left_ms if len(self.keys) == 1 else min(left_ms, BLOCK_SLICE_MS)
         # LMOVE of a list's last item onto its own tail changes nothing: it only wakes us
-        # BLMOVE takes fractional seconds (Redis >= 6); redis-py types the timeout as int
-        timeout_s = max(1, slice_ms) / 1000
+        timeout_s = max(1, slice_ms) / 1000  # fractional seconds (Redis >= 6); redis-py types it int
         try:
             self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
         except redis.ResponseError as exc:
@@ -118,9 +115,8 @@ class NewEntryReader:
         return True
 
     def _announce_read(self, shard: int, count: int) -> None:
-        """PUBLISH ``count`` on the shard's ``reads`` channel: senders waiting on its backlog look
-        again now instead of at their next poll. A user not allowed to publish there (made by an
-        older ``surreal-redis acl``) is told once, and the senders keep polling."""
+        """PUBLISH ``count`` on the shard's ``reads`` channel, for the senders waiting on its
+        backlog. A user not allowed to publish there is told once, and the senders keep polling."""
         if not self.announce:
             return
         keys = self.keys[shard]
@@ -132,11 +128,9 @@ class NewEntryReader:
                         "Run `surreal-redis acl` again to let this user publish them", shard, exc)
 
     def _move_inboxes(self) -> None:
-        """Move every shard's queued batches into its stream (``move.lua``, ``move_items`` per
-        call, until the inbox is empty and its pins are scored, or ``MOVE_CALLS`` calls per
-        shard). It runs in a full Redis too. A call the script refuses (it wrote nothing) is
-        counted and logged, and reading goes on: what is already in the streams still reaches
-        the learner."""
+        """Move every shard's queued batches into its stream (at most ``MOVE_CALLS`` calls per
+        shard). A call the script refuses (it wrote nothing) is counted and logged, and reading
+        goes on: what is already in the streams still reaches the learner."""
         cfg = self.config
         for shard, keys in self.keys.items():
             for _ in range(MOVE_CALLS):

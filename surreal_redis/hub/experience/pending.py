@@ -1,9 +1,7 @@
 """Taking entries back from the consumer group's pending lists: this consumer's own (read again on
-start and after a connection error, since an ``XREADGROUP ... >`` or XAUTOCLAIM whose reply was
-lost has already put entries there that the receiver never saw) and those other consumers left
-pending for ``claim_min_idle_ms`` (a dead learner's; claimed every ``claim_every_s``, after which
-consumers with nothing pending are removed). What the receiver holds is skipped
-(:class:`~surreal_redis.hub.experience.delivery.Delivery`)."""
+start and after a connection error, since a lost reply may have put entries there that the
+receiver never saw) and those other consumers left pending for ``claim_min_idle_ms`` (a dead
+learner's). What the receiver holds is skipped (:class:`~surreal_redis.hub.experience.delivery.Delivery`)."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class ClaimSettings(Protocol):
-    """What :class:`PendingReader` reads of the receiver's config (times in ms unless ``_s``);
-    read-only, so a frozen config satisfies it."""
+    """What :class:`PendingReader` reads of the receiver's config (times in ms unless ``_s``)."""
 
     @property
     def consumer(self) -> str: ...
@@ -57,8 +54,7 @@ class PendingReader:
         self.reread = self.claimed = self.consumers_removed = 0
 
     def start(self) -> None:
-        """Read our own pending list again from the start (the first page now), and take a page
-        of claims."""
+        """Read our own pending list again (the first page now), and take a page of claims."""
         self.reread_own()
         self._read_own_page()
         self._claim_page()
@@ -68,8 +64,7 @@ class PendingReader:
         self._own_cursor = dict.fromkeys(self.keys, b"0-0")
 
     def refill(self) -> None:
-        """Queue our own pending entries while the list is being read again, then a page of
-        claims when one is due."""
+        """Queue our own pending entries while the list is re-read, then claims when due."""
         delivery = self._delivery
         while self._own_cursor and not delivery.queue:
             self._read_own_page()

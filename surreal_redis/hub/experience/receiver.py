@@ -1,14 +1,6 @@
 """Learner side of the experience path: shard inboxes -> shard streams -> decoded :class:`Chunk`
-objects, read through the consumer group ``keys.CONSUMER_GROUP`` and acked once in replay.
-
-Its parts: :mod:`~surreal_redis.hub.experience.new_entries` moves the agents' batches from the
-inboxes into the streams (``move.lua``: each (sender uuid, seq) stored once) and reads new
-entries; :mod:`~surreal_redis.hub.experience.pending` takes entries back from the pending lists;
-:mod:`~surreal_redis.hub.experience.decoding` builds chunks (payloads and observation blobs
-fetched by MGET, a bounded cache, digests checked); :mod:`~surreal_redis.hub.experience.delivery`
-remembers what the receiver holds, owes and consumed; :mod:`~surreal_redis.hub.experience.retained`
-reads the retained window outside the group; :mod:`~surreal_redis.hub.experience.groups` creates
-the groups.
+objects, read through the consumer group ``keys.CONSUMER_GROUP`` and acked once in replay; its
+parts are the sibling modules new_entries, pending, decoding, delivery, retained and groups.
 
 Exactly once: every entry the group hands this consumer stays in its pending list until
 :meth:`~ExperienceReceiver.ack` (or until it is set aside); on start and after any connection
@@ -120,21 +112,19 @@ class ReceivedChunk(NamedTuple):
 
 
 class ReceiverStats(NamedTuple):
-    """Cumulative receiver counters (for metrics). ``chunks``, ``steps``, ``dead``: of
-    :meth:`~ExperienceReceiver.receive` (``dead``: entries set aside, counted once written);
-    ``bytes`` counts its entries and every fetched blob; ``claimed``: entries taken over from
-    other consumers; ``reread``: entries taken back from this consumer's own pending list (given
-    to a predecessor, or read by a call whose reply was lost); ``pending_trimmed``: entries
-    trimmed while pending, lost before anyone stored them; ``dead_retries``: attempts to set
-    entries aside that Redis refused (out of memory); ``consumers_removed``: idle consumers
-    deleted; ``retained``/``retained_skipped``: chunks yielded / malformed entries skipped by
-    :meth:`~ExperienceReceiver.read_retained`; ``cached_bytes`` (a gauge): decoded observations
-    in the cache now; ``moved``/``duplicates``: agents' batches moved from the inbox into the
-    stream / dropped there as copies of a stored one (resent after a lost reply); malformed inbox
-    items are set aside (``dead``, reason ``malformed_batch``, or ``script_error`` when storing one
-    failed); ``move_errors``: move.lua calls refused as a whole (logged; reading goes on);
-    ``duplicates_consumed``: entries dropped (and acked) because the learner already consumed
-    their chunk (delivered again after a failover took back its move, delivery and ack)."""
+    """Cumulative receiver counters (for metrics). ``chunks``, ``steps``: of
+    :meth:`~ExperienceReceiver.receive`; ``dead``: entries set aside, counted once written
+    (malformed inbox items included, reason ``malformed_batch`` or ``script_error``); ``bytes``
+    counts the entries and every fetched blob; ``claimed``: entries taken over from other
+    consumers; ``reread``: entries taken back from this consumer's own pending list;
+    ``pending_trimmed``: entries trimmed while pending, lost before anyone stored them;
+    ``dead_retries``: attempts to set entries aside that Redis refused (out of memory);
+    ``consumers_removed``: idle consumers deleted; ``retained``/``retained_skipped``: chunks
+    yielded / malformed entries skipped by :meth:`~ExperienceReceiver.read_retained`;
+    ``cached_bytes`` (a gauge): decoded observations in the cache now; ``moved``/``duplicates``:
+    agents' batches moved from the inbox into the stream / dropped as copies of a stored one;
+    ``move_errors``: move.lua calls refused as a whole; ``duplicates_consumed``: entries dropped
+    (and acked) because the learner already consumed their chunk."""
 
     chunks: int
     steps: int
@@ -176,11 +166,9 @@ class ExperienceReceiver:
 
     :meth:`receive` (and :meth:`read_retained`) from one thread; :meth:`ack` and :meth:`set_aside`
     may be called from another. Use one receiver per reader thread (with distinct ``shards`` or
-    consumer names). Reading new entries moves the inboxes first, and waits on one shard's inbox
-    at a time (:class:`~surreal_redis.hub.experience.new_entries.NewEntryReader`). Blocking calls
-    wait at most ``block_ms`` (capped below half the socket timeout).
-    Connection errors propagate (nothing is lost: see the module docstring); the next call
-    recovers. Out-of-memory replies never do: they are waited out.
+    consumer names). Blocking calls wait at most ``block_ms`` (capped below half the socket
+    timeout). Connection errors propagate (nothing is lost: see the module docstring); the next
+    call recovers. Out-of-memory replies never do: they are waited out.
     """
 
     def __init__(self, client: RedisClient, config: ReceiverConfig, run: str, num_shards: int,
@@ -215,9 +203,8 @@ class ExperienceReceiver:
                                    self._delivery.dead.count_written)
 
     def count_dead_letters(self, reason: str, shard: int, count: int) -> None:
-        """Count ``count`` records another mover of this run (the janitor's ``move.lua`` calls)
-        wrote to ``shard``'s dead-letter stream, so ``dead`` covers every entry set aside. Safe
-        from any thread."""
+        """Count records the janitor's ``move.lua`` calls wrote to ``shard``'s dead-letter stream,
+        so ``dead`` covers every entry set aside. Safe from any thread."""
         with self._delivery.lock:
             self._delivery.dead.count_written(reason, shard, count)
 
@@ -253,11 +240,9 @@ class ExperienceReceiver:
                                 "consumers_removed": pending.consumers_removed})
 
     def start(self) -> int:
-        """Create missing consumer groups (from the stream start, MKSTREAM), load the agents'
-        insert script, and take the first page of this consumer's own pending entries and of
-        entries other consumers left pending (the rest follows page by page); they are returned
-        first by :meth:`receive`. Returns how many entries were taken. Called by the first
-        :meth:`receive` if not called before. Works in a full Redis once the groups exist."""
+        """Create missing consumer groups, load the agents' insert script, and take the first page
+        of the pending entries (:meth:`receive` returns them first); returns how many. Called by
+        the first :meth:`receive` if not called before. Works in a full Redis once the groups exist."""
         groups.create_groups(self.client, self._scripts, self._keys.values())
         before = len(self._delivery.queue)
         self._pending.start()
@@ -265,20 +250,17 @@ class ExperienceReceiver:
         return len(self._delivery.queue) - before
 
     def load_agent_scripts(self) -> None:
-        """(Re)load the agents' ``insert.lua`` on every shard's server
-        (:func:`~surreal_redis.hub.experience.groups.load_agent_scripts`)."""
+        """:func:`~surreal_redis.hub.experience.groups.load_agent_scripts` for these shards."""
         groups.load_agent_scripts(self.client, self._scripts, self._keys.values())
 
     def receive(self, max_chunks: int = 256, block_ms: int | None = None) -> list[ReceivedChunk]:
         """Up to ``max_chunks`` chunks (rounded up to a multiple of the number of shards read):
-        entries this consumer was given before and does not hold (its own pending list, read
-        again on start and after connection errors) and claimed ones first, then new ones.
+        entries taken back from pending lists first, then new ones.
 
         Waits up to ``block_ms`` (default ``config.block_ms``; 0: do not wait) when nothing is
         available; returns ``[]`` on timeout, and after waiting out an out-of-memory refusal.
         Malformed entries are set aside and acked here; the returned ones must be passed to
-        :meth:`ack` once stored (or to :meth:`set_aside`). Connection errors propagate; the next
-        call re-reads the pending list, so nothing a lost reply carried is lost.
+        :meth:`ack` once stored (or to :meth:`set_aside`). Connection errors propagate.
         """
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
@@ -327,9 +309,8 @@ class ExperienceReceiver:
 
     def set_aside(self, item: ReceivedChunk, reason: str, detail: str) -> None:
         """Dead-letter (and ack) a chunk that decoded but that the caller cannot use, e.g. shapes
-        that do not match its environment. Counted like malformed entries. While Redis is out of
-        memory the entry stays pending and is set aside later (by :meth:`receive`); never raises
-        for that. Two round trips."""
+        that do not match its environment. While Redis is out of memory the entry stays pending
+        and is set aside by a later :meth:`receive`. Two round trips."""
         keys = self._keys[item.shard]
         entries = stream_entries(self.client.xrange(keys.exp, item.entry_id, item.entry_id))
         delivery = self._delivery
@@ -347,13 +328,11 @@ class ExperienceReceiver:
         consumer group (nothing is acked, claimed or delivered).
 
         For an off-policy learner refilling its replay after a restart. Reads up to the newest
-        entry of each shard when the call starts (later inserts are left to :meth:`receive`),
-        ``config.retained_batch`` entries per round trip, resolving observations like
-        :meth:`receive` (cache, MGET, digest check). A malformed entry, or one whose
-        observations were collected meanwhile, is counted (``retained_skipped``,
-        ``skipped_by_reason``), logged and skipped; it stays in the stream and is not
-        dead-lettered again. ``max_entries``: stop after that many entries (good or skipped).
-        Blocks for one round trip per batch and shard, lazily, as the iterator is consumed.
+        entry of each shard when the call starts, ``config.retained_batch`` entries per round
+        trip (lazily, as the iterator is consumed), decoding like :meth:`receive`. A malformed
+        entry, or one whose observations were collected meanwhile, is counted
+        (``retained_skipped``, ``skipped_by_reason``), logged and skipped (not dead-lettered).
+        ``max_entries``: stop after that many entries (good or skipped).
 
         ``delivered_only``: only what the consumer group was already given (up to its
         last-delivered id), and entries still pending (a dead learner read them, never stored
@@ -365,14 +344,14 @@ class ExperienceReceiver:
     # ------------------------------------------------------------ taking entries
 
     def _lost_connection(self) -> None:
-        """After a connection error: read our own pending list again before anything new (a
-        lost XREADGROUP/XAUTOCLAIM reply has put entries there that we never saw)."""
+        """Read our own pending list again before anything new (a lost reply may have put
+        entries there that we never saw)."""
         if self._started:
             self._pending.reread_own()
 
     def _refill(self, max_chunks: int, wait_ms: int) -> None:
-        """Queue entries: our own pending list while it is being re-read, then a page of claims
-        when one is due, else new entries (blocking up to ``wait_ms``)."""
+        """Queue pending entries (``PendingReader.refill``), else new ones (blocking up to
+        ``wait_ms``)."""
         self._pending.refill()
         if not self._delivery.queue:
             self._new.read(max_chunks, wait_ms)
@@ -406,10 +385,8 @@ class ExperienceReceiver:
         return self._hand_out(good)
 
     def _hand_out(self, good: list[Decoded]) -> list[ReceivedChunk]:
-        """The decoded entries whose chunk was not consumed yet; nothing after this may raise
-        (what it hands out is in flight). Copies of consumed chunks are acked (a lost reply is
-        sent again with the next ack), copies of chunks in flight stay pending until those are
-        acked."""
+        """The decoded entries whose chunk was not consumed yet (``Delivery.hand_out``); nothing
+        after this may raise (what it hands out is in flight)."""
         new, consumed = self._delivery.hand_out(good)
         counts = self._counts
         counts["duplicates_consumed"] += len(good) - len(new)

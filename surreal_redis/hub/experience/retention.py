@@ -1,9 +1,6 @@
-"""Eviction of experience: move what agents queued into the shard streams, trim the streams by
-count and age, then collect unreferenced observations (two-phase gc against the obsref sorted set
-and the pins of queued batches, see ``lua/gc.lua``). Under memory pressure (Redis near or at
-``maxmemory``: INFO memory over ``memory_high_water``, or a write refused for OOM) it also trims by
-memory: acked entries first, then unread ones oldest first (counted), collecting after each step,
-until used memory is below the high-water mark.
+"""Eviction of experience: move what agents queued into the shard streams, trim the streams (by
+count, age and, under memory pressure, memory: :class:`RetentionConfig`), then collect
+unreferenced observations (two-phase gc, see ``lua/gc.lua``).
 
 Every script call does bounded work; :meth:`HubJanitor.run_once` loops in Python. Trimming and gc
 only free memory, so they run while Redis refuses writes for ``maxmemory`` (OOM).
@@ -76,13 +73,11 @@ class RetentionConfig:
 
 class JanitorStats(NamedTuple):
     """What one :meth:`HubJanitor.run_once` did, summed over shards. ``unread_dropped``: entries
-    trimmed before the learner's group was given them (counted atomically with the trim);
-    ``obs_deleted``: obs keys deleted (each counted once, when DEL removed it); ``orphans_deleted``:
-    those no entry could reach (included in ``obs_deleted``); ``moved``: queued batches taken from
-    the inboxes first (so a Redis the agents filled while no learner read can be trimmed);
-    ``set_aside``: those of them written to the dead-letter stream instead (malformed, or storing
-    failed); ``malformed_removed``: obsref members that are no digest (removed); ``obs_skipped``:
-    obs keys the sweep met whose name holds no digest (an agent's SETNX; left alone);
+    trimmed before the learner's group was given them; ``obs_deleted``: obs keys deleted;
+    ``orphans_deleted``: those no entry could reach (included in ``obs_deleted``); ``moved``:
+    queued batches taken from the inboxes first; ``set_aside``: those of them written to the
+    dead-letter stream instead; ``malformed_removed``: obsref members that are no digest
+    (removed); ``obs_skipped``: obs keys the sweep met whose name holds no digest (left alone);
     ``pressure_trimmed``: entries trimmed for memory pressure (included in ``trimmed``, and their
     unread ones in ``unread_dropped``)."""
 
@@ -98,8 +93,7 @@ class JanitorStats(NamedTuple):
     pressure_trimmed: int = 0
 
     def as_metrics(self) -> dict[str, float]:
-        """These counts as the learner's ``hub/*_total`` metrics, by name (run totals when these
-        stats are the sum of every :meth:`HubJanitor.run_once` so far)."""
+        """These counts as the learner's ``hub/*_total`` metrics, by name."""
         return {
             "hub/trimmed_total": float(self.trimmed),
             "hub/unread_trimmed_total": float(self.unread_dropped),
@@ -114,14 +108,10 @@ class HubJanitor:
     """Runs trim and gc for every shard of a run (the learner calls :meth:`run_once` periodically).
 
     ``unread_dropped_total``: entries trimmed before the learner's group was given them, since
-    construction. Works in a full Redis (maxmemory reached): it only reads and frees memory.
-    :meth:`note_oom` (a write was refused for lack of memory) makes the next run trim by memory
-    even below ``memory_high_water``.
-    Connection errors propagate (nothing is retried blindly: a lost trim reply would lose its count).
-    ``dead_letters(reason, shard, count)`` is told of every inbox item its moves set aside (the
-    learner passes its receiver's :meth:`~ExperienceReceiver.count_dead_letters`, so
-    ``hub/dead_entries_total`` counts them). A move refused as a whole (ScriptError, nothing
-    written) is logged and the trim and gc go on.
+    construction. Works in a full Redis: it only reads and frees memory. Connection errors
+    propagate (a lost trim reply would lose its count). ``dead_letters(reason, shard, count)`` is
+    told of every inbox item its moves set aside (the learner passes its receiver's
+    ``count_dead_letters``). A move refused as a whole is logged and the trim and gc go on.
     """
 
     def __init__(self, client: RedisClient, config: RetentionConfig, run: str, num_shards: int,
@@ -141,16 +131,14 @@ class HubJanitor:
         self.unread_dropped_total = 0
 
     def note_oom(self) -> None:
-        """A write was refused for OOM: the next :meth:`run_once` trims acked entries for memory
-        even while INFO memory shows used memory below the high-water mark."""
+        """A write was refused for OOM: the next :meth:`run_once` trims acked entries by memory
+        even below the high-water mark."""
         self._oom_noted = True
 
     def run_once(self) -> JanitorStats:
         """Move every shard's queued batches into its stream, trim it by age, then by count, then
-        gc until no candidate is left, then sweep one page of obs keys for orphans.
-
-        Under memory pressure each shard is then trimmed by memory (see :class:`RetentionConfig`).
-        Blocks for the script calls (each bounded: ``trim_limit`` entries, ``gc_batch`` keys).
+        gc, then sweep one page of obs keys for orphans; under memory pressure, then trim by
+        memory. Blocks for the script calls (each bounded: ``trim_limit`` entries, ``gc_batch`` keys).
         """
         totals = [0] * len(JanitorStats._fields)
         now_ms = None
@@ -167,8 +155,7 @@ class HubJanitor:
         return result
 
     def _run_shard(self, keys: ShardKeys, now_ms: int | None, oom: bool) -> JanitorStats:
-        """The count and age passes of one shard, its gc and orphan sweep; ``oom`` is set when its
-        inbox move was refused for lack of memory (the caller then trims by memory)."""
+        """The inbox move, age and count passes of one shard, its gc and orphan sweep."""
         cfg = self.config
         rc = self._receiver
         trimmed = dropped = calls = moved = set_aside = 0
@@ -235,10 +222,9 @@ class HubJanitor:
 
     def _relieve(self, oom: bool) -> JanitorStats:
         """Trim by memory while the servers are over the high-water mark: the acked entries of every
-        shard first (also when ``oom``, a write refused, though below the mark), then the oldest
-        entries, ``pressure_step`` per trim call and shard in turn, each step's observations
-        collected before memory is read again. Stops when below the mark, when nothing is left to
-        free, or after ``max_calls`` script calls per shard."""
+        shard first (also when ``oom``, though below the mark), then the oldest, shard by shard in
+        turn, collecting after each step. Stops when below the mark, when nothing is left to free,
+        or after ``max_calls`` script calls per shard."""
         cfg = self.config
         oom |= self._oom_noted  # an inbox move refused in this run
         self._oom_noted = False
@@ -279,9 +265,8 @@ class HubJanitor:
 
     def _collect(self, keys: ShardKeys, first_id: bytes | None, budget: int) -> tuple[int, int, int]:
         """One pass over the obsref members that score below the first entry, ``gc_batch`` per
-        gc call, paging past the candidates gc spares (pinned, or referenced again meanwhile), so
-        each is fetched once a run. Members that are no digest (which no entry can reference) are
-        removed here. Returns (obs keys deleted, gc calls, malformed members removed)."""
+        gc call, paging past those gc spares (pinned, or referenced again meanwhile). Members that
+        are no digest are removed. Returns (obs keys deleted, gc calls, malformed members removed)."""
         upper = f"({id_score(first_id)}" if first_id else "+inf"
         deleted = calls = malformed = spared = 0
         while calls < budget:
@@ -314,8 +299,7 @@ class HubJanitor:
             # the shard's keys share one slot: SCAN the server that owns it (a cluster's SCAN spans nodes)
             cursor, names = node_client(self.client, keys.exp).scan(
                 self._scan_cursors[keys.shard], match=keys.obs_prefix + "*", count=self.config.orphan_scan_count)
-        except redis.exceptions.NoPermissionError as exc:
-            # The learner's ACL user may not SCAN (it would list other runs' key names).
+        except redis.exceptions.NoPermissionError as exc:  # SCAN would list other runs' key names
             self._scan_denied = True
             log.warning("orphan sweep off: %s (only insert.lua's own uploads are guaranteed referenced)", exc)
             return 0, 0, 0

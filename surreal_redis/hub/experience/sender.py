@@ -1,17 +1,10 @@
 """Agent side of the experience path: vectorized steps -> chunks -> one pipeline per flush.
 
-Each env's steps fill preallocated numpy buffers; every ``flush_steps`` steps all envs' chunks go
-out in one pipeline of ``insert.lua`` calls (at most 64 chunks, 256 obs keys and
-``max_insert_bytes`` each). Each call carries the observation blobs not uploaded before and
-writes them together with the batch, all-or-nothing, into the shard's inbox; the learner moves
-the batch into the stream once per (sender uuid, seq) (``move.lua``). Blobs
-that the sender remembers as stored travel again only when the script answers MISSING (gc
-collected them meanwhile). A chunk payload of at least ``payload_ref_min_bytes`` never passes
-through Lua: it gets a random id (128 bits, the digests' grammar), and in the same pipeline, before
-the call, the sender pins the id (SADD) and stores the payload under it itself (SETNX
-``obs:<id>``); the batch carries only the id. Commands are
-packed and sent without redis-py's pipeline (see
-:func:`surreal_redis.hub.experience.wire.pack_command`). The entry format is in :mod:`surreal_redis.hub.experience.wire`.
+Every ``flush_steps`` steps all envs' chunks go out in one pipeline of ``insert.lua`` calls, each
+carrying the observation blobs not known stored and writing them with the batch, all-or-nothing,
+into the shard's inbox; a payload of at least ``payload_ref_min_bytes`` is stored apart by the
+sender's own SETNX under a random id. The entry format is in
+:mod:`surreal_redis.hub.experience.wire`; docs/concepts.md tells the whole path.
 """
 
 from __future__ import annotations
@@ -59,39 +52,31 @@ STOP_RETRY_S = 5.0  # once stopping, an insert is retried this long at most (wit
 class SenderConfig:
     """Experience sender settings. Sizes in bytes, times in seconds.
 
-    ``flush_steps``: steps per chunk (T): a chunk leaves the agent every T steps; the default 64
-    halves the per-chunk costs of 32 on both sides (for on-policy runs, pick a divisor of the
-    rollout length). Dedup rule: an observation leaf of at least ``dedup_min_bytes`` per env and
-    step is stored once under ``obs:<digest>`` and referenced; smaller leaves travel inline in
-    the chunk. The default (4 KiB) references images and each frame of a frame stack (84x84
-    uint8 = 7 KB), which repeat across steps, and keeps state vectors inline (MuJoCo's 376
-    float32 = 1.5 KB never repeat, and a key costs ~250 B of Redis memory). Observation blobs and
-    chunk bodies of at least ``compress_min_bytes`` are lz4-compressed when that shrinks them.
-    ``lru_size``: digests remembered as stored (at least the most recent ``lru_size / 2``).
-    ``max_insert_bytes``:
-    bytes (fields and blobs) per insert call, which bounds how long one call holds the server;
-    a single bigger chunk goes alone. ``max_lag``: after each flush, wait while the learner has more
-    unread entries than this on our shard, less the other agents' flushes (``peer_chunks``), so
-    that the shard's backlog stays within about one flush of it (None or 0: never wait). ``max_wait_s``: give up
-    (HubUnavailableError) after retrying an insert refused for OOM or connection errors this
-    long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long as
-    it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its referenced
-    observations) of at least this many bytes is stored once as a blob by the sender's own SETNX,
-    beside the insert call, and only its id passes through the scripts (Lua copies each byte it
-    handles several times, ~1 µs per KiB each; a blob costs ~200 B of Redis memory and the learner
-    one more round trip). Measured (docs/benchmarks.md, Hub): Redis spends less CPU on a payload
-    stored apart at every size from 2 KB, sender, receiver and Redis together as much at 2-4 KB
-    and less from 8 KB; the default (16 KiB) keeps the memory a blob costs under 1.5% of its
-    payload: it stores MuJoCo
-    Humanoid's 96 KB and robosuite Lift's ~20 KB (100 steps of 42 floats) chunks apart and keeps
-    CartPole's 2 KB, HalfCheetah's 7-10 KB and Atari's ~1 KB (frames by digest) inline. None:
-    always inline. ``wait_replica_ms``: when > 0, an insert counts as stored only once a replica
-    of the primary has it too (``WAIT 1 <ms>`` after each pipeline; no replica within the time:
-    the batches are sent again under the same seqs, which the primary that has them answers DUP):
-    a failover then loses nothing the sender was told was stored, at the cost of one replication
-    round trip per flush, and senders stall while their shard's primary has no replica (up to
-    ``max_wait_s``). 0 (the default): acknowledged by the primary alone; a primary that dies or is
-    demoted before replicating loses that tail (docs/reliability.md).
+    ``flush_steps``: steps per chunk (T): a chunk leaves the agent every T steps (for on-policy
+    runs, pick a divisor of the rollout length). An observation leaf of at least
+    ``dedup_min_bytes`` per env and step is stored once under ``obs:<digest>`` and referenced;
+    smaller leaves travel inline. The default (4 KiB) references images and each frame of a frame
+    stack, which repeat across steps, and keeps state vectors inline (they never repeat, and a key
+    costs ~250 B of Redis memory). Observation blobs and chunk bodies of at least
+    ``compress_min_bytes`` are lz4-compressed when that shrinks them. ``lru_size``: digests
+    remembered as stored (at least the most recent ``lru_size / 2``). ``max_insert_bytes``: bytes
+    (fields and blobs) per insert call, which bounds how long one call holds the server; a single
+    bigger chunk goes alone. ``max_lag``: after each flush, wait while the learner has more unread
+    entries than this on our shard, less the other agents' flushes (``peer_chunks``), so that the
+    shard's backlog stays within about one flush of it (None or 0: never wait). ``max_wait_s``:
+    give up (HubUnavailableError) after retrying an insert refused for OOM or connection errors
+    this long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long
+    as it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its
+    referenced observations) of at least this many bytes is stored once as a blob by the sender's
+    own SETNX, and only its id passes through the scripts, since Lua copies each byte it handles
+    several times; a blob costs ~200 B of Redis memory and the learner one more round trip, so the
+    default (16 KiB) keeps that under 1.5% of the payload (docs/benchmarks.md, Hub). None: always
+    inline. ``wait_replica_ms``: when > 0, an insert counts as stored only once a replica has it
+    too (``WAIT 1 <ms>`` after each pipeline; else the batches are sent again under the same
+    seqs, which the primary that has them answers DUP): a failover then loses nothing the sender
+    was told was stored, at the cost of one replication round trip per flush, and senders stall
+    while their shard's primary has no replica (up to ``max_wait_s``). 0: acknowledged by the
+    primary alone, which loses that tail if it dies before replicating (docs/reliability.md).
     """
 
     flush_steps: int = 64
@@ -115,10 +100,9 @@ class SenderConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"sender.{name} must be > 0, got {getattr(self, name)!r}")
-        if not 1 <= self.max_chunks_per_insert <= 64:
-            raise ValueError(f"sender.max_chunks_per_insert must be in 1..64, got {self.max_chunks_per_insert}")
-        if not 1 <= self.max_obs_per_insert <= 256:
-            raise ValueError(f"sender.max_obs_per_insert must be in 1..256, got {self.max_obs_per_insert}")
+        for name, top in (("max_chunks_per_insert", 64), ("max_obs_per_insert", 256)):
+            if getattr(self, name) > top:
+                raise ValueError(f"sender.{name} must be in 1..{top}, got {getattr(self, name)}")
         if self.max_lag is not None and self.max_lag < 0:
             raise ValueError(f"sender.max_lag must be >= 0 or None, got {self.max_lag}")
         if not 0 < self.retry_base_s <= self.retry_cap_s:
@@ -132,8 +116,8 @@ class SenderConfig:
 
 
 class SenderStats(NamedTuple):
-    """Cumulative sender counters (for metrics). ``payloads_stored``: chunk payloads stored apart
-    (new blobs the sender's SETNX wrote; their bytes count in ``bytes_sent``)."""
+    """Cumulative sender counters (for metrics). ``payloads_stored``: new payload blobs the
+    sender's SETNX wrote (their bytes count in ``bytes_sent``)."""
 
     steps: int
     chunks: int
@@ -164,8 +148,8 @@ class ExperienceSender:
     """Turns vectorized env steps into chunks and sends them to shard ``agent_id % num_shards``.
 
     Not thread-safe: one sender per agent process. ``add`` blocks only when it flushes (every
-    ``flush_steps`` calls): for the pipeline round trip, for backpressure (``max_lag``) and for
-    backoff while Redis is out of memory or unreachable.
+    ``flush_steps`` calls): for the round trip, for backpressure and for backoff while Redis is
+    out of memory or unreachable.
     """
 
     def __init__(self, client: RedisClient, config: SenderConfig, run: str, agent_id: int,
@@ -174,12 +158,10 @@ class ExperienceSender:
         """``ledger``: where acknowledged batches are recorded (default: the one
         ``SURREAL_LEDGER_DIR`` names, usually none; :mod:`surreal_redis.hub.experience.ledger`).
         ``peer_chunks``: the chunks that the other agents of this shard send in one flush each
-        (:func:`shard_peer_chunks`); the backlog wait admits a flush only while ``unread +
-        peer_chunks <= max_lag``, so that when one read wakes every waiting agent of the shard at
-        once and all of them are admitted, the backlog still ends at most one flush past
-        ``max_lag``. Without it, N agents woken together each added a flush: 15 CartPole agents
-        left 30 chunks (4 updates) past max_lag, and 59% of their experience lagged past
-        ``replay.fifo.max_policy_lag`` and was dropped (2026-12-04, 16 cores, learner on a GPU)."""
+        (:func:`shard_peer_chunks`); a flush goes out only while ``unread + peer_chunks <=
+        max_lag``, so that when one read wakes every waiting agent of the shard at once, the
+        backlog still ends at most one flush past ``max_lag`` (else each woken agent adds a flush,
+        and their experience lags past ``replay.fifo.max_policy_lag`` and is dropped)."""
         if agent_id < 0:
             raise ValueError(f"agent_id must be >= 0, got {agent_id}")
         if num_shards < 1:
@@ -254,8 +236,7 @@ class ExperienceSender:
         return SenderStats(**self._counts, backpressure_wait_s=self._backpressure.waited_s)
 
     def close(self) -> None:
-        """Drop the connection the backpressure wait listens on (kept between waits); the sender
-        stays usable and opens it again when it next waits."""
+        """Drop the connection the backpressure wait listens on; the sender stays usable."""
         self._backpressure.close()
 
     # ------------------------------------------------------------ sending
@@ -278,18 +259,16 @@ class ExperienceSender:
         finally:
             self._unsent, self._payloads = {}, {}
             self._buffer.release()
-        # After the send, not before: the chunks leave as soon as they are made, and the agent
-        # makes its next ones after the wait, with the parameters it pulls then
-        # (``learner_waits``), instead of holding finished chunks that age while it waits.
+        # After the send: finished chunks do not age while the agent waits, and its next ones use
+        # the parameters it pulls after the wait (``learner_waits``).
         self._backpressure.wait()
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
         """The chunk with its payload replaced by a fresh blob id when it is at least
         ``payload_ref_min_bytes`` (the blob waits in ``_payloads``); else the chunk itself.
 
-        The id is 128 random bits (``secrets``), not the payload's digest: no agent can store
-        anything under it first, since it is seen only once the blob exists (in the stream), and
-        hashing 96 KB would cost the sender and the learner ~3 µs per step each."""
+        The id is 128 random bits, not the payload's digest: no agent can store anything under it
+        first (it is seen only once the blob exists), and neither side pays for hashing the payload."""
         limit = self.config.payload_ref_min_bytes
         agent, env, refs, payload = chunk.fields
         if limit is None or len(payload) < limit:
@@ -301,10 +280,9 @@ class ExperienceSender:
     def _send(self, chunks: list[EncodedChunk]) -> None:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.
 
-        Every batch keeps its seq until its fate is known: a refused batch (MISSING, OOM, NOSCRIPT)
-        is resent under the same seq, and so is every batch of a pipeline whose replies were lost
-        (queued twice then: move.lua remembers each stored seq at or above the floor, the lowest
-        unsettled seq, and drops the copy). At most ``SEQ_WINDOW`` seqs past the floor are in flight.
+        A refused batch, and every batch of a pipeline whose replies were lost, is resent under the
+        same seq (move.lua drops a copy queued twice). At most ``SEQ_WINDOW`` seqs past the floor,
+        the lowest unsettled seq, are in flight.
         """
         cfg = self.config
         known, blob, payloads = self._known, self._buffer.blob, self._payloads
@@ -353,8 +331,7 @@ class ExperienceSender:
                     self.stop.wait(backoff.next_delay())  # a stop ends the wait: retried, then capped
 
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
-        """One pipeline of inserts, each preceded by the pins and SETNX of the payloads it
-        stores apart (``Batch.direct``). Returns the batches to retry and why."""
+        """One pipeline of inserts (:func:`insert_pipeline`); returns the batches to retry and why."""
         payloads, wait_ms = self._payloads, self.config.wait_replica_ms
         commands = insert_pipeline(self._scripts.get("insert").sha, self.keys, self.uuid, floor, batches,
                                    self._buffer.blob, payloads, wait_ms)
@@ -380,9 +357,7 @@ class ExperienceSender:
             if why is not None:
                 error = why
             retry.append((batch, kind))  # nothing of it was written: resent under the same seq
-        if wait_ms and stored_now and not is_replicated(replies[-1]):
-            # stored on the primary alone, which a failover may lose: sent again until a replica
-            # has it too (the primary that kept them answers DUP, a promoted replica stores them)
+        if wait_ms and stored_now and not is_replicated(replies[-1]):  # see SenderConfig.wait_replica_ms
             self._counts["unreplicated_retries"] += 1
             error = RuntimeError(f"no replica acknowledged the insert within {wait_ms} ms ({replies[-1]!r})")
             log.info("shard %d: %s; sending it again", self.shard, error)
@@ -401,9 +376,8 @@ class ExperienceSender:
         batch.direct = [d for d in batch.direct if d not in stored]
 
     def _before_retry(self, batch: Batch, kind: Outcome, detail: Any) -> tuple[Outcome, BaseException | None]:
-        """Ready a refused batch for its retry: load the script (RELOAD), add the blobs gc
-        collected (MISSING), or count a back-off. Returns its outcome now, and the error to back
-        off for (None: retried at once)."""
+        """Ready a refused batch for its retry; returns its outcome now, and the error to back off
+        for (None: retried at once)."""
         if kind is Outcome.RELOAD:
             try:
                 self._scripts.load("insert", self.keys.exp)
@@ -416,8 +390,7 @@ class ExperienceSender:
             return kind, None
         if kind is Outcome.MISSING:
             payloads, blob = self._payloads, self._buffer.blob
-            # gc collected them since the LRU recorded them stored: this time they travel along
-            for d in detail:
+            for d in detail:  # gc collected them since they were recorded stored
                 self._known.discard(d)
             # a payload goes beside the call again (an OOM refused its SETNX, or gc took it)
             batch.direct += [d for d in detail if d in payloads and d not in batch.direct]

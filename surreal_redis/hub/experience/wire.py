@@ -10,16 +10,13 @@ the fields in this fixed order (so Redis stores field names once per stream node
   template's referenced leaves use every one of them (an entry naming a digest its template never
   uses, which would keep that blob alive for nothing, is refused);
 - ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays);
-  or, instead of ``d``, ``p``: the id of the blob ``obs:<p>`` holding the payload (a payload of at
-  least ``sender.payload_ref_min_bytes``, which the agent stores itself with SETNX, so its bytes
-  never pass through the Lua scripts; the id is 128 random bits in the grammar of digests,
-  :func:`surreal_redis.keys.is_digest`; the blob is collected like an observation once its entry
-  is trimmed);
-- ``s`` (written by ``move.lua``; optional, an entry without it has no origin): the chunk's origin,
-  ``<sender tag>:<batch seq>:<index>:<count>`` (:class:`Origin`; the tag is :func:`sender_tag`, the
-  SHA1 of the sender's uuid, which stays secret from the agents that read the stream), so the
-  learner can tell a chunk delivered again (after a failover lost the move, the delivery and the
-  ack) from a new one.
+  or, instead of ``d``, ``p``: the id (128 random bits in the grammar of digests) of the blob
+  ``obs:<p>`` holding the payload, which the agent stored itself with SETNX; the blob is collected
+  like an observation once its entry is trimmed;
+- ``s`` (written by ``move.lua``; optional): the chunk's origin,
+  ``<sender tag>:<batch seq>:<index>:<count>`` (:class:`Origin`; the tag, :func:`sender_tag`, keeps
+  the sender's uuid secret from the agents that read the stream), so the learner can tell a chunk
+  delivered again after a failover from a new one.
 
 The obsref sorted set scores a digest with :func:`id_score` of the newest entry referencing it, so
 gc can compare with the first retained entry (move.lua and gc.lua compute the same score).
@@ -80,8 +77,8 @@ def sender_tag(uuid: str) -> str:
 
 
 class Origin(NamedTuple):
-    """Where a chunk came from: its sender (:func:`sender_tag` of the uuid each
-    :class:`ExperienceSender` draws anew, so a restarted agent is a new sender), the seq of its insert batch (1, 2, ... per sender), its
+    """Where a chunk came from: its sender (:func:`sender_tag` of the uuid each sender draws anew,
+    so a restarted agent is a new sender), the seq of its insert batch (1, 2, ... per sender), its
     position in the batch (1-based) and the batch's size (chunks)."""
 
     sender: str
