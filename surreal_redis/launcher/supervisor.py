@@ -1,33 +1,18 @@
-"""``surreal-redis launch``: one experiment on this machine.
+"""``surreal-redis launch``: one experiment on this machine (see docs/usage.md).
 
 Starts an embedded Redis when no URL is given, then the learner, N agents and one eval as child
-processes. Each child logs to ``<experiment>/logs/<name>.log`` and runs in that folder, so files
-that libraries drop into their working directory (MuJoCo's ``MUJOCO_LOG.TXT``) stay with the run.
-The launcher shows progress and supervises:
+processes, each logging to ``<experiment>/logs/<name>.log`` and running in that folder. It
+restarts crashed children with backoff (agents and eval up to ``agent.max_restarts``, the learner
+from its latest checkpoint under the same consumer name, up to ``learner.max_restarts``), rides
+out a Redis outage (writing the run's config and state again into a Redis that came back empty),
+stops on Ctrl-C, ``surreal-redis stop`` or the learner's stop condition, then runs the final eval
+(:mod:`.final_eval`) unless interrupted or failed.
 
-- a crashed agent or eval is restarted, up to ``agent.max_restarts`` times, with backoff;
-- a crashed learner is restarted from its latest checkpoint, up to ``learner.max_restarts`` times,
-  with backoff. It reads under the same consumer name (``hub.receiver.consumer`` of the same
-  config file), so what it had read but not stored is still pending for it. The run fails once
-  the restarts are used up;
-- a Redis outage is ridden out like the children ride it out, and a Redis that came back empty
-  gets the run's config and control state again;
-- everything stops cleanly on Ctrl-C, on ``surreal-redis stop``, or when the learner reports that
-  a stop condition was met;
-- then, unless it was Ctrl-C or a failure, a final eval scores the learner's final checkpoint into
-  the best-k checkpoints and the summary (:mod:`.final_eval`; a Ctrl-C during it: nothing recorded).
-
-While it lives, the launcher holds the run folder's lock and announces the run's Redis URL there,
-so ``status`` and ``stop`` find it by name (:mod:`surreal_redis.run_folder`). A new run never
-shares a folder with an earlier one: without ``--resume`` the launch is refused, unless ``fresh``
-moves the earlier run aside first. A live run is never touched: before anything is moved or
-deleted, a launch is refused when the folder's launcher lives (this host: its lock or hub.json),
-or when the run's learner reports in a shared Redis (any host).
-
-Exit codes (:meth:`Launcher.run`): 0 finished (a stop condition, ``surreal-redis stop``), 1
-failed, 130 (:data:`INTERRUPTED_EXIT`) interrupted by SIGINT or SIGTERM. A second signal exits
-130 at once, saying which updates were not saved; the learner's MLflow run is then marked KILLED
-by its tracking process.
+A live run is never touched: a launch is refused before anything is moved or deleted while the
+folder's launcher lives (its lock or hub.json, :mod:`surreal_redis.run_folder`) or the run's
+learner reports in a shared Redis. Exit codes (:meth:`Launcher.run`): 0 finished, 1 failed, 130
+(:data:`INTERRUPTED_EXIT`) interrupted by a signal; a second signal exits 130 at once, saying
+which updates were not saved.
 """
 
 from __future__ import annotations
@@ -251,11 +236,9 @@ class Launcher:
         control = RunControl(client, self.config.run)
         self.children = self._children()
         learner, others = self.children[0], self.children[1:]
-        # Learner and agents start at once: agents import torch and build their envs while the
-        # learner starts, then wait for its first parameters themselves (~3 s sooner to the first
-        # update on 2 cores than starting them after that publish). Eval is not on that path: it
-        # starts after the first publish, so its torch import does not compete with theirs (first
-        # update 0.82x as late, 3 of 3 paired launches on 2 shared cores).
+        # Learner and agents start at once: agents build their envs while the learner starts, then
+        # wait for its first parameters themselves. Eval starts after the first publish, so its
+        # torch import does not compete with theirs for the first update.
         evals = [child for child in others if child.name.startswith("eval-")]
         for child in self.children:
             if child not in evals:
@@ -423,8 +406,7 @@ class Launcher:
 
     # ---------------------------------------------------------------- the end
     def _final_eval(self, client: RedisClient, code: int) -> str:
-        """Score the learner's final checkpoint (see the module docstring); returns the summary's
-        line on it, '' when none is due (eval disabled, eval.final_episodes 0, a failed run)."""
+        """The summary's line on the final eval (:meth:`FinalEval.line`)."""
         return FinalEval(self.config, self.folder, self.stop, self.progress, self._command).line(
             client, code, self.signalled)
 

@@ -1,9 +1,7 @@
 """The learner process (``surreal-redis learner``): hub -> feed -> gradient updates -> parameters.
 
-- ``loop``: :class:`Learner`, the loop (start, iterate, ingest, after-update, publish,
-  housekeeping, finish); it delegates each policy to one of the objects below.
-- ``parts``: :class:`LearnerParts` (trainer, feed, chunk check), :class:`FeedSettings`,
-  :func:`make_feed` (the feed of the algorithm's regime).
+- ``loop``: :class:`Learner`, the loop; it delegates each policy to one of the objects below.
+- ``parts``: :class:`LearnerParts` (trainer, feed, chunk check), :func:`make_feed`.
 - ``grants``: lockstep/overlap production grants and top-ups (:class:`GrantKeeper`).
 - ``republish``: re-publishing a version agents reject (:class:`RejectionWatch`).
 - ``progress``: episode scores and the stop rules (:class:`Scores`, :class:`StopRules`).
