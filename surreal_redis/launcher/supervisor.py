@@ -34,8 +34,8 @@ from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.launcher.children import Child, log_tail, reap
-from surreal_redis.launcher.final_eval import FinalEval, _fmt, headline, not_saved, summary
-from surreal_redis.learner.metrics import use_summary
+from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
+from surreal_redis.learner.metrics import _fmt, use_summary
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import EarlierRun, FolderLive, FolderLock, RunFolder
 from surreal_redis.runtime import INTERRUPTED_EXIT, StopFlag
@@ -52,15 +52,12 @@ class LaunchError(RuntimeError):
 
 
 class Launcher:
-    """Runs one experiment; :meth:`run` blocks and returns the exit code (0 when the run ended
-    cleanly: stop condition or stop request; 1 when it failed; :data:`INTERRUPTED_EXIT` when a
-    signal stopped it). ``progress`` receives one human-readable line every couple of seconds, and
-    the summary at the end.
-
-    ``fresh``: an experiment folder that holds an earlier run is moved to ``<folder>.<time>``
+    """Runs one experiment; :meth:`run` blocks and returns the exit code (module docstring).
+    ``progress`` receives one human-readable line every couple of seconds, and the summary at the
+    end. ``fresh``: an experiment folder that holds an earlier run is moved to ``<folder>.<time>``
     instead of refusing the launch. Raises :class:`LaunchError` (before anything starts) for a
-    folder that holds an earlier run, a run that is live (its launcher or its learner), or an
-    unreachable Redis; ``ValueError`` naming the setting for settings a launch cannot run with.
+    folder that holds an earlier run, a live run or an unreachable Redis; ``ValueError`` naming
+    the setting for settings a launch cannot run with.
     """
 
     def __init__(self, config: ExperimentConfig, stop: StopFlag, resume: str | None = None,

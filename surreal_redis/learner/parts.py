@@ -42,12 +42,8 @@ class LearnerParts(NamedTuple):
 
 @dataclass(frozen=True)
 class FeedSettings:
-    """The learner's settings of both regimes; each feed takes the ones it uses.
-
-    Attributes:
-        fifo, steps_per_update: the on-policy FIFO (``replay.fifo``, ``learner.steps_per_update``).
-        off_policy: the shared off-policy section (``off_policy``).
-    """
+    """The learner's settings of both regimes (``replay.fifo``, ``learner.steps_per_update``,
+    ``off_policy``); each feed takes the ones it uses."""
 
     fifo: FIFOReplayConfig
     steps_per_update: int
