@@ -253,7 +253,7 @@ class Launcher:
             if code is not None:
                 return code
             for child in others:
-                child.check(lambda: self._stopping(control))
+                child.check(lambda: self._stopping(control)[0])
             if all(child.gone for child in others if child.name.startswith("agent-")):
                 self.ending = "no agent left"
                 log.error("every agent exited and none is restarted any more; stopping the run")
@@ -326,10 +326,7 @@ class Launcher:
             return None
         self._note_learner_exit(client, learner)
         if code == 0:
-            try:
-                stopping, reason = RunControl(client, self.config.run).stopping()
-            except OUTAGE_ERRORS:
-                stopping, reason = False, ""
+            stopping, reason = self._stopping(RunControl(client, self.config.run))
             self.ending = reason if stopping and reason else "the learner finished"
             log.info("learner finished")
             return 0
@@ -354,11 +351,12 @@ class Launcher:
             log.debug("could not mark the learner as exited: %s", exc)
 
     @staticmethod
-    def _stopping(control: RunControl) -> bool:
+    def _stopping(control: RunControl) -> tuple[bool, str]:
+        """``control.stopping()``, or not stopping while Redis is away."""
         try:
-            return control.stopping()[0]
+            return control.stopping()
         except OUTAGE_ERRORS:
-            return False
+            return False, ""
 
     def _wait_learner(self, learner: Child) -> int:
         """After a stop request: the learner's exit code once it stopped (0 when it is not running)."""

@@ -183,11 +183,9 @@ class Learner:
         return 0
 
     def start(self) -> bool:
-        """Housekeeping first (a learner restarted into a full Redis frees memory before it
-        publishes), publish the initial parameters (on grants: and grant the first update's steps),
-        mark the run running, then log the config to MLflow (if tracking). Rides out an outage or
-        a full Redis with capped backoff (housekeeping again before each retry); False when
-        stopped first."""
+        """Housekeeping (a learner restarted into a full Redis frees memory before it publishes),
+        the initial parameters and grant, the run marked running, the config logged to MLflow.
+        Rides out an outage or a full Redis with capped backoff; False when stopped first."""
         guard = OutageGuard("learner (start)", self.stop, errors=RETRY_ERRORS)
         while True:
             if self.stop:
@@ -305,8 +303,7 @@ class Learner:
         return True
 
     def _republish(self, above: int) -> int:
-        """The parameters again as a version above ``above`` (agents rejected the live one);
-        returns that version."""
+        """Publish the parameters again as a version above ``above``; returns that version."""
         start = time.monotonic()
         version = self.publisher.republish(self.algo.actor_params(), self.algo.iteration, above=above)
         self._published(version, start)

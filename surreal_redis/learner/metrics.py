@@ -1,26 +1,22 @@
 """The learner's numbers: MLflow metrics (``charts/``, ``losses/``, ``hub/``, ``system/`` on the
 learner-step axis) and the learner status hash that ``launch`` and ``status`` display.
 
-How the run uses its experience (on-policy feeds):
-
-- ``hub/experience_used_fraction`` (whole run): env steps that reached a gradient update / env
+- ``hub/experience_used_fraction`` (on-policy, whole run): env steps that reached an update / env
   steps whose fate is settled: used + dropped by the feed (too stale, capacity) + set aside as
-  unusable + trimmed unread by the janitor (entries x ``hub.sender.flush_steps``, an upper bound).
-  Steps held for the next update are not settled; the stop reports them as
-  ``experience_unused_at_stop``.
-- ``hub/policy_lag_p50`` / ``_p90`` / ``_max`` (whole run): learner version minus the version that
-  produced each step, when it arrived (``hub/policy_staleness_*``: the same over the flush window);
+  unusable + trimmed unread (janitor entries x ``hub.sender.flush_steps``, an upper bound). Steps
+  held for the next update are reported apart at the stop (``experience_unused_at_stop``).
+- ``hub/policy_lag_p50`` / ``_p90`` / ``_max`` (whole run; ``hub/policy_staleness_*`` over the
+  flush window): learner version minus the version that produced each step, when it arrived;
   ``hub/policy_lag_share_<bucket>``: the share of steps per :data:`LAG_BUCKETS` bucket.
 - ``losses/rho_clipped_fraction`` (APPO's V-trace): the share of an update's samples whose
-  importance weight was clipped at rho-bar.
-- ``losses/epochs``: epochs per update (window mean); they vary with APPO's ``min_epochs``.
+  importance weight was clipped at rho-bar; ``losses/epochs``: epochs per update (window mean;
+  they vary with APPO's ``min_epochs``).
 - ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (window).
 - ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env
   loops ran, summed over agents, from their heartbeats (window; the whole run's when no agent ran
   in it).
 
-The status hash carries them too (busy, idle and epochs per update also over the whole run), and
-:func:`use_summary` makes the line ``launch`` and ``status`` show.
+The status hash carries them too, busy, idle and epochs per update also over the whole run.
 """
 
 from __future__ import annotations
