@@ -384,10 +384,8 @@ class Launcher:
     # ---------------------------------------------------------------- stopping
     def _shutdown(self, client: RedisClient) -> None:
         """SIGTERM to every child, the stop request in Redis (for processes on other machines),
-        SIGKILL for children still alive after the grace.
-
-        Children hear the signal before the request, so a learner stopped by Ctrl-C knows it was
-        interrupted (MLflow: KILLED) rather than finished."""
+        SIGKILL for children still alive after the grace. Children hear the signal before the
+        request, so a learner stopped by Ctrl-C knows it was interrupted (MLflow: KILLED)."""
         alive = [c for c in self.children if c.alive]
         for child in alive:
             child.started.terminate()

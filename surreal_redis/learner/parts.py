@@ -1,5 +1,4 @@
-"""What a learner is built from: its trainer, the feed of its algorithm's regime (on-policy FIFO or
-off-policy replay) and the check each chunk must pass. The loop never names an algorithm: the
+"""What a learner is built from (:class:`LearnerParts`). The loop never names an algorithm: the
 spec (:func:`~surreal_redis.algos.registry.spec_of`) says which regime a section belongs to."""
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ if TYPE_CHECKING:
 
 
 class LearnerParts(NamedTuple):
-    """What a learner trains and how: the trainer, its feed, and the check each chunk must pass."""
+    """The trainer, the feed of its regime (on-policy FIFO or off-policy replay), and the check
+    each chunk must pass."""
 
     algo: Trainer
     feed: Feed
