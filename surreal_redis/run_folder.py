@@ -1,25 +1,13 @@
-"""The layout of one run's folder on disk (``experiment.root / experiment.name``), as
-:mod:`surreal_redis.keys` is the layout of its keys in Redis: nothing else builds these paths.
-
-```
-<run>/
-  config.yaml        the resolved experiment config the launch wrote for its children
-  checkpoints/       ckpt-<iteration>.pt, latest/best-k bookkeeping (CheckpointManager)
-  logs/<child>.log   one log per child process (learner, agent-K, eval, final-eval, tracking)
-  mlflow.db          the MLflow store (SQLite), artifacts under mlartifacts/
-  mlflow_run_id      the learner's MLflow run, for ``plot`` and a resumed run
-  curves.png         the run's learning curves
-  hub.json           while a launch lives: run name, Redis URL, pid (``status``/``stop`` find it)
-  launch.lock        flock held by the live launch
-```
+"""The layout of one run's folder on disk (``experiment.root / experiment.name``, listed in
+docs/usage.md), as :mod:`surreal_redis.keys` is the layout of its keys in Redis: nothing else
+builds these paths.
 
 It also owns the folder's life around a launch: the lock a live launcher holds (``flock`` on
 ``launch.lock``, which the kernel drops with a dead process), taking a folder that holds an
 earlier run (moving it aside with ``fresh``), and the announcement in ``hub.json`` (run name,
-Redis URL, the launcher's pid and that pid's start time), written when a launch starts and removed
-when it exits, so a run can be reached by name alone, an embedded Redis included. An announcement
-whose launcher is gone (killed: nothing removed it) is stale: its pid no longer runs, or now runs
-another process (a different start time).
+Redis URL, the launcher's pid and its start time), so a run can be reached by name alone. An
+announcement whose launcher was killed is stale: its pid no longer runs, or runs another process
+(a different start time).
 """
 
 from __future__ import annotations

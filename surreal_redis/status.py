@@ -16,7 +16,7 @@ from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
-from surreal_redis.learner.metrics import use_summary
+from surreal_redis.learner.metrics import _fmt, use_summary
 from surreal_redis.redis_cluster import is_cluster, primary_clients
 from surreal_redis.run_folder import DEFAULT_RUNS_DIR, LocalRun, live_local_runs
 
@@ -53,10 +53,6 @@ def find_run(run: str | None, url: str | None, root: Path = DEFAULT_RUNS_DIR,
         raise RunNotFound(f"{'no' if not local else len(local)} live local runs under {root} "
                           f"({_listing(local)}): pass --run NAME{' --redis-url URL' if not local else ''}")
     return local[0].name, local[0].url
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
 
 
 def _num_shards(client: RedisClient, run: str) -> int:

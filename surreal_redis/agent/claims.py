@@ -1,8 +1,5 @@
 """Claiming a flush from the learner's quota (lockstep and overlap): claim, wait for a grant,
 load the claimed version. See :mod:`surreal_redis.hub.quota` for the grants themselves.
-
-The :class:`Claimer` takes the agent's pieces as callables (``held``, ``load``, ``beat``), so it
-knows nothing of the env loop that uses it.
 """
 
 from __future__ import annotations
@@ -20,8 +17,8 @@ from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 # A claim is retried with backoff after these: Redis away or full, or claim.lua not loaded yet.
 CLAIM_RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, ClaimScriptMissing)
 # A waiting agent claims again on every notify message and, as a safety net (a message lost to a
-# reconnect), this often without one; each claim is a round trip, which at 0.2 s cost a waiting
-# HalfCheetah agent as much CPU as its sender. It looks for a stop every CLAIM_WAIT_SLICE_S.
+# reconnect), this often without one: each claim is a round trip, so a short period costs a
+# waiting agent as much CPU as its sender. It looks for a stop every CLAIM_WAIT_SLICE_S.
 CLAIM_RECHECK_S = 2.0
 CLAIM_WAIT_SLICE_S = 0.5
 
@@ -61,10 +58,10 @@ class Claimer:
         ``CLAIM_WAIT_SLICE_S`` of a stop request).
 
         A stale agent claims the live version's steps before it downloads that version, so only
-        agents that will produce with a version download it: with more agents than claims per
-        update, the others loaded every version only to be told WAIT (4 CartPole agents spent a
-        fifth of their CPU in claims and downloads). A live version below the one held (a learner
-        that started over) is not claimed: its download is refused and counted as before."""
+        agents that will produce with a version download it (with more agents than claims per
+        update, the others would load every version only to be told WAIT). A live version below
+        the one held (a learner that started over) is not claimed: its download is refused and
+        counted."""
         started = self._since = time.monotonic()
         claim_at = started  # claim at once, then on a grant message or every CLAIM_RECHECK_S
         try:

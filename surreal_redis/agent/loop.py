@@ -3,23 +3,15 @@ experience to the hub.
 
 Per vector step: act -> step -> ``sender.add`` (which flushes a chunk every ``flush_steps``);
 a heartbeat and a look at the run's control state every ``agent.heartbeat_every_s``. Finished
-episodes go to the episodes stream in batches (after each claimed flush, with each heartbeat, or
-once ``EPISODE_BATCH`` wait). Parameters, two ways (``learner.on_policy_sync``):
+episodes go to the episodes stream in batches. Parameters follow ``learner.on_policy_sync``
+(docs/concepts.md, "On-policy production"): on grants (``lockstep``, ``overlap``) each flush is
+claimed first (:class:`~surreal_redis.agent.claims.Claimer`); ``free`` polls the version every
+``agent.fetch_every_steps`` steps (or ``fetch_every_episodes``) and after every flush that waited
+on the learner's backlog (``hub.sender.max_lag``).
 
-- on grants (``lockstep``, the on-policy default, and ``overlap``): before each flush (``flush_steps``
-  x its envs env steps) the agent claims it from the learner's quota (:mod:`surreal_redis.hub.quota`,
-  through :class:`~surreal_redis.agent.claims.Claimer`):
-  OK -> produce it and send it at once; STALE -> load the new parameters and claim again; WAIT ->
-  wait on the notify channel for the next version or grant. No other version polls.
-- free: every ``agent.fetch_every_steps`` steps (or ``fetch_every_episodes``) one tiny version poll
-  (parameters are downloaded only when the version changed), and after every flush that waited on
-  the learner's backlog (``hub.sender.max_lag``), so the next chunks are made with the parameters
-  of the updates the wait let by.
-
-Idle time (waiting on claims and on backpressure) goes into the heartbeat. A Redis outage is
-ridden out with capped backoff (experience of the outage is dropped and counted, never
-duplicated); the first SIGTERM/SIGINT or a ``stop`` flushes and exits 0, the second exits at once.
-A stop is noticed within a second even while the agent waits on a claim or on backpressure.
+A Redis outage is ridden out with capped backoff (its experience is dropped and counted, never
+duplicated); the first SIGTERM/SIGINT or a ``stop`` flushes and exits 0 (noticed within a second,
+waits included), the second exits at once.
 """
 
 from __future__ import annotations
@@ -238,8 +230,7 @@ class Agent:
     def _record_episodes(self, episodes: dict) -> None:
         """Record the finished episodes (their envs start again in the loop, lost lives included).
         They are sent after each claimed flush, with each heartbeat or once ``EPISODE_BATCH``
-        wait, not one write per step that ended an episode (short CartPole episodes made that a
-        round trip every few steps)."""
+        wait: one write per episode end would be a round trip every few steps."""
         for i, result in episodes.items():
             self.num_episodes += 1
             self.policy.on_episode_end(i, result.episode_return, result.episode_length)

@@ -20,16 +20,13 @@ log = logging.getLogger(__name__)
 RESTART_DELAY_S = 1.0  # before the first restart of a child; doubles with each restart
 RESTART_DELAY_CAP_S = 30.0
 
-# glibc keeps freed memory in per-thread arenas and above its trim threshold; with torch in every
-# process that cost ~260 MiB of PSS over a 4-agent Pong run (bench/memory.py). A fixed trim
-# threshold also fixes glibc's mmap threshold at 128 KiB, so every larger temporary was mapped and
-# unmapped per call; at 16 MiB they come from the heap and are reused. Agents: ~150 page faults
-# per Pong act (an 84x84 frame stack is 450 KiB as float32), numpy 5.4-5.8 ms instead of 4.1-4.3.
-# Learner: one SAC update on a HalfCheetah batch of 256, 25.8-31.4 ms instead of 18.4-18.8 (two
-# cores shared with other work). A user's own setting wins.
+# glibc keeps freed memory in per-thread arenas and above its trim threshold, costing hundreds of
+# MiB with torch in every process. A fixed trim threshold also fixes glibc's mmap threshold at
+# 128 KiB, so every larger temporary (an Atari frame stack, a learner batch) would be mapped and
+# unmapped per call, at the cost of page faults; at 16 MiB they come from the heap and are reused.
+# A user's own setting wins.
 CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576",
                 "MALLOC_MMAP_THRESHOLD_": "16777216"}
-
 
 # Agents and evals get one BLAS thread (runtime.ONE_BLAS_THREAD). A user's setting wins.
 ACTOR_ENV = dict(ONE_BLAS_THREAD)

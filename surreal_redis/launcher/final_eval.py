@@ -21,7 +21,7 @@ from surreal_redis.connection import RedisClient
 from surreal_redis.embedded import die_with_parent
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.launcher.children import child_env, log_tail
-from surreal_redis.learner.metrics import use_summary
+from surreal_redis.learner.metrics import _fmt, use_summary
 from surreal_redis.run_folder import RunFolder
 from surreal_redis.runtime import StopFlag
 
@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 FINAL_EVAL_START_S = 60.0  # the final eval's process may take this long to start (torch, env) on top of
 # eval.final_max_s of play before it is killed
 INTERRUPTED = "  final eval: interrupted, nothing recorded"
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
 
 
 class _Skipped(Exception):
@@ -116,11 +112,7 @@ class FinalEval:
         """The summary's line on an eval that exited: its score (the JSON line it printed last)
         and the best checkpoints, or why there is none."""
         cfg = self.config.eval
-        stdout = process.stdout
-        if stdout is None:  # opened with stdout=PIPE, so never
-            raise RuntimeError("the final eval has no stdout pipe")
-        with stdout:
-            out = stdout.read().decode(errors="replace").strip().splitlines()
+        out = process.communicate()[0].decode(errors="replace").strip().splitlines()
         if process.returncode != 0 or not out:
             if terminated:  # stopped before it could say so (still starting, say)
                 return INTERRUPTED

@@ -1,33 +1,18 @@
-"""``surreal-redis launch``: one experiment on this machine.
+"""``surreal-redis launch``: one experiment on this machine (see docs/usage.md).
 
 Starts an embedded Redis when no URL is given, then the learner, N agents and one eval as child
-processes. Each child logs to ``<experiment>/logs/<name>.log`` and runs in that folder, so files
-that libraries drop into their working directory (MuJoCo's ``MUJOCO_LOG.TXT``) stay with the run.
-The launcher shows progress and supervises:
+processes, each logging to ``<experiment>/logs/<name>.log`` and running in that folder. It
+restarts crashed children with backoff (agents and eval up to ``agent.max_restarts``, the learner
+from its latest checkpoint under the same consumer name, up to ``learner.max_restarts``), rides
+out a Redis outage (writing the run's config and state again into a Redis that came back empty),
+stops on Ctrl-C, ``surreal-redis stop`` or the learner's stop condition, then runs the final eval
+(:mod:`.final_eval`) unless interrupted or failed.
 
-- a crashed agent or eval is restarted, up to ``agent.max_restarts`` times, with backoff;
-- a crashed learner is restarted from its latest checkpoint, up to ``learner.max_restarts`` times,
-  with backoff. It reads under the same consumer name (``hub.receiver.consumer`` of the same
-  config file), so what it had read but not stored is still pending for it. The run fails once
-  the restarts are used up;
-- a Redis outage is ridden out like the children ride it out, and a Redis that came back empty
-  gets the run's config and control state again;
-- everything stops cleanly on Ctrl-C, on ``surreal-redis stop``, or when the learner reports that
-  a stop condition was met;
-- then, unless it was Ctrl-C or a failure, a final eval scores the learner's final checkpoint into
-  the best-k checkpoints and the summary (:mod:`.final_eval`; a Ctrl-C during it: nothing recorded).
-
-While it lives, the launcher holds the run folder's lock and announces the run's Redis URL there,
-so ``status`` and ``stop`` find it by name (:mod:`surreal_redis.run_folder`). A new run never
-shares a folder with an earlier one: without ``--resume`` the launch is refused, unless ``fresh``
-moves the earlier run aside first. A live run is never touched: before anything is moved or
-deleted, a launch is refused when the folder's launcher lives (this host: its lock or hub.json),
-or when the run's learner reports in a shared Redis (any host).
-
-Exit codes (:meth:`Launcher.run`): 0 finished (a stop condition, ``surreal-redis stop``), 1
-failed, 130 (:data:`INTERRUPTED_EXIT`) interrupted by SIGINT or SIGTERM. A second signal exits
-130 at once, saying which updates were not saved; the learner's MLflow run is then marked KILLED
-by its tracking process.
+A live run is never touched: a launch is refused before anything is moved or deleted while the
+folder's launcher lives (its lock or hub.json, :mod:`surreal_redis.run_folder`) or the run's
+learner reports in a shared Redis. Exit codes (:meth:`Launcher.run`): 0 finished, 1 failed, 130
+(:data:`INTERRUPTED_EXIT`) interrupted by a signal; a second signal exits 130 at once, saying
+which updates were not saved.
 """
 
 from __future__ import annotations
@@ -49,8 +34,8 @@ from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.launcher.children import Child, log_tail, reap
-from surreal_redis.launcher.final_eval import FinalEval, _fmt, headline, not_saved, summary
-from surreal_redis.learner.metrics import use_summary
+from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
+from surreal_redis.learner.metrics import _fmt, use_summary
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import EarlierRun, FolderLive, FolderLock, RunFolder
 from surreal_redis.runtime import INTERRUPTED_EXIT, StopFlag
@@ -67,15 +52,12 @@ class LaunchError(RuntimeError):
 
 
 class Launcher:
-    """Runs one experiment; :meth:`run` blocks and returns the exit code (0 when the run ended
-    cleanly: stop condition or stop request; 1 when it failed; :data:`INTERRUPTED_EXIT` when a
-    signal stopped it). ``progress`` receives one human-readable line every couple of seconds, and
-    the summary at the end.
-
-    ``fresh``: an experiment folder that holds an earlier run is moved to ``<folder>.<time>``
+    """Runs one experiment; :meth:`run` blocks and returns the exit code (module docstring).
+    ``progress`` receives one human-readable line every couple of seconds, and the summary at the
+    end. ``fresh``: an experiment folder that holds an earlier run is moved to ``<folder>.<time>``
     instead of refusing the launch. Raises :class:`LaunchError` (before anything starts) for a
-    folder that holds an earlier run, a run that is live (its launcher or its learner), or an
-    unreachable Redis; ``ValueError`` naming the setting for settings a launch cannot run with.
+    folder that holds an earlier run, a live run or an unreachable Redis; ``ValueError`` naming
+    the setting for settings a launch cannot run with.
     """
 
     def __init__(self, config: ExperimentConfig, stop: StopFlag, resume: str | None = None,
@@ -251,11 +233,9 @@ class Launcher:
         control = RunControl(client, self.config.run)
         self.children = self._children()
         learner, others = self.children[0], self.children[1:]
-        # Learner and agents start at once: agents import torch and build their envs while the
-        # learner starts, then wait for its first parameters themselves (~3 s sooner to the first
-        # update on 2 cores than starting them after that publish). Eval is not on that path: it
-        # starts after the first publish, so its torch import does not compete with theirs (first
-        # update 0.82x as late, 3 of 3 paired launches on 2 shared cores).
+        # Learner and agents start at once: agents build their envs while the learner starts, then
+        # wait for its first parameters themselves. Eval starts after the first publish, so its
+        # torch import does not compete with theirs for the first update.
         evals = [child for child in others if child.name.startswith("eval-")]
         for child in self.children:
             if child not in evals:
@@ -273,7 +253,7 @@ class Launcher:
             if code is not None:
                 return code
             for child in others:
-                child.check(lambda: self._stopping(control))
+                child.check(lambda: self._stopping(control)[0])
             if all(child.gone for child in others if child.name.startswith("agent-")):
                 self.ending = "no agent left"
                 log.error("every agent exited and none is restarted any more; stopping the run")
@@ -346,10 +326,7 @@ class Launcher:
             return None
         self._note_learner_exit(client, learner)
         if code == 0:
-            try:
-                stopping, reason = RunControl(client, self.config.run).stopping()
-            except OUTAGE_ERRORS:
-                stopping, reason = False, ""
+            stopping, reason = self._stopping(RunControl(client, self.config.run))
             self.ending = reason if stopping and reason else "the learner finished"
             log.info("learner finished")
             return 0
@@ -374,11 +351,12 @@ class Launcher:
             log.debug("could not mark the learner as exited: %s", exc)
 
     @staticmethod
-    def _stopping(control: RunControl) -> bool:
+    def _stopping(control: RunControl) -> tuple[bool, str]:
+        """``control.stopping()``, or not stopping while Redis is away."""
         try:
-            return control.stopping()[0]
+            return control.stopping()
         except OUTAGE_ERRORS:
-            return False
+            return False, ""
 
     def _wait_learner(self, learner: Child) -> int:
         """After a stop request: the learner's exit code once it stopped (0 when it is not running)."""
@@ -406,10 +384,8 @@ class Launcher:
     # ---------------------------------------------------------------- stopping
     def _shutdown(self, client: RedisClient) -> None:
         """SIGTERM to every child, the stop request in Redis (for processes on other machines),
-        SIGKILL for children still alive after the grace.
-
-        Children hear the signal before the request, so a learner stopped by Ctrl-C knows it was
-        interrupted (MLflow: KILLED) rather than finished."""
+        SIGKILL for children still alive after the grace. Children hear the signal before the
+        request, so a learner stopped by Ctrl-C knows it was interrupted (MLflow: KILLED)."""
         alive = [c for c in self.children if c.alive]
         for child in alive:
             child.started.terminate()
@@ -423,8 +399,7 @@ class Launcher:
 
     # ---------------------------------------------------------------- the end
     def _final_eval(self, client: RedisClient, code: int) -> str:
-        """Score the learner's final checkpoint (see the module docstring); returns the summary's
-        line on it, '' when none is due (eval disabled, eval.final_episodes 0, a failed run)."""
+        """The summary's line on the final eval (:meth:`FinalEval.line`)."""
         return FinalEval(self.config, self.folder, self.stop, self.progress, self._command).line(
             client, code, self.signalled)
 

@@ -1,15 +1,10 @@
 """The learner process (``surreal-redis learner``): hub -> feed -> gradient updates -> parameters.
 
-- ``loop``: :class:`Learner`, the loop (start, iterate, ingest, after-update, publish,
-  housekeeping, finish); it delegates each policy to one of the objects below.
-- ``parts``: :class:`LearnerParts` (trainer, feed, chunk check), :class:`FeedSettings`,
-  :func:`make_feed` (the feed of the algorithm's regime).
-- ``grants``: lockstep/overlap production grants and top-ups (:class:`GrantKeeper`).
-- ``republish``: re-publishing a version agents reject (:class:`RejectionWatch`).
-- ``progress``: episode scores and the stop rules (:class:`Scores`, :class:`StopRules`).
-- ``metrics``: MLflow metrics and the status report (:class:`LearnerMetrics`, :func:`use_summary`).
-- ``prefetch``: the reader thread and its queue (:class:`Prefetcher`, :class:`PrefetchQueue`).
-- ``chunk_check``: what a chunk must carry to be trained on (:class:`ChunkCheck`).
+:mod:`.loop` holds :class:`Learner` and delegates each policy to an object of its own module:
+:mod:`.parts` (trainer, feed, chunk check), :mod:`.grants` (production grants and top-ups),
+:mod:`.republish` (a version agents reject), :mod:`.progress` (episode scores, stop rules),
+:mod:`.metrics` (MLflow metrics, the status report), :mod:`.prefetch` (the reader thread) and
+:mod:`.chunk_check` (what a chunk must carry to be trained on).
 
 The names below load their module on first use (PEP 562): ``launch`` and ``status`` import
 :func:`use_summary` without torch, which :class:`Learner` needs.

@@ -36,19 +36,13 @@ def _leaf_problems(template: Any, value: Any, path: str, time_axis: int | None) 
         if not isinstance(value, dict) or set(value) != set(template):
             return f"obs{path} has keys {sorted(value) if isinstance(value, dict) else type(value).__name__}, " \
                    f"expected {sorted(template)}"
-        for key in template:
-            problem = _leaf_problems(template[key], value[key], f"{path}.{key}", time_axis)
-            if problem:
-                return problem
-        return None
+        return next(filter(None, (_leaf_problems(template[key], value[key], f"{path}.{key}", time_axis)
+                                  for key in template)), None)
     if isinstance(template, tuple) and not isinstance(template[1], np.dtype):
         if not isinstance(value, (tuple, list)) or len(value) != len(template):
             return f"obs{path} is not a sequence of {len(template)} items"
-        for i, (t, v) in enumerate(zip(template, value)):
-            problem = _leaf_problems(t, v, f"{path}[{i}]", time_axis)
-            if problem:
-                return problem
-        return None
+        return next(filter(None, (_leaf_problems(t, v, f"{path}[{i}]", time_axis)
+                                  for i, (t, v) in enumerate(zip(template, value)))), None)
     shape, dtype = template
     expected = shape if time_axis is None else (time_axis, *shape)
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
@@ -127,11 +121,9 @@ class ChunkCheck:
         ended = set(np.flatnonzero(chunk.terminated | chunk.truncated).tolist())
         if set(chunk.final_obs) != ended:
             return f"final_obs given for steps {sorted(chunk.final_obs)}, episodes ended at {sorted(ended)}"
-        for t, obs in chunk.final_obs.items():
-            problem = _leaf_problems(self.template, obs, f" (final, step {t})", None)
-            if problem:
-                return problem
-        return self._extras_problem(chunk.extras, steps)
+        return (next(filter(None, (_leaf_problems(self.template, obs, f" (final, step {t})", None)
+                                   for t, obs in chunk.final_obs.items())), None)
+                or self._extras_problem(chunk.extras, steps))
 
     def _extras_problem(self, extras: dict[str, Any], steps: int) -> str | None:
         for name, shape in self.extra_shapes.items():

@@ -1,16 +1,13 @@
-"""Production on grants (on-policy runs, ``learner.on_policy_sync`` ``lockstep`` or ``overlap``;
-see :mod:`surreal_redis.hub.quota`), always for the live parameter version:
+"""Production on grants for the live parameter version (``learner.on_policy_sync`` ``lockstep``
+or ``overlap``: docs/concepts.md, "On-policy production"; :mod:`surreal_redis.hub.quota`). With
+``overlap``, what agents had not claimed of the grant made before an update carries over to the
+version it publishes.
 
-- ``lockstep``: after each update (and its publish) the learner grants the env steps its next
-  update still needs (:meth:`~surreal_redis.replay.feeds.Feed.steps_needed`).
-- ``overlap``: before each update's gradient steps it grants what the update after it needs, so
-  agents make that batch meanwhile; after the publish, what agents had not claimed yet of that
-  grant carries over to the new version.
-- Top-up rule (both): when the feed still needs steps for its next update, the grant is used up (or
-  gone), no chunk arrived for ``learner.lockstep_topup_s`` seconds and no agent that beat within
-  three ``agent.heartbeat_every_s`` is still making a flush it claimed (so an agent claimed and
-  died, or the chunks were lost or dropped), the learner grants the missing steps again,
-  publishing first if the live version is not its own (Redis restarted empty).
+Top-up rule (both): when the feed still needs steps for its next update, the grant is used up (or
+gone), no chunk arrived for ``learner.lockstep_topup_s`` seconds and no agent that beat within
+three ``agent.heartbeat_every_s`` is still making a flush it claimed (so an agent claimed and
+died, or the chunks were lost or dropped), the learner grants the missing steps again,
+publishing first if the live version is not its own (Redis restarted empty).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The learner process: hub -> feed -> gradient updates -> parameters back to the hub.
 
-A prefetch thread (:mod:`~surreal_redis.learner.prefetch`) reads and decodes experience from every
-shard (Redis I/O and decoding never stall the GPU step). Each round of the main thread: read ->
-``feed.ingest`` (then ack) -> ``feed.train`` -> publish (every ``learner.publish_every_updates``
-updates, at most once per ``hub.publisher.min_publish_interval`` s) -> housekeeping (retention/gc,
-episodes, metrics, stop conditions). The feed holds the regime (:mod:`surreal_redis.replay.feeds`:
-PPO's FIFO, DDPG's n-step replay and rate limiter); this module does not know which algorithm it
-trains. Each policy has an object of its own: grants and top-ups
-(:class:`~surreal_redis.learner.grants.GrantKeeper`), re-publishing a rejected version
-(:class:`~surreal_redis.learner.republish.RejectionWatch`), episode scores and stop rules
-(:mod:`~surreal_redis.learner.progress`), metrics and the status report
-(:class:`~surreal_redis.learner.metrics.LearnerMetrics`).
+A prefetch thread reads and decodes experience from every shard, so Redis I/O and decoding never
+stall the GPU step. Each round of the main thread: read -> ``feed.ingest`` (then ack) ->
+``feed.train`` -> publish (every ``learner.publish_every_updates`` updates, at most once per
+``hub.publisher.min_publish_interval`` s) -> housekeeping (retention/gc, episodes, metrics, stop
+conditions). The feed holds the regime (:mod:`surreal_redis.replay.feeds`); this module does not
+know which algorithm it trains, and delegates each policy to an object of the package (see
+:mod:`surreal_redis.learner`).
 """
 
 from __future__ import annotations
@@ -100,11 +96,10 @@ class Learner:
         ``resume_from``'s experiment folder when given)."""
         tracker = None
         if config.tracking.enabled:
-            # MLflow runs in a process of its own (its import and store set-up take ~2 s of CPU
-            # and held this process's GIL) at the lowest CPU priority, driven by a thread of ours;
-            # no update waits for a write. It starts now, while the agents wait for the first
-            # parameters: its start-up then takes the core they leave (it took ~6 s of a core
-            # from agents starting to learn when it opened after the first update).
+            # MLflow runs in a process of its own (its import and store set-up cost seconds of CPU
+            # and would hold this process's GIL), driven by a thread of ours: no update waits for a
+            # write. It starts now, while agents wait for the first parameters, so its start-up
+            # takes the core they leave rather than one they learn with.
             tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
                                                 run_name=config.run, tracking_uri=config.tracking.tracking_uri))
         if advice := config.stale_round_advice:
@@ -188,11 +183,9 @@ class Learner:
         return 0
 
     def start(self) -> bool:
-        """Housekeeping first (a learner restarted into a full Redis frees memory before it
-        publishes), publish the initial parameters (on grants: and grant the first update's steps),
-        mark the run running, then log the config to MLflow (if tracking). Rides out an outage or
-        a full Redis with capped backoff (housekeeping again before each retry); False when
-        stopped first."""
+        """Housekeeping (a learner restarted into a full Redis frees memory before it publishes),
+        the initial parameters and grant, the run marked running, the config logged to MLflow.
+        Rides out an outage or a full Redis with capped backoff; False when stopped first."""
         guard = OutageGuard("learner (start)", self.stop, errors=RETRY_ERRORS)
         while True:
             if self.stop:
@@ -310,8 +303,7 @@ class Learner:
         return True
 
     def _republish(self, above: int) -> int:
-        """The parameters again as a version above ``above`` (agents rejected the live one);
-        returns that version."""
+        """Publish the parameters again as a version above ``above``; returns that version."""
         start = time.monotonic()
         version = self.publisher.republish(self.algo.actor_params(), self.algo.iteration, above=above)
         self._published(version, start)

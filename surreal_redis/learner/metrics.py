@@ -1,26 +1,22 @@
 """The learner's numbers: MLflow metrics (``charts/``, ``losses/``, ``hub/``, ``system/`` on the
 learner-step axis) and the learner status hash that ``launch`` and ``status`` display.
 
-How the run uses its experience (on-policy feeds), over the whole run:
-
-- ``hub/experience_used_fraction``: env steps that reached a gradient update / env steps whose fate
-  is settled: used + dropped by the feed (too stale, capacity) + set aside as unusable + trimmed
-  unread by the janitor (entries x ``hub.sender.flush_steps``, an upper bound: the janitor counts
-  entries). Steps held for the next update are not settled yet; at the stop they are reported
-  apart (``experience_unused_at_stop``: the last, partial batch).
-- ``hub/policy_lag_p50`` / ``_p90`` / ``_max``: learner version minus the version that produced
-  each step, when it arrived (``hub/policy_staleness_*`` are the same over the last flush window);
-  ``hub/policy_lag_share_<bucket>``: the whole run's lag histogram, the share of steps per bucket
-  of :data:`LAG_BUCKETS` (also in the status and the summary line).
-- ``losses/rho_clipped_fraction`` (importance-corrected updates, APPO's V-trace): the share of an
-  update's samples whose importance weight was clipped at rho-bar; in the status and summary too.
-- ``losses/epochs``: epochs per update (window mean); with APPO's ``min_epochs`` they vary, and the
-  status and summary line add ``epochs/update`` (window, and the whole run's at the stop).
-- ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (flush window;
-  the status also keeps the whole-run figure).
+- ``hub/experience_used_fraction`` (on-policy, whole run): env steps that reached an update / env
+  steps whose fate is settled: used + dropped by the feed (too stale, capacity) + set aside as
+  unusable + trimmed unread (janitor entries x ``hub.sender.flush_steps``, an upper bound). Steps
+  held for the next update are reported apart at the stop (``experience_unused_at_stop``).
+- ``hub/policy_lag_p50`` / ``_p90`` / ``_max`` (whole run; ``hub/policy_staleness_*`` over the
+  flush window): learner version minus the version that produced each step, when it arrived;
+  ``hub/policy_lag_share_<bucket>``: the share of steps per :data:`LAG_BUCKETS` bucket.
+- ``losses/rho_clipped_fraction`` (APPO's V-trace): the share of an update's samples whose
+  importance weight was clipped at rho-bar; ``losses/epochs``: epochs per update (window mean;
+  they vary with APPO's ``min_epochs``).
+- ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (window).
 - ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env
-  loops ran, summed over agents (window; the whole-run figure when no agent ran in the window, and
-  in the status), from their heartbeats.
+  loops ran, summed over agents, from their heartbeats (window; the whole run's when no agent ran
+  in it).
+
+The status hash carries them too, busy, idle and epochs per update also over the whole run.
 """
 
 from __future__ import annotations
@@ -147,7 +143,6 @@ class LearnerMetrics:
         self.episode_returns: list[float] = []
         self.episode_lengths: list[int] = []
         self.eval_score: float | None = None
-        self.eval_version: int | None = None
         self.janitor_totals = JanitorStats(trimmed=0, unread_dropped=0, obs_deleted=0, calls=0)  # sums over the run
         # (agent id, pid) -> (chunks dropped, parameter downloads rejected), last heartbeat of each
         # agent process, those that left included: run totals
@@ -216,8 +211,8 @@ class LearnerMetrics:
         self.episode_returns.append(record.episode_return)
         self.episode_lengths.append(record.length)
 
-    def observe_eval(self, version: int, score: float) -> None:
-        self.eval_score, self.eval_version = score, version
+    def observe_eval(self, score: float) -> None:
+        self.eval_score = score
 
     def mark_stopped(self) -> None:
         """Keep the last status readable (for the launcher's summary) but say the learner is gone."""
@@ -306,11 +301,8 @@ class LearnerMetrics:
         self._reported = status
         self._log_line(progress, metrics, status)
         self.busy_s = 0.0
-        self.losses.clear()
-        self.staleness.clear()
-        self.publish_s.clear()
-        self.episode_returns.clear()
-        self.episode_lengths.clear()
+        for window in (self.losses, self.staleness, self.publish_s, self.episode_returns, self.episode_lengths):
+            window.clear()
 
     def _metrics(self, progress: LearnerProgress, replay_stats: dict[str, int], receiver: ReceiverStats,
                  dt: float) -> dict[str, float | None]:
@@ -397,6 +389,10 @@ class LearnerMetrics:
                  progress.iteration, progress.param_version, progress.env_steps, metrics["charts/env_steps_per_s"],
                  metrics["charts/updates_per_s"], "-" if mean is None else f"{mean:.1f}",
                  "-" if self.eval_score is None else f"{self.eval_score:.1f}", use_summary(status))
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _percent(value: float | None) -> str:

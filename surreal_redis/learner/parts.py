@@ -1,5 +1,4 @@
-"""What a learner is built from: its trainer, the feed of its algorithm's regime (on-policy FIFO or
-off-policy replay) and the check each chunk must pass. The loop never names an algorithm: the
+"""What a learner is built from (:class:`LearnerParts`). The loop never names an algorithm: the
 spec (:func:`~surreal_redis.algos.registry.spec_of`) says which regime a section belongs to."""
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ if TYPE_CHECKING:
 
 
 class LearnerParts(NamedTuple):
-    """What a learner trains and how: the trainer, its feed, and the check each chunk must pass."""
+    """The trainer, the feed of its regime (on-policy FIFO or off-policy replay), and the check
+    each chunk must pass."""
 
     algo: Trainer
     feed: Feed
@@ -42,12 +42,8 @@ class LearnerParts(NamedTuple):
 
 @dataclass(frozen=True)
 class FeedSettings:
-    """The learner's settings of both regimes; each feed takes the ones it uses.
-
-    Attributes:
-        fifo, steps_per_update: the on-policy FIFO (``replay.fifo``, ``learner.steps_per_update``).
-        off_policy: the shared off-policy section (``off_policy``).
-    """
+    """The learner's settings of both regimes (``replay.fifo``, ``learner.steps_per_update``,
+    ``off_policy``); each feed takes the ones it uses."""
 
     fifo: FIFOReplayConfig
     steps_per_update: int

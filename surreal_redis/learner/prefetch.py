@@ -1,12 +1,10 @@
 """The learner's prefetch: a thread that reads and decodes experience ahead of the training loop
 into a queue bounded by chunks.
 
-Bounded by chunks, not by reads: a read returns what is there, often fewer chunks than asked for,
-and a queue of two reads once held 6 chunks where an update needs 8. APPO's adaptive epochs saw its
-next batch short and trained on to ``update_epochs`` while the full queue kept the prefetcher from
-reading and the agents waited on the backlog: production came in bursts of 20-34 chunks with 0.7 s
-gaps (HalfCheetah, 2026-12-02). Here the prefetcher asks for no more chunks than the queue has room
-for, so the queue fills to its capacity.
+Bounded by chunks, not by reads: a read often returns fewer chunks than asked for, so a queue of
+a few reads could hold less than an update needs while keeping the prefetcher from reading (the
+agents then wait on the backlog and produce in bursts). The prefetcher asks for no more chunks
+than the queue has room for, so the queue fills to its capacity.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ class PrefetchQueue:
         self._changed = threading.Condition()
 
     def put(self, batch: list[ReceivedChunk]) -> None:
-        """Queue a non-empty batch."""
+        """Queue ``batch`` (an empty one is ignored)."""
         if not batch:
             return
         with self._changed:

@@ -67,7 +67,7 @@ class Scores:
     def _on_eval(self, version: int, score: float) -> None:
         """A complete eval of parameter version ``version``: log it and keep the best-k."""
         self.last_eval = score
-        self._metrics.observe_eval(version, score)
+        self._metrics.observe_eval(score)
         keep = self._config.checkpoint.keep_best
         best = self._checkpoints.best()
         if keep and (len(best) < keep or score > best[-1][0]):

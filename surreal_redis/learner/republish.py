@@ -1,10 +1,6 @@
-"""Re-publishing a parameter version agents reject.
-
-Agents count the parameter downloads they reject (digest mismatch: the live blob was damaged in
-Redis) in their heartbeats. When those counts rose while the live version stayed the learner's,
-the learner publishes the same parameters again as a version above every one seen, so agents
-fetch a fresh, whole blob instead of retrying the damaged one forever.
-"""
+"""Re-publishing a parameter version agents reject (digest mismatch: the live blob was damaged
+in Redis), as a version above every one seen, so agents fetch a fresh, whole blob instead of
+retrying the damaged one forever."""
 
 from __future__ import annotations
 
@@ -18,10 +14,10 @@ log = logging.getLogger(__name__)
 
 
 class RejectionWatch:
-    """Looks at the agents' rejection counts at most once per ``every_s`` seconds (one HGETALL
-    through ``read_agents``, live agents only) and has ``republish(above)`` publish the parameters
-    as a version above ``above`` (it returns that version) when they rose under the same live
-    version. Blocks only for that read and the republish."""
+    """Looks at the rejection counts in the agents' heartbeats at most once per ``every_s`` seconds
+    (one HGETALL through ``read_agents``, live agents only) and has ``republish(above)`` publish the
+    parameters as a version above ``above`` (it returns that version) when they rose under the same
+    live version. Blocks only for that read and the republish."""
 
     def __init__(self, read_agents: Callable[[], Sequence[AgentStatus]], republish: Callable[[int], int],
                  every_s: float) -> None:
