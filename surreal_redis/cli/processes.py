@@ -110,7 +110,7 @@ def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_ur
 def learner(config_path: str | None, run_name: str | None, redis_url: str | None, overrides: tuple[str, ...],
             resume: str | None, resume_from: Path | None) -> None:
     """Run the learner (CUDA when available, else CPU)."""
-    from surreal_redis.learner import Learner
+    from surreal_redis.learner.loop import Learner
 
     config = _load(config_path, overrides, redis_url, run_name)
     stop = StopFlag()

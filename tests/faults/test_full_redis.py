@@ -25,8 +25,9 @@ from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, HubUnavailableError, SenderConfig
 from surreal_redis.hub.params import ParameterPublisher
 from surreal_redis.keys import RunKeys
-from surreal_redis.learner import FeedSettings, Learner, LearnerParts, make_feed
 from surreal_redis.learner.chunk_check import ChunkCheck
+from surreal_redis.learner.loop import Learner
+from surreal_redis.learner.parts import FeedSettings, LearnerParts, make_feed
 from surreal_redis.runtime import StopFlag
 
 from .conftest import add_steps

@@ -17,7 +17,7 @@ from surreal_redis.envs import make_env
 from surreal_redis.hub.params import ParameterPublisher
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.keys import RunKeys
-from surreal_redis.learner import Learner
+from surreal_redis.learner.loop import Learner
 from surreal_redis.runtime import StopFlag
 
 pytestmark = pytest.mark.integration

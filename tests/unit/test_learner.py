@@ -26,9 +26,10 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys
-from surreal_redis.learner import FeedSettings, Learner, LearnerParts, make_feed
 from surreal_redis.learner.chunk_check import ChunkCheck
+from surreal_redis.learner.loop import Learner
 from surreal_redis.learner.metrics import AgentClocks, lag_percentile, use_summary
+from surreal_redis.learner.parts import FeedSettings, LearnerParts, make_feed
 from surreal_redis.learner.prefetch import PrefetchQueue
 from surreal_redis.replay import ReplayConfig
 from surreal_redis.replay.feeds import Feed, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed

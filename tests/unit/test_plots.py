@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from surreal_redis import plots
 from surreal_redis.cli import main as cli
 from surreal_redis.hub.run.episodes import EpisodeLog
-from surreal_redis.learner import Learner
+from surreal_redis.learner.loop import Learner
 from surreal_redis.learner.prefetch import PrefetchQueue
 from surreal_redis.plots import Bars, PlotError, RunCurves, Series
 from surreal_redis.run_folder import CURVES_FILE

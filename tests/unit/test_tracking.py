@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from surreal_redis.learner import Learner
+from surreal_redis.learner.loop import Learner
 from surreal_redis.runtime import StopFlag
 from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess, TrackingError, seed_store
 
