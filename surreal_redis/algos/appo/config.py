@@ -1,5 +1,4 @@
-"""APPO's hyperparameters, without torch: PPO's section (:class:`PPOConfig`) plus V-trace's two
-truncation levels."""
+"""APPO's hyperparameters, without torch."""
 
 from __future__ import annotations
 

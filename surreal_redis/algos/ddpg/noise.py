@@ -91,10 +91,9 @@ class AdaptiveParamNoise:
     for Exploration" (arXiv:1706.01905), section 3 and appendix C.
 
     The acting network is a copy of the actor with ``N(0, sigma^2)`` added to every weight. The
-    scale follows the action-space distance ``d = sqrt(mean((mu(s) - mu~(s))^2))`` measured on
-    recent states: ``sigma /= coef`` when ``d > target_distance``, ``sigma *= coef`` otherwise.
-    Each adaptation uses one fresh measurement (SURREAL's code, Fan et al. 2018, overwrote a running
-    distance instead of averaging it).
+    scale follows the action-space distance ``d = sqrt(mean((mu(s) - mu~(s))^2))``, one fresh
+    measurement on recent states per adaptation: ``sigma /= coef`` when ``d > target_distance``,
+    ``sigma *= coef`` otherwise.
     """
 
     def __init__(self, initial_sigma: float, target_distance: float, adapt_coef: float) -> None:

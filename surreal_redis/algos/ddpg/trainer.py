@@ -8,8 +8,6 @@ One update, as in CleanRL's ``ddpg_continuous_action.py``, whose actor and targe
     actor:   L_mu = -mean(Q(s, mu(s)))                   every ``policy_frequency`` updates
     targets: soft  theta' <- (1 - tau) theta' + tau theta   with each actor step
              hard  theta' <- theta                           every ``hard_update_every`` updates
-
-Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.ddpg.policy`.
 """
 
 from __future__ import annotations
@@ -52,12 +50,8 @@ class DDPGTrainer(ActorCriticTrainer):
 
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
         """One critic gradient step on a batch of B transitions, and an actor step every
-        ``policy_frequency`` of them.
-
-        Returns:
-            ``(stats, td_errors)``: scalar stats under ``losses/``, and float32 ``[B]`` TD errors
-            ``y - Q(s, a)`` from before the step (for ``PrioritizedReplay.update_priorities``).
-        """
+        ``policy_frequency`` of them. Returns the stats and the float32 ``[B]`` TD errors
+        ``y - Q(s, a)`` from before the step (the replay's new priorities)."""
         obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
 
         # critic: regress Q(s, a) on the n-step target (discount is 0 after a termination)

@@ -1,14 +1,9 @@
-"""PPO's actor-critic network and agent-side policy (its configuration is :class:`PPOConfig`, in
-:mod:`surreal_redis.algos.ppo.config`).
+"""PPO's actor-critic network and torch agent-side policy.
 
-Everything an agent process needs to act lives here (no optimizer); the learner is in
-:mod:`surreal_redis.algos.ppo.trainer`. The network is CleanRL's: separate Tanh MLPs for the actor and the
-critic, orthogonal init with gain 0.01 on the policy head and 1 on the value head, a
-state-independent log-std for continuous actions. Optional parts: the z-filter in front
-(:class:`~surreal_redis.algos.normalizer.ObservationNormalizer`), a CNN stem for pixels (inside
-:class:`~surreal_redis.algos.networks.ObservationEncoder`, shared by actor and critic as in
-CleanRL's Atari PPO), and an LSTM shared by both heads (SURREAL's ``ppo_net.py``, CleanRL's
-``ppo_atari_lstm.py``).
+The network is CleanRL's: separate MLPs for the actor and the critic, orthogonal init with gain
+0.01 on the policy head and 1 on the value head, a state-independent log-std for continuous
+actions. Optional: the z-filter in front, a CNN stem shared by actor and critic (CleanRL's Atari
+PPO), and an LSTM shared by both heads (SURREAL's ``ppo_net.py``, CleanRL's ``ppo_atari_lstm.py``).
 """
 
 from __future__ import annotations
@@ -66,9 +61,7 @@ class ActorCritic(nn.Module):
 
     def core(self, x: torch.Tensor, state: LSTMState | None = None,
              episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, LSTMState | None]:
-        """The (optionally recurrent) trunk.
-
-        Without LSTM: returns ``(x, None)``. With LSTM: ``x`` is ``[T*B, F]`` time-major,
+        """The trunk. Without LSTM: returns ``(x, None)``. With LSTM: ``x`` is ``[T*B, F]`` time-major,
         ``state`` the ``(h, c)`` pair ``[B, H]`` before step 0 and ``episode_start`` bool ``[T, B]``
         (state zeroed before that step). Returns the outputs ``[T*B, H]`` and the states after
         every step, ``(h, c)`` each ``[T, B, H]``.

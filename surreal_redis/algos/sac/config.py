@@ -1,13 +1,4 @@
-"""SAC's hyperparameters, without torch: the launcher, the CLI and numpy agents load configs without
-paying for torch's import; :mod:`surreal_redis.algos.sac.policy` and
-:mod:`surreal_redis.algos.sac.numpy_policy` build from them.
-
-Names and defaults follow CleanRL's ``sac_continuous_action.py`` (``policy_frequency``,
-``target_network_frequency``, ``autotune``, the log-std bounds) and Stable-Baselines3's ``SAC``
-(one learning rate, 3e-4, for the actor, the critics and the temperature; CleanRL's ``q_lr`` is
-1e-3 for the critics and the temperature). The batch, n-step returns, replay and replay ratio are
-the shared ``off_policy`` section's.
-"""
+"""SAC's hyperparameters, without torch (configs load without paying for torch's import)."""
 
 from __future__ import annotations
 
@@ -32,7 +23,9 @@ def sac_action_space(space: gym.Space) -> gym.spaces.Box:
 
 @dataclass(frozen=True)
 class SACConfig:
-    """SAC hyperparameters (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905)."""
+    """SAC hyperparameters (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905); names and
+    defaults follow CleanRL's ``sac_continuous_action.py``, the one learning rate SB3's ``SAC``. The
+    batch, n-step returns, replay and replay ratio are the shared ``off_policy`` section's."""
 
     gamma: float = 0.99
     """Discount of the soft Bellman target (and of the n-step returns)."""
@@ -106,8 +99,5 @@ class SACConfig:
 
 
 def numpy_unsupported(section: SACConfig) -> str | None:
-    """Why agents cannot act with numpy for this section (None: they can). The numpy actor runs
-    every observation :class:`~surreal_redis.algos.numpy_nets.Encoder` takes (vectors, images,
-    frame stacks, Dicts of those) and every setting here, so never; ``agent.inference: auto`` still
-    picks torch for image observations (:func:`~surreal_redis.algos.policies.resolved_inference`)."""
+    """None: the numpy actor runs every setting here and every observation the encoders take."""
     return None

@@ -1,12 +1,9 @@
 """SAC's networks and torch agent-side policy (Haarnoja et al. 2018, arXiv:1801.01290).
 
 As in CleanRL's ``sac_continuous_action.py``: a squashed Gaussian actor (a torso, then a mean
-head and a log-std head; ``u = mean + std * eps``, ``a = tanh(u) * action_scale + action_bias``,
-scale and bias are buffers so they travel with the weights) and twin critics ``Q1, Q2(s, a)`` on
-the concatenation of the observation features and the action, all MLPs; an optional CNN stem per
-network comes with :class:`~surreal_redis.algos.networks.ObservationEncoder`. The learner is in
-:mod:`surreal_redis.algos.sac.trainer`; :mod:`surreal_redis.algos.sac.numpy_policy` runs the same
-actor without torch.
+head and a log-std head; ``a = tanh(mean + std * eps) * action_scale + action_bias``, scale and
+bias are buffers so they travel with the weights) and twin critics ``Q1, Q2(s, a)`` on the
+observation features and the action, all MLPs.
 """
 
 from __future__ import annotations
@@ -120,16 +117,7 @@ class TwinCritic(nn.Module):
 class SACPolicy(AgentPolicy):
     """The agent side of SAC for N envs, on torch (CPU): ``training`` and ``eval_stochastic`` sample
     ``a = tanh(mean + std * eps) * scale + bias``, ``eval_deterministic`` returns
-    ``tanh(mean) * scale + bias``; no extras. Parameters come from
-    :meth:`~surreal_redis.algos.sac.trainer.SACTrainer.actor_params` (keys ``actor.*`` and
-    ``obs_normalizer.*``). :class:`~surreal_redis.algos.sac.numpy_policy.NumpySACPolicy` is the
-    same without torch.
-
-    Args:
-        config: the learner's SAC config (network shapes).
-        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
-        num_envs: N, the env batch size of every ``act`` call.
-        seed: seeds the sampling (None: fresh entropy).
+    ``tanh(mean) * scale + bias``; no extras. ``seed`` seeds the sampling (None: fresh entropy).
     """
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
