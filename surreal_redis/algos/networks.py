@@ -23,7 +23,7 @@ from surreal_redis.codec import ParamDict, Tree
 from surreal_redis.envs.spaces import ImageLayout, image_layout, is_frame_tuple, is_image_space
 from surreal_redis.trees import tree_map
 
-__all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "actor_params",
+__all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "QNetwork", "SmallCNN", "actor_params",
            "channels_first", "is_frame_tuple", "is_image_space", "layer_init", "load_actor_params",
            "load_module_params", "mlp", "module_params", "normalized_obs", "obs_to_tensor", "params_as_tensors",
            "pixel_stem", "resolve_device", "soft_update"]
@@ -238,3 +238,17 @@ class ObservationEncoder(nn.Module):
         if isinstance(obs, Mapping) != self.is_dict:
             raise TypeError(f"a {'Dict' if self.is_dict else 'non-Dict'} space's encoder got a {type(obs).__name__}")
         return obs[key] if isinstance(obs, Mapping) else obs
+
+
+class QNetwork(nn.Module):
+    """``Q(s, a)``: an MLP on the features of observations (leaves ``[B, ...]``, normalized) and on
+    actions ``[B, A]`` -> ``[B]`` (DDPG's critic, each of SAC's twins)."""
+
+    def __init__(self, obs_space: gym.Space, action_dim: int, hidden: Sequence[int], activation: str,
+                 out_std: float = 1.0) -> None:
+        super().__init__()
+        self.encoder = ObservationEncoder(obs_space)
+        self.mlp = mlp(self.encoder.out_dim + action_dim, hidden, 1, activation, out_std=out_std)
+
+    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from typing import cast
 
 import gymnasium as gym
 import torch
@@ -89,10 +90,7 @@ class ObservationNormalizer(nn.Module):
             self._leaf(key).update(obs[key] if self.is_dict else obs)
 
     def _leaf(self, key: str) -> RunningMeanStd:
-        stats = self.stats[key]
-        if not isinstance(stats, RunningMeanStd):
-            raise TypeError(f"normalizer statistics {key!r} are a {type(stats).__name__}")
-        return stats
+        return cast(RunningMeanStd, self.stats[key])
 
 
 class RewardScaler(nn.Module):

@@ -18,12 +18,9 @@ from surreal_redis.algos.ddpg.config import NoiseConfig  # torch-free, with DDPG
 
 
 def agent_sigma(config: NoiseConfig, agent_id: int, num_agents: int) -> float:
-    """The action-noise sigma of agent ``agent_id`` out of ``num_agents``.
-
-    ``linear`` spreads the agents over ``(0, sigma]`` so that some explore little and some a lot.
-    SURREAL used ``sigma * agent_id / num_agents``, which leaves agent 0 without any noise
-    (SurrealAI/surreal issue #28); the ``+ 1`` here gives every agent some.
-    """
+    """The action-noise sigma of agent ``agent_id`` out of ``num_agents``: ``linear`` spreads the
+    agents over ``(0, sigma]``, so that some explore little and some a lot, and none not at all
+    (SURREAL's ``sigma * agent_id / num_agents`` left agent 0 without noise)."""
     if not 0 <= agent_id < num_agents:
         raise ValueError(f"agent_id must be in [0, {num_agents}), got {agent_id}")
     if config.agent_schedule == "constant":

@@ -2,7 +2,7 @@
 
 As in CleanRL's ``ddpg_continuous_action.py``: a deterministic actor
 ``mu(s) = tanh(f(s)) * action_scale + action_bias`` (scale and bias are buffers, so they travel
-with the weights) and a critic ``Q(s, a)`` on the observation features and the action, both MLPs.
+with the weights); the critic is a :class:`~surreal_redis.algos.networks.QNetwork`.
 """
 
 from __future__ import annotations
@@ -55,20 +55,6 @@ class Actor(nn.Module):
 
     def forward(self, obs: Tree) -> torch.Tensor:
         return torch.tanh(self.mlp(self.encoder(obs))) * self.action_scale + self.action_bias
-
-
-class Critic(nn.Module):
-    """``Q(s, a)``: observations (leaves ``[B, ...]``, normalized) and actions ``[B, A]`` -> ``[B]``."""
-
-    def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
-        super().__init__()
-        box = check_action_space(action_space)
-        self.encoder = ObservationEncoder(obs_space)
-        self.mlp = mlp(self.encoder.out_dim + box.shape[0], config.critic_hidden, 1, config.activation,
-                       out_std=0.01)
-
-    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)
 
 
 class DDPGPolicy(AgentPolicy):

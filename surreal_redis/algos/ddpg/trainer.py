@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
-from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig
-from surreal_redis.algos.networks import soft_update
+from surreal_redis.algos.ddpg.policy import Actor, DDPGConfig, check_action_space
+from surreal_redis.algos.networks import QNetwork, soft_update
 from surreal_redis.experience import TransitionBatch
 
 logger = logging.getLogger(__name__)
@@ -35,14 +35,16 @@ class DDPGTrainer(ActorCriticTrainer):
 
     config: DDPGConfig
     actor: Actor
-    critic: Critic
+    critic: QNetwork
 
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None) -> None:
         self.config = config
+        action_dim = check_action_space(action_space).shape[0]
         # Adam's weight_decay adds critic_l2 * theta to the gradient: the L2 penalty of the paper
         super().__init__(config, obs_space, Actor(config, obs_space, action_space),
-                         Critic(config, obs_space, action_space), device, critic_weight_decay=config.critic_l2)
+                         QNetwork(obs_space, action_dim, config.critic_hidden, config.activation, out_std=0.01),
+                         device, critic_weight_decay=config.critic_l2)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         logger.info("DDPG on %s: actor %d, critic %d parameters", self.device,
                     sum(p.numel() for p in self.actor.parameters()),

@@ -29,10 +29,7 @@ class NumpyPPOPolicy(AgentPolicy):
         if reason:
             raise ValueError(f"numpy inference runs PPO policies without an LSTM, not {reason}")
         self.continuous, action_dim = ppo_action_space(action_space)
-        self.action_space = action_space
         self.action_dim = action_dim
-        self.num_envs = num_envs
-        self.version = -1
         self.normalizer = Normalizer(obs_space, config.obs_clip) if config.normalize_obs else None
         self.encoder = Encoder(obs_space)
         self.actor = MLP(self.encoder.out_dim, config.hidden_sizes, action_dim, config.activation)

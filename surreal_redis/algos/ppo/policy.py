@@ -120,27 +120,22 @@ class PPOPolicy(AgentPolicy):
     """Agent side of PPO: acts for ``num_envs`` environments with the published parameters (CPU).
 
     Training mode samples and returns extras ``logp`` ``[N]`` and ``value`` ``[N]`` (float32),
-    plus ``raw_action`` ``[N, A]`` for Box spaces: the unclipped Gaussian sample the log-prob
-    belongs to, while ``actions`` are clipped to the space bounds for the env (the learner needs
-    the raw sample so that clipping does not bias the log-prob). ``eval_deterministic`` takes the
-    mode of the distribution, ``eval_stochastic`` samples; both return no extras.
+    plus ``raw_action`` ``[N, A]`` for Box spaces: the unclipped Gaussian sample, so that clipping
+    ``actions`` to the bounds does not bias the log-prob. ``eval_deterministic`` takes the mode of
+    the distribution, ``eval_stochastic`` samples; both return no extras.
 
-    With an LSTM the policy keeps one state per env, zeroed by :meth:`on_episode_start` (call it
-    when env i resets, before the next act), and training mode adds ``extras["initial_state"]``:
-    ``{"lstm_h", "lstm_c"}`` each ``[N, H]``, the state this step started from. The sender keeps
-    it at the first step of each chunk; the learner re-runs the LSTM over the chunk from there.
+    With an LSTM the policy keeps one state per env, zeroed by :meth:`on_episode_start` (before the
+    next act), and training mode adds ``extras["initial_state"]`` (``lstm_h``, ``lstm_c``, each
+    ``[N, H]``): the state this step started from, whence the learner re-runs the LSTM over a chunk.
     """
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
                  num_envs: int = 1, seed: int | None = None) -> None:
         self.net = ActorCritic(config, obs_space, action_space).eval()
-        self.action_space = action_space
         if isinstance(action_space, gym.spaces.Box):  # continuous (ppo_action_space accepted it)
             self._low, self._high = action_space.low, action_space.high
         elif isinstance(action_space, gym.spaces.Discrete):
             self._start = int(action_space.start)
-        self.num_envs = num_envs
-        self.version = -1
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()

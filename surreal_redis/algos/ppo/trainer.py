@@ -36,6 +36,7 @@ from torch.distributions import Distribution, kl_divergence
 from surreal_redis.algos.base import ParamDict, Trainer
 from surreal_redis.algos.networks import adam, resolve_device
 from surreal_redis.algos.normalizer import RewardScaler
+from surreal_redis.algos.ppo.config import PPOConfig
 from surreal_redis.algos.ppo.losses import (
     adapt_kl_coef,
     clipped_surrogate_loss,
@@ -44,14 +45,7 @@ from surreal_redis.algos.ppo.losses import (
     kl_penalty_loss,
     value_loss,
 )
-from surreal_redis.algos.ppo.policy import (
-    ActorCritic,
-    LSTMState,
-    PPOConfig,
-    PPOPolicy,
-    params_to_numpy,
-    to_tensors,
-)
+from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy, params_to_numpy, to_tensors
 from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
@@ -202,11 +196,10 @@ class PPOTrainer(Trainer):
     def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                  terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
                  target_logp: torch.Tensor) -> Targets:
-        """Advantages and value targets of a rollout, all ``[T, B]`` (no gradients): ``values``
-        V(obs[t]) and ``next_values`` (V of the true final observation where an episode ended, of
-        obs[T] at the chunk's end) by the network at the start of the update, ``behaviour_logp``
-        the agents' log-probs of the actions and ``target_logp`` the network's at the start of the
-        update. PPO: GAE(lambda) (:func:`compute_gae`), which reads neither log-prob."""
+        """Advantages and value targets, all ``[T, B]`` (no gradients), from the network's
+        ``values``, ``next_values`` (as :func:`compute_gae` reads them) and ``target_logp`` at the
+        start of the update, and the agents' ``behaviour_logp``. PPO: GAE(lambda), which reads
+        neither log-prob."""
         cfg = self.config
         advantages, returns = compute_gae(rewards, values, next_values, terminated, truncated, cfg.gamma,
                                           cfg.gae_lambda)
@@ -300,9 +293,8 @@ class PPOTrainer(Trainer):
         them, the gradient steps run, then the z-filter takes their observations in.
 
         The epochs: ``update_epochs`` at most (fewer after a ``target_kl`` early stop); past
-        :meth:`min_epochs`, another only while ``more_epochs()`` is true (None: always), asked
-        between epochs (APPO: while the next batch has not arrived, so the learner fills the
-        wait with gradient steps on this one instead of idling).
+        :meth:`min_epochs`, another only while ``more_epochs()`` is true (None: always; APPO: while
+        the next batch has not arrived).
 
         Returns the means over the last epoch's minibatches of ``policy_loss``, ``value_loss``,
         ``entropy``, ``approx_kl``, ``clip_fraction`` (and ``kl``, ``kl_coef`` in adapt mode, the

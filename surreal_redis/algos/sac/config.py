@@ -75,10 +75,8 @@ class SACConfig:
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_NAMES:
             raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"need gamma in [0, 1] and tau in (0, 1], got {self.gamma} and {self.tau}")
         for name in ("actor_lr", "critic_lr", "alpha_lr", "init_alpha", "obs_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

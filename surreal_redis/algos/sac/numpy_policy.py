@@ -72,7 +72,6 @@ class NumpySACPolicy(AgentPolicy):
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int = 1,
                  seed: int | None = None) -> None:
         self.action_space = sac_action_space(action_space)
-        self.num_envs = num_envs
         self.normalizer = Normalizer(obs_space, config.obs_clip) if config.normalize_obs else None
         self.actor = NumpyActor(config, obs_space, action_space)
         self.rng = np.random.default_rng(seed)

@@ -18,6 +18,7 @@ from torch import nn
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.networks import (
     ObservationEncoder,
+    QNetwork,
     layer_init,
     load_actor_params,
     mlp,
@@ -89,26 +90,14 @@ class Actor(nn.Module):
         return y * self.action_scale + self.action_bias, log_prob
 
 
-class Critic(nn.Module):
-    """``Q(s, a)``: observations (leaves ``[B, ...]``, normalized) and actions ``[B, A]`` -> ``[B]``."""
-
-    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
-        super().__init__()
-        box = sac_action_space(action_space)
-        self.encoder = ObservationEncoder(obs_space)
-        self.mlp = mlp(self.encoder.out_dim + box.shape[0], config.critic_hidden, 1, config.activation)
-
-    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)
-
-
 class TwinCritic(nn.Module):
     """Two independent critics ``q1``, ``q2`` (clipped double Q, arXiv:1812.05905 section 5)."""
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
-        self.q1 = Critic(config, obs_space, action_space)
-        self.q2 = Critic(config, obs_space, action_space)
+        action_dim = sac_action_space(action_space).shape[0]
+        self.q1 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
+        self.q2 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
 
     def forward(self, obs: Tree, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q1(obs, actions), self.q2(obs, actions)
@@ -122,9 +111,7 @@ class SACPolicy(AgentPolicy):
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
                  seed: int | None = None) -> None:
-        self.config = config
         self.action_space = sac_action_space(action_space)
-        self.num_envs = num_envs
         self.device = torch.device("cpu")
         self.actor = Actor(config, obs_space, action_space)
         self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None
