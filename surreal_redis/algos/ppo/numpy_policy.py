@@ -28,13 +28,12 @@ class NumpyPPOPolicy(AgentPolicy):
         reason = numpy_unsupported(config)
         if reason:
             raise ValueError(f"numpy inference runs PPO policies without an LSTM, not {reason}")
-        self.continuous, action_dim = ppo_action_space(action_space)
-        self.action_dim = action_dim
+        self.continuous, self.action_dim = ppo_action_space(action_space)
         self.normalizer = Normalizer(obs_space, config.obs_clip) if config.normalize_obs else None
         self.encoder = Encoder(obs_space)
-        self.actor = MLP(self.encoder.out_dim, config.hidden_sizes, action_dim, config.activation)
+        self.actor = MLP(self.encoder.out_dim, config.hidden_sizes, self.action_dim, config.activation)
         self.critic = MLP(self.encoder.out_dim, config.hidden_sizes, 1, config.activation)
-        self.log_std = np.full(action_dim, float(config.init_log_std), np.float32)
+        self.log_std = np.full(self.action_dim, float(config.init_log_std), np.float32)
         self._rng = np.random.default_rng(seed)
         if isinstance(action_space, gym.spaces.Box):  # continuous (ppo_action_space accepted it)
             self._low = np.asarray(action_space.low, np.float32)

@@ -25,12 +25,8 @@ LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
 class ActorCritic(nn.Module):
-    """Policy and value networks for a Discrete or Box action space.
-
-    Inputs are observation batches as tensors (leaves ``[N, ...]``, dict for Dict spaces).
-    With ``use_lstm`` the trunk is recurrent: :meth:`core` runs T time-major steps for B
-    sequences, resetting the state where an episode starts.
-    """
+    """Policy and value networks for a Discrete or Box action space, on observation tensors (leaves
+    ``[N, ...]``). With ``use_lstm`` the trunk is recurrent (:meth:`core`)."""
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
@@ -174,8 +170,7 @@ class PPOPolicy(AgentPolicy):
         elif self.net.continuous:
             raw = head + self.net.actor_logstd.exp() * torch.randn(head.shape, generator=self._generator)
         else:
-            if not isinstance(dist, Categorical):
-                raise TypeError(f"a discrete PPO policy's distribution is a {type(dist).__name__}")
+            assert isinstance(dist, Categorical)
             raw = torch.multinomial(dist.probs, 1, generator=self._generator).squeeze(-1)
         extras: dict[str, Tree] = {}
         if mode == ActMode.TRAINING:

@@ -75,10 +75,8 @@ class Targets(NamedTuple):
 
 
 class _Rollout(NamedTuple):
-    """Training data of B equal-length sequences, time-major ``[T, B, ...]``.
-
-    Without an LSTM all steps are merged into one "sequence" of length 1 (``[1, N]``).
-    """
+    """Training data of B equal-length sequences, time-major ``[T, B, ...]`` (without an LSTM, N
+    sequences of length 1: ``[1, N, ...]``)."""
 
     obs: Tree
     actions: torch.Tensor
