@@ -1,8 +1,5 @@
-"""What the learners of DDPG and SAC share: an actor and a critic on the section's device, a
-target copy of the critic, an optional z-filter of observations, an Adam optimizer each, a sampled
-batch as tensors, and the parameters and checkpointed state of all these. Each algorithm's
-trainer adds its own (DDPG: a target actor; SAC: the temperature) and writes its ``update``.
-"""
+"""What the learners of DDPG and SAC share: actor, critic and target critic, the z-filter, their
+optimizers, a sampled batch as tensors, their parameters and checkpointed state."""
 
 from __future__ import annotations
 
@@ -49,14 +46,9 @@ class BatchTensors(NamedTuple):
 
 
 class ActorCriticTrainer(Trainer):
-    """An off-policy actor-critic learner's parts (the ``update`` is the algorithm's own).
-
-    Args:
-        config: the algorithm's section.
-        obs_space: single-env observation space (the z-filter's shape).
-        actor, critic: the freshly built networks (for single-env spaces); they move to the device.
-        device: overrides ``config.device`` (e.g. ``"cpu"`` in tests); None uses the config.
-        critic_weight_decay: Adam's L2 penalty on the critic (DDPG's ``critic_l2``).
+    """An off-policy actor-critic learner's parts (the ``update`` is the algorithm's own), from the
+    freshly built ``actor`` and ``critic``; ``device`` overrides ``config.device`` (None: the
+    config's), ``critic_weight_decay`` is Adam's L2 penalty on the critic (DDPG's ``critic_l2``).
     """
 
     def __init__(self, config: ActorCriticSection, obs_space: gym.Space, actor: nn.Module, critic: nn.Module,

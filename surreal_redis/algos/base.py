@@ -1,8 +1,8 @@
 """What every algorithm offers the processes: an agent-side policy and a learner-side trainer.
 
-The agent process only needs :class:`AgentPolicy`; the learner process drives a
-:class:`Trainer`. This module imports no torch: an agent acting with numpy never loads it. Parameters travel between them as a flat ``dict[str, np.ndarray]`` (actor
-weights and observation-normalizer statistics, never optimizer state).
+No torch here: an agent acting with numpy never loads it. Parameters travel from trainer to
+policy as a flat ``dict[str, np.ndarray]`` (actor weights and observation-normalizer statistics,
+never optimizer state).
 """
 
 from __future__ import annotations
@@ -31,11 +31,8 @@ class ActionOutput(NamedTuple):
 
 
 class AgentPolicy(abc.ABC):
-    """Agent-side policy: acts on a batch of observations with the latest parameters.
-
-    Subclasses may override the hooks to change behaviour (e.g. per-agent exploration).
-    Observations arrive batched: every leaf has a leading env dimension N.
-    """
+    """Agent-side policy: acts on a batch of observations (every leaf ``[N, ...]``, N envs) with the
+    latest parameters; subclasses may override the hooks (e.g. per-agent exploration)."""
 
     version: int = -1
     """Parameter version currently loaded (-1 before the first load)."""

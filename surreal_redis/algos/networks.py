@@ -1,12 +1,10 @@
 """Network building blocks shared by the torch algorithms: MLP torsos, CNN pixel stems, an
-observation encoder for Box (vector or image), frame-tuple and Dict observation spaces, and the
-moves between numpy and torch (devices, observation trees, parameter dicts).
+observation encoder, and the moves between numpy and torch (devices, observation trees, parameter
+dicts).
 
-Images (see :mod:`surreal_redis.envs.spaces`): every uint8 Box of shape ``(H, W)``, ``(H, W, C)``
-or ``(C, H, W)``, and every frame tuple, goes through a CNN stem, scaled by 1/255 (never
-z-filtered). Frames are brought to channels-first and a frame tuple is concatenated along the
-channels, so K frames of C channels are one ``[B, K*C, H, W]`` input. Every other Box leaf is
-flattened; Dict observations concatenate a CNN per image key with the flattened vector keys.
+Images (see :mod:`surreal_redis.envs.spaces`) go through a CNN stem, scaled by 1/255 (never
+z-filtered); a frame tuple of K frames of C channels is one ``[B, K*C, H, W]`` input. Every other
+Box leaf is flattened.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from surreal_redis.codec import ParamDict, Tree
 from surreal_redis.envs.spaces import ImageLayout, image_layout, is_frame_tuple, is_image_space
 from surreal_redis.trees import tree_map
 
-__all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "SmallCNN", "actor_params",
+__all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "QNetwork", "SmallCNN", "actor_params",
            "channels_first", "is_frame_tuple", "is_image_space", "layer_init", "load_actor_params",
            "load_module_params", "mlp", "module_params", "normalized_obs", "obs_to_tensor", "params_as_tensors",
            "pixel_stem", "resolve_device", "soft_update"]
@@ -105,10 +103,8 @@ Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
 
 
 def adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8, weight_decay: float = 0.0) -> torch.optim.Adam:
-    """Adam with torch's fused kernel (all parameters in one kernel, on CPU and CUDA): the update
-    of the per-tensor loop torch uses on CPU by default, up to float rounding, at less cost per step
-    (one gradient step of CartPole's 64x64 MLP on 256 rows, on this project's 2-core CPU: 2.47 ms
-    with the loop, 1.38 ms fused, forward and backward included)."""
+    """Adam with torch's fused kernel (all parameters in one kernel, on CPU and CUDA): the update of
+    torch's default per-tensor loop, up to float rounding, at a lower cost per step."""
     return torch.optim.Adam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True)
 
 
@@ -195,12 +191,9 @@ def channels_first(frames: torch.Tensor | Sequence[torch.Tensor], layout: ImageL
 
 class ObservationEncoder(nn.Module):
     """Maps an observation batch (tensor, tuple of frame tensors, or dict of those for Dict
-    spaces) to ``[B, out_dim]``.
-
-    Image and frame-tuple leaves go through a CNN stem (:func:`pixel_stem`), vector leaves are
-    flattened and concatenated (normalize them first, e.g. with the z-filter). Dict keys are taken
-    in sorted order. Raises ValueError naming the leaf for anything else (Discrete, nested Dict,
-    Tuple of unequal frames, ...).
+    spaces) to ``[B, out_dim]``: a CNN stem (:func:`pixel_stem`) per image or frame-tuple leaf,
+    vector leaves flattened (normalize them first), all concatenated in sorted key order. Raises
+    ValueError naming the leaf for anything else (Discrete, nested Dict, unequal frames, ...).
     """
 
     def __init__(self, space: gym.Space) -> None:
@@ -245,3 +238,17 @@ class ObservationEncoder(nn.Module):
         if isinstance(obs, Mapping) != self.is_dict:
             raise TypeError(f"a {'Dict' if self.is_dict else 'non-Dict'} space's encoder got a {type(obs).__name__}")
         return obs[key] if isinstance(obs, Mapping) else obs
+
+
+class QNetwork(nn.Module):
+    """``Q(s, a)``: an MLP on the features of observations (leaves ``[B, ...]``, normalized) and on
+    actions ``[B, A]`` -> ``[B]`` (DDPG's critic, each of SAC's twins)."""
+
+    def __init__(self, obs_space: gym.Space, action_dim: int, hidden: Sequence[int], activation: str,
+                 out_std: float = 1.0) -> None:
+        super().__init__()
+        self.encoder = ObservationEncoder(obs_space)
+        self.mlp = mlp(self.encoder.out_dim + action_dim, hidden, 1, activation, out_std=out_std)
+
+    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)

@@ -1,22 +1,16 @@
 """Running statistics that whiten observations ("z-filter") and scale rewards.
 
-Every statistic is a registered *buffer*: it lives in ``state_dict()``, so the observation
-normalizer travels to agents with the actor weights (the learner updates it from the data it
-receives; agents only apply it), and both are checkpointed with the networks.
-
-- :class:`RunningMeanStd`: mean and (population) variance over all samples seen, merged batch by
-  batch with the parallel algorithm of Chan, Golub & LeVeque (1979), as in SB3's
-  ``common/running_mean_std.py`` and SURREAL's ``ZFilter``.
-- :class:`ObservationNormalizer`: one :class:`RunningMeanStd` per non-image observation leaf;
-  images and frame stacks are left untouched (the CNN scales them by 1/255).
-- :class:`RewardScaler`: divides rewards by the running std of the discounted return, as SB3's
-  ``VecNormalize`` / gymnasium's ``NormalizeReward`` do (the mean is not subtracted).
+Every statistic is a registered *buffer*, in ``state_dict()``: the observation normalizer travels
+to agents with the actor weights (the learner updates it; agents only apply it), and both are
+checkpointed with the networks. Means and variances are merged batch by batch with the parallel
+algorithm of Chan, Golub & LeVeque (1979), as SB3's ``RunningMeanStd`` and SURREAL's ``ZFilter``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from typing import cast
 
 import gymnasium as gym
 import torch
@@ -65,11 +59,9 @@ class RunningMeanStd(nn.Module):
 
 
 class ObservationNormalizer(nn.Module):
-    """Z-filter for a Box or Dict observation space: one :class:`RunningMeanStd` per non-image leaf.
-
-    ``forward`` maps an observation batch (tensor ``[B, ...]`` or dict of them) to the same
-    structure with every normalized leaf whitened and clipped to ``[-clip, clip]`` (CleanRL's
-    continuous PPO clips at 10, SURREAL at 5); image and frame-tuple leaves pass through.
+    """Z-filter for a Box or Dict observation space: one :class:`RunningMeanStd` per non-image leaf,
+    whitened and clipped to ``[-clip, clip]`` (CleanRL's continuous PPO clips at 10, SURREAL at 5);
+    image and frame-tuple leaves pass through (the CNN scales them by 1/255).
     """
 
     def __init__(self, space: gym.Space, clip: float = 10.0) -> None:
@@ -85,7 +77,7 @@ class ObservationNormalizer(nn.Module):
         })
 
     def forward(self, obs: Tree) -> Tree:
-        """A tensor, tuple of frame tensors, or dict of those (Dict spaces), normalized."""
+        """An observation batch (tensor ``[B, ...]``, frame tuple, or dict of those), normalized."""
         if not self.is_dict:
             return self._leaf("_").normalize(obs, self.clip) if "_" in self.stats else obs
         return {key: self._leaf(key).normalize(value, self.clip) if key in self.stats else value
@@ -98,22 +90,15 @@ class ObservationNormalizer(nn.Module):
             self._leaf(key).update(obs[key] if self.is_dict else obs)
 
     def _leaf(self, key: str) -> RunningMeanStd:
-        stats = self.stats[key]
-        if not isinstance(stats, RunningMeanStd):
-            raise TypeError(f"normalizer statistics {key!r} are a {type(stats).__name__}")
-        return stats
+        return cast(RunningMeanStd, self.stats[key])
 
 
 class RewardScaler(nn.Module):
-    """Scales rewards by ``1 / sqrt(Var[G] + epsilon)``, G the running discounted return.
-
-    G is accumulated per env stream (``G = gamma * G + r``, reset after ``terminated`` or
-    ``truncated``), as in SB3 ``VecNormalize`` and gymnasium ``NormalizeReward``; :meth:`scale`
-    does what their ``step`` does for each reward: G takes the reward in, the statistics take G in,
-    and the reward is scaled with those statistics, its own return included. The statistics of G
-    are buffers, and the per-stream accumulators are the module's extra state: both are in
-    ``state_dict()``, so a learner resumed from a checkpoint continues every stream's G (a state
-    saved without them starts each stream again from G = 0, as at an episode start).
+    """Scales rewards by ``1 / sqrt(Var[G] + epsilon)`` (the mean is not subtracted), G the running
+    discounted return ``G = gamma * G + r`` of each env stream, reset at episode ends, as SB3's
+    ``VecNormalize`` and gymnasium's ``NormalizeReward``. The per-stream accumulators are the
+    module's extra state, so a resumed learner continues every stream's G (a state without them
+    restarts each stream at G = 0, as at an episode start).
     """
 
     def __init__(self, gamma: float, clip: float = 10.0, epsilon: float = 1e-8) -> None:
@@ -132,11 +117,10 @@ class RewardScaler(nn.Module):
 
     @torch.no_grad()
     def scale(self, rewards: torch.Tensor, dones: torch.Tensor, stream: Hashable) -> torch.Tensor:
-        """Continue stream ``stream``'s discounted return over ``rewards`` ``[T]`` (``dones`` ``[T]``
-        bool: the episode ended at that step), step by step: G takes ``rewards[t]`` in, the
-        statistics take G in, and ``rewards[t]`` is divided by their std and clipped (SB3
-        ``VecNormalize.step_wait``: ``_update_reward``, then ``normalize_reward``). Returns the T
-        scaled rewards, float32 on the device of ``rewards``."""
+        """Continue stream ``stream``'s return over ``rewards`` ``[T]`` (``dones`` ``[T]`` bool: the
+        episode ended at that step), step by step as SB3's ``VecNormalize.step_wait``: G takes
+        ``rewards[t]`` in, the statistics take G in, and ``rewards[t]`` is divided by their std and
+        clipped. Returns the T scaled rewards, float32 on the device of ``rewards``."""
         stats = self.return_stats
         count, mean, var = stats.count.item(), stats.mean.item(), stats.var.item()
         m2 = var * count  # sum of squared deviations; var = 1 before any sample counts for nothing
@@ -162,8 +146,7 @@ class RewardScaler(nn.Module):
 
     @torch.no_grad()
     def update(self, rewards: torch.Tensor, dones: torch.Tensor, stream: Hashable) -> None:
-        """:meth:`scale` without its result: continue stream ``stream``'s return over ``rewards``
-        ``[T]`` and add the T returns to the statistics."""
+        """:meth:`scale` without its result."""
         self.scale(rewards, dones, stream)
 
     def get_extra_state(self) -> dict[Hashable, float]:
@@ -174,8 +157,8 @@ class RewardScaler(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:
-        # a state saved before the accumulators were in it restarts every stream at G = 0
-        # (load_state_dict hands its own copy of the dict down, for changes like this one)
+        # a state without the accumulators restarts every stream at G = 0 (the dict is
+        # load_state_dict's own copy)
         state_dict.setdefault(prefix + "_extra_state", {})
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)

@@ -1,16 +1,11 @@
 """Forward passes of the networks in :mod:`surreal_redis.algos.networks` in plain numpy, for agents
-that act without torch.
+that act without torch: on a handful of observations per call torch's per-operator overhead
+dominates, and importing torch costs every agent process seconds of CPU and much memory.
 
-An agent runs its network on a handful of observations per call, where torch's per-operator
-overhead dominates, and ``import torch`` costs every agent process ~1.5 s of CPU and ~180 MiB of
-resident memory. These classes read the learner's ``state_dict`` names (the parameters agents
-download) and compute the same function: :mod:`tests.unit.test_numpy_nets` checks them against
-the torch modules on random weights. Nothing here learns; weights are copied at load, so the
-downloaded blob can go.
-
-Shapes follow the torch modules: observation leaves ``[B, ...]``, features ``[B, F]``. Matmuls run
-in float32 (the normalizer's statistics in float64, as in
-:class:`~surreal_redis.algos.normalizer.RunningMeanStd`).
+These classes read the learner's ``state_dict`` names and compute the same function
+(:mod:`tests.unit.test_numpy_nets` checks them against the torch modules); weights are copied at
+load. Shapes follow the torch modules; matmuls run in float32 (the normalizer's statistics in
+float64, as in :class:`~surreal_redis.algos.normalizer.RunningMeanStd`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Builds the agent-side policy (agents, evals, ``rollout``) from an algorithm's config section,
-through its spec.
-
-Kept apart from :mod:`surreal_redis.algos.learning` (the learner's side) so that an agent acting
-with numpy never imports torch or the replay: a spec imports its torch policy only when it builds one.
-"""
+through its spec; apart from :mod:`surreal_redis.algos.learning` so that an agent acting with
+numpy never imports torch or the replay."""
 
 from __future__ import annotations
 

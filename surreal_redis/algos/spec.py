@@ -1,16 +1,9 @@
-"""The one declaration an algorithm makes: :class:`AlgorithmSpec`.
+"""The one declaration an algorithm makes: :class:`AlgorithmSpec` (docs/adding-an-algorithm.md).
 
 Config loading, ``default-config``, the CLI, the chunk check, the agents' policy and the learner's
-trainer and feed all read an algorithm from its spec (see :mod:`surreal_redis.algos.registry`);
-nothing else in the package names an algorithm. A spec is torch-free: it holds the config class and
-functions that import the torch modules only when they build something, so an agent acting with
-numpy never loads torch.
-
-An algorithm's section of the experiment YAML is named after it (``algo: sac`` reads ``sac:``)
-and parsed into ``config_class``, a frozen dataclass. On-policy algorithms train on chunks in
-order (the learner's FIFO feed, ``learner.steps_per_update`` env steps per update, lockstep or
-free production); off-policy algorithms on transitions sampled from replay (the shared
-``off_policy`` section), and their config class needs a ``gamma`` field for the n-step returns.
+trainer and feed all read an algorithm from its spec; nothing else in the package names an
+algorithm. A spec is torch-free: its functions import the torch modules only when they build
+something, so an agent acting with numpy never loads torch.
 """
 
 from __future__ import annotations
@@ -82,9 +75,8 @@ class AlgorithmSpec:
     on_policy: bool
     """Trains on chunks in order (FIFO feed, grants), else on replay samples."""
     make_trainer: Callable[[Any, gym.Space, gym.Space, int], Trainer]
-    """``(section, obs_space, action_space, seed) -> Trainer``, the learner-side trainer
-    (on-policy: ``update(chunks, more_epochs=None) -> stats``; off-policy: ``update(batch) ->
-    (stats, td_errors [B])``), on CUDA when the section's device says so."""
+    """``(section, obs_space, action_space, seed) -> Trainer`` (its ``update`` as :class:`Trainer`
+    says), on CUDA when the section's device says so."""
     make_policy: Callable[[Any, gym.Space, gym.Space, PolicyRequest], AgentPolicy]
     """``(section, obs_space, action_space, PolicyRequest) -> AgentPolicy``."""
     chunk_needs: Callable[[Any, gym.Space], ChunkNeeds] = field(default=no_chunk_needs)

@@ -1,10 +1,6 @@
-"""APPO, asynchronous PPO (as Sample Factory's and RLlib's APPO), declared once: agents produce
-without pause with the newest parameters they have (``learner.on_policy_sync: free``), the
-learner trains on whatever arrives within ``replay.fifo.max_policy_lag`` versions, and corrects
-for the lag with V-trace (Espeholt et al. 2018, arXiv:1802.01561): V-trace value targets and
-policy-gradient advantages under PPO's clipped surrogate. ``config`` (torch-free section),
-``trainer`` (V-trace and :class:`~surreal_redis.algos.appo.trainer.APPOTrainer`); the
-network, the agents' policies and the chunks' extras are PPO's."""
+"""APPO, asynchronous PPO (as Sample Factory's and RLlib's), declared once: agents produce without
+pause (``learner.on_policy_sync: free``) and the learner corrects for their lag with V-trace
+(:mod:`surreal_redis.algos.appo.trainer`); the network, the policies and the extras are PPO's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""APPO's hyperparameters, without torch: PPO's section (:class:`PPOConfig`) plus V-trace's two
-truncation levels."""
+"""APPO's hyperparameters, without torch."""
 
 from __future__ import annotations
 
@@ -18,11 +17,10 @@ class APPOConfig(PPOConfig):
 
     min_epochs: int | None = None
     """Epochs each update runs at least; past them, up to ``update_epochs``, the learner runs
-    another epoch only while the next batch has not arrived: it fills the wait with gradient
-    steps on the data it has instead of idling, and takes the next batch as soon as it is
-    complete, so agents never wait on its epochs. Then the epochs an update gets depend on how
-    fast the agents produce (the ``losses/epochs`` metric). None: ``update_epochs`` every update,
-    as PPO."""
+    another epoch only while the next batch has not arrived, filling the wait with gradient steps
+    instead of idling, so agents never wait on its epochs; the epochs an update gets then depend
+    on how fast the agents produce (the ``losses/epochs`` metric). None: ``update_epochs`` every
+    update, as PPO."""
     clip_against: Literal["behaviour", "proximal"] = "behaviour"
     """What the clipped surrogate's ratio is taken against: ``behaviour``, the agents' mu (Sample
     Factory's APPO), or ``proximal``, the learner's own policy at the start of the update

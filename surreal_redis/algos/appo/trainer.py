@@ -1,18 +1,12 @@
 """APPO learner: PPO's update (:class:`~surreal_redis.algos.ppo.trainer.PPOTrainer`) with V-trace
-targets in place of GAE.
+targets (Espeholt et al. 2018, IMPALA, arXiv:1802.01561, section 4.1, eq. (1)) in place of GAE.
 
-V-trace is Espeholt et al. 2018 (IMPALA, arXiv:1802.01561): section 4.1, eq. (1), for the value
-targets; the policy-gradient advantage is eq. (1)'s correction v_s - V(x_s) (``appo.pg_advantage:
-lambda``, GAE(lambda)'s advantage when nothing lags) or section 4.2's one-step
-rho_s (r_s + gamma v_{s+1} - V(x_s)) (``one_step``). PPO's clipped surrogate on those
-advantages takes its ratio against the agents' behaviour log-probs (Sample Factory's APPO) or,
-with ``clip_against: proximal``, against the network at the start of the update (the proximal
-policy of decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's importance weight
-rho = min(rho_bar, pi_prox / mu) being in the advantage already; without lag the two agree. Written like CleanRL: time-major ``[T, B]`` tensors, one
-backward loop.
-
-Episode ends stay apart, as in PPO's GAE: a terminated step bootstraps from 0, a truncated one from
-V of its true final observation, the chunk's last step from V(obs[T]); the trace stops at all three.
+The policy-gradient advantage is eq. (1)'s correction v_s - V(x_s) (``pg_advantage: lambda``) or
+section 4.2's rho_s (r_s + gamma v_{s+1} - V(x_s)) (``one_step``); the clipped surrogate's ratio
+is against the agents' behaviour log-probs or the network at the update's start (``clip_against``;
+:class:`~surreal_redis.algos.appo.config.APPOConfig` says more). Episode ends stay apart, as in
+PPO's GAE: a terminated step bootstraps from 0, a truncated one from V of its true final
+observation, the chunk's last step from V(obs[T]); the trace stops at all three.
 """
 
 from __future__ import annotations
@@ -26,10 +20,9 @@ from surreal_redis.algos.ppo.trainer import PPOTrainer, Targets
 
 __all__ = ["APPOTrainer", "APPOConfig", "VTrace", "vtrace"]
 
-# A ratio pi/mu counts as clipped by rho_bar (the rho_clipped_fraction stat) when it exceeds rho_bar
-# by more than this fraction. On fresh data pi = mu up to float noise (the agents' numpy network and
-# the learner's torch one agree to ~1e-6 in log-prob), which would put half the ratios a hair above
-# rho_bar = 1; the clipping itself is exact.
+# A ratio pi/mu counts as clipped (the rho_clipped_fraction stat) when it exceeds rho_bar by more
+# than this fraction: on fresh data pi = mu up to float noise (numpy agents against the torch
+# learner), which would put half the ratios a hair above rho_bar = 1. The clipping itself is exact.
 RHO_CLIPPED_TOLERANCE = 1e-4
 
 
@@ -83,12 +76,10 @@ def vtrace(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tenso
 
 
 class APPOTrainer(PPOTrainer):
-    """Learner side of APPO: :class:`PPOTrainer` (the same network, minibatches, clipped
-    surrogate, value loss, reward scaling and z-filter) with :func:`vtrace` targets (and, with
-    ``clip_against: proximal``, the surrogate's ratio against the network at the update's start): ``returns`` are v_s, ``advantages`` the policy-gradient
-    advantages, both for the network at the start of the update. The update's stats add
-    ``rho_clipped_fraction`` (share of steps whose pi/mu exceeded ``vtrace_rho_bar``) and
-    ``rho_mean`` (mean of the truncated weights rho_t; 1 without lag)."""
+    """Learner side of APPO: :class:`PPOTrainer` with :func:`vtrace` targets for the network at the
+    start of the update. The update's stats add ``rho_clipped_fraction`` (share of steps whose
+    pi/mu exceeded ``vtrace_rho_bar``) and ``rho_mean`` (mean of the truncated weights rho_t; 1
+    without lag)."""
 
     config: APPOConfig
 
@@ -105,9 +96,8 @@ class APPOTrainer(PPOTrainer):
                      cfg.gamma, cfg.gae_lambda, cfg.vtrace_rho_bar, cfg.vtrace_c_bar)
         # pg_advantage lambda: v_s - V(x_s), eq. (1)'s correction (GAE(lambda) without lag)
         advantages = out.pg_advantages if cfg.pg_advantage == "one_step" else out.vs - values
-        # clip_against proximal: the surrogate's ratio against the network at the start of the
-        # update, not the agents' mu, the advantages carrying rho_s = min(rho_bar, pi/mu) already:
-        # clipping pi/mu zeroes the gradient of every sample lagging past the clip range
+        # clip_against proximal: the advantages carry rho_s = min(rho_bar, pi/mu) already, while
+        # clipping pi/mu would zero the gradient of every sample lagging past the clip range
         # (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641, eq. 2)
         return Targets(advantages, out.vs, {"rho_clipped_fraction": out.rho_clipped, "rho_mean": out.rhos},
                        proximal_logp=target_logp if cfg.clip_against == "proximal" else None)

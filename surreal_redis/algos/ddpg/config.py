@@ -1,6 +1,5 @@
-"""DDPG's hyperparameters and its exploration settings, without torch: the launcher and the CLI load
-configs without paying for torch's import (seconds on a small machine);
-:mod:`surreal_redis.algos.ddpg.policy` and :mod:`surreal_redis.algos.ddpg.noise` build from them."""
+"""DDPG's hyperparameters and its exploration settings, without torch (configs load without
+paying for torch's import)."""
 
 from __future__ import annotations
 

@@ -18,12 +18,9 @@ from surreal_redis.algos.ddpg.config import NoiseConfig  # torch-free, with DDPG
 
 
 def agent_sigma(config: NoiseConfig, agent_id: int, num_agents: int) -> float:
-    """The action-noise sigma of agent ``agent_id`` out of ``num_agents``.
-
-    ``linear`` spreads the agents over ``(0, sigma]`` so that some explore little and some a lot.
-    SURREAL used ``sigma * agent_id / num_agents``, which leaves agent 0 without any noise
-    (SurrealAI/surreal issue #28); the ``+ 1`` here gives every agent some.
-    """
+    """The action-noise sigma of agent ``agent_id`` out of ``num_agents``: ``linear`` spreads the
+    agents over ``(0, sigma]``, so that some explore little and some a lot, and none not at all
+    (SURREAL's ``sigma * agent_id / num_agents`` left agent 0 without noise)."""
     if not 0 <= agent_id < num_agents:
         raise ValueError(f"agent_id must be in [0, {num_agents}), got {agent_id}")
     if config.agent_schedule == "constant":
@@ -91,10 +88,9 @@ class AdaptiveParamNoise:
     for Exploration" (arXiv:1706.01905), section 3 and appendix C.
 
     The acting network is a copy of the actor with ``N(0, sigma^2)`` added to every weight. The
-    scale follows the action-space distance ``d = sqrt(mean((mu(s) - mu~(s))^2))`` measured on
-    recent states: ``sigma /= coef`` when ``d > target_distance``, ``sigma *= coef`` otherwise.
-    Each adaptation uses one fresh measurement (SURREAL's code, Fan et al. 2018, overwrote a running
-    distance instead of averaging it).
+    scale follows the action-space distance ``d = sqrt(mean((mu(s) - mu~(s))^2))``, one fresh
+    measurement on recent states per adaptation: ``sigma /= coef`` when ``d > target_distance``,
+    ``sigma *= coef`` otherwise.
     """
 
     def __init__(self, initial_sigma: float, target_distance: float, adapt_coef: float) -> None:

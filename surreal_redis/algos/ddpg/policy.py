@@ -1,12 +1,8 @@
 """DDPG's networks and agent-side policy (Lillicrap et al. 2016, arXiv:1509.02971).
 
-Everything an agent process needs to act lives here (no critic, no optimizer); the learner is in
-:mod:`surreal_redis.algos.ddpg.trainer`. As in CleanRL's ``ddpg_continuous_action.py``: a deterministic
-actor ``mu(s) = tanh(f(s)) * action_scale + action_bias`` (scale and bias are buffers, so they travel
-with the weights) and a critic ``Q(s, a)`` on the concatenation of the observation features and
-the action, both ReLU MLPs; an optional CNN stem comes with
-:class:`~surreal_redis.algos.networks.ObservationEncoder`. Observations can be whitened by a running
-z-filter that the learner updates and sends to the agents with the actor weights.
+As in CleanRL's ``ddpg_continuous_action.py``: a deterministic actor
+``mu(s) = tanh(f(s)) * action_scale + action_bias`` (scale and bias are buffers, so they travel
+with the weights); the critic is a :class:`~surreal_redis.algos.networks.QNetwork`.
 """
 
 from __future__ import annotations
@@ -61,20 +57,6 @@ class Actor(nn.Module):
         return torch.tanh(self.mlp(self.encoder(obs))) * self.action_scale + self.action_bias
 
 
-class Critic(nn.Module):
-    """``Q(s, a)``: observations (leaves ``[B, ...]``, normalized) and actions ``[B, A]`` -> ``[B]``."""
-
-    def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
-        super().__init__()
-        box = check_action_space(action_space)
-        self.encoder = ObservationEncoder(obs_space)
-        self.mlp = mlp(self.encoder.out_dim + box.shape[0], config.critic_hidden, 1, config.activation,
-                       out_std=0.01)
-
-    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)
-
-
 class DDPGPolicy(AgentPolicy):
     """The agent side of DDPG for N envs: ``mu(s)`` plus exploration noise, clipped to the bounds.
 
@@ -82,15 +64,7 @@ class DDPGPolicy(AgentPolicy):
     sigma from the per-agent schedule, see :func:`~surreal_redis.algos.ddpg.noise.agent_sigma`) and, with
     ``noise.param_noise``, acts with a perturbed copy of the actor; ``eval_stochastic`` adds
     Gaussian noise of std ``noise.eval_sigma``; ``eval_deterministic`` returns ``mu(s)``.
-    Runs on the CPU. Parameters come from :meth:`DDPGTrainer.actor_params` (keys ``actor.*`` and
-    ``obs_normalizer.*``).
-
-    Args:
-        config: the learner's DDPG config (network shapes, noise settings).
-        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
-        num_envs: N, the env batch size of every ``act`` call.
-        agent_id, num_agents: this agent's place among the training agents (noise schedule).
-        seed: seeds the noise (None: fresh entropy).
+    Runs on the CPU; ``seed`` seeds the noise (None: fresh entropy).
     """
 
     # with parameter noise only: the actor that acts in training mode, and its noise source

@@ -8,8 +8,6 @@ One update, as in CleanRL's ``ddpg_continuous_action.py``, whose actor and targe
     actor:   L_mu = -mean(Q(s, mu(s)))                   every ``policy_frequency`` updates
     targets: soft  theta' <- (1 - tau) theta' + tau theta   with each actor step
              hard  theta' <- theta                           every ``hard_update_every`` updates
-
-Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.ddpg.policy`.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
-from surreal_redis.algos.ddpg.policy import Actor, Critic, DDPGConfig
-from surreal_redis.algos.networks import soft_update
+from surreal_redis.algos.ddpg.policy import Actor, DDPGConfig, check_action_space
+from surreal_redis.algos.networks import QNetwork, soft_update
 from surreal_redis.experience import TransitionBatch
 
 logger = logging.getLogger(__name__)
@@ -37,14 +35,16 @@ class DDPGTrainer(ActorCriticTrainer):
 
     config: DDPGConfig
     actor: Actor
-    critic: Critic
+    critic: QNetwork
 
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None) -> None:
         self.config = config
+        action_dim = check_action_space(action_space).shape[0]
         # Adam's weight_decay adds critic_l2 * theta to the gradient: the L2 penalty of the paper
         super().__init__(config, obs_space, Actor(config, obs_space, action_space),
-                         Critic(config, obs_space, action_space), device, critic_weight_decay=config.critic_l2)
+                         QNetwork(obs_space, action_dim, config.critic_hidden, config.activation, out_std=0.01),
+                         device, critic_weight_decay=config.critic_l2)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         logger.info("DDPG on %s: actor %d, critic %d parameters", self.device,
                     sum(p.numel() for p in self.actor.parameters()),
@@ -52,12 +52,8 @@ class DDPGTrainer(ActorCriticTrainer):
 
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
         """One critic gradient step on a batch of B transitions, and an actor step every
-        ``policy_frequency`` of them.
-
-        Returns:
-            ``(stats, td_errors)``: scalar stats under ``losses/``, and float32 ``[B]`` TD errors
-            ``y - Q(s, a)`` from before the step (for ``PrioritizedReplay.update_priorities``).
-        """
+        ``policy_frequency`` of them. Returns the stats and the float32 ``[B]`` TD errors
+        ``y - Q(s, a)`` from before the step (the replay's new priorities)."""
         obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
 
         # critic: regress Q(s, a) on the n-step target (discount is 0 after a termination)

@@ -23,7 +23,7 @@ def _policy(section: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
         from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
 
         return NumpyPPOPolicy(section, obs_space, action_space, num_envs=request.num_envs, seed=request.seed)
-    from surreal_redis.algos.ppo.policy import PPOPolicy  # torch: ~1.5 s of CPU to import
+    from surreal_redis.algos.ppo.policy import PPOPolicy
 
     return PPOPolicy(section, obs_space, action_space, num_envs=request.num_envs, seed=request.seed)
 

@@ -1,6 +1,4 @@
-"""PPO's hyperparameters, without torch: the launcher and the CLI load configs without paying for
-torch's import (seconds on a small machine); :mod:`surreal_redis.algos.ppo.policy` builds the
-network from them."""
+"""PPO's hyperparameters, without torch (configs load without paying for torch's import)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""PPO's math as pure functions on tensors, as CleanRL's ``ppo.py`` writes it: GAE, the clipped
-and the KL-penalized surrogate losses, the (clipped) value loss, the adaptive KL coefficient rule
-and the explained variance. :mod:`surreal_redis.algos.ppo.trainer` applies them to chunks."""
+"""PPO's math as pure functions on tensors, as CleanRL's ``ppo.py`` writes it."""
 
 from __future__ import annotations
 
 import torch
-
-__all__ = ["adapt_kl_coef", "clipped_surrogate_loss", "compute_gae", "explained_variance", "kl_penalty_loss",
-           "value_loss"]
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,

@@ -1,8 +1,5 @@
-"""PPO's agent-side policy in numpy: :class:`~surreal_redis.algos.ppo.policy.PPOPolicy` without torch.
-
-The same network (:class:`~surreal_redis.algos.ppo.policy.ActorCritic`'s parameter names, via
-:mod:`surreal_redis.algos.numpy_nets`), the same distributions and the same extras, so the learner
-cannot tell which one produced a chunk. Feed-forward networks only: an LSTM policy stays on torch.
+"""PPO's agent-side policy in numpy: :class:`~surreal_redis.algos.ppo.policy.PPOPolicy` without torch
+(the same parameter names, distributions and extras), for feed-forward networks only.
 """
 
 from __future__ import annotations
@@ -21,10 +18,7 @@ LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 
 
 class NumpyPPOPolicy(AgentPolicy):
-    """Acts for ``num_envs`` environments like :class:`~surreal_redis.algos.ppo.policy.PPOPolicy`:
-    training mode samples and returns extras ``logp`` ``[N]`` and ``value`` ``[N]`` (float32), and
-    ``raw_action`` ``[N, A]`` (the unclipped Gaussian sample) for Box spaces; eval modes return no
-    extras. Actions are ``[N]`` int64 (Discrete) or ``[N, A]`` float32 clipped to the bounds (Box).
+    """Acts for ``num_envs`` environments like :class:`~surreal_redis.algos.ppo.policy.PPOPolicy`.
     Raises ValueError for an LSTM config or an unsupported space; :meth:`load_params` raises
     :class:`~surreal_redis.algos.numpy_nets.ParamsMismatch` naming a missing or misshapen parameter.
     """
@@ -34,16 +28,12 @@ class NumpyPPOPolicy(AgentPolicy):
         reason = numpy_unsupported(config)
         if reason:
             raise ValueError(f"numpy inference runs PPO policies without an LSTM, not {reason}")
-        self.continuous, action_dim = ppo_action_space(action_space)
-        self.action_space = action_space
-        self.action_dim = action_dim
-        self.num_envs = num_envs
-        self.version = -1
+        self.continuous, self.action_dim = ppo_action_space(action_space)
         self.normalizer = Normalizer(obs_space, config.obs_clip) if config.normalize_obs else None
         self.encoder = Encoder(obs_space)
-        self.actor = MLP(self.encoder.out_dim, config.hidden_sizes, action_dim, config.activation)
+        self.actor = MLP(self.encoder.out_dim, config.hidden_sizes, self.action_dim, config.activation)
         self.critic = MLP(self.encoder.out_dim, config.hidden_sizes, 1, config.activation)
-        self.log_std = np.full(action_dim, float(config.init_log_std), np.float32)
+        self.log_std = np.full(self.action_dim, float(config.init_log_std), np.float32)
         self._rng = np.random.default_rng(seed)
         if isinstance(action_space, gym.spaces.Box):  # continuous (ppo_action_space accepted it)
             self._low = np.asarray(action_space.low, np.float32)
@@ -87,7 +77,7 @@ class NumpyPPOPolicy(AgentPolicy):
                 cumulative = np.cumsum(np.exp(log_probs), axis=-1)
                 draws = self._rng.random((head.shape[0], 1)) * cumulative[:, -1:]
                 raw = np.minimum((cumulative <= draws).sum(axis=-1), self.action_dim - 1)
-            if mode == ActMode.TRAINING:  # (indexing: np.take_along_axis cost ~6% of a CartPole agent's CPU)
+            if mode == ActMode.TRAINING:  # fancy indexing: np.take_along_axis costs more here
                 extras["logp"] = log_probs[np.arange(len(raw)), raw].astype(np.float32)
             actions = raw.astype(np.int64) + self._start
         if mode == ActMode.TRAINING:

@@ -1,14 +1,9 @@
-"""PPO's actor-critic network and agent-side policy (its configuration is :class:`PPOConfig`, in
-:mod:`surreal_redis.algos.ppo.config`).
+"""PPO's actor-critic network and torch agent-side policy.
 
-Everything an agent process needs to act lives here (no optimizer); the learner is in
-:mod:`surreal_redis.algos.ppo.trainer`. The network is CleanRL's: separate Tanh MLPs for the actor and the
-critic, orthogonal init with gain 0.01 on the policy head and 1 on the value head, a
-state-independent log-std for continuous actions. Optional parts: the z-filter in front
-(:class:`~surreal_redis.algos.normalizer.ObservationNormalizer`), a CNN stem for pixels (inside
-:class:`~surreal_redis.algos.networks.ObservationEncoder`, shared by actor and critic as in
-CleanRL's Atari PPO), and an LSTM shared by both heads (SURREAL's ``ppo_net.py``, CleanRL's
-``ppo_atari_lstm.py``).
+The network is CleanRL's: separate MLPs for the actor and the critic, orthogonal init with gain
+0.01 on the policy head and 1 on the value head, a state-independent log-std for continuous
+actions. Optional: the z-filter in front, a CNN stem shared by actor and critic (CleanRL's Atari
+PPO), and an LSTM shared by both heads (SURREAL's ``ppo_net.py``, CleanRL's ``ppo_atari_lstm.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +25,8 @@ LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
 class ActorCritic(nn.Module):
-    """Policy and value networks for a Discrete or Box action space.
-
-    Inputs are observation batches as tensors (leaves ``[N, ...]``, dict for Dict spaces).
-    With ``use_lstm`` the trunk is recurrent: :meth:`core` runs T time-major steps for B
-    sequences, resetting the state where an episode starts.
-    """
+    """Policy and value networks for a Discrete or Box action space, on observation tensors (leaves
+    ``[N, ...]``). With ``use_lstm`` the trunk is recurrent (:meth:`core`)."""
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
@@ -66,9 +57,7 @@ class ActorCritic(nn.Module):
 
     def core(self, x: torch.Tensor, state: LSTMState | None = None,
              episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, LSTMState | None]:
-        """The (optionally recurrent) trunk.
-
-        Without LSTM: returns ``(x, None)``. With LSTM: ``x`` is ``[T*B, F]`` time-major,
+        """The trunk. Without LSTM: returns ``(x, None)``. With LSTM: ``x`` is ``[T*B, F]`` time-major,
         ``state`` the ``(h, c)`` pair ``[B, H]`` before step 0 and ``episode_start`` bool ``[T, B]``
         (state zeroed before that step). Returns the outputs ``[T*B, H]`` and the states after
         every step, ``(h, c)`` each ``[T, B, H]``.
@@ -127,27 +116,22 @@ class PPOPolicy(AgentPolicy):
     """Agent side of PPO: acts for ``num_envs`` environments with the published parameters (CPU).
 
     Training mode samples and returns extras ``logp`` ``[N]`` and ``value`` ``[N]`` (float32),
-    plus ``raw_action`` ``[N, A]`` for Box spaces: the unclipped Gaussian sample the log-prob
-    belongs to, while ``actions`` are clipped to the space bounds for the env (the learner needs
-    the raw sample so that clipping does not bias the log-prob). ``eval_deterministic`` takes the
-    mode of the distribution, ``eval_stochastic`` samples; both return no extras.
+    plus ``raw_action`` ``[N, A]`` for Box spaces: the unclipped Gaussian sample, so that clipping
+    ``actions`` to the bounds does not bias the log-prob. ``eval_deterministic`` takes the mode of
+    the distribution, ``eval_stochastic`` samples; both return no extras.
 
-    With an LSTM the policy keeps one state per env, zeroed by :meth:`on_episode_start` (call it
-    when env i resets, before the next act), and training mode adds ``extras["initial_state"]``:
-    ``{"lstm_h", "lstm_c"}`` each ``[N, H]``, the state this step started from. The sender keeps
-    it at the first step of each chunk; the learner re-runs the LSTM over the chunk from there.
+    With an LSTM the policy keeps one state per env, zeroed by :meth:`on_episode_start` (before the
+    next act), and training mode adds ``extras["initial_state"]`` (``lstm_h``, ``lstm_c``, each
+    ``[N, H]``): the state this step started from, whence the learner re-runs the LSTM over a chunk.
     """
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
                  num_envs: int = 1, seed: int | None = None) -> None:
         self.net = ActorCritic(config, obs_space, action_space).eval()
-        self.action_space = action_space
         if isinstance(action_space, gym.spaces.Box):  # continuous (ppo_action_space accepted it)
             self._low, self._high = action_space.low, action_space.high
         elif isinstance(action_space, gym.spaces.Discrete):
             self._start = int(action_space.start)
-        self.num_envs = num_envs
-        self.version = -1
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
@@ -186,8 +170,7 @@ class PPOPolicy(AgentPolicy):
         elif self.net.continuous:
             raw = head + self.net.actor_logstd.exp() * torch.randn(head.shape, generator=self._generator)
         else:
-            if not isinstance(dist, Categorical):
-                raise TypeError(f"a discrete PPO policy's distribution is a {type(dist).__name__}")
+            assert isinstance(dist, Categorical)
             raw = torch.multinomial(dist.probs, 1, generator=self._generator).squeeze(-1)
         extras: dict[str, Tree] = {}
         if mode == ActMode.TRAINING:

@@ -1,24 +1,17 @@
-"""PPO learner: GAE over chunks, then clipped-surrogate or adaptive-KL updates.
-
-Reads top to bottom like CleanRL's ``ppo.py``, with the pure math (GAE, losses, KL coefficient
-rule) in :mod:`surreal_redis.algos.ppo.losses`: :class:`PPOTrainer` turns a list of
-:class:`~surreal_redis.experience.Chunk` into tensors, computes values and advantages with the
-current network, and runs ``update_epochs`` passes of minibatch gradient steps.
-
-Differences from CleanRL, each on purpose:
+"""PPO learner: GAE over chunks, then clipped-surrogate or adaptive-KL updates, top to bottom like
+CleanRL's ``ppo.py`` (the pure math is in :mod:`surreal_redis.algos.ppo.losses`). Differences from
+CleanRL, each on purpose:
 
 - ``terminated`` and ``truncated`` stay apart: a truncated episode is bootstrapped from V of its
-  true final observation (SB3's ``collect_rollouts`` does the same), and a chunk's end from V of
-  ``obs[T]``.
+  true final observation (as SB3), and a chunk's end from V of ``obs[T]``.
 - Values are recomputed by the learner at the start of each update (the agents' parameters may
   lag, and the LSTM must be re-run anyway); the ratio uses the agents' behaviour log-probs.
 - The z-filter is updated *after* the gradient steps, so the log-probs recomputed here use the
   same statistics as the agents that produced the data (ratio 1 on fresh data).
 - Rewards are scaled by the learner (``normalize_reward``; CleanRL wraps its envs in
-  ``NormalizeReward``) with the rule of that wrapper and SB3's ``VecNormalize``: each step's
-  return joins the statistics, then that step's reward is scaled with them. So, unlike the
-  z-filter, the scaler takes a batch in *before* its gradient steps, and the first update already
-  trains on scaled rewards (no agent uses the reward statistics).
+  ``NormalizeReward``) with the rule of that wrapper: each step's return joins the statistics,
+  then that step's reward is scaled with them, so the scaler takes a batch in *before* its
+  gradient steps and the first update already trains on scaled rewards.
 - ``mode="adapt"`` replaces the clipped surrogate by the KL-penalized one of Schulman et al.
   2017 (section 4), with the KL measured against the network at the start of the update
   (SURREAL's ``ref_target_model``).
@@ -43,6 +36,7 @@ from torch.distributions import Distribution, kl_divergence
 from surreal_redis.algos.base import ParamDict, Trainer
 from surreal_redis.algos.networks import adam, resolve_device
 from surreal_redis.algos.normalizer import RewardScaler
+from surreal_redis.algos.ppo.config import PPOConfig
 from surreal_redis.algos.ppo.losses import (
     adapt_kl_coef,
     clipped_surrogate_loss,
@@ -51,14 +45,7 @@ from surreal_redis.algos.ppo.losses import (
     kl_penalty_loss,
     value_loss,
 )
-from surreal_redis.algos.ppo.policy import (
-    ActorCritic,
-    LSTMState,
-    PPOConfig,
-    PPOPolicy,
-    params_to_numpy,
-    to_tensors,
-)
+from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy, params_to_numpy, to_tensors
 from surreal_redis.codec import Tree
 from surreal_redis.experience import Chunk
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
@@ -68,10 +55,8 @@ __all__ = ["PPOTrainer", "PPOConfig", "PPOPolicy", "Targets"]
 log = logging.getLogger(__name__)
 
 # Observation bytes per network pass: the no-grad pass over a rollout and each minibatch's
-# gradient passes take rows in slices of about this much input (a Pong row is 28 KiB of frames and
-# ~4x that as floats, plus activations), so the learner's peak does not grow with the batch. Pong
-# (74-row passes): an update's peak is +55 MiB over what it holds, against +82 MiB at 4 MiB and
-# +135 MiB unsliced, for 1.02x the CPU time of 4 MiB.
+# gradient passes take rows in slices of about this much input, so the learner's peak memory does
+# not grow with the batch (pixels become 4x larger as floats, plus activations).
 PASS_OBS_BYTES = 2 << 20
 
 
@@ -90,10 +75,8 @@ class Targets(NamedTuple):
 
 
 class _Rollout(NamedTuple):
-    """Training data of B equal-length sequences, time-major ``[T, B, ...]``.
-
-    Without an LSTM all steps are merged into one "sequence" of length 1 (``[1, N]``).
-    """
+    """Training data of B equal-length sequences, time-major ``[T, B, ...]`` (without an LSTM, N
+    sequences of length 1: ``[1, N, ...]``)."""
 
     obs: Tree
     actions: torch.Tensor
@@ -135,13 +118,8 @@ def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
 
 
 class PPOTrainer(Trainer):
-    """Learner side of PPO. One :meth:`update` per batch of chunks (about ``num_steps`` steps
-    gathered from a FIFO replay); ``iteration`` counts the updates done.
-
-    Chunks must carry ``extras["logp"]`` ``[T]`` (behaviour log-probs), ``extras["raw_action"]``
-    ``[T, A]`` for Box action spaces, and ``extras["initial_state"]`` (``lstm_h``, ``lstm_c``,
-    each ``[H]``) with an LSTM: exactly what :class:`PPOPolicy` produces.
-    """
+    """Learner side of PPO: one :meth:`update` per batch of chunks, which carry the extras
+    :class:`PPOPolicy` produces (the spec's ``chunk_needs``)."""
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0) -> None:
@@ -158,7 +136,6 @@ class PPOTrainer(Trainer):
         log.info("PPO (%s mode) on %s: %d parameters", config.mode, self.device,
                  sum(p.numel() for p in self.net.parameters()))
 
-    # ------------------------------------------------------------------ data
     def _rollout(self, chunks: list[Chunk], rewards: list[np.ndarray] | None = None) -> _Rollout:
         """Tensors, values and advantages for equal-length chunks (no gradients); ``rewards`` (one
         ``[T]`` array per chunk) replace the chunks' own, e.g. by the scaled ones."""
@@ -217,20 +194,18 @@ class PPOTrainer(Trainer):
     def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                  terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
                  target_logp: torch.Tensor) -> Targets:
-        """Advantages and value targets of a rollout, all ``[T, B]`` (no gradients): ``values``
-        V(obs[t]) and ``next_values`` (V of the true final observation where an episode ended, of
-        obs[T] at the chunk's end) by the network at the start of the update, ``behaviour_logp``
-        the agents' log-probs of the actions and ``target_logp`` the network's at the start of the
-        update. PPO: GAE(lambda) (:func:`compute_gae`), which reads neither log-prob."""
+        """Advantages and value targets, all ``[T, B]`` (no gradients), from the network's
+        ``values``, ``next_values`` (as :func:`compute_gae` reads them) and ``target_logp`` at the
+        start of the update, and the agents' ``behaviour_logp``. PPO: GAE(lambda), which reads
+        neither log-prob."""
         cfg = self.config
         advantages, returns = compute_gae(rewards, values, next_values, terminated, truncated, cfg.gamma,
                                           cfg.gae_lambda)
         return Targets(advantages, returns, {})
 
     def _features_no_grad(self, flat_obs: Tree) -> torch.Tensor:
-        """``net.features`` of ``[N, ...]`` leaves in slices of about :data:`PASS_OBS_BYTES` of
-        observations: the same values, but pixel observations are turned into floats a slice at a
-        time (a whole Pong rollout at once is ~200 MB of float input and activations)."""
+        """``net.features`` of ``[N, ...]`` leaves, in slices of about :data:`PASS_OBS_BYTES` of
+        observations (pixels are turned into floats a slice at a time)."""
         total, rows = len(tree_leaves(flat_obs)[0]), _rows_per_pass(flat_obs, 1)
         if rows >= total:
             return self.net.features(flat_obs)
@@ -243,16 +218,14 @@ class PPOTrainer(Trainer):
         dist = self.net.distribution(head)
         return dist, dist.log_prob(_flatten_time(actions))
 
-    # ------------------------------------------------------------------ loss
     def _minibatch_step(self, rollout: _Rollout, idx: torch.Tensor, ref_log_std: torch.Tensor | None,
                         clip_coef: float) -> dict[str, float]:
         """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms.
 
         The minibatch goes through the network in passes of about :data:`PASS_OBS_BYTES` of
-        observations, each pass's loss weighted by its share of the rows and its gradients added
-        up: every loss term is a mean over rows, so the gradient is the whole minibatch's (the
-        advantages are normalized with the whole minibatch's statistics), while activations are
-        held for one pass at a time. A minibatch within the budget is one pass, as before."""
+        observations, each pass's loss weighted by its share of the rows: every loss term is a
+        mean over rows (advantages normalized with the whole minibatch's statistics), so the
+        summed gradient is the whole minibatch's while activations are held one pass at a time."""
         advantages = rollout.advantages[:, idx]
         adv_stats = None
         if self.config.norm_adv and advantages.numel() > 1:
@@ -305,16 +278,12 @@ class PPOTrainer(Trainer):
                     approx_kl=approx_kl.item(), clip_fraction=clip_fraction.item())
         return loss, info
 
-    # ------------------------------------------------------------------ update
     def min_epochs(self) -> int:
-        """Epochs every update runs before :meth:`update`'s ``more_epochs`` is asked whether to go
-        on; PPO: all of ``update_epochs`` (a fixed number per update)."""
+        """Epochs every update runs before :meth:`update` asks ``more_epochs``; PPO: all of them."""
         return self.config.update_epochs
 
     @property
     def adaptive_epochs(self) -> bool:
-        """Whether an update's epochs depend on ``more_epochs``: true when :meth:`min_epochs` is below
-        ``update_epochs``."""
         return self.min_epochs() < self.config.update_epochs
 
     def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
@@ -322,9 +291,8 @@ class PPOTrainer(Trainer):
         them, the gradient steps run, then the z-filter takes their observations in.
 
         The epochs: ``update_epochs`` at most (fewer after a ``target_kl`` early stop); past
-        :meth:`min_epochs`, another only while ``more_epochs()`` is true (None: always), asked
-        between epochs (APPO: while the next batch has not arrived, so the learner fills the
-        wait with gradient steps on this one instead of idling).
+        :meth:`min_epochs`, another only while ``more_epochs()`` is true (None: always; APPO: while
+        the next batch has not arrived).
 
         Returns the means over the last epoch's minibatches of ``policy_loss``, ``value_loss``,
         ``entropy``, ``approx_kl``, ``clip_fraction`` (and ``kl``, ``kl_coef`` in adapt mode, the
@@ -345,11 +313,8 @@ class PPOTrainer(Trainer):
 
         rewards = [c.rewards for c in chunks]
         if self.reward_scaler is not None:
-            # Chunks in arrival order, each step by step: G runs per (agent, env) stream, so a
-            # stream's chunk continues from where its previous one (this batch or an earlier one)
-            # left off, however the streams' chunks are interleaved; the one variance is shared,
-            # like SB3's across its envs. Scaling before the update puts the batch's own returns
-            # into the statistics that scale it, the first batch included.
+            # G runs per (agent, env) stream, so a stream's chunk continues where its previous one
+            # left off however the streams interleave; the one variance is shared, like SB3's.
             rewards = [self.reward_scaler.scale(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
                                                 stream=(c.agent_id, c.env_index)).numpy() for c in chunks]
         by_length: dict[int, list[int]] = {}
@@ -396,23 +361,20 @@ class PPOTrainer(Trainer):
         return stats
 
     def _update_obs_normalizer(self, chunks: list[Chunk]) -> None:
-        """Add the chunks' observations ``obs[:T]`` (``obs[T]`` is the next chunk's ``obs[0]``) to
-        the z-filter; :meth:`update` calls it after its gradient steps."""
+        """Add the chunks' ``obs[:T]`` to the z-filter (``obs[T]`` is the next chunk's ``obs[0]``)."""
         if self.net.obs_normalizer is not None:
             steps = [tree_map(lambda v, n=c.num_steps: v[:n], c.obs) for c in chunks]
             self.net.obs_normalizer.update(to_tensors(tree_stack(np.concatenate, steps), self.device))
 
     def update_normalizer(self, chunks: list[Chunk]) -> None:
         """Add the chunks' observations to the z-filter and their rewards to the reward scaler
-        without training, to warm the statistics up (:meth:`update` does both itself: the rewards
-        before its gradient steps, the observations after)."""
+        without training, to warm the statistics up."""
         self._update_obs_normalizer(chunks)
         if self.reward_scaler is not None:
             for c in chunks:
                 self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
                                           stream=(c.agent_id, c.env_index))
 
-    # ------------------------------------------------------------------ parameters
     def actor_params(self) -> ParamDict:
         """The whole actor-critic (agents report values too) with the z-filter statistics."""
         return params_to_numpy(self.net)

@@ -24,7 +24,7 @@ def _policy(section: SACConfig, obs_space: gym.Space, action_space: gym.Space,
         from surreal_redis.algos.sac.numpy_policy import NumpySACPolicy
 
         return NumpySACPolicy(section, obs_space, action_space, num_envs=request.num_envs, seed=request.seed)
-    from surreal_redis.algos.sac.policy import SACPolicy  # torch: ~1.5 s of CPU to import
+    from surreal_redis.algos.sac.policy import SACPolicy
 
     return SACPolicy(section, obs_space, action_space, num_envs=request.num_envs, seed=request.seed)
 

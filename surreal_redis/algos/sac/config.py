@@ -1,13 +1,4 @@
-"""SAC's hyperparameters, without torch: the launcher, the CLI and numpy agents load configs without
-paying for torch's import; :mod:`surreal_redis.algos.sac.policy` and
-:mod:`surreal_redis.algos.sac.numpy_policy` build from them.
-
-Names and defaults follow CleanRL's ``sac_continuous_action.py`` (``policy_frequency``,
-``target_network_frequency``, ``autotune``, the log-std bounds) and Stable-Baselines3's ``SAC``
-(one learning rate, 3e-4, for the actor, the critics and the temperature; CleanRL's ``q_lr`` is
-1e-3 for the critics and the temperature). The batch, n-step returns, replay and replay ratio are
-the shared ``off_policy`` section's.
-"""
+"""SAC's hyperparameters, without torch (configs load without paying for torch's import)."""
 
 from __future__ import annotations
 
@@ -32,7 +23,9 @@ def sac_action_space(space: gym.Space) -> gym.spaces.Box:
 
 @dataclass(frozen=True)
 class SACConfig:
-    """SAC hyperparameters (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905)."""
+    """SAC hyperparameters (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905); names and
+    defaults follow CleanRL's ``sac_continuous_action.py``, the one learning rate SB3's ``SAC``. The
+    batch, n-step returns, replay and replay ratio are the shared ``off_policy`` section's."""
 
     gamma: float = 0.99
     """Discount of the soft Bellman target (and of the n-step returns)."""
@@ -82,10 +75,8 @@ class SACConfig:
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_NAMES:
             raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"need gamma in [0, 1] and tau in (0, 1], got {self.gamma} and {self.tau}")
         for name in ("actor_lr", "critic_lr", "alpha_lr", "init_alpha", "obs_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -106,8 +97,5 @@ class SACConfig:
 
 
 def numpy_unsupported(section: SACConfig) -> str | None:
-    """Why agents cannot act with numpy for this section (None: they can). The numpy actor runs
-    every observation :class:`~surreal_redis.algos.numpy_nets.Encoder` takes (vectors, images,
-    frame stacks, Dicts of those) and every setting here, so never; ``agent.inference: auto`` still
-    picks torch for image observations (:func:`~surreal_redis.algos.policies.resolved_inference`)."""
+    """None: the numpy actor runs every setting here and every observation the encoders take."""
     return None

@@ -1,8 +1,5 @@
-"""SAC's agent-side policy in numpy: :class:`~surreal_redis.algos.sac.policy.SACPolicy` without torch.
-
-The same actor (:class:`~surreal_redis.algos.sac.policy.Actor`'s parameter names, via
-:mod:`surreal_redis.algos.numpy_nets`) and the same squashed Gaussian, sampled with a numpy
-Generator; :mod:`tests.unit.test_sac` checks both against each other on random weights.
+"""SAC's agent-side policy in numpy: :class:`~surreal_redis.algos.sac.policy.SACPolicy` without torch
+(the same actor's parameter names and squashed Gaussian; :mod:`tests.unit.test_sac` compares them).
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ TANH_EPS = np.float32(1e-6)  # policy.TANH_EPS (that module imports torch)
 
 
 class NumpyActor:
-    """:class:`~surreal_redis.algos.sac.policy.Actor`'s forward pass and sampling in float32 numpy,
-    from the parameters under ``prefix`` (``actor.``)."""
+    """:class:`~surreal_redis.algos.sac.policy.Actor`'s forward pass and sampling in float32 numpy."""
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         box = sac_action_space(action_space)
@@ -68,23 +64,14 @@ class NumpyActor:
 
 
 class NumpySACPolicy(AgentPolicy):
-    """Acts for ``num_envs`` environments like :class:`~surreal_redis.algos.sac.policy.SACPolicy`:
-    ``training`` and ``eval_stochastic`` sample, ``eval_deterministic`` returns the squashed mean;
-    actions ``[N, A]`` in the action space's dtype, clipped to the bounds; no extras.
-    :meth:`load_params` raises :class:`~surreal_redis.algos.numpy_nets.ParamsMismatch` naming a
-    missing or misshapen parameter.
-
-    Args:
-        config: the learner's SAC config (network shapes).
-        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
-        num_envs: N, the env batch size of every ``act`` call.
-        seed: seeds the sampling's numpy Generator (None: fresh entropy).
+    """Acts for ``num_envs`` environments like :class:`~surreal_redis.algos.sac.policy.SACPolicy`
+    (``seed`` seeds a numpy Generator); :meth:`load_params` raises
+    :class:`~surreal_redis.algos.numpy_nets.ParamsMismatch` naming a missing or misshapen parameter.
     """
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int = 1,
                  seed: int | None = None) -> None:
         self.action_space = sac_action_space(action_space)
-        self.num_envs = num_envs
         self.normalizer = Normalizer(obs_space, config.obs_clip) if config.normalize_obs else None
         self.actor = NumpyActor(config, obs_space, action_space)
         self.rng = np.random.default_rng(seed)

@@ -1,12 +1,9 @@
 """SAC's networks and torch agent-side policy (Haarnoja et al. 2018, arXiv:1801.01290).
 
 As in CleanRL's ``sac_continuous_action.py``: a squashed Gaussian actor (a torso, then a mean
-head and a log-std head; ``u = mean + std * eps``, ``a = tanh(u) * action_scale + action_bias``,
-scale and bias are buffers so they travel with the weights) and twin critics ``Q1, Q2(s, a)`` on
-the concatenation of the observation features and the action, all MLPs; an optional CNN stem per
-network comes with :class:`~surreal_redis.algos.networks.ObservationEncoder`. The learner is in
-:mod:`surreal_redis.algos.sac.trainer`; :mod:`surreal_redis.algos.sac.numpy_policy` runs the same
-actor without torch.
+head and a log-std head; ``a = tanh(mean + std * eps) * action_scale + action_bias``, scale and
+bias are buffers so they travel with the weights) and twin critics ``Q1, Q2(s, a)`` on the
+observation features and the action, all MLPs.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from torch import nn
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.networks import (
     ObservationEncoder,
+    QNetwork,
     layer_init,
     load_actor_params,
     mlp,
@@ -92,26 +90,14 @@ class Actor(nn.Module):
         return y * self.action_scale + self.action_bias, log_prob
 
 
-class Critic(nn.Module):
-    """``Q(s, a)``: observations (leaves ``[B, ...]``, normalized) and actions ``[B, A]`` -> ``[B]``."""
-
-    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
-        super().__init__()
-        box = sac_action_space(action_space)
-        self.encoder = ObservationEncoder(obs_space)
-        self.mlp = mlp(self.encoder.out_dim + box.shape[0], config.critic_hidden, 1, config.activation)
-
-    def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)
-
-
 class TwinCritic(nn.Module):
     """Two independent critics ``q1``, ``q2`` (clipped double Q, arXiv:1812.05905 section 5)."""
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
-        self.q1 = Critic(config, obs_space, action_space)
-        self.q2 = Critic(config, obs_space, action_space)
+        action_dim = sac_action_space(action_space).shape[0]
+        self.q1 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
+        self.q2 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
 
     def forward(self, obs: Tree, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q1(obs, actions), self.q2(obs, actions)
@@ -120,23 +106,12 @@ class TwinCritic(nn.Module):
 class SACPolicy(AgentPolicy):
     """The agent side of SAC for N envs, on torch (CPU): ``training`` and ``eval_stochastic`` sample
     ``a = tanh(mean + std * eps) * scale + bias``, ``eval_deterministic`` returns
-    ``tanh(mean) * scale + bias``; no extras. Parameters come from
-    :meth:`~surreal_redis.algos.sac.trainer.SACTrainer.actor_params` (keys ``actor.*`` and
-    ``obs_normalizer.*``). :class:`~surreal_redis.algos.sac.numpy_policy.NumpySACPolicy` is the
-    same without torch.
-
-    Args:
-        config: the learner's SAC config (network shapes).
-        obs_space, action_space: single-env spaces; the action space must be a bounded 1-d Box.
-        num_envs: N, the env batch size of every ``act`` call.
-        seed: seeds the sampling (None: fresh entropy).
+    ``tanh(mean) * scale + bias``; no extras. ``seed`` seeds the sampling (None: fresh entropy).
     """
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
                  seed: int | None = None) -> None:
-        self.config = config
         self.action_space = sac_action_space(action_space)
-        self.num_envs = num_envs
         self.device = torch.device("cpu")
         self.actor = Actor(config, obs_space, action_space)
         self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None

@@ -17,8 +17,6 @@ for uniform replay; eq. numbers are arXiv:1812.05905's):
 The temperature loss is SB3's (and softlearning's) form, which differentiates in ``log_alpha``:
 its gradient is eq. 18's divided by alpha > 0, so both move alpha the same way and stop at the
 same place; CleanRL multiplies by ``log_alpha.exp()`` instead.
-
-Networks, config and the agent-side policy are in :mod:`surreal_redis.algos.sac.policy`.
 """
 
 from __future__ import annotations
@@ -73,13 +71,8 @@ class SACTrainer(ActorCriticTrainer):
 
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
         """One critic step on a batch of B transitions; every ``policy_frequency`` updates,
-        ``policy_frequency`` actor (and temperature) steps on it.
-
-        Returns:
-            ``(stats, td_errors)``: scalar stats under ``losses/``, and float32 ``[B]`` TD errors
-            from before the step, the mean of the two critics' ``y - Q_i(s, a)`` (for
-            ``PrioritizedReplay.update_priorities``).
-        """
+        ``policy_frequency`` actor (and temperature) steps on it. Returns the stats and the float32
+        ``[B]`` TD errors from before the step, the mean of the two critics' ``y - Q_i(s, a)``."""
         config = self.config
         obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
         alpha = self.alpha
