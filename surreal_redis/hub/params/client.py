@@ -39,33 +39,31 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ParameterClientConfig:
-    """Settings of :class:`ParameterClient`.
-
-    - ``max_in_flight``: GETRANGE pieces per pipelined round trip (bounds the server's output
-      buffer per agent to about that many pieces).
-    - ``piece_bytes``: overrides the read piece size the publisher recorded (None: use it, and
-      1 MiB for the first reads, which go out with the meta read).
-    - ``reject_backoff_s`` / ``reject_backoff_cap_s``: after a version failed verification, wait
-      between this and twice this before downloading it again, doubling per further failure up
-      to the cap (seconds, jittered). A newer version is fetched at once.
-    - ``primary_poll_every_s``: with read replicas, ask the primary for the version at least this
-      often (seconds), so a replica whose replication stopped delays new parameters at most this.
-    - ``replica_backoff_s`` / ``replica_backoff_cap_s``: after a replica failed, read from the
-      primary for a backoff like the rejection's before trying a replica again.
-    """
+    """Settings of :class:`ParameterClient`."""
 
     max_in_flight: int = 4
+    """GETRANGE pieces per pipelined round trip (bounds the server's output buffer per agent to
+    about that many pieces)."""
     piece_bytes: int | None = None
+    """Overrides the read piece size the publisher recorded (None: use it, and 1 MiB for the first
+    reads, which go out with the meta read)."""
     reject_backoff_s: float = 1.0
+    """After a version failed verification, wait between this and twice this before downloading it
+    again, doubling per further failure up to ``reject_backoff_cap_s`` (seconds, jittered). A newer
+    version is fetched at once."""
     reject_backoff_cap_s: float = 60.0
     primary_poll_every_s: float = 5.0
+    """With read replicas, ask the primary for the version at least this often (seconds), so a
+    replica whose replication stopped delays new parameters at most this."""
     replica_backoff_s: float = 1.0
+    """After a replica failed, read from the primary for a backoff like the rejection's (up to
+    ``replica_backoff_cap_s``) before trying a replica again."""
     replica_backoff_cap_s: float = 30.0
-    # a poll downloads only a version at least this many above the one held (1: every newer
-    # one; 2 halves the bytes agents download); versions a claim names (learner.on_policy_sync)
-    # are downloaded whatever the lag. With free production on-policy, set
-    # replay.fifo.max_policy_lag to at least this
     min_version_lag: int = 1
+    """A poll downloads only a version at least this many above the one held (1: every newer one;
+    2 halves the bytes agents download); versions a claim names (``learner.on_policy_sync``) are
+    downloaded whatever the lag. With free production on-policy, set ``replay.fifo.max_policy_lag``
+    to at least this."""
 
     def __post_init__(self) -> None:
         if isinstance(self.min_version_lag, bool) or not isinstance(self.min_version_lag, int) \

@@ -53,40 +53,34 @@ class PublishBackpressure(RuntimeError):
 
 @dataclass(frozen=True)
 class PublisherConfig:
-    """Settings of :class:`ParameterPublisher`. Times in seconds, sizes in bytes.
-
-    - ``min_publish_interval``: publishes closer together than this are skipped (``force``
-      bypasses it), so a fast learner does not flood agents with versions.
-    - ``compress_min_bytes``: lz4 leaves at least this big (None: never; float weights barely
-      compress, so the default is off).
-    - ``read_piece_bytes``: size of the GETRANGE pieces clients read, recorded in meta (1 MiB
-      keeps server output buffers small).
-    - ``write_piece_bytes``: blobs above this are written as a SET and SETRANGEs of this size.
-    - ``grace_s``: how long a superseded blob stays readable for agents mid-download.
-    - ``pending_ttl_s``: TTL of an uploaded but not yet published blob (a crashed learner leaks
-      nothing); the publish script removes it.
-    - ``retries``: how often each Redis step of a publish is re-sent after a connection error
-      (every step is idempotent), with backoff from ``retry_base_s`` doubling up to 1 s.
-    - ``wait_replica_ms``: after each publish, block up to this many ms until one replica of the
-      parameters' server has it (``WAIT 1``), so a failover right after a publish does not take
-      the version back; 0: off (replication stays asynchronous; docs/deployment.md, Redis Cluster).
-    - ``dtype``: see :func:`to_wire` and the comment on the field. float16 weights have a relative
-      error <= 2**-11 (docs/benchmarks.md, Scale, gives the logit differences measured).
-    """
+    """Settings of :class:`ParameterPublisher`. Times in seconds, sizes in bytes."""
 
     min_publish_interval: float = 0.0
+    """Publishes closer together than this are skipped (``force`` bypasses it), so a fast learner
+    does not flood agents with versions."""
     compress_min_bytes: int | None = None
+    """lz4 leaves at least this big (None: never; float weights barely compress)."""
     read_piece_bytes: int = DEFAULT_PIECE_BYTES
+    """Size of the GETRANGE pieces clients read, recorded in meta (1 MiB keeps server output
+    buffers small)."""
     write_piece_bytes: int = 8 << 20
+    """Blobs above this are written as a SET and SETRANGEs of this size."""
     grace_s: float = 60.0
+    """How long a superseded blob stays readable for agents mid-download."""
     pending_ttl_s: float = 600.0
+    """TTL of an uploaded but not yet published blob (a crashed learner leaks nothing)."""
     retries: int = 3
+    """How often each Redis step of a publish is re-sent after a connection error (every step is
+    idempotent), with backoff from ``retry_base_s`` doubling up to 1 s."""
     retry_base_s: float = 0.05
     wait_replica_ms: int = 0
-    # what float32 leaves travel as: float32 or float16 (half the bytes; agents cast back to
-    # float32 on load and act in float32 with the rounded weights; the learner and its checkpoints
-    # stay float32; on-policy, PPO's ratio sees the rounding, APPO's V-trace corrects for it)
+    """After each publish, block up to this many ms until one replica of the parameters' server has
+    it (``WAIT 1``), so a failover right after a publish does not take the version back; 0: off
+    (replication stays asynchronous)."""
     dtype: str = "float32"
+    """What float32 leaves travel as: float32 or float16 (half the bytes, relative error <= 2**-11;
+    agents cast back to float32 on load; the learner and its checkpoints stay float32; on-policy,
+    PPO's ratio sees the rounding, APPO's V-trace corrects for it)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in WIRE_DTYPES:
