@@ -2,8 +2,7 @@
 sac, or a plug-in's) as commented YAML.
 
 The comments come from the config dataclasses themselves (attribute docstrings, ``#`` comments on
-or above a field, or an ``Attributes:`` section of the class docstring), so they cannot drift
-from the code.
+or above a field), so they cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import re
 import textwrap
 import typing
 from functools import cache
@@ -38,7 +36,6 @@ def field_help(cls: type) -> dict[str, str]:
         node = ast.parse(source).body[0]
         if not isinstance(node, ast.ClassDef):
             continue
-        helps.update(_docstring_attributes(ast.get_docstring(node) or ""))
         body = node.body
         for i, stmt in enumerate(body):
             if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
@@ -59,27 +56,6 @@ def field_help(cls: type) -> dict[str, str]:
                 comments.append(trailing[1].strip())
             if comments:
                 helps[name] = " ".join(comments)
-    return helps
-
-
-def _docstring_attributes(doc: str) -> dict[str, str]:
-    match = re.search(r"^(?:Attributes|Args):\s*$(.*)", doc, flags=re.M | re.S)
-    if not match:
-        return {}
-    helps: dict[str, str] = {}
-    current = None
-    for line in match.group(1).splitlines():
-        item = re.match(r"^\s{2,8}([a-z_][a-z0-9_, ]*):\s*(.*)$", line)
-        if item:
-            names = [n.strip() for n in item.group(1).split(",")]
-            current = names
-            for n in names:
-                helps[n] = item.group(2).strip()
-        elif current and line.strip():
-            for n in current:
-                helps[n] += " " + line.strip()
-        elif not line.strip():
-            current = None
     return helps
 
 

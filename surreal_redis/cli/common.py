@@ -1,6 +1,5 @@
-"""What every ``surreal-redis`` command shares: the common options, the clean failure of
-:func:`_fail_cleanly`, config loading, Redis clients, and how a learner, agent or eval process
-starts (one BLAS thread, one torch thread) and ends (:func:`_exit_process`)."""
+"""What the ``surreal-redis`` commands share: options, clean failures, config loading, Redis
+clients, and how a learner, agent or eval process starts and ends."""
 
 from __future__ import annotations
 
@@ -89,10 +88,8 @@ def _load(config_path: str | None, overrides: tuple[str, ...], redis_url: str | 
 
 def _exit_process(code: int) -> NoReturn:
     """End a learner, agent or eval process that returned ``code`` without the interpreter's
-    teardown: with torch and MLflow loaded its garbage collection took 1-8 s on 2 busy cores after
-    the work was done (the launcher and a user wait for it). By then every write has returned
-    (checkpoints fsynced, MLflow finished, Redis replied) and no thread is left working; logs and
-    stdio are flushed here."""
+    teardown, whose garbage collection with torch and MLflow loaded takes seconds that the launcher
+    and a user wait for. By then every write has returned and no thread is left working."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -114,8 +111,7 @@ def _one_blas_thread() -> None:
 
 def _single_threaded_torch() -> None:
     """Agents and evals run tiny batches: one thread each beats many processes fighting over
-    every core (measured: 2 ms -> 0.05 ms per small linear layer on a busy 2-core machine).
-    A process whose policy acts with numpy has not imported torch and does not now."""
+    every core. A process whose policy acts with numpy has not imported torch and does not now."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
