@@ -1,12 +1,9 @@
-"""The experiment config: one frozen dataclass tree, loaded from YAML and validated.
+"""The experiment config: one frozen dataclass tree, loaded from YAML and validated
+(:mod:`surreal_redis.configtools`).
 
-Naming: a ``*Config`` is the settings of one component or process (``SenderConfig`` in
-hub/experience/sender.py, ``OffPolicyConfig`` in replay/feeds.py; the processes' own ``AgentConfig``,
-``LearnerConfig``, ... live here); a ``*Section`` only groups other configs under one YAML key
-(``hub:``, ``replay:``). This module composes them, and loads/dumps the whole. Unknown keys and
-wrong types are errors naming the key (see :mod:`surreal_redis.configtools`). The algorithm's
-section comes from its declaration (:mod:`surreal_redis.algos.registry`): ``algo: sac`` reads
-the ``sac:`` section into the class the SAC package declares.
+A ``*Config`` is the settings of one component or process, most defined beside it; a ``*Section``
+only groups other configs under one YAML key (``hub:``, ``replay:``). ``algo: sac`` reads the
+``sac:`` section into the class the SAC package declares (:mod:`surreal_redis.algos.registry`).
 """
 
 from __future__ import annotations
@@ -129,16 +126,13 @@ class AgentConfig:
     max_restarts: int = 5
 
     def __post_init__(self) -> None:
-        if self.num_agents < 0:
-            raise ValueError(f"num_agents must be >= 0, got {self.num_agents}")
-        if self.fetch_every_steps < 1:
-            raise ValueError(f"fetch_every_steps must be >= 1, got {self.fetch_every_steps}")
+        for name, least in (("num_agents", 0), ("fetch_every_steps", 1), ("max_restarts", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if self.fetch_every_episodes is not None and self.fetch_every_episodes < 1:
             raise ValueError(f"fetch_every_episodes must be >= 1 or null, got {self.fetch_every_episodes}")
         if self.heartbeat_every_s <= 0 or self.heartbeat_ttl_s <= self.heartbeat_every_s:
             raise ValueError("need 0 < heartbeat_every_s < heartbeat_ttl_s")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if not 0 <= self.nice <= 19:
             raise ValueError(f"nice must be in 0..19, got {self.nice}")
 

@@ -59,22 +59,33 @@ def field_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def _emit(cls: type, data: dict[str, Any], indent: int, out: list[str]) -> None:
-    hints = typing.get_type_hints(cls)
-    helps = field_help(cls)
+def _class_help(cls: type) -> str | None:
+    """The first paragraph of ``cls``'s own docstring (not the one dataclass makes up)."""
+    doc = inspect.getdoc(cls)
+    return " ".join(doc.split("\n\n")[0].split()) if doc and not doc.startswith(cls.__name__ + "(") else None
+
+
+def _emit(cls: type, data: dict[str, Any], indent: int, out: list[str], hints: dict[str, Any] | None = None,
+          keys: dict[str, str] | None = None) -> None:
+    """Append the fields of ``cls`` found in ``data`` (``keys``: field -> YAML key) as YAML lines, each
+    under its help; at the top level a blank line sets each apart and a section's help is its class's."""
+    hints = hints or typing.get_type_hints(cls)
     pad = "  " * indent
     for f in dataclasses.fields(cls):
-        value = data[f.name]
-        text = helps.get(f.name)
-        if text:
-            for line in textwrap.wrap(text, 96 - len(pad)):
-                out.append(f"{pad}# {line}")
+        key = (keys or {}).get(f.name, f.name)
+        if key not in data:
+            continue
         sub = hints[f.name]
-        if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(value, dict):
-            out.append(f"{pad}{f.name}:")
-            _emit(sub, value, indent + 1, out)
+        section = isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(data[key], dict)
+        if indent == 0:
+            out.append("")
+        text = _class_help(sub) if section and indent == 0 else field_help(cls).get(f.name)
+        out.extend(f"{pad}# {line}" for line in textwrap.wrap(text or "", 96 - len(pad)))
+        if section:
+            out.append(f"{pad}{key}:")
+            _emit(sub, data[key], indent + 1, out)
         else:
-            rendered = yaml.safe_dump({f.name: value}, default_flow_style=True, sort_keys=False, width=1000).strip()
+            rendered = yaml.safe_dump({key: data[key]}, default_flow_style=True, sort_keys=False, width=1000).strip()
             out.append(f"{pad}{rendered[1:-1] if rendered.startswith('{') else rendered}")
 
 
@@ -93,23 +104,5 @@ def commented_default_config(algo: str, plugins: tuple[str, ...] = ()) -> str:
            "# Every key is optional; unknown keys are errors. Override any value with -o key.path=value."]
     hints = typing.get_type_hints(ExperimentConfig)
     hints["algo_config"] = spec.config_class
-    for f in dataclasses.fields(ExperimentConfig):
-        key = spec.name if f.name == "algo_config" else f.name
-        if key not in data:
-            continue
-        out.append("")
-        sub = hints[f.name]
-        if isinstance(sub, type) and dataclasses.is_dataclass(sub):
-            doc = inspect.getdoc(sub)
-            if doc and not doc.startswith(sub.__name__ + "("):
-                for line in textwrap.wrap(" ".join(doc.split("\n\n")[0].split()), 96):
-                    out.append(f"# {line}")
-            out.append(f"{key}:")
-            _emit(sub, data[key], 1, out)
-        else:
-            text = field_help(ExperimentConfig).get(f.name)
-            if text:
-                out.extend(f"# {line}" for line in textwrap.wrap(text, 96))
-            rendered = yaml.safe_dump({key: data[key]}, default_flow_style=True, sort_keys=False, width=1000).strip()
-            out.append(rendered[1:-1] if rendered.startswith("{") else rendered)
+    _emit(ExperimentConfig, data, 0, out, hints, {"algo_config": spec.name})
     return "\n".join(out) + "\n"

@@ -1,10 +1,7 @@
 """The eval process: plays episodes with the latest parameters in an eval mode, sends no
 experience, and reports every episode (mode ``eval``) to the episodes stream, where the learner
-turns complete evals into ``charts/eval_return`` and best-k checkpoints.
-
-:func:`score_checkpoint` is the final eval ``launch`` ends a run with (``eval --checkpoint``): the
-parameters of one checkpoint file, played for ``eval.final_episodes`` episodes within
-``eval.final_max_s`` seconds, their mean entered into that folder's best-k (``best.json``).
+turns complete evals into ``charts/eval_return`` and best-k checkpoints. :func:`score_checkpoint`
+is the final eval ``launch`` ends a run with (``eval --checkpoint``).
 """
 
 from __future__ import annotations

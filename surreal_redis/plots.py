@@ -260,17 +260,14 @@ class CurvesFile:
             log.debug("no curves yet: %s", exc)
             return False
         except Exception as exc:  # the store, matplotlib or the disk
-            return self._failed(path, exc)
+            if not self.failed:
+                log.warning("return curves not drawn into %s (%s: %s); training goes on, later failures are "
+                            "logged at debug level", path, type(exc).__name__, exc)
+            else:
+                log.debug("return curves not drawn into %s: %r", path, exc)
+            self.failed = True
+            return False
         return True
-
-    def _failed(self, path: Path, exc: Exception) -> bool:
-        if not self.failed:
-            log.warning("return curves not drawn into %s (%s: %s); training goes on, later failures are logged "
-                        "at debug level", path, type(exc).__name__, exc)
-        else:
-            log.debug("return curves not drawn into %s: %r", path, exc)
-        self.failed = True
-        return False
 
 
 def result_panels(cases: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, str]) -> list[Bars]:

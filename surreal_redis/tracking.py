@@ -1,9 +1,6 @@
-"""MLflow tracking for a run. Only the learner (and launcher) write to MLflow; agents and eval
-report through Redis.
-
-The default store is a SQLite file inside the experiment folder (``<dir>/mlflow.db``, artifacts
-under ``<dir>/mlartifacts``), so ``mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db``
-opens it; ``MLFLOW_TRACKING_URI`` overrides it.
+"""MLflow tracking for a run, written by the learner (agents and eval report through Redis).
+The default store is ``<dir>/mlflow.db`` in the experiment folder (docs: Usage);
+``MLFLOW_TRACKING_URI`` overrides it.
 """
 
 from __future__ import annotations
@@ -84,9 +81,7 @@ class Tracker:
     """One MLflow run: params once, metrics on the learner-step axis, artifacts.
 
     The run's id is kept in ``<experiment_dir>/mlflow_run_id``; a tracker opened on a folder that
-    has one continues that run (a learner restarted before its first checkpoint, or resumed: the
-    folder holds one run only, the launcher moves earlier ones aside). Calls block on the tracking
-    store (a local SQLite write takes a few ms).
+    has one continues that run (a restarted or resumed learner). Calls block on the tracking store.
     """
 
     def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,

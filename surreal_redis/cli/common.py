@@ -44,8 +44,7 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # Imported when a command runs, not when the CLI loads: they pull in torch and gymnasium,
-        # which `--help` and the light commands do not need.
+        # imported here: they pull in torch and gymnasium, which `--help` does not need
         from surreal_redis.checkpoint import CheckpointError
         from surreal_redis.envs import EnvError
 
@@ -121,17 +120,6 @@ def _url(config) -> str:
     if not url:
         raise click.UsageError("no Redis URL: pass --redis-url, set SURREAL_REDIS_URL or redis.url in the config")
     return url
-
-
-def _client(config) -> RedisClient:
-    """The client of a one-shot command: a Redis that does not answer is an error."""
-    url = _url(config)
-    client = connect(url, config.redis.settings())
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        raise click.ClickException(f"cannot reach Redis at {url}: {exc}") from None
-    return client
 
 
 def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
