@@ -65,7 +65,7 @@ class CheckpointManager:
         return self._last_save is None or time.monotonic() - self._last_save >= self.config.min_interval_s
 
     def save(self, state: dict[str, Any], iteration: int) -> Path:
-        """Write ``state`` atomically as iteration ``iteration``; prune old periodic ones."""
+        """Write ``state`` atomically (fsynced) as iteration ``iteration``; prune old periodic ones."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path_for(iteration)
         tmp = path.with_suffix(".tmp")
@@ -89,7 +89,9 @@ class CheckpointManager:
         queue.append((float(score), int(iteration)))
         queue.sort(key=lambda entry: (-entry[0], -entry[1]))
         kept = queue[: self.config.keep_best]
-        self._write_json(self.directory / "best.json", [list(e) for e in kept])
+        tmp = self.directory / "best.tmp"
+        tmp.write_text(json.dumps([list(e) for e in kept]))
+        os.replace(tmp, self.directory / "best.json")
         self._prune()
         return (float(score), int(iteration)) in kept
 
@@ -154,9 +156,3 @@ class CheckpointManager:
         for iteration in iterations:
             if iteration not in keep:
                 self.path_for(iteration).unlink(missing_ok=True)
-
-    @staticmethod
-    def _write_json(path: Path, data: Any) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)

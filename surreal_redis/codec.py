@@ -100,9 +100,8 @@ def _unpack(stored: bytes | memoryview, codec: str, dtype: np.dtype, shape: tupl
 
 
 def _check_shape(shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
-        raise CodecError(f"bad array shape {shape!r}")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape):
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape):
         raise CodecError(f"bad array shape {shape!r}")
     return tuple(shape)
 
@@ -115,8 +114,7 @@ def encode_array(arr: np.ndarray, compress_min_bytes: int | None = None) -> byte
     if arr.ndim > MAX_NDIM:
         raise CodecError(f"array with {arr.ndim} dimensions exceeds {MAX_NDIM}")
     data, codec = _pack(arr, compress_min_bytes)
-    header = _ARRAY_HEADER.pack(ARRAY_MAGIC, _CODECS.index(codec), _CODE_BY_NAME[_dtype_name(arr)], arr.ndim)
-    return b"".join((header, struct.pack(f"<{arr.ndim}I", *arr.shape), data))
+    return _array_prefix(_CODECS.index(codec), _dtype_name(arr), arr.shape) + data
 
 
 @lru_cache(maxsize=1024)

@@ -1,12 +1,9 @@
-"""The experiment config: one frozen dataclass tree, loaded from YAML and validated.
+"""The experiment config: one frozen dataclass tree, loaded from YAML and validated
+(:mod:`surreal_redis.configtools`).
 
-Naming: a ``*Config`` is the settings of one component or process (``SenderConfig`` in
-hub/experience/sender.py, ``OffPolicyConfig`` in replay/feeds.py; the processes' own ``AgentConfig``,
-``LearnerConfig``, ... live here); a ``*Section`` only groups other configs under one YAML key
-(``hub:``, ``replay:``). This module composes them, and loads/dumps the whole. Unknown keys and
-wrong types are errors naming the key (see :mod:`surreal_redis.configtools`). The algorithm's
-section comes from its declaration (:mod:`surreal_redis.algos.registry`): ``algo: sac`` reads
-the ``sac:`` section into the class the SAC package declares.
+A ``*Config`` is the settings of one component or process, most defined beside it; a ``*Section``
+only groups other configs under one YAML key (``hub:``, ``replay:``). ``algo: sac`` reads the
+``sac:`` section into the class the SAC package declares (:mod:`surreal_redis.algos.registry`).
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class RedisConfig(RedisSettings):
-    """Where Redis is (``url``; None: the launcher starts an embedded server) and how to talk
-    to it; ``maxmemory`` applies to the embedded server; ``num_shards`` experience streams."""
+    """Where Redis is (``url``; None: the launcher starts an embedded server) and how to talk to it."""
 
     maxmemory: str = "2gb"
     """maxmemory of the embedded server (noeviction: a full Redis makes agents back off)."""
@@ -115,10 +111,10 @@ class AgentConfig:
 
     num_agents: int = 2
     inference: Literal["auto", "numpy", "torch"] = "auto"
-    """What agents and evals run their policy network on. ``numpy``: no torch in the process (it
-    costs ~1.5 s of CPU to import and ~180 MiB of memory, and its per-operator overhead dominates
-    the small batches agents act on); PPO without an LSTM only. ``auto``: numpy for PPO networks
-    without images or an LSTM, torch otherwise (a Pong act of 4 envs: torch ~3.1 ms, numpy ~4.2)."""
+    """What agents and evals run their policy network on. ``numpy``: no torch in the process (its
+    import costs seconds of CPU and much memory, and its per-operator overhead dominates the small
+    batches agents act on); PPO without an LSTM only. ``auto``: numpy for PPO networks without
+    images or an LSTM, torch otherwise (it is faster on convolutions)."""
     fetch_every_steps: int = 64
     fetch_every_episodes: int | None = None
     nice: int = 0
@@ -131,16 +127,13 @@ class AgentConfig:
     max_restarts: int = 5
 
     def __post_init__(self) -> None:
-        if self.num_agents < 0:
-            raise ValueError(f"num_agents must be >= 0, got {self.num_agents}")
-        if self.fetch_every_steps < 1:
-            raise ValueError(f"fetch_every_steps must be >= 1, got {self.fetch_every_steps}")
+        for name, least in (("num_agents", 0), ("fetch_every_steps", 1), ("max_restarts", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if self.fetch_every_episodes is not None and self.fetch_every_episodes < 1:
             raise ValueError(f"fetch_every_episodes must be >= 1 or null, got {self.fetch_every_episodes}")
         if self.heartbeat_every_s <= 0 or self.heartbeat_ttl_s <= self.heartbeat_every_s:
             raise ValueError("need 0 < heartbeat_every_s < heartbeat_ttl_s")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if not 0 <= self.nice <= 19:
             raise ValueError(f"nice must be in 0..19, got {self.nice}")
 
@@ -262,9 +255,7 @@ MOVED_KEYS = {
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """The whole experiment. ``algo`` names a registered algorithm (:mod:`surreal_redis.algos.registry`)
-    and its section, under the YAML key of the same name, is ``algo_config``; ``plugins`` are
-    modules imported first, which register further algorithms."""
+    """The whole experiment; the section of algorithm ``algo`` is read from the YAML key of its name."""
 
     experiment: RunConfig = field(default_factory=RunConfig)
     plugins: tuple[str, ...] = ()
@@ -308,12 +299,9 @@ class ExperimentConfig:
     @property
     def stale_round_advice(self) -> str | None:
         """A one-line warning when one flush of every agent (free on-policy production) spans more
-        than half of ``replay.fifo.max_policy_lag`` updates, else None. Agents that wait on the
+        than half of ``replay.fifo.max_policy_lag`` updates, else None: agents that wait on the
         backlog are let go together and their flushes reach the learner as one block, whose last
-        chunks are trained on that many updates after the agents' parameters: 15 CartPole agents
-        (4 envs x 32 steps each, 7.5 updates of 256 steps) had 40% of their experience dropped as
-        too stale at max_policy_lag 8, 15 HalfCheetah agents (3.75 updates) 4%, and with 8192
-        steps per update 0% (2026-12-04, 16 cores, learner on a GPU; docs/benchmarks.md)."""
+        chunks are trained on that many updates after the agents' parameters (docs/benchmarks.md)."""
         lag = self.replay.fifo.max_policy_lag
         if self.lockstep or not self.algorithm.on_policy or lag is None:
             return None

@@ -2,8 +2,7 @@
 sac, or a plug-in's) as commented YAML.
 
 The comments come from the config dataclasses themselves (attribute docstrings, ``#`` comments on
-or above a field, or an ``Attributes:`` section of the class docstring), so they cannot drift
-from the code.
+or above a field), so they cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import re
 import textwrap
 import typing
 from functools import cache
@@ -38,7 +36,6 @@ def field_help(cls: type) -> dict[str, str]:
         node = ast.parse(source).body[0]
         if not isinstance(node, ast.ClassDef):
             continue
-        helps.update(_docstring_attributes(ast.get_docstring(node) or ""))
         body = node.body
         for i, stmt in enumerate(body):
             if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
@@ -62,43 +59,33 @@ def field_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def _docstring_attributes(doc: str) -> dict[str, str]:
-    match = re.search(r"^(?:Attributes|Args):\s*$(.*)", doc, flags=re.M | re.S)
-    if not match:
-        return {}
-    helps: dict[str, str] = {}
-    current = None
-    for line in match.group(1).splitlines():
-        item = re.match(r"^\s{2,8}([a-z_][a-z0-9_, ]*):\s*(.*)$", line)
-        if item:
-            names = [n.strip() for n in item.group(1).split(",")]
-            current = names
-            for n in names:
-                helps[n] = item.group(2).strip()
-        elif current and line.strip():
-            for n in current:
-                helps[n] += " " + line.strip()
-        elif not line.strip():
-            current = None
-    return helps
+def _class_help(cls: type) -> str | None:
+    """The first paragraph of ``cls``'s own docstring (not the one dataclass makes up)."""
+    doc = inspect.getdoc(cls)
+    return " ".join(doc.split("\n\n")[0].split()) if doc and not doc.startswith(cls.__name__ + "(") else None
 
 
-def _emit(cls: type, data: dict[str, Any], indent: int, out: list[str]) -> None:
-    hints = typing.get_type_hints(cls)
-    helps = field_help(cls)
+def _emit(cls: type, data: dict[str, Any], indent: int, out: list[str], hints: dict[str, Any] | None = None,
+          keys: dict[str, str] | None = None) -> None:
+    """Append the fields of ``cls`` found in ``data`` (``keys``: field -> YAML key) as YAML lines, each
+    under its help; at the top level a blank line sets each apart and a section's help is its class's."""
+    hints = hints or typing.get_type_hints(cls)
     pad = "  " * indent
     for f in dataclasses.fields(cls):
-        value = data[f.name]
-        text = helps.get(f.name)
-        if text:
-            for line in textwrap.wrap(text, 96 - len(pad)):
-                out.append(f"{pad}# {line}")
+        key = (keys or {}).get(f.name, f.name)
+        if key not in data:
+            continue
         sub = hints[f.name]
-        if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(value, dict):
-            out.append(f"{pad}{f.name}:")
-            _emit(sub, value, indent + 1, out)
+        section = isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(data[key], dict)
+        if indent == 0:
+            out.append("")
+        text = _class_help(sub) if section and indent == 0 else field_help(cls).get(f.name)
+        out.extend(f"{pad}# {line}" for line in textwrap.wrap(text or "", 96 - len(pad)))
+        if section:
+            out.append(f"{pad}{key}:")
+            _emit(sub, data[key], indent + 1, out)
         else:
-            rendered = yaml.safe_dump({f.name: value}, default_flow_style=True, sort_keys=False, width=1000).strip()
+            rendered = yaml.safe_dump({key: data[key]}, default_flow_style=True, sort_keys=False, width=1000).strip()
             out.append(f"{pad}{rendered[1:-1] if rendered.startswith('{') else rendered}")
 
 
@@ -117,23 +104,5 @@ def commented_default_config(algo: str, plugins: tuple[str, ...] = ()) -> str:
            "# Every key is optional; unknown keys are errors. Override any value with -o key.path=value."]
     hints = typing.get_type_hints(ExperimentConfig)
     hints["algo_config"] = spec.config_class
-    for f in dataclasses.fields(ExperimentConfig):
-        key = spec.name if f.name == "algo_config" else f.name
-        if key not in data:
-            continue
-        out.append("")
-        sub = hints[f.name]
-        if isinstance(sub, type) and dataclasses.is_dataclass(sub):
-            doc = inspect.getdoc(sub)
-            if doc and not doc.startswith(sub.__name__ + "("):
-                for line in textwrap.wrap(" ".join(doc.split("\n\n")[0].split()), 96):
-                    out.append(f"# {line}")
-            out.append(f"{key}:")
-            _emit(sub, data[key], 1, out)
-        else:
-            text = field_help(ExperimentConfig).get(f.name)
-            if text:
-                out.extend(f"# {line}" for line in textwrap.wrap(text, 96))
-            rendered = yaml.safe_dump({key: data[key]}, default_flow_style=True, sort_keys=False, width=1000).strip()
-            out.append(rendered[1:-1] if rendered.startswith("{") else rendered)
+    _emit(ExperimentConfig, data, 0, out, hints, {"algo_config": spec.name})
     return "\n".join(out) + "\n"

@@ -1,13 +1,8 @@
 """Typed, validated construction of frozen config dataclasses from plain dicts (YAML).
 
-Every component defines its own frozen dataclass of settings; :func:`from_dict` builds one from a
-mapping, rejecting unknown keys and wrong types with an error that names the dotted key, and
-:func:`apply_overrides` applies ``a.b=c`` command-line overrides (values parsed as YAML).
-
-YAML is read with :class:`ConfigLoader` and written with :class:`ConfigDumper`: YAML 1.1 (PyYAML)
-reads ``1e-3``, ``1E9`` and ``1.0e3`` as strings (its floats need a dot and a signed exponent);
-these read them as the numbers a user wrote (YAML 1.2's floats), in files and overrides alike,
-and quote strings that would now read as numbers.
+:func:`from_dict` builds a dataclass from a mapping, rejecting unknown keys and wrong types with
+an error that names the dotted key; :func:`apply_overrides` applies ``a.b=c`` overrides. YAML is
+read and written as YAML 1.2 floats (:class:`ConfigLoader`, :class:`ConfigDumper`).
 """
 
 from __future__ import annotations
@@ -29,8 +24,9 @@ class ConfigError(ValueError):
     """A config value or key is invalid; the message names the dotted key."""
 
 
-# YAML 1.2 floats that YAML 1.1 leaves as strings: a dot or an exponent (an unsigned one too).
-# Checked after PyYAML's own resolvers, so ints, YAML 1.1 floats and .inf/.nan keep their meaning.
+# YAML 1.2 floats that YAML 1.1 (PyYAML) leaves as strings, such as 1e-3 and 1.0e3 (its floats need
+# a dot and a signed exponent). Checked after PyYAML's own resolvers, so ints, YAML 1.1 floats and
+# .inf/.nan keep their meaning.
 _FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$")
 _FLOAT_FIRST = list("-+0123456789.")
 
@@ -132,9 +128,9 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected true/false, got {value!r}")
         return value
     if tp is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
@@ -180,10 +176,7 @@ def build_dataclass(cls: type[T], data: Mapping[str, Any] | None, where: str = "
             f"unknown config key {name!r}{hint} (known keys{' of ' + where if where else ''}: "
             f"{', '.join(sorted(fields))})"
         )
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{where}.{name}" if where else name
-        kwargs[name] = _coerce(value, hints[name], key)
+    kwargs = {name: _coerce(value, hints[name], f"{where}.{name}" if where else name) for name, value in data.items()}
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -225,7 +218,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value")
         path, raw = item.split("=", 1)
-        parts = [p for p in path.strip().split(".")]
+        parts = path.strip().split(".")
         if not all(parts):
             raise ConfigError(f"override {item!r} has an empty key")
         try:

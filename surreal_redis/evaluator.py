@@ -1,10 +1,7 @@
 """The eval process: plays episodes with the latest parameters in an eval mode, sends no
 experience, and reports every episode (mode ``eval``) to the episodes stream, where the learner
-turns complete evals into ``charts/eval_return`` and best-k checkpoints.
-
-:func:`score_checkpoint` is the final eval ``launch`` ends a run with (``eval --checkpoint``): the
-parameters of one checkpoint file, played for ``eval.final_episodes`` episodes within
-``eval.final_max_s`` seconds, their mean entered into that folder's best-k (``best.json``).
+turns complete evals into ``charts/eval_return`` and best-k checkpoints. :func:`score_checkpoint`
+is the final eval ``launch`` ends a run with (``eval --checkpoint``).
 """
 
 from __future__ import annotations
@@ -109,9 +106,7 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     episodes, stopping at ``eval.final_max_s`` seconds of play (an episode cut there does not
     count), and enter the mean of those finished into the folder's best-k under the checkpoint's
     update count. A stop signal ends it with nothing recorded."""
-    mode = mode or config.eval.mode
-    if mode not in EVAL_MODES:
-        raise ValueError(f"eval mode {mode!r} is not one of {sorted(EVAL_MODES)}")
+    act_mode = _act_mode(config, mode)
     path = Path(path).resolve()
     manager = CheckpointManager(path.parent, config.checkpoint)
     env = make_env(config.env, seed=config.experiment.seed + 40_000, mode="eval")
@@ -123,7 +118,7 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     until = Deadline(stop, config.eval.final_max_s)
     returns: list[float] = []
     for episode in range(config.eval.final_episodes):
-        total, _ = play_episode(env, policy, EVAL_MODES[mode], config.experiment.seed + 40_000 + episode, until)
+        total, _ = play_episode(env, policy, act_mode, config.experiment.seed + 40_000 + episode, until)
         if until.cut:
             break
         returns.append(total)
@@ -138,6 +133,14 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     return result
 
 
+def _act_mode(config: ExperimentConfig, mode: str | None) -> ActMode:
+    """``mode`` (None: ``eval.mode``) as an ActMode; ValueError when it is not one."""
+    mode = mode or config.eval.mode
+    if mode not in EVAL_MODES:
+        raise ValueError(f"eval mode {mode!r} is not one of {sorted(EVAL_MODES)}")
+    return EVAL_MODES[mode]
+
+
 def _fmt_score(score: float | None) -> str:
     return "no score" if score is None else f"mean return {score:.2f}"
 
@@ -150,10 +153,7 @@ class Evaluator:
 
     def __init__(self, config: ExperimentConfig, client: RedisClient, stop: StopFlag,
                  mode: str | None = None, eval_id: int = 0) -> None:
-        mode = mode or config.eval.mode
-        if mode not in EVAL_MODES:
-            raise ValueError(f"eval mode {mode!r} is not one of {sorted(EVAL_MODES)}")
-        self.config, self.client, self.stop, self.mode = config, client, stop, EVAL_MODES[mode]
+        self.config, self.client, self.stop, self.mode = config, client, stop, _act_mode(config, mode)
         self.name = f"eval-{eval_id}"
         self.env = make_env(config.env, seed=config.experiment.seed + 10_000 + eval_id, mode="eval")
         self.policy = make_policy(config.algo_config, self.env.observation_space, self.env.action_space, 1,
@@ -197,9 +197,7 @@ class Evaluator:
             self.seed += 1
             total, length = play_episode(self.env, self.policy, self.mode, self.seed, self.stop)
             records.append(EpisodeRecord(self.name, "eval", total, length, version, time.time()))
-        if self.stop:
-            return
-        if not self._report(records):
+        if self.stop or not self._report(records):
             return
         log.info("%s: v%d scored %.2f over %d episodes", self.name, version,
                  float(np.mean([r.episode_return for r in records])), len(records))

@@ -1,20 +1,13 @@
 """Pictures of learning: return curves read from a run's MLflow store, and the bench figures.
 
-Two steps, each testable on its own:
+Reading (:func:`read_curves`: a run's metric history into :class:`Series`) and drawing
+(:func:`draw_curves`, :func:`draw_curve_rows`, :func:`draw_bars`: a matplotlib ``Figure`` on an
+Agg canvas, no pyplot state; :func:`save_figure` writes it) are separate steps.
 
-1. read: :func:`read_curves` turns a run's metric history (``charts/episode_return_mean``, the
-   training return; ``charts/eval_return``, the last complete eval; each paired with
-   ``charts/env_steps`` and ``system/elapsed_s`` of the same flush) into :class:`Series`;
-2. draw: :func:`draw_curves`, :func:`draw_curve_rows` (a bench's cases) and :func:`draw_bars`
-   return a matplotlib ``Figure`` (Agg canvas, no pyplot state), :func:`save_figure` writes it.
-
-``<run>/curves.png`` is redrawn at each periodic checkpoint and at the stop by the process that
-writes the run's MLflow store (:meth:`surreal_redis.tracking.Tracker.draw_curves`, the learner's
-MLflow child), from that store, which is readable there mid-run: the history survives a learner
-restarted from a checkpoint, nothing is kept in the learner, and the redraw (0.2-0.4 s, plus
-0.5-1 s for matplotlib's first import, on 2 busy cores) never runs on the learner's thread or
-holds its GIL. matplotlib is imported inside the drawing functions only, so processes that never
-draw do not load it.
+``<run>/curves.png`` is redrawn at each periodic checkpoint and at the stop by the learner's
+MLflow child (:meth:`surreal_redis.tracking.Tracker.draw_curves`) from the store it writes, so
+the history survives a learner restart and the redraw never holds the learner's GIL.
+matplotlib is imported inside the drawing functions only.
 """
 
 from __future__ import annotations
@@ -169,8 +162,7 @@ def draw_curves(runs: Sequence[RunCurves], axes: Sequence[str] = ("steps", "time
 def draw_curve_rows(rows: Sequence[tuple[str, Sequence[RunCurves]]], axes: Sequence[str] = ("steps", "time"),
                     title: str = "", xlabels: Mapping[str, str] | None = None) -> Figure:
     """:func:`draw_curves` of several groups of runs (a bench's cases), a row of panels each,
-    each row's panels titled with its name; ``xlabels`` replaces :data:`AXES`' axis labels (a
-    bench whose sides count time from different starts says so)."""
+    titled with its name; ``xlabels`` replaces :data:`AXES`' axis labels."""
     unknown = [axis for axis in axes if axis not in AXES]
     if unknown or not axes:
         raise ValueError(f"x axis {unknown[0] if unknown else axes!r} is not one of {', '.join(AXES)}")
@@ -253,9 +245,8 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, axes: Sequence[str] = ("steps
 
 
 class CurvesFile:
-    """Redraws one run's ``curves.png`` from its MLflow store (see
-    :meth:`surreal_redis.tracking.Tracker.draw_curves`). A failure is logged with a warning the
-    first time, at debug level after, and never raised: a figure must not stop a run."""
+    """Redraws one run's ``curves.png`` from its MLflow store. A failure is logged with a warning
+    the first time, at debug level after, and never raised: a figure must not stop a run."""
 
     def __init__(self, client: Any, run_id: str, name: str) -> None:
         self.client, self.run_id, self.name = client, run_id, name
@@ -268,18 +259,15 @@ class CurvesFile:
         except PlotError as exc:
             log.debug("no curves yet: %s", exc)
             return False
-        except Exception as exc:  # the store, matplotlib or the disk: logged, see the class docstring
-            return self._failed(path, exc)
+        except Exception as exc:  # the store, matplotlib or the disk
+            if not self.failed:
+                log.warning("return curves not drawn into %s (%s: %s); training goes on, later failures are "
+                            "logged at debug level", path, type(exc).__name__, exc)
+            else:
+                log.debug("return curves not drawn into %s: %r", path, exc)
+            self.failed = True
+            return False
         return True
-
-    def _failed(self, path: Path, exc: Exception) -> bool:
-        if not self.failed:
-            log.warning("return curves not drawn into %s (%s: %s); training goes on, later failures are logged "
-                        "at debug level", path, type(exc).__name__, exc)
-        else:
-            log.debug("return curves not drawn into %s: %r", path, exc)
-        self.failed = True
-        return False
 
 
 def result_panels(cases: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, str]) -> list[Bars]:

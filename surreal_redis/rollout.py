@@ -7,18 +7,14 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
-from surreal_redis.algos.base import ActMode
 from surreal_redis.checkpoint import CheckpointConfig, CheckpointError
 from surreal_redis.config import ExperimentConfig, load_config
 from surreal_redis.configtools import ConfigError
 from surreal_redis.envs import make_env
-from surreal_redis.evaluator import checkpoint_policy, play_episode
+from surreal_redis.evaluator import EVAL_MODES, checkpoint_policy, play_episode
 from surreal_redis.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
-
-MODES = {"deterministic": ActMode.EVAL_DETERMINISTIC, "stochastic": ActMode.EVAL_STOCHASTIC}
-
 
 class RolloutResult(NamedTuple):
     """The checkpoint file played (absolute), its learner update count, and each episode's return."""
@@ -62,7 +58,7 @@ def run_rollout(checkpoint: Path, config_path: str | None, overrides: tuple[str,
     for episode in range(episodes):
         frames: list = []
         record = (lambda frames=frames: frames.append(env.render())) if video_dir else None
-        total, length = play_episode(env, policy, MODES[mode], seed=config.experiment.seed + 30_000 + episode,
+        total, length = play_episode(env, policy, EVAL_MODES[mode], seed=config.experiment.seed + 30_000 + episode,
                                      on_frame=record)
         returns.append(total)
         log.info("episode %d: return %.2f, %d steps", episode, total, length)

@@ -1,9 +1,6 @@
-"""MLflow tracking for a run. Only the learner (and launcher) write to MLflow; agents and eval
-report through Redis.
-
-The default store is a SQLite file inside the experiment folder (``<dir>/mlflow.db``, artifacts
-under ``<dir>/mlartifacts``), so ``mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db``
-opens it; ``MLFLOW_TRACKING_URI`` overrides it.
+"""MLflow tracking for a run, written by the learner (agents and eval report through Redis).
+The default store is ``<dir>/mlflow.db`` in the experiment folder (docs: Usage);
+``MLFLOW_TRACKING_URI`` overrides it.
 """
 
 from __future__ import annotations
@@ -50,9 +47,8 @@ def cache_dir() -> Path:
 def seed_store(store: Path) -> bool:
     """Start a new SQLite store at ``store`` as a copy of an empty one made once per MLflow version
     and kept in :func:`cache_dir`: MLflow builds a new store's schema by running its whole chain of
-    database migrations, 3.3-3.8 s of CPU (MLflow 3.17) at every launch, where the copy takes
-    milliseconds. False (the store is left to MLflow) when ``store`` exists or the cache cannot be
-    written; the reason is logged."""
+    database migrations, seconds of CPU, where the copy takes milliseconds. False (the store is
+    left to MLflow, the reason logged) when ``store`` exists or the cache cannot be written."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -85,9 +81,7 @@ class Tracker:
     """One MLflow run: params once, metrics on the learner-step axis, artifacts.
 
     The run's id is kept in ``<experiment_dir>/mlflow_run_id``; a tracker opened on a folder that
-    has one continues that run (a learner restarted before its first checkpoint, or resumed: the
-    folder holds one run only, the launcher moves earlier ones aside). Calls block on the tracking
-    store (a local SQLite write takes a few ms).
+    has one continues that run (a restarted or resumed learner). Calls block on the tracking store.
     """
 
     def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,
@@ -172,8 +166,7 @@ class TrackingError(RuntimeError):
 
 
 TRACKER_NICE = 19
-"""The MLflow child's CPU priority (``os.nice``): nothing waits for its writes, so its start-up (~2 s
-of CPU) and its writes take what the learner and agents leave."""
+"""The MLflow child's CPU priority (``os.nice``): nothing waits for its start-up or its writes."""
 
 
 def _tracker_child() -> None:
@@ -185,9 +178,9 @@ def _tracker_child() -> None:
 
 class TrackerProcess:
     """A :class:`Tracker` in a child process (``python -m surreal_redis.tracking``), with the same
-    calls: each one blocks until the child has written it. MLflow's import and store set-up (~4 s
-    of CPU, ~170 MiB: pandas, pyarrow, sqlalchemy, alembic) and every write then run outside the
-    learner's process, where they held its GIL and slowed its start-up and updates.
+    calls: each one blocks until the child has written it. MLflow's heavy import and store set-up
+    (pandas, pyarrow, sqlalchemy, alembic) and every write then run outside the learner's process
+    and its GIL.
 
     Calls and replies are JSON lines over the child's stdin and stdout; its log goes to this
     process's stderr. The child ignores Ctrl-C and SIGTERM (the caller finishes the run) and ends
@@ -253,8 +246,7 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
     dir, experiment name, run name, tracking URI or ''), then run each request line
     ``{"method", "args"}`` (a method of :data:`SERVED`) from ``requests`` and answer
     ``{"ok": true, "value"}`` or ``{"ok": false, "error"}`` on ``replies``, until ``requests``
-    ends; a run not finished by then (its learner died) is marked KILLED. Returns the exit code
-    (1 when the tracker could not open)."""
+    ends. Returns the exit code (1 when the tracker could not open)."""
 
     def answer(ok: bool, value: object = None, error: str = "") -> None:
         replies.write(json.dumps({"ok": ok, "value": value, "error": error}).encode() + b"\n")
@@ -340,8 +332,7 @@ class BackgroundTracker:
         self._submit(lambda tracker: tracker.draw_curves(path))
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Mark the run FINISHED, FAILED or KILLED once everything before is written; blocks until
-        then. TrackingError when a call failed."""
+        """Blocks until every call before and the finish are written (see the class docstring)."""
         self._submit(lambda tracker: tracker.finish(status))
         self._calls.put(None)
         self._thread.join()
@@ -358,7 +349,7 @@ if __name__ == "__main__":
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     code = serve(sys.argv[1:], sys.stdin.buffer, replies)
-    # every call was committed before its reply: skip the interpreter's teardown (~1 s with
-    # pandas, pyarrow and sqlalchemy loaded), which the learner's stop would wait for
+    # every call was committed before its reply: skip the interpreter's slow teardown, which the
+    # learner's stop would wait for
     logging.shutdown()
     os._exit(code)

@@ -4,12 +4,6 @@ Every function here visits leaves in one order, the order the wire format uses: 
 dict values in insertion order (never sorted), list and tuple items by position. Anything that
 is not a mapping, list or tuple is a leaf (arrays, tensors, scalars, None). Functions take the
 function to apply first, then the trees.
-
-- :func:`tree_leaves`, :func:`tree_leaves_with_paths`: the leaves, optionally with their paths;
-- :func:`tree_map`: apply a function leafwise to one tree or several trees of one structure;
-- :func:`tree_stack`: combine a list of trees leafwise (``np.stack``, ``np.concatenate``, ...);
-- :func:`tree_structure` / :func:`tree_unflatten`: a tree's shape without its leaves, as JSON-able
-  data (the ``o`` and ``s`` fields of a chunk template carry it), and back.
 """
 
 from __future__ import annotations
@@ -23,8 +17,7 @@ Structure = Any  # leaf ordinal (int) | {"d": {key: Structure}} | {"u": [Structu
 
 
 _LEAF, _MAPPING, _SEQUENCE = 1, 2, 3
-# type -> what it is; the walkers look a node's type up here (one dict lookup instead of up to
-# three isinstance calls, the Mapping one costly). Filled in on first sight: a few types per run.
+# type -> kind: one dict lookup instead of up to three isinstance calls (the Mapping one costly)
 _KINDS: dict[type, int] = {dict: _MAPPING, list: _SEQUENCE, tuple: _SEQUENCE}
 
 

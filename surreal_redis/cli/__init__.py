@@ -1,10 +1,5 @@
-"""The ``surreal-redis`` command line (click).
-
-Every command that talks to Redis takes ``--redis-url`` (or ``$SURREAL_REDIS_URL``); errors in
-arguments, configs, checkpoints or connections exit non-zero with a message naming the problem.
-The commands live by what they do: :mod:`.processes` (launch, agent, learner, eval),
-:mod:`.operate` (status, stop, gc, acl) and :mod:`.tools` (redis, default-config, rollout, plot);
-:mod:`.common` holds what they share.
+"""The ``surreal-redis`` command line (click). Every command that talks to Redis takes
+``--redis-url`` (or ``$SURREAL_REDIS_URL``); a user's error exits non-zero with a message naming it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""What every ``surreal-redis`` command shares: the common options, the clean failure of
-:func:`_fail_cleanly`, config loading, Redis clients, and how a learner, agent or eval process
-starts (one BLAS thread, one torch thread) and ends (:func:`_exit_process`)."""
+"""What the ``surreal-redis`` commands share: options, clean failures, config loading, Redis
+clients, and how a learner, agent or eval process starts and ends."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def _fail_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # Imported when a command runs, not when the CLI loads: they pull in torch and gymnasium,
-        # which `--help` and the light commands do not need.
+        # imported here: they pull in torch and gymnasium, which `--help` does not need
         from surreal_redis.checkpoint import CheckpointError
         from surreal_redis.envs import EnvError
 
@@ -89,10 +87,8 @@ def _load(config_path: str | None, overrides: tuple[str, ...], redis_url: str | 
 
 def _exit_process(code: int) -> NoReturn:
     """End a learner, agent or eval process that returned ``code`` without the interpreter's
-    teardown: with torch and MLflow loaded its garbage collection took 1-8 s on 2 busy cores after
-    the work was done (the launcher and a user wait for it). By then every write has returned
-    (checkpoints fsynced, MLflow finished, Redis replied) and no thread is left working; logs and
-    stdio are flushed here."""
+    teardown, whose garbage collection with torch and MLflow loaded takes seconds that the launcher
+    and a user wait for. By then every write has returned and no thread is left working."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -114,8 +110,7 @@ def _one_blas_thread() -> None:
 
 def _single_threaded_torch() -> None:
     """Agents and evals run tiny batches: one thread each beats many processes fighting over
-    every core (measured: 2 ms -> 0.05 ms per small linear layer on a busy 2-core machine).
-    A process whose policy acts with numpy has not imported torch and does not now."""
+    every core. A process whose policy acts with numpy has not imported torch and does not now."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
@@ -125,17 +120,6 @@ def _url(config) -> str:
     if not url:
         raise click.UsageError("no Redis URL: pass --redis-url, set SURREAL_REDIS_URL or redis.url in the config")
     return url
-
-
-def _client(config) -> RedisClient:
-    """The client of a one-shot command: a Redis that does not answer is an error."""
-    url = _url(config)
-    client = connect(url, config.redis.settings())
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        raise click.ClickException(f"cannot reach Redis at {url}: {exc}") from None
-    return client
 
 
 def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
