@@ -34,9 +34,9 @@ import torch
 from surreal_redis.algos.learning import make_trainer
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.algos.ppo.trainer import PPOTrainer
+from surreal_redis.chunks import Chunk
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_vector_env
-from surreal_redis.experience import Chunk
 from surreal_redis.testing.local_loop import ChunkCollector
 
 log = logging.getLogger("bench.learner_step")

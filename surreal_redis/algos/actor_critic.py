@@ -13,8 +13,8 @@ from torch import nn
 from surreal_redis.algos.base import ParamDict, Trainer
 from surreal_redis.algos.networks import actor_params, adam, normalized_obs, obs_to_tensor, resolve_device
 from surreal_redis.algos.normalizer import ObservationNormalizer
+from surreal_redis.chunks import TransitionBatch
 from surreal_redis.codec import Tree
-from surreal_redis.experience import TransitionBatch
 
 
 class ActorCriticSection(Protocol):
@@ -33,7 +33,7 @@ class ActorCriticSection(Protocol):
 
 
 class BatchTensors(NamedTuple):
-    """A :class:`~surreal_redis.experience.TransitionBatch` of B transitions on the learner's
+    """A :class:`~surreal_redis.chunks.TransitionBatch` of B transitions on the learner's
     device: observation trees (leaves ``[B, ...]``) through the z-filter, float32 ``actions``
     ``[B, A]``, ``rewards``, ``discounts`` and importance ``weights`` ``[B]``."""
 

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from surreal_redis.experience import Chunk
+from surreal_redis.chunks import INITIAL_STATE, Chunk
 
 if TYPE_CHECKING:
     from surreal_redis.config import ExperimentConfig
 
-INITIAL_STATE = "initial_state"
 
 
 def _template(space: gym.Space) -> Any:

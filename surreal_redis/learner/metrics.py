@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import redis
 
+from surreal_redis.chunks import Chunk
 from surreal_redis.configtools import flatten, to_dict
 from surreal_redis.connection import RedisClient
-from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.experience.receiver import ReceiverStats
 from surreal_redis.hub.experience.retention import JanitorStats

@@ -20,7 +20,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from surreal_redis.experience import Chunk, TransitionBatch
+from surreal_redis.chunks import Chunk, TransitionBatch
 from surreal_redis.replay import ReplayConfig, make_replay
 from surreal_redis.replay.fifo import FIFOReplay, FIFOReplayConfig
 from surreal_redis.replay.nstep import NStepBuilder

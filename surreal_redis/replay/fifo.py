@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-from surreal_redis.experience import Chunk
+from surreal_redis.chunks import Chunk
 
 logger = logging.getLogger(__name__)
 

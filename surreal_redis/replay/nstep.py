@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from surreal_redis.experience import Chunk
+from surreal_redis.chunks import Chunk
 from surreal_redis.trees import Tree, tree_leaves_with_paths, tree_map
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Literal
 
 import numpy as np
 
+from surreal_redis.chunks import TransitionBatch
 from surreal_redis.codec import Tree
-from surreal_redis.experience import TransitionBatch
 from surreal_redis.replay.segment_tree import NUMBA_INSTALLED, MinSegmentTree, SumSegmentTree
 from surreal_redis.replay.storage import Replay, TransitionStorage
 from surreal_redis.replay.uniform import UniformReplayConfig

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from surreal_redis.experience import TransitionBatch
+from surreal_redis.chunks import TransitionBatch
 from surreal_redis.trees import Path, Structure, Tree, tree_leaves_with_paths, tree_structure, tree_unflatten
 
 
@@ -143,7 +143,7 @@ class TransitionStorage:
 
         Shapes: ``obs`` and ``next_obs`` trees (dicts, tuples of frames, arrays) with leaves
         ``[B, ...]``; ``actions`` ``[B, ...]``; ``rewards``, ``discounts`` ``[B]`` (float32, see
-        :class:`~surreal_redis.experience.TransitionBatch`). B must not exceed :attr:`capacity`.
+        :class:`~surreal_redis.chunks.TransitionBatch`). B must not exceed :attr:`capacity`.
         """
         flat_obs = {path: np.asarray(leaf) for path, leaf in tree_leaves_with_paths(obs)}
         flat_next = {path: np.asarray(leaf) for path, leaf in tree_leaves_with_paths(next_obs)}

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from surreal_redis.experience import TransitionBatch
+from surreal_redis.chunks import TransitionBatch
 from surreal_redis.replay.storage import Replay, TransitionStorage
 
 

@@ -17,16 +17,15 @@ import gymnasium as gym
 import numpy as np
 
 from surreal_redis.algos.base import ActMode, AgentPolicy, ParamDict
+from surreal_redis.chunks import INITIAL_STATE, Chunk
 from surreal_redis.codec import Tree
 from surreal_redis.envs import step_vector_env
-from surreal_redis.experience import Chunk
 from surreal_redis.replay.feeds import OnPolicyFeed, OnPolicyTrainer
 from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.trees import tree_map, tree_stack
 
 log = logging.getLogger(__name__)
 
-INITIAL_STATE = "initial_state"  # the Chunk.extras key of the recurrent state at the chunk start
 
 
 class OnPolicyLearner(OnPolicyTrainer, Protocol):

@@ -14,9 +14,9 @@ from surreal_redis.agent import with_final_rows
 from surreal_redis.algos.base import ActMode, AgentPolicy
 from surreal_redis.algos.ppo.policy import PPOConfig, PPOPolicy
 from surreal_redis.algos.ppo.trainer import PPOTrainer
+from surreal_redis.chunks import Chunk
 from surreal_redis.envs import EnvConfig, EpisodeResult, make_env, make_vector_env, step_vector_env
 from surreal_redis.evaluator import play_episode
-from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig, SenderStats
 from surreal_redis.keys import RunKeys

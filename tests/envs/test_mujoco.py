@@ -12,8 +12,8 @@ import pytest
 from surreal_redis.algos.ddpg.policy import DDPGConfig
 from surreal_redis.algos.ddpg.trainer import DDPGTrainer
 from surreal_redis.algos.ppo.policy import PPOConfig
+from surreal_redis.chunks import TransitionBatch
 from surreal_redis.envs import EnvConfig, make_env
-from surreal_redis.experience import TransitionBatch
 from surreal_redis.replay.nstep import NStepBuilder
 
 from .family import loaded_policy, play_eval_episode, play_into_hub, ppo_updates, receive_and_check

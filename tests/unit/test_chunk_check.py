@@ -1,7 +1,7 @@
 import gymnasium as gym
 import numpy as np
 
-from surreal_redis.experience import Chunk
+from surreal_redis.chunks import Chunk
 from surreal_redis.learner.chunk_check import ChunkCheck
 
 

@@ -14,8 +14,8 @@ from surreal_redis.algos.base import ActMode
 from surreal_redis.algos.ddpg.noise import NoiseConfig
 from surreal_redis.algos.ddpg.policy import DDPGConfig, DDPGPolicy
 from surreal_redis.algos.ddpg.trainer import DDPGTrainer
+from surreal_redis.chunks import TransitionBatch
 from surreal_redis.configtools import ConfigError, from_dict
-from surreal_redis.experience import TransitionBatch
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTION_SPACE = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from surreal_redis.experience import Chunk, TransitionBatch
+from surreal_redis.chunks import Chunk, TransitionBatch
 from surreal_redis.replay import ReplayConfig
 from surreal_redis.replay.feeds import ExperienceUse, OffPolicyConfig, OffPolicyFeed, OnPolicyFeed
 from surreal_redis.replay.fifo import FIFOReplayConfig

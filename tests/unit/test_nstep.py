@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from surreal_redis.experience import Chunk
+from surreal_redis.chunks import Chunk
 from surreal_redis.replay.nstep import NStepBuilder
 
 G = 0.5

@@ -21,8 +21,8 @@ from surreal_redis.algos.ppo.losses import (
 )
 from surreal_redis.algos.ppo.policy import to_tensors
 from surreal_redis.algos.ppo.trainer import PPOConfig, PPOPolicy, PPOTrainer
+from surreal_redis.chunks import Chunk
 from surreal_redis.envs import EnvConfig, make_vector_env
-from surreal_redis.experience import Chunk
 from surreal_redis.testing.local_loop import ChunkCollector
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from surreal_redis.experience import Chunk
+from surreal_redis.chunks import Chunk
 from surreal_redis.hub.experience.receiver import ReceivedChunk
 from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
 

@@ -22,9 +22,9 @@ from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.numpy_policy import NumpySACPolicy
 from surreal_redis.algos.sac.policy import Actor, SACPolicy
 from surreal_redis.algos.sac.trainer import SACTrainer
+from surreal_redis.chunks import TransitionBatch
 from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError, from_dict
-from surreal_redis.experience import TransitionBatch
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTION_SPACE = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from surreal_redis.chunks import Chunk
 from surreal_redis.codec import encode_tree
-from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience import payload as pl
 from surreal_redis.replay.nstep import NStepBuilder
 from surreal_redis.replay.uniform import UniformReplay, UniformReplayConfig

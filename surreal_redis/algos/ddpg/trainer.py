@@ -24,7 +24,7 @@ from torch import nn
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
 from surreal_redis.algos.ddpg.policy import Actor, DDPGConfig, check_action_space
 from surreal_redis.algos.networks import QNetwork, soft_update
-from surreal_redis.experience import TransitionBatch
+from surreal_redis.chunks import TransitionBatch
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDi
 from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.ppo.config import PPOConfig, ppo_action_space
+from surreal_redis.chunks import INITIAL_STATE
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_map
 
@@ -179,7 +180,7 @@ class PPOPolicy(AgentPolicy):
             if self.net.continuous:
                 extras["raw_action"] = raw.numpy().astype(np.float32)
             if start_state is not None:
-                extras["initial_state"] = {"lstm_h": start_state[0].numpy().copy(),
+                extras[INITIAL_STATE] = {"lstm_h": start_state[0].numpy().copy(),
                                            "lstm_c": start_state[1].numpy().copy()}
         if self.net.continuous:
             actions = np.clip(raw.numpy(), self._low, self._high).astype(np.float32)

@@ -46,8 +46,8 @@ from surreal_redis.algos.ppo.losses import (
     value_loss,
 )
 from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy, params_to_numpy, to_tensors
+from surreal_redis.chunks import INITIAL_STATE, Chunk
 from surreal_redis.codec import Tree
-from surreal_redis.experience import Chunk
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
 __all__ = ["PPOTrainer", "PPOConfig", "PPOPolicy", "Targets"]
@@ -161,9 +161,9 @@ class PPOTrainer(Trainer):
         episode_start[1:] = terminated | truncated
         state: LSTMState | None = None
         if self.net.lstm is not None:
-            if any("initial_state" not in c.extras for c in chunks):
+            if any(INITIAL_STATE not in c.extras for c in chunks):
                 raise ValueError("PPO with use_lstm needs extras['initial_state'] in every chunk")
-            hidden, cell = (torch.as_tensor(np.stack([c.extras["initial_state"][key] for c in chunks]),
+            hidden, cell = (torch.as_tensor(np.stack([c.extras[INITIAL_STATE][key] for c in chunks]),
                                             dtype=torch.float32, device=dev) for key in ("lstm_h", "lstm_c"))
             state = (hidden, cell)
 

@@ -33,7 +33,7 @@ from surreal_redis.algos.actor_critic import ActorCriticTrainer
 from surreal_redis.algos.networks import adam, soft_update
 from surreal_redis.algos.sac.config import SACConfig, sac_action_space
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
-from surreal_redis.experience import TransitionBatch
+from surreal_redis.chunks import TransitionBatch
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import xxhash
 
+from surreal_redis.chunks import INITIAL_STATE
 from surreal_redis.codec import DTYPE_BY_NAME, Tree, digest, encode_raw
 from surreal_redis.hub.experience import payload as pl
-from surreal_redis.hub.experience.wire import INITIAL_STATE
 from surreal_redis.trees import tree_leaves, tree_map, tree_structure
 
 # one referenced leaf of one obs row: (its frame class, XXH3-128 of its raw bytes, digest, encoded blob);

@@ -19,9 +19,9 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from surreal_redis.chunks import Chunk
 from surreal_redis.codec import CodecError, array_header, decode_array, digest
 from surreal_redis.connection import RedisClient
-from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.payload import Layout
 from surreal_redis.hub.experience.wire import (
     Origin,

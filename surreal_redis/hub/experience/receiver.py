@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import redis
 
+from surreal_redis.chunks import Chunk
 from surreal_redis.connection import (
     CONNECTION_ERRORS,
     Backoff,
@@ -32,7 +33,6 @@ from surreal_redis.connection import (
     RedisSettings,
     stream_entries,
 )
-from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience import groups
 from surreal_redis.hub.experience.decoding import Decoded, Entry, EntryDecoder
 from surreal_redis.hub.experience.delivery import Delivery, by_shard

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Mapping
 
 import redis
 
+from surreal_redis.chunks import Chunk
 from surreal_redis.connection import RedisClient, as_bytes, stream_entries
-from surreal_redis.experience import Chunk
 from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
 from surreal_redis.hub.experience.delivery import ByShard
 from surreal_redis.hub.experience.wire import parse_id

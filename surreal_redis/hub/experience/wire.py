@@ -1,6 +1,6 @@
 """The experience stream-entry format shared by the sender and the receiver.
 
-One stream entry holds one chunk (see :class:`surreal_redis.experience.Chunk`). ``move.lua`` writes
+One stream entry holds one chunk (see :class:`surreal_redis.chunks.Chunk`). ``move.lua`` writes
 the fields in this fixed order (so Redis stores field names once per stream node):
 
 - ``a``: agent id, ``e``: env index inside the agent's vectorized env (each a non-negative
@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from surreal_redis.experience import Chunk
+from surreal_redis.chunks import INITIAL_STATE, Chunk
 from surreal_redis.hub.experience import payload as pl
 from surreal_redis.keys import is_digest
 
@@ -41,7 +41,6 @@ STORED_FIELDS = (b"a", b"e", b"o", PAYLOAD_FIELD)
 ORIGIN_FIELD = b"s"
 _FIELDS_WITH_ORIGIN = (*FIELDS, ORIGIN_FIELD)
 _LAYOUTS = (FIELDS, _FIELDS_WITH_ORIGIN, STORED_FIELDS, (*STORED_FIELDS, ORIGIN_FIELD))
-INITIAL_STATE = "initial_state"
 # Entry ids are <ms>-<seq>; the score keeps the order of ids exactly while seq < SEQ_SLOTS - 1 and
 # stays monotonic beyond (ms * 1024 < 2**53 until the year 2248, so doubles hold it exactly).
 SEQ_SLOTS = 1024

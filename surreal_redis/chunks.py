@@ -9,6 +9,8 @@ import numpy as np
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_map
 
+INITIAL_STATE = "initial_state"  # the extras key of a recurrent policy's state at a chunk's start
+
 
 class Chunk(NamedTuple):
     """T consecutive steps of one environment (T = ``sender.flush_steps``, the last chunk of a run
