@@ -14,7 +14,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient
-from surreal_redis.hub.experience.decoding import Failure
+from surreal_redis.hub.experience.decoding import Failure, ReasonLog
 from surreal_redis.keys import ShardKeys
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class DeadLetters:
         self._backoff, self._ack, self._lock = backoff, ack, lock
         self._waiting: list[Failure] = []
         self._due = 0.0
-        self._logged: set[str] = set()
+        self._log = ReasonLog(log)
         self.by_reason: dict[str, int] = {}
         self.written = self.retries = 0
 
@@ -88,18 +88,13 @@ class DeadLetters:
     def _count(self, reason: str, detail: str, shard: int, entry_id: bytes) -> None:
         self.written += 1
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.warning("shard %d entry %s set aside (%s: %s); further '%s' entries are logged at "
-                        "debug level", shard, entry_id, reason, detail, reason)
-        else:
-            log.debug("shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail)
+        self._log(reason, "shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail,
+                  first="shard %d entry %s set aside (%s: %s); further '%s' entries are logged at debug level")
 
     def count_written(self, reason: str, shard: int, count: int) -> None:
         """Count ``count`` records a script wrote to ``shard``'s dead-letter stream itself
         (``move.lua``: inbox items that are not batches)."""
         self.written += count
         self.by_reason[reason] = self.by_reason.get(reason, 0) + count
-        log.log(logging.DEBUG if reason in self._logged else logging.WARNING,
-                "shard %d: %d inbox items set aside (%s; see the dead-letter stream)", shard, count, reason)
-        self._logged.add(reason)
+        self._log(reason, "shard %d: %d inbox items set aside (%s; see the dead-letter stream)", shard, count,
+                  reason)

@@ -12,6 +12,7 @@ payload blob (a random id, not a digest) is checked like an inline payload and n
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -39,6 +40,21 @@ MAX_INFLATION = 256
 
 Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
 Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
+
+
+class ReasonLog:
+    """Logs each reason's first failure at WARNING (as ``first``, which takes ``args`` then the
+    reason, if given), later ones at DEBUG."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger, self.seen = logger, set[str]()
+
+    def __call__(self, reason: str, message: str, *args: object, first: str = "") -> None:
+        if reason in self.seen:
+            self.logger.debug(message, *args)
+        else:
+            self.seen.add(reason)
+            self.logger.warning(first or message, *args, *([reason] if first else []))
 
 
 class Decoded(NamedTuple):

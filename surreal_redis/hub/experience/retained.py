@@ -13,7 +13,7 @@ import redis
 
 from surreal_redis.chunks import Chunk
 from surreal_redis.connection import RedisClient, as_bytes, stream_entries
-from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
+from surreal_redis.hub.experience.decoding import Entry, EntryDecoder, ReasonLog
 from surreal_redis.hub.experience.delivery import ByShard
 from surreal_redis.hub.experience.wire import parse_id
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
@@ -44,7 +44,7 @@ class RetainedReader:
         self._stored_elsewhere = stored_elsewhere
         self.count = self.skipped = 0
         self.skipped_by_reason: dict[str, int] = {}
-        self._logged: set[str] = set()
+        self._log = ReasonLog(log)
 
     def read(self, max_entries: int | None = None, delivered_only: bool = False) -> Iterator[Chunk]:
         """See :meth:`ExperienceReceiver.read_retained
@@ -105,12 +105,8 @@ class RetainedReader:
         for reason, detail, shard, entry_id, _ in failures:
             self.skipped += 1
             self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
-            if reason not in self._logged:
-                self._logged.add(reason)
-                log.warning("shard %d entry %s skipped while reading the retained window (%s: %s); "
-                            "further '%s' entries are logged at debug level", shard, entry_id, reason,
-                            detail, reason)
-            else:
-                log.debug("shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail)
+            self._log(reason, "shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail,
+                      first="shard %d entry %s skipped while reading the retained window (%s: %s); "
+                      "further '%s' entries are logged at debug level")
         self.count += len(good)
         return [decoded.chunk for decoded in good]
