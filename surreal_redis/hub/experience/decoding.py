@@ -43,18 +43,19 @@ Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id,
 
 
 class ReasonLog:
-    """Logs each reason's first failure at WARNING (as ``first``, which takes ``args`` then the
-    reason, if given), later ones at DEBUG."""
+    """Counts failures (``total``, ``by_reason``) and logs each reason's first at WARNING (as
+    ``first``, which takes ``args`` then the reason, if given), later ones at DEBUG."""
 
     def __init__(self, logger: logging.Logger) -> None:
-        self.logger, self.seen = logger, set[str]()
+        self.logger, self.total, self.by_reason = logger, 0, dict[str, int]()
 
-    def __call__(self, reason: str, message: str, *args: object, first: str = "") -> None:
-        if reason in self.seen:
+    def __call__(self, reason: str, message: str, *args: object, first: str = "", count: int = 1) -> None:
+        self.total += count
+        if reason in self.by_reason:
             self.logger.debug(message, *args)
         else:
-            self.seen.add(reason)
             self.logger.warning(first or message, *args, *([reason] if first else []))
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
 
 
 class Decoded(NamedTuple):

@@ -34,17 +34,16 @@ class RetainedReader:
 
     ``batch``: entries per XRANGE and per decode; ``stored_elsewhere(by_shard)``: called with
     the pending entries a ``delivered_only`` read yielded (the receiver acks and unqueues them).
-    Counts: ``count`` (chunks yielded), ``skipped`` and ``skipped_by_reason`` (malformed entries
-    skipped). Not thread-safe: the receiver's reading thread only.
+    Counts: ``count`` (chunks yielded), ``skipped`` (malformed entries skipped, by reason). Not
+    thread-safe: the receiver's reading thread only.
     """
 
     def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], decoder: EntryDecoder, batch: int,
                  stored_elsewhere: Callable[[ByShard], None]) -> None:
         self.client, self.keys, self.decoder, self.batch = client, keys, decoder, batch
         self._stored_elsewhere = stored_elsewhere
-        self.count = self.skipped = 0
-        self.skipped_by_reason: dict[str, int] = {}
-        self._log = ReasonLog(log)
+        self.count = 0
+        self.skipped = ReasonLog(log)
 
     def read(self, max_entries: int | None = None, delivered_only: bool = False) -> Iterator[Chunk]:
         """See :meth:`ExperienceReceiver.read_retained
@@ -103,10 +102,8 @@ class RetainedReader:
     def _decode(self, entries: list[Entry]) -> list[Chunk]:
         good, failures = self.decoder.decode(entries)
         for reason, detail, shard, entry_id, _ in failures:
-            self.skipped += 1
-            self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
-            self._log(reason, "shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail,
-                      first="shard %d entry %s skipped while reading the retained window (%s: %s); "
-                      "further '%s' entries are logged at debug level")
+            self.skipped(reason, "shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail,
+                         first="shard %d entry %s skipped while reading the retained window (%s: %s); "
+                         "further '%s' entries are logged at debug level")
         self.count += len(good)
         return [decoded.chunk for decoded in good]
