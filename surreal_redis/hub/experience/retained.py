@@ -81,9 +81,7 @@ class RetainedReader:
             group = next((g for g in groups if g["name"] in (CONSUMER_GROUP, CONSUMER_GROUP.encode())), None)
             if group is None or parse_id(group["last-delivered-id"]) == (0, 0):
                 continue  # nothing delivered yet: receive() will hand out everything
-            last = group["last-delivered-id"]
-            last = last if isinstance(last, bytes) else str(last).encode()
-            window[shard] = min(end, last, key=parse_id)
+            window[shard] = min(end, as_bytes(group["last-delivered-id"]), key=parse_id)
             entries = self.client.xpending_range(key, CONSUMER_GROUP, min="-", max=window[shard], count=100_000)
             pending[shard] = {_message_id(e) for e in entries}
         return window, pending
