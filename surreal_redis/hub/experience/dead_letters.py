@@ -14,7 +14,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient
-from surreal_redis.hub.experience.decoding import Failure
+from surreal_redis.hub.experience.decoding import Failure, ReasonLog
 from surreal_redis.keys import ShardKeys
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,8 @@ class DeadLetters:
     """Entries waiting to be set aside, and the counts of those that were.
 
     ``ack(by_shard)`` acks written entries (the receiver's, which also forgets them); ``lock`` is
-    the receiver's, held while entries move. ``retries``: attempts Redis refused.
+    the receiver's, held while entries move. ``retries``: attempts Redis refused; ``written``:
+    the records written, by reason.
     """
 
     def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], maxlen: int, backoff: Backoff,
@@ -33,9 +34,8 @@ class DeadLetters:
         self._backoff, self._ack, self._lock = backoff, ack, lock
         self._waiting: list[Failure] = []
         self._due = 0.0
-        self._logged: set[str] = set()
-        self.by_reason: dict[str, int] = {}
-        self.written = self.retries = 0
+        self.written = ReasonLog(log)
+        self.retries = 0
 
     def add(self, failures: list[Failure]) -> None:
         """Queue entries to set aside (tried by the next :meth:`flush`)."""
@@ -69,8 +69,11 @@ class DeadLetters:
                 elif isinstance(reply, Exception):
                     raise reply  # a setup error, not data to route around
                 else:
-                    written.setdefault(failure[2], set()).add(failure[3])
-                    self._count(*failure[:4])
+                    reason, detail, shard, entry_id, _ = failure
+                    written.setdefault(shard, set()).add(entry_id)
+                    self.written(reason, "shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail,
+                                 first="shard %d entry %s set aside (%s: %s); further '%s' entries are logged "
+                                 "at debug level")
             if refused is not None:
                 self.retries += 1
                 delay = self._backoff.next_delay()
@@ -85,21 +88,8 @@ class DeadLetters:
                 except CONNECTION_ERRORS:
                     pass  # the receiver keeps the acks it owes and sends them with the next one
 
-    def _count(self, reason: str, detail: str, shard: int, entry_id: bytes) -> None:
-        self.written += 1
-        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.warning("shard %d entry %s set aside (%s: %s); further '%s' entries are logged at "
-                        "debug level", shard, entry_id, reason, detail, reason)
-        else:
-            log.debug("shard %d entry %s set aside (%s: %s)", shard, entry_id, reason, detail)
-
     def count_written(self, reason: str, shard: int, count: int) -> None:
         """Count ``count`` records a script wrote to ``shard``'s dead-letter stream itself
         (``move.lua``: inbox items that are not batches)."""
-        self.written += count
-        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
-        log.log(logging.DEBUG if reason in self._logged else logging.WARNING,
-                "shard %d: %d inbox items set aside (%s; see the dead-letter stream)", shard, count, reason)
-        self._logged.add(reason)
+        self.written(reason, "shard %d: %d inbox items set aside (%s; see the dead-letter stream)", shard, count,
+                     reason, count=count)

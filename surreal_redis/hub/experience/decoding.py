@@ -12,6 +12,7 @@ payload blob (a random id, not a digest) is checked like an inline payload and n
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -39,6 +40,22 @@ MAX_INFLATION = 256
 
 Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
 Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
+
+
+class ReasonLog:
+    """Counts failures (``total``, ``by_reason``) and logs each reason's first at WARNING (as
+    ``first``, which takes ``args`` then the reason, if given), later ones at DEBUG."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger, self.total, self.by_reason = logger, 0, dict[str, int]()
+
+    def __call__(self, reason: str, message: str, *args: object, first: str = "", count: int = 1) -> None:
+        self.total += count
+        if reason in self.by_reason:
+            self.logger.debug(message, *args)
+        else:
+            self.logger.warning(first or message, *args, *([reason] if first else []))
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
 
 
 class Decoded(NamedTuple):

@@ -188,7 +188,7 @@ def send_commands(client: RedisClient, commands: list[bytes], key: str | None = 
     command must touch ``key``'s slot, whose primary they go to (a MOVED reply or a connection
     error refreshes the slot map for the next call)."""
     cluster = isinstance(client, RedisCluster)
-    if isinstance(client, RedisCluster):
+    if isinstance(client, RedisCluster):  # again, for mypy's narrowing
         if key is None:
             raise ValueError("send_commands on a cluster needs the key whose slot the commands touch")
         node = node_client(client, key)

@@ -211,12 +211,12 @@ class ExperienceReceiver:
     @property
     def dead_by_reason(self) -> dict[str, int]:
         """Entries set aside by :meth:`receive` and :meth:`set_aside`, by reason."""
-        return self._delivery.dead.by_reason
+        return self._delivery.dead.written.by_reason
 
     @property
     def skipped_by_reason(self) -> dict[str, int]:
         """Malformed entries :meth:`read_retained` skipped, by reason."""
-        return self._retained.skipped_by_reason
+        return self._retained.skipped.by_reason
 
     def consumed_state(self) -> dict:
         """The consumed window (for the learner's checkpoint). Safe from any thread."""
@@ -232,9 +232,9 @@ class ExperienceReceiver:
         decoder, dead, new, pending = self._decoder, self._delivery.dead, self._new, self._pending
         return ReceiverStats(**{**self._counts, "bytes": self._counts["bytes"] + decoder.blob_bytes,
                                 "cache_hits": decoder.cache_hits, "cache_misses": decoder.cache_misses,
-                                "cached_bytes": decoder.cached_bytes, "dead": dead.written,
+                                "cached_bytes": decoder.cached_bytes, "dead": dead.written.total,
                                 "dead_retries": dead.retries, "retained": self._retained.count,
-                                "retained_skipped": self._retained.skipped, "moved": new.moved,
+                                "retained_skipped": self._retained.skipped.total, "moved": new.moved,
                                 "duplicates": new.duplicates, "move_errors": new.move_errors,
                                 "reread": pending.reread, "claimed": pending.claimed,
                                 "consumers_removed": pending.consumers_removed})

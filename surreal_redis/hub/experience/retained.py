@@ -13,7 +13,7 @@ import redis
 
 from surreal_redis.chunks import Chunk
 from surreal_redis.connection import RedisClient, as_bytes, stream_entries
-from surreal_redis.hub.experience.decoding import Entry, EntryDecoder
+from surreal_redis.hub.experience.decoding import Entry, EntryDecoder, ReasonLog
 from surreal_redis.hub.experience.delivery import ByShard
 from surreal_redis.hub.experience.wire import parse_id
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
@@ -34,17 +34,16 @@ class RetainedReader:
 
     ``batch``: entries per XRANGE and per decode; ``stored_elsewhere(by_shard)``: called with
     the pending entries a ``delivered_only`` read yielded (the receiver acks and unqueues them).
-    Counts: ``count`` (chunks yielded), ``skipped`` and ``skipped_by_reason`` (malformed entries
-    skipped). Not thread-safe: the receiver's reading thread only.
+    Counts: ``count`` (chunks yielded), ``skipped`` (malformed entries skipped, by reason). Not
+    thread-safe: the receiver's reading thread only.
     """
 
     def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], decoder: EntryDecoder, batch: int,
                  stored_elsewhere: Callable[[ByShard], None]) -> None:
         self.client, self.keys, self.decoder, self.batch = client, keys, decoder, batch
         self._stored_elsewhere = stored_elsewhere
-        self.count = self.skipped = 0
-        self.skipped_by_reason: dict[str, int] = {}
-        self._logged: set[str] = set()
+        self.count = 0
+        self.skipped = ReasonLog(log)
 
     def read(self, max_entries: int | None = None, delivered_only: bool = False) -> Iterator[Chunk]:
         """See :meth:`ExperienceReceiver.read_retained
@@ -82,9 +81,7 @@ class RetainedReader:
             group = next((g for g in groups if g["name"] in (CONSUMER_GROUP, CONSUMER_GROUP.encode())), None)
             if group is None or parse_id(group["last-delivered-id"]) == (0, 0):
                 continue  # nothing delivered yet: receive() will hand out everything
-            last = group["last-delivered-id"]
-            last = last if isinstance(last, bytes) else str(last).encode()
-            window[shard] = min(end, last, key=parse_id)
+            window[shard] = min(end, as_bytes(group["last-delivered-id"]), key=parse_id)
             entries = self.client.xpending_range(key, CONSUMER_GROUP, min="-", max=window[shard], count=100_000)
             pending[shard] = {_message_id(e) for e in entries}
         return window, pending
@@ -103,14 +100,8 @@ class RetainedReader:
     def _decode(self, entries: list[Entry]) -> list[Chunk]:
         good, failures = self.decoder.decode(entries)
         for reason, detail, shard, entry_id, _ in failures:
-            self.skipped += 1
-            self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
-            if reason not in self._logged:
-                self._logged.add(reason)
-                log.warning("shard %d entry %s skipped while reading the retained window (%s: %s); "
-                            "further '%s' entries are logged at debug level", shard, entry_id, reason,
-                            detail, reason)
-            else:
-                log.debug("shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail)
+            self.skipped(reason, "shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail,
+                         first="shard %d entry %s skipped while reading the retained window (%s: %s); "
+                         "further '%s' entries are logged at debug level")
         self.count += len(good)
         return [decoded.chunk for decoded in good]

@@ -57,18 +57,15 @@ class RetentionConfig:
             raise ValueError(f"retention.max_entries must be >= 0 or None, got {self.max_entries}")
         if self.max_age_s is not None and self.max_age_s <= 0:
             raise ValueError(f"retention.max_age_s must be > 0 or None, got {self.max_age_s}")
-        if not 1 <= self.trim_limit <= 1000:
-            raise ValueError(f"retention.trim_limit must be in 1..1000, got {self.trim_limit}")
-        if not 1 <= self.gc_batch <= 256:
-            raise ValueError(f"retention.gc_batch must be in 1..256, got {self.gc_batch}")
+        for name, top in (("trim_limit", 1000), ("gc_batch", 256), ("pressure_step", 1000)):
+            if not 1 <= getattr(self, name) <= top:
+                raise ValueError(f"retention.{name} must be in 1..{top}, got {getattr(self, name)}")
         if self.max_calls < 1:
             raise ValueError(f"retention.max_calls must be >= 1, got {self.max_calls}")
         if self.orphan_scan_count < 0:
             raise ValueError(f"retention.orphan_scan_count must be >= 0, got {self.orphan_scan_count}")
         if self.memory_high_water is not None and not 0 < self.memory_high_water <= 1:
             raise ValueError(f"retention.memory_high_water must be in (0, 1] or None, got {self.memory_high_water}")
-        if not 1 <= self.pressure_step <= 1000:
-            raise ValueError(f"retention.pressure_step must be in 1..1000, got {self.pressure_step}")
 
 
 class JanitorStats(NamedTuple):

@@ -52,31 +52,28 @@ STOP_RETRY_S = 5.0  # once stopping, an insert is retried this long at most (wit
 class SenderConfig:
     """Experience sender settings. Sizes in bytes, times in seconds.
 
-    ``flush_steps``: steps per chunk (T): a chunk leaves the agent every T steps (for on-policy
-    runs, pick a divisor of the rollout length). An observation leaf of at least
-    ``dedup_min_bytes`` per env and step is stored once under ``obs:<digest>`` and referenced;
-    smaller leaves travel inline. The default (4 KiB) references images and each frame of a frame
-    stack, which repeat across steps, and keeps state vectors inline (they never repeat, and a key
-    costs ~250 B of Redis memory). Observation blobs and chunk bodies of at least
-    ``compress_min_bytes`` are lz4-compressed when that shrinks them. ``lru_size``: digests
-    remembered as stored (at least the most recent ``lru_size / 2``). ``max_insert_bytes``: bytes
-    (fields and blobs) per insert call, which bounds how long one call holds the server; a single
-    bigger chunk goes alone. ``max_lag``: after each flush, wait while the learner has more unread
-    entries than this on our shard, less the other agents' flushes (``peer_chunks``), so that the
-    shard's backlog stays within about one flush of it (None or 0: never wait). ``max_wait_s``:
-    give up (HubUnavailableError) after retrying an insert refused for OOM or connection errors
-    this long; ``backpressure_timeout_s``: likewise for waiting on the learner (None: wait as long
-    as it takes). ``payload_ref_min_bytes``: a chunk payload (the encoded chunk without its
-    referenced observations) of at least this many bytes is stored once as a blob by the sender's
-    own SETNX, and only its id passes through the scripts, since Lua copies each byte it handles
-    several times; a blob costs ~200 B of Redis memory and the learner one more round trip, so the
-    default (16 KiB) keeps that under 1.5% of the payload (docs/benchmarks.md, Hub). None: always
-    inline. ``wait_replica_ms``: when > 0, an insert counts as stored only once a replica has it
-    too (``WAIT 1 <ms>`` after each pipeline; else the batches are sent again under the same
-    seqs, which the primary that has them answers DUP): a failover then loses nothing the sender
-    was told was stored, at the cost of one replication round trip per flush, and senders stall
-    while their shard's primary has no replica (up to ``max_wait_s``). 0: acknowledged by the
-    primary alone, which loses that tail if it dies before replicating (docs/reliability.md).
+    ``flush_steps``: steps per chunk (T), sent every T steps (on-policy: a divisor of the rollout
+    length). An observation leaf of at least ``dedup_min_bytes`` per env and step is stored once
+    under ``obs:<digest>`` and referenced, smaller ones travel inline: the default (4 KiB)
+    references images and frame-stack frames, which repeat across steps, and keeps state vectors
+    (which never repeat; a key costs ~250 B of Redis memory) inline. Blobs and chunk bodies of at
+    least ``compress_min_bytes`` are lz4-compressed when that shrinks them. ``lru_size``: digests
+    remembered as stored (at least the latest ``lru_size / 2``). ``max_insert_bytes``: bytes per
+    insert call, bounding how long one call holds the server (a bigger chunk goes alone).
+    ``max_lag``: after each flush, wait while our shard has more unread entries than this less
+    the other agents' flushes (``peer_chunks``), keeping its backlog within about one flush of it
+    (None or 0: never wait). ``max_wait_s``: give up (HubUnavailableError) after retrying an
+    insert refused for OOM or connection errors this long; ``backpressure_timeout_s``: likewise
+    for the learner (None: no limit). ``payload_ref_min_bytes``: a chunk payload (without its
+    referenced observations) this big or bigger is stored apart by the sender's own SETNX and
+    only its id passes through the scripts, since Lua copies each byte several times; a blob
+    costs ~200 B of Redis memory and the learner a round trip, so the default (16 KiB) keeps that
+    under 1.5% (docs/benchmarks.md, Hub). None: always inline. ``wait_replica_ms`` > 0: an insert
+    counts as stored only once a replica has it (``WAIT 1 <ms>`` per pipeline, else the batches
+    are sent again under the same seqs, answered DUP by a primary that has them), so a failover
+    loses nothing reported stored, for one replication round trip per flush; senders stall while
+    the primary has no replica (up to ``max_wait_s``). 0: the primary's ack suffices, and that
+    tail is lost if it dies before replicating (docs/reliability.md).
     """
 
     flush_steps: int = 64
@@ -157,11 +154,9 @@ class ExperienceSender:
                  peer_chunks: int = 0) -> None:
         """``ledger``: where acknowledged batches are recorded (default: the one
         ``SURREAL_LEDGER_DIR`` names, usually none; :mod:`surreal_redis.hub.experience.ledger`).
-        ``peer_chunks``: the chunks that the other agents of this shard send in one flush each
-        (:func:`shard_peer_chunks`); a flush goes out only while ``unread + peer_chunks <=
-        max_lag``, so that when one read wakes every waiting agent of the shard at once, the
-        backlog still ends at most one flush past ``max_lag`` (else each woken agent adds a flush,
-        and their experience lags past ``replay.fifo.max_policy_lag`` and is dropped)."""
+        ``peer_chunks``: see :func:`shard_peer_chunks`; a flush waits for ``unread + peer_chunks
+        <= max_lag``, so that agents woken together by one read overshoot ``max_lag`` by at most
+        one flush (else their experience lags past ``replay.fifo.max_policy_lag`` and is dropped)."""
         if agent_id < 0:
             raise ValueError(f"agent_id must be >= 0, got {agent_id}")
         if num_shards < 1:
