@@ -175,7 +175,7 @@ def encode_tree(tree: Tree, compress_min_bytes: int | None = None) -> bytes:
     def walk(node: Tree, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise CodecError(f"tree deeper than {MAX_DEPTH}")
-        if isinstance(node, np.ndarray) or isinstance(node, np.generic):
+        if isinstance(node, (np.ndarray, np.generic)):
             arr = np.asarray(node)
             data, codec = _pack(arr, compress_min_bytes)
             leaves.append([_dtype_name(arr), list(arr.shape), len(data), codec])
@@ -185,10 +185,8 @@ def encode_tree(tree: Tree, compress_min_bytes: int | None = None) -> bytes:
             if not all(isinstance(k, str) for k in node):
                 raise CodecError("tree dict keys must be strings")
             return {"d": {k: walk(v, depth + 1) for k, v in node.items()}}
-        if isinstance(node, tuple):
-            return {"u": [walk(v, depth + 1) for v in node]}
-        if isinstance(node, list):
-            return {"l": [walk(v, depth + 1) for v in node]}
+        if isinstance(node, (tuple, list)):
+            return {"u" if isinstance(node, tuple) else "l": [walk(v, depth + 1) for v in node]}
         if node is None or isinstance(node, (bool, int, float, str)):
             return {"s": node}
         raise CodecError(f"cannot encode {type(node).__name__} (only arrays, scalars, dict/list/tuple)")
@@ -244,10 +242,9 @@ def decode_tree(buf: bytes | memoryview, copy: bool = True) -> Tree:
             return arr[()] if arr.ndim == 0 else arr
         if kind == "d" and isinstance(value, dict):
             return {str(k): build(v, depth + 1) for k, v in value.items()}
-        if kind == "l" and isinstance(value, list):
-            return [build(v, depth + 1) for v in value]
-        if kind == "u" and isinstance(value, list):
-            return tuple(build(v, depth + 1) for v in value)
+        if kind in ("l", "u") and isinstance(value, list):
+            items = [build(v, depth + 1) for v in value]
+            return items if kind == "l" else tuple(items)
         if kind == "s" and (value is None or isinstance(value, (bool, int, float, str))):
             return value
         raise CodecError(f"malformed tree node kind {kind!r}")

@@ -123,9 +123,9 @@ def _coerce_mapping(value: Any, tp: Any, where: str) -> dict[Any, Any]:
 def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
     """bool, int (a whole float too), float (an int too), str, or an instance of class ``tp``.
     YAML's booleans are never numbers here."""
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is bool or tp is str:
+        if not isinstance(value, tp):
+            raise ConfigError(f"{where}: expected {'true/false' if tp is bool else 'a string'}, got {value!r}")
         return value
     if tp is int:
         if isinstance(value, float) and value.is_integer():
@@ -137,10 +137,6 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")

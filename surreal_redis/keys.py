@@ -36,7 +36,6 @@ _RUN_NAME = re.compile(r"[A-Za-z0-9_\-]{1,100}")
 DIGEST_CHARS = 32
 _DIGEST = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")
 _PUBLISHER_ID = re.compile(r"[0-9a-f]{8,64}")
-CLUSTER_SLOTS = 16384
 # (first, last) slot of shard N's target window: the middle half of cell N of a 12-point Steinhaus
 # sequence (the first n cells lie in distinct intervals [k/n, (k+1)/n) of the slot space, n <= 12;
 # found by a depth-first search; tests/unit/test_keys.py checks it), so each window stays >= 24 slots

@@ -49,11 +49,11 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def obs_to_tensor(obs: Tree, device: torch.device) -> Tree:
-    """numpy observation tree -> tensors on ``device`` (float64 becomes float32, uint8 stays)."""
+def obs_to_tensor(obs: Tree, device: torch.device | str) -> Tree:
+    """numpy observation tree -> tensors on ``device`` (floats as float32, other dtypes kept)."""
     def convert(x: np.ndarray) -> torch.Tensor:
         x = np.asarray(x)
-        return torch.as_tensor(x.astype(np.float32) if x.dtype == np.float64 else x, device=device)
+        return torch.as_tensor(x.astype(np.float32, copy=False) if x.dtype.kind == "f" else x, device=device)
     return tree_map(convert, obs)
 
 

@@ -55,10 +55,8 @@ def atari_env_id(name: str) -> str | None:
     base = re.sub(r"-v\d+$", "", name.removeprefix("ALE/"))
     base = re.sub(r"(NoFrameskip|Deterministic)$", "", base)
     key = base.replace("_", "").lower()
-    for rom in ATARI_GAMES:
-        if rom.replace("_", "") == key:
-            return f"ALE/{rom.title().replace('_', '')}-v5"
-    return None
+    return next((f"ALE/{rom.title().replace('_', '')}-v5" for rom in ATARI_GAMES if rom.replace("_", "") == key),
+                None)
 
 
 class _Lives(Protocol):

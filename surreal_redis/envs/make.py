@@ -105,12 +105,9 @@ def step_vector_env(envs: gym.vector.VectorEnv, actions: np.ndarray) -> VectorSt
     obs, rewards, terminated, truncated, infos = envs.step(actions)
     ended = np.flatnonzero(np.logical_or(terminated, truncated)).tolist()
     final_obs = {i: infos["final_obs"][i] for i in ended}
-    episodes = {}
     final_info = infos.get("final_info", {})
     stats, reported = final_info.get("episode"), final_info.get("_episode")
-    if stats is not None:
-        for i in ended:
-            if reported is None or reported[i]:
-                episodes[i] = EpisodeResult(float(stats["r"][i]), int(stats["l"][i]))
+    episodes = {} if stats is None else {i: EpisodeResult(float(stats["r"][i]), int(stats["l"][i]))
+                                         for i in ended if reported is None or reported[i]}
     return VectorStep(obs, np.asarray(rewards, dtype=np.float32), np.asarray(terminated, dtype=bool),
                       np.asarray(truncated, dtype=bool), final_obs, episodes, infos)

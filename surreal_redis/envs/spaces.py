@@ -54,3 +54,12 @@ def is_frame_tuple(space: gym.Space) -> TypeGuard[gym.spaces.Tuple]:
     """A frame stack kept as separate frames: a Tuple of K >= 1 identical image Boxes."""
     return (isinstance(space, gym.spaces.Tuple) and len(space.spaces) > 0
             and all(is_image_space(s) and s == space.spaces[0] for s in space.spaces))
+
+
+def bounded_box(space: gym.Space, algorithm: str) -> gym.spaces.Box:
+    """``space`` if it is a 1-d Box with finite bounds (DDPG and SAC act in one), else a ValueError
+    naming ``algorithm`` and the space."""
+    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+            and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise ValueError(f"{algorithm} needs a 1-d Box action space with finite bounds, got {space}")
+    return space

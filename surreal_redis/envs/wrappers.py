@@ -97,10 +97,8 @@ class Float32Observations(gym.ObservationWrapper):
         return observation
 
     @staticmethod
-    def needed(space: gym.Space) -> bool:  # whether ``space`` has a float64 Box leaf
-        if isinstance(space, gym.spaces.Dict):
-            return any(Float32Observations.needed(s) for s in space.spaces.values())
-        return isinstance(space, gym.spaces.Box) and space.dtype == np.float64
+    def needed(space: gym.Space) -> bool:  # whether ``space`` has a float64 Box leaf (to convert)
+        return _float32_space(space) != space
 
 
 def check_spaces(env: gym.Env, env_id: str) -> None:

@@ -95,11 +95,8 @@ class NStepBuilder:
 
         batch, first_pending = self._transitions(obs, actions, rewards, terminated, truncated, final_obs)
         if first_pending < rewards.shape[0]:
-            self._pending[key] = _Pending(
-                obs=tree_map(lambda x: x[first_pending:].copy(), obs),
-                actions=actions[first_pending:].copy(),
-                rewards=rewards[first_pending:].copy(),
-            )
+            rest = (tree_map(lambda x: x[first_pending:].copy(), field) for field in (obs, actions, rewards))
+            self._pending[key] = _Pending(*rest)
         if batch is not None:
             batches.append(batch)
         return _concat(batches) if batches else None

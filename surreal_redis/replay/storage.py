@@ -186,11 +186,9 @@ class TransitionStorage:
     def gather(self, indices: np.ndarray, weights: np.ndarray) -> TransitionBatch:
         """The transitions in slots ``indices`` ``[B]``, with importance ``weights`` ``[B]``."""
         def tree(ring: dict[Path, np.ndarray]) -> Tree:
-            leaves = []
-            for path, spec in self._specs.items():
-                values = ring[path][indices]
-                leaves.append(self._pool(spec).frames[values] if spec.pooled else values)
-            return tree_unflatten(self._structure, leaves)
+            slots = ((spec, ring[path][indices]) for path, spec in self._specs.items())
+            return tree_unflatten(self._structure, [self._pool(spec).frames[values] if spec.pooled else values
+                                                    for spec, values in slots])
 
         if self._actions is None:
             raise ValueError("cannot gather from a replay that holds no transition yet")

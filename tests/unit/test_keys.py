@@ -5,7 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from surreal_redis.keys import CLUSTER_SLOTS, SHARD_SLOT_WINDOWS, RunKeys, validate_run_name
+from surreal_redis.keys import SHARD_SLOT_WINDOWS, RunKeys, validate_run_name
+
+CLUSTER_SLOTS = 16384
 
 
 def test_shard_keys_share_one_hash_tag():

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.networks import module_params, obs_to_tensor
 from surreal_redis.algos.numpy_nets import ParamsMismatch
 from surreal_redis.algos.policies import make_policy, resolved_inference
 from surreal_redis.algos.ppo.config import PPOConfig
 from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
-from surreal_redis.algos.ppo.policy import ActorCritic, PPOPolicy, params_to_numpy, to_tensors
+from surreal_redis.algos.ppo.policy import ActorCritic, PPOPolicy
 from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError
 
@@ -72,12 +73,12 @@ def test_numpy_policy_computes_the_torch_network(space_kind, action_kind, activa
                        init_log_std=-0.3)
     net = _randomized(config, obs_space, action_space, seed=len(space_kind) + len(activation))
     policy = NumpyPPOPolicy(config, obs_space, action_space, num_envs=6, seed=0)
-    policy.load_params(params_to_numpy(net), 7)
+    policy.load_params(module_params("", net), 7)
     assert policy.version == 7
     obs = _obs(obs_space, 6, np.random.default_rng(1))
 
     with torch.no_grad():
-        z_ref = net.features(to_tensors(obs, "cpu"))
+        z_ref = net.features(obs_to_tensor(obs, "cpu"))
         head_ref = net.policy_head(z_ref).numpy()
         value_ref = net.value(z_ref).numpy()
     z = policy.encoder(policy.normalizer(obs) if policy.normalizer else obs)
@@ -133,7 +134,7 @@ def test_samples_follow_the_distribution():
 def test_seeded_policies_repeat_and_differ():
     space, actions = SPACES["vector"], ACTIONS["box"]
     config = PPOConfig(hidden_sizes=(8,))
-    params = params_to_numpy(_randomized(config, space, actions, seed=0))
+    params = module_params("", _randomized(config, space, actions, seed=0))
     obs = _obs(space, 3, np.random.default_rng(0))
     draws = []
     for seed in (5, 5, 6):
@@ -147,7 +148,7 @@ def test_seeded_policies_repeat_and_differ():
 def test_parameters_that_do_not_fit_are_refused_by_name():
     space, actions = SPACES["dict"], ACTIONS["box"]
     config = PPOConfig(hidden_sizes=(8,), normalize_obs=True)
-    good = params_to_numpy(_randomized(config, space, actions, seed=0))
+    good = module_params("", _randomized(config, space, actions, seed=0))
     policy = NumpyPPOPolicy(config, space, actions, num_envs=2)
     for name in ("actor.2.weight", "encoder.stems.cam.conv.0.bias", "obs_normalizer.stats.vel.var", "actor_logstd"):
         missing = {k: v for k, v in good.items() if k != name}
@@ -165,7 +166,7 @@ def test_loaded_weights_are_private_copies():
     """The downloaded arrays are read-only views of one blob: the policy keeps its own copies."""
     space, actions = SPACES["vector"], ACTIONS["discrete"]
     config = PPOConfig(hidden_sizes=(8,))
-    params = params_to_numpy(_randomized(config, space, actions, seed=0))
+    params = module_params("", _randomized(config, space, actions, seed=0))
     policy = NumpyPPOPolicy(config, space, actions, num_envs=2, seed=0)
     policy.load_params(params, 1)
     obs = _obs(space, 2, np.random.default_rng(0))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from surreal_redis.algos.base import ActMode
+from surreal_redis.algos.networks import obs_to_tensor
 from surreal_redis.algos.ppo.losses import (
     adapt_kl_coef,
     clipped_surrogate_loss,
@@ -19,7 +20,6 @@ from surreal_redis.algos.ppo.losses import (
     kl_penalty_loss,
     value_loss,
 )
-from surreal_redis.algos.ppo.policy import to_tensors
 from surreal_redis.algos.ppo.trainer import PPOConfig, PPOPolicy, PPOTrainer
 from surreal_redis.chunks import Chunk
 from surreal_redis.envs import EnvConfig, make_vector_env
@@ -203,7 +203,7 @@ def test_actor_params_give_the_learners_distribution(name):
     obs = collector.obs
     output = policy.act(obs, ActMode.TRAINING)
     with torch.no_grad():
-        x = algo.net.features(to_tensors(obs, "cpu"))
+        x = algo.net.features(obs_to_tensor(obs, "cpu"))
         state = None
         if algo.net.lstm is not None:
             state = tuple(torch.as_tensor(output.extras["initial_state"][k]) for k in ("lstm_h", "lstm_c"))

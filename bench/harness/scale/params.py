@@ -27,7 +27,8 @@ def real_params(env: str) -> ParamDict:
     (:func:`load_params`) so forked processes never inherit torch's threads."""
     import gymnasium as gym
 
-    from surreal_redis.algos.ppo.policy import ActorCritic, params_to_numpy
+    from surreal_redis.algos.networks import module_params
+    from surreal_redis.algos.ppo.policy import ActorCritic
     from surreal_redis.algos.registry import algorithm
 
     section = algorithm("ppo").config_class  # the shipped PPO configs' section
@@ -40,7 +41,7 @@ def real_params(env: str) -> ParamDict:
                           gym.spaces.Box(-np.inf, np.inf, (17,), np.float32), gym.spaces.Box(-1, 1, (6,), np.float32))
     else:
         raise ValueError(f"unknown env {env!r} (known: {', '.join(PROFILES)})")
-    return params_to_numpy(net)
+    return module_params("", net)
 
 
 def trained_pong_params(updates: int = 12, seed: int = 0) -> ParamDict:

@@ -23,9 +23,7 @@ def agent_sigma(config: NoiseConfig, agent_id: int, num_agents: int) -> float:
     (SURREAL's ``sigma * agent_id / num_agents`` left agent 0 without noise)."""
     if not 0 <= agent_id < num_agents:
         raise ValueError(f"agent_id must be in [0, {num_agents}), got {agent_id}")
-    if config.agent_schedule == "constant":
-        return config.sigma
-    return config.sigma * (agent_id + 1) / num_agents
+    return config.sigma if config.agent_schedule == "constant" else config.sigma * (agent_id + 1) / num_agents
 
 
 class ActionNoise(abc.ABC):
@@ -108,7 +106,4 @@ class AdaptiveParamNoise:
 
     def adapt(self, distance: float) -> None:
         """Update sigma from one action-space distance measurement."""
-        if distance > self.target_distance:
-            self.sigma /= self.adapt_coef
-        else:
-            self.sigma *= self.adapt_coef
+        self.sigma = self.sigma / self.adapt_coef if distance > self.target_distance else self.sigma * self.adapt_coef

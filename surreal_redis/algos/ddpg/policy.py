@@ -25,14 +25,7 @@ from surreal_redis.algos.ddpg.noise import (
 from surreal_redis.algos.networks import ObservationEncoder, load_actor_params, mlp, normalized_obs
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.codec import Tree
-
-
-def check_action_space(space: gym.Space) -> gym.spaces.Box:
-    """DDPG acts in a 1-d Box with finite bounds; anything else raises a ValueError naming it."""
-    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1
-            and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-        raise ValueError(f"DDPG needs a 1-d Box action space with finite bounds, got {space}")
-    return space
+from surreal_redis.envs.spaces import bounded_box
 
 
 class Actor(nn.Module):
@@ -44,7 +37,7 @@ class Actor(nn.Module):
 
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
-        box = check_action_space(action_space)
+        box = bounded_box(action_space, "DDPG")
         self.encoder = ObservationEncoder(obs_space)
         # near-zero final layer, so that initial actions are near the middle of the bounds
         # (Lillicrap et al. 2016, section 7: final layers drawn from U[-3e-3, 3e-3])
@@ -74,7 +67,7 @@ class DDPGPolicy(AgentPolicy):
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
                  agent_id: int = 0, num_agents: int = 1, seed: int | None = None) -> None:
         self.config = config
-        self.action_space = check_action_space(action_space)
+        self.action_space = bounded_box(action_space, "DDPG")
         self.device = torch.device("cpu")
         self.actor = Actor(config, obs_space, action_space)
         self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None

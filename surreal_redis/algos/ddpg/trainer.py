@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
-from surreal_redis.algos.ddpg.policy import Actor, DDPGConfig, check_action_space
+from surreal_redis.algos.ddpg.policy import Actor, DDPGConfig
 from surreal_redis.algos.networks import QNetwork, soft_update
 from surreal_redis.chunks import TransitionBatch
+from surreal_redis.envs.spaces import bounded_box
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class DDPGTrainer(ActorCriticTrainer):
     def __init__(self, config: DDPGConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None) -> None:
         self.config = config
-        action_dim = check_action_space(action_space).shape[0]
+        action_dim = bounded_box(action_space, "DDPG").shape[0]
         # Adam's weight_decay adds critic_l2 * theta to the gradient: the L2 penalty of the paper
         super().__init__(config, obs_space, Actor(config, obs_space, action_space),
                          QNetwork(obs_space, action_dim, config.critic_hidden, config.activation, out_std=0.01),

@@ -15,12 +15,11 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
-from surreal_redis.algos.networks import ObservationEncoder, mlp, params_as_tensors
+from surreal_redis.algos.networks import ObservationEncoder, mlp, obs_to_tensor, params_as_tensors
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.ppo.config import PPOConfig, ppo_action_space
 from surreal_redis.chunks import INITIAL_STATE
 from surreal_redis.codec import Tree
-from surreal_redis.trees import tree_map
 
 LSTMState = tuple[torch.Tensor, torch.Tensor]
 
@@ -98,21 +97,6 @@ class ActorCritic(nn.Module):
         return zeros, zeros.clone()
 
 
-def to_tensors(obs: Tree, device: torch.device | str) -> Tree:
-    """Numpy observation leaves -> tensors on ``device`` (floats as float32, other dtypes kept)."""
-    def convert(leaf: np.ndarray) -> torch.Tensor:
-        leaf = np.asarray(leaf)
-        if leaf.dtype.kind == "f":
-            leaf = leaf.astype(np.float32, copy=False)
-        return torch.as_tensor(leaf, device=device)
-    return tree_map(convert, obs)
-
-
-def params_to_numpy(module: nn.Module) -> ParamDict:
-    """``state_dict`` of ``module`` (parameters and buffers) as CPU numpy copies."""
-    return {name: value.detach().cpu().numpy().copy() for name, value in module.state_dict().items()}
-
-
 class PPOPolicy(AgentPolicy):
     """Agent side of PPO: acts for ``num_envs`` environments with the published parameters (CPU).
 
@@ -158,7 +142,7 @@ class PPOPolicy(AgentPolicy):
     @torch.no_grad()
     def act(self, obs: Tree, mode: ActMode = ActMode.TRAINING) -> ActionOutput:
         """Actions ``[N]`` (Discrete, int64) or ``[N, A]`` (Box, float32) for N = ``num_envs``."""
-        x = self.net.features(to_tensors(obs, "cpu"))
+        x = self.net.features(obs_to_tensor(obs, "cpu"))
         episode_start = torch.zeros(1, x.shape[0], dtype=torch.bool)
         start_state = self._state
         z, states = self.net.core(x, start_state, episode_start)

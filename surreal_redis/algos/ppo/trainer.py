@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributions import Distribution, kl_divergence
 
 from surreal_redis.algos.base import ParamDict, Trainer
-from surreal_redis.algos.networks import adam, resolve_device
+from surreal_redis.algos.networks import adam, module_params, obs_to_tensor, resolve_device
 from surreal_redis.algos.normalizer import RewardScaler
 from surreal_redis.algos.ppo.config import PPOConfig
 from surreal_redis.algos.ppo.losses import (
@@ -45,7 +45,7 @@ from surreal_redis.algos.ppo.losses import (
     kl_penalty_loss,
     value_loss,
 )
-from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy, params_to_numpy, to_tensors
+from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy
 from surreal_redis.chunks import INITIAL_STATE, Chunk
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
@@ -145,7 +145,7 @@ class PPOTrainer(Trainer):
         def stacked(arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
             return torch.as_tensor(np.stack(arrays, axis=1), dtype=dtype, device=dev)
 
-        obs = to_tensors(tree_stack(lambda leaves: np.stack(leaves, axis=1), [c.obs for c in chunks]), dev)
+        obs = obs_to_tensor(tree_stack(lambda leaves: np.stack(leaves, axis=1), [c.obs for c in chunks]), dev)
         if self.net.continuous:
             if any("raw_action" not in c.extras for c in chunks):
                 raise ValueError("PPO with a Box action space needs extras['raw_action'] (the unclipped sample)")
@@ -180,7 +180,7 @@ class PPOTrainer(Trainer):
             if ends:
                 t_idx = torch.tensor([t for t, _ in ends], device=dev)
                 b_idx = torch.tensor([b for _, b in ends], device=dev)
-                final_obs = to_tensors(tree_stack(np.stack, [chunks[b].final_obs[t] for t, b in ends]), dev)
+                final_obs = obs_to_tensor(tree_stack(np.stack, [chunks[b].final_obs[t] for t, b in ends]), dev)
                 end_state = None if states is None else (states[0][t_idx, b_idx], states[1][t_idx, b_idx])
                 no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
                 z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
@@ -364,7 +364,7 @@ class PPOTrainer(Trainer):
         """Add the chunks' ``obs[:T]`` to the z-filter (``obs[T]`` is the next chunk's ``obs[0]``)."""
         if self.net.obs_normalizer is not None:
             steps = [tree_map(lambda v, n=c.num_steps: v[:n], c.obs) for c in chunks]
-            self.net.obs_normalizer.update(to_tensors(tree_stack(np.concatenate, steps), self.device))
+            self.net.obs_normalizer.update(obs_to_tensor(tree_stack(np.concatenate, steps), self.device))
 
     def update_normalizer(self, chunks: list[Chunk]) -> None:
         """Add the chunks' observations to the z-filter and their rewards to the reward scaler
@@ -377,7 +377,7 @@ class PPOTrainer(Trainer):
 
     def actor_params(self) -> ParamDict:
         """The whole actor-critic (agents report values too) with the z-filter statistics."""
-        return params_to_numpy(self.net)
+        return module_params("", self.net)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -6,19 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import gymnasium as gym
-import numpy as np
-
 from surreal_redis.algos.network_config import ACTIVATION_NAMES
-
-
-def sac_action_space(space: gym.Space) -> gym.spaces.Box:
-    """SAC acts in a 1-d Box with finite bounds (the tanh squashing maps onto them); anything else
-    raises a ValueError naming it."""
-    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1
-            and np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-        raise ValueError(f"SAC needs a 1-d Box action space with finite bounds, got {space}")
-    return space
 
 
 @dataclass(frozen=True)

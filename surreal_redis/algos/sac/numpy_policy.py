@@ -11,8 +11,9 @@ import numpy as np
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.numpy_nets import MLP, Encoder, Linear, Normalizer, take
-from surreal_redis.algos.sac.config import SACConfig, sac_action_space
+from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.codec import Tree
+from surreal_redis.envs.spaces import bounded_box
 
 LOG_SQRT_2PI = np.float32(math.log(math.sqrt(2 * math.pi)))
 TANH_EPS = np.float32(1e-6)  # policy.TANH_EPS (that module imports torch)
@@ -22,7 +23,7 @@ class NumpyActor:
     """:class:`~surreal_redis.algos.sac.policy.Actor`'s forward pass and sampling in float32 numpy."""
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
-        box = sac_action_space(action_space)
+        box = bounded_box(action_space, "SAC")
         self.action_dim = box.shape[0]
         self.encoder = Encoder(obs_space)
         self.trunk = MLP(self.encoder.out_dim, config.actor_hidden, None, config.activation)
@@ -71,7 +72,7 @@ class NumpySACPolicy(AgentPolicy):
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int = 1,
                  seed: int | None = None) -> None:
-        self.action_space = sac_action_space(action_space)
+        self.action_space = bounded_box(action_space, "SAC")
         self.normalizer = Normalizer(obs_space, config.obs_clip) if config.normalize_obs else None
         self.actor = NumpyActor(config, obs_space, action_space)
         self.rng = np.random.default_rng(seed)

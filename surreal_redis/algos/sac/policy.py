@@ -25,8 +25,9 @@ from surreal_redis.algos.networks import (
     normalized_obs,
 )
 from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.algos.sac.config import SACConfig, sac_action_space
+from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.codec import Tree
+from surreal_redis.envs.spaces import bounded_box
 
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 TANH_EPS = 1e-6
@@ -47,7 +48,7 @@ class Actor(nn.Module):
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
-        box = sac_action_space(action_space)
+        box = bounded_box(action_space, "SAC")
         action_dim = box.shape[0]
         self.encoder = ObservationEncoder(obs_space)
         self.trunk = mlp(self.encoder.out_dim, config.actor_hidden, None, config.activation)
@@ -95,7 +96,7 @@ class TwinCritic(nn.Module):
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
-        action_dim = sac_action_space(action_space).shape[0]
+        action_dim = bounded_box(action_space, "SAC").shape[0]
         self.q1 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
         self.q2 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
 
@@ -111,7 +112,7 @@ class SACPolicy(AgentPolicy):
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
                  seed: int | None = None) -> None:
-        self.action_space = sac_action_space(action_space)
+        self.action_space = bounded_box(action_space, "SAC")
         self.device = torch.device("cpu")
         self.actor = Actor(config, obs_space, action_space)
         self.obs_normalizer = ObservationNormalizer(obs_space, config.obs_clip) if config.normalize_obs else None

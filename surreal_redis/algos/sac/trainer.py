@@ -31,9 +31,10 @@ import torch
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
 from surreal_redis.algos.networks import adam, soft_update
-from surreal_redis.algos.sac.config import SACConfig, sac_action_space
+from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
 from surreal_redis.chunks import TransitionBatch
+from surreal_redis.envs.spaces import bounded_box
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class SACTrainer(ActorCriticTrainer):
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0) -> None:
         self.config = config
-        box = sac_action_space(action_space)
+        box = bounded_box(action_space, "SAC")
         super().__init__(config, obs_space, Actor(config, obs_space, action_space),
                          TwinCritic(config, obs_space, action_space), device)
         self.target_entropy = (-float(box.shape[0]) if config.target_entropy is None
