@@ -16,7 +16,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from surreal_redis.chunks import Chunk
 from surreal_redis.codec import CodecError, array_header, decode_array, digest
 from surreal_redis.connection import RedisClient
 from surreal_redis.hub.experience.payload import Layout
+from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.hub.experience.wire import (
     Origin,
     ParsedEntry,
@@ -68,19 +69,6 @@ class Decoded(NamedTuple):
     origin: Origin | None
 
 
-class DecodingLimits(Protocol):
-    """What :class:`EntryDecoder` reads of the receiver's config (sizes in bytes)."""
-
-    @property
-    def verify_digests(self) -> bool: ...
-    @property
-    def cache_entries(self) -> int: ...
-    @property
-    def cache_bytes(self) -> int: ...
-    @property
-    def max_obs_bytes(self) -> int: ...
-
-
 def failure_reason(exc: BaseException) -> str:
     """The dead-letter reason of an exception raised by one entry's data."""
     if isinstance(exc, WireError):
@@ -101,7 +89,7 @@ class EntryDecoder:
     ``cached_bytes``: decoded observations in the cache now. Not thread-safe.
     """
 
-    def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], limits: DecodingLimits) -> None:
+    def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], limits: ReceiverConfig) -> None:
         self.client, self.keys, self.limits = client, keys, limits
         self._layouts: dict[bytes, Layout] = {}  # parsed chunk templates, one per sender layout
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()

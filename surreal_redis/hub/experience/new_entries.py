@@ -9,13 +9,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import redis
 from redis.typing import KeyT, StreamIdT
 
 from surreal_redis.connection import RedisClient, RedisSettings, StreamRead, block_ms, stream_read
 from surreal_redis.hub.experience.inbox import move_inbox
+from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
 from surreal_redis.redis_cluster import is_cluster, keyed_command, refresh_topology
 from surreal_redis.scripts import ScriptError, Scripts
@@ -42,19 +42,6 @@ def xreadgroup(client: RedisClient, consumer: str, streams: Mapping[KeyT, Stream
     return reply
 
 
-class MoveSettings(Protocol):
-    """What :class:`NewEntryReader` reads of the receiver's config."""
-
-    @property
-    def consumer(self) -> str: ...
-    @property
-    def move_items(self) -> int: ...
-    @property
-    def seen_ttl_s(self) -> int: ...
-    @property
-    def dead_maxlen(self) -> int: ...
-
-
 class NewEntryReader:
     """Moves and reads new entries of some shards for one consumer (the receiver's reading
     thread only).
@@ -64,7 +51,7 @@ class NewEntryReader:
     streams), ``duplicates`` (copies of a stored batch dropped), ``move_errors`` (calls refused).
     """
 
-    def __init__(self, client: RedisClient, scripts: Scripts, keys: Mapping[int, ShardKeys], config: MoveSettings,
+    def __init__(self, client: RedisClient, scripts: Scripts, keys: Mapping[int, ShardKeys], config: ReceiverConfig,
                  settings: RedisSettings, take: Callable[[int, list], int],
                  count_dead: Callable[[str, int, int], None]) -> None:
         self.client, self.scripts, self.keys, self.config, self.settings = client, scripts, keys, config, settings

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from redis.typing import KeyT, StreamIdT
 
@@ -16,23 +15,11 @@ from surreal_redis.connection import RedisClient
 from surreal_redis.hub.experience import groups
 from surreal_redis.hub.experience.delivery import Delivery
 from surreal_redis.hub.experience.new_entries import xreadgroup
+from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
-
-
-class ClaimSettings(Protocol):
-    """What :class:`PendingReader` reads of the receiver's config (times in ms unless ``_s``)."""
-
-    @property
-    def consumer(self) -> str: ...
-    @property
-    def claim_count(self) -> int: ...
-    @property
-    def claim_min_idle_ms(self) -> int: ...
-    @property
-    def claim_every_s(self) -> float: ...
 
 
 class PendingReader:
@@ -43,7 +30,7 @@ class PendingReader:
     ``reread`` (taken back from our own list), ``claimed``, ``consumers_removed``.
     """
 
-    def __init__(self, client: RedisClient, scripts: Scripts, keys: Mapping[int, ShardKeys], config: ClaimSettings,
+    def __init__(self, client: RedisClient, scripts: Scripts, keys: Mapping[int, ShardKeys], config: ReceiverConfig,
                  delivery: Delivery, count_trimmed: Callable[[int, int], None]) -> None:
         self.client, self.scripts, self.keys, self.config = client, scripts, keys, config
         self._delivery, self._count_trimmed = delivery, count_trimmed

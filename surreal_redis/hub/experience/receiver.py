@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import redis
@@ -36,68 +35,16 @@ from surreal_redis.connection import (
 from surreal_redis.hub.experience import groups
 from surreal_redis.hub.experience.decoding import Decoded, Entry, EntryDecoder
 from surreal_redis.hub.experience.delivery import Delivery, by_shard
-from surreal_redis.hub.experience.inbox import DEAD_MAXLEN, MOVE_ITEMS, SEEN_TTL_S
 from surreal_redis.hub.experience.ledger import Ledger
 from surreal_redis.hub.experience.new_entries import NewEntryReader
 from surreal_redis.hub.experience.pending import PendingReader
+from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.hub.experience.retained import RetainedReader
 from surreal_redis.hub.experience.wire import Origin
 from surreal_redis.keys import RunKeys, ShardKeys
 from surreal_redis.scripts import Scripts
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ReceiverConfig:
-    """Experience receiver settings. Sizes in bytes, times in seconds unless named ``_ms``.
-
-    ``consumer``: this reader's name in the consumer group (a restarted learner with the same name
-    gets its own pending entries back at once). ``block_ms``: default wait of :meth:`receive`.
-    ``cache_entries``/``cache_bytes``: decoded observation arrays kept by digest (both bound the
-    cache). ``max_obs_bytes``: decoded size of one observation blob beyond which it is refused.
-    ``verify_digests``: check blake2b(blob) == digest for every fetched observation blob (payload
-    blobs are named by random ids, not digests).
-    ``claim_min_idle_ms``: take over entries pending this long on other consumers (a dead
-    learner's), checked every ``claim_every_s`` (then the group's other consumers with nothing
-    pending are removed); ``claim_count``: entries per claim or pending-list read.
-    ``dead_maxlen``: approximate cap of the dead-letter stream. ``move_items``: inbox batches per
-    ``move.lua`` call; ``seen_ttl_s``: how long a sender's dedup window is kept after its last
-    batch (a batch resent later than that would be stored twice). ``retained_batch``: entries per
-    XRANGE of :meth:`ExperienceReceiver.read_retained`. ``retry_base_s``/``retry_cap_s``: backoff
-    of setting entries aside while Redis is out of memory.
-    """
-
-    consumer: str = "learner"
-    block_ms: int = 1000
-    cache_entries: int = 8192
-    cache_bytes: int = 64 << 20
-    max_obs_bytes: int = 64 << 20
-    verify_digests: bool = True
-    claim_min_idle_ms: int = 60_000
-    claim_every_s: float = 30.0
-    claim_count: int = 100
-    dead_maxlen: int = DEAD_MAXLEN
-    move_items: int = MOVE_ITEMS
-    seen_ttl_s: int = SEEN_TTL_S
-    retained_batch: int = 256
-    retry_base_s: float = 0.1
-    retry_cap_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if not self.consumer or not isinstance(self.consumer, str):
-            raise ValueError(f"receiver.consumer must be a non-empty string, got {self.consumer!r}")
-        for name in ("block_ms", "cache_entries", "cache_bytes", "claim_min_idle_ms", "claim_every_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"receiver.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("claim_count", "dead_maxlen", "retained_batch", "max_obs_bytes", "seen_ttl_s"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"receiver.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 < self.retry_base_s <= self.retry_cap_s:
-            raise ValueError(f"need 0 < receiver.retry_base_s <= retry_cap_s, got {self.retry_base_s}, "
-                             f"{self.retry_cap_s}")
-        if not 1 <= self.move_items <= 256:
-            raise ValueError(f"receiver.move_items must be in 1..256, got {self.move_items}")
 
 
 class ReceivedChunk(NamedTuple):
