@@ -202,14 +202,12 @@ class EvalConfig:
     """The final eval plays at most this many seconds; its score is the mean of the episodes finished by then."""
 
     def __post_init__(self) -> None:
-        if self.episodes < 1:
-            raise ValueError(f"episodes must be >= 1, got {self.episodes}")
-        if self.every_s <= 0:
-            raise ValueError(f"every_s must be > 0 seconds, got {self.every_s}")
-        if self.final_episodes < 0:
-            raise ValueError(f"final_episodes must be >= 0, got {self.final_episodes}")
-        if self.final_max_s <= 0:
-            raise ValueError(f"final_max_s must be > 0 seconds, got {self.final_max_s}")
+        for name, least in (("episodes", 1), ("final_episodes", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        for name in ("every_s", "final_max_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

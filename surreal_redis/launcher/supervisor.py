@@ -35,7 +35,7 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.launcher.children import Child, log_tail, reap
 from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
-from surreal_redis.learner.metrics import _fmt, use_summary
+from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import EarlierRun, FolderLive, FolderLock, RunFolder
 from surreal_redis.runtime import INTERRUPTED_EXIT, StopFlag
@@ -378,7 +378,7 @@ class Launcher:
             return f"{restarting}waiting for the learner... agents {len(agents)}/{self.config.agent.num_agents}"
         return (f"{restarting}env steps {status['env_steps']} ({status['steps_per_s']:.0f}/s) | updates "
                 f"{status['iteration']} ({status['updates_per_s']:.1f}/s) | params v{status['version']} | return "
-                f"{_fmt(status['mean_return'])} | eval {_fmt(status['eval_return'])} | agents "
+                f"{fmt_number(status['mean_return'])} | eval {fmt_number(status['eval_return'])} | agents "
                 f"{len(agents)}/{self.config.agent.num_agents} | {use_summary(status)} | {status['elapsed_s']:.0f}s")
 
     # ---------------------------------------------------------------- stopping
