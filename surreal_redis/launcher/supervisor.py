@@ -1,12 +1,9 @@
-"""``surreal-redis launch``: one experiment on this machine (see docs/usage.md).
+"""``surreal-redis launch``: one experiment on this machine (see docs/usage.md, which says how
+crashed children are restarted and outages ridden out).
 
 Starts an embedded Redis when no URL is given, then the learner, N agents and one eval as child
-processes, each logging to ``<experiment>/logs/<name>.log`` and running in that folder. It
-restarts crashed children with backoff (agents and eval up to ``agent.max_restarts``, the learner
-from its latest checkpoint under the same consumer name, up to ``learner.max_restarts``), rides
-out a Redis outage (writing the run's config and state again into a Redis that came back empty),
-stops on Ctrl-C, ``surreal-redis stop`` or the learner's stop condition, then runs the final eval
-(:mod:`.final_eval`) unless interrupted or failed.
+processes, each logging to ``<experiment>/logs/<name>.log`` and running in that folder; supervises
+them until a stop, then runs the final eval (:mod:`.final_eval`) unless interrupted or failed.
 
 A live run is never touched: a launch is refused before anything is moved or deleted while the
 folder's launcher lives (its lock or hub.json, :mod:`surreal_redis.run_folder`) or the run's
