@@ -177,12 +177,10 @@ class LearnerConfig:
             raise ValueError(f"on_policy_sync must be 'lockstep', 'overlap' or 'free', got {self.on_policy_sync!r}")
         if not self.lockstep_topup_s > 0:
             raise ValueError(f"lockstep_topup_s must be > 0 seconds, got {self.lockstep_topup_s!r}")
-        for name in ("steps_per_update", "publish_every_updates", "prefetch_chunks", "receive_batch",
-                     "torch_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        for name, least in (("steps_per_update", 1), ("publish_every_updates", 1), ("prefetch_chunks", 1),
+                            ("receive_batch", 1), ("torch_threads", 1), ("max_restarts", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -202,14 +200,12 @@ class EvalConfig:
     """The final eval plays at most this many seconds; its score is the mean of the episodes finished by then."""
 
     def __post_init__(self) -> None:
-        if self.episodes < 1:
-            raise ValueError(f"episodes must be >= 1, got {self.episodes}")
-        if self.every_s <= 0:
-            raise ValueError(f"every_s must be > 0 seconds, got {self.every_s}")
-        if self.final_episodes < 0:
-            raise ValueError(f"final_episodes must be >= 0, got {self.final_episodes}")
-        if self.final_max_s <= 0:
-            raise ValueError(f"final_max_s must be > 0 seconds, got {self.final_max_s}")
+        for name, least in (("episodes", 1), ("final_episodes", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        for name in ("every_s", "final_max_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -372,11 +368,8 @@ class ExperimentConfig:
         return build_dataclass(cls, {**data, "algo": spec.name, "algo_config": section}, where)
 
     def config_to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            key = self.algo if f.name == "algo_config" else f.name
-            out[key] = to_dict(getattr(self, f.name))
-        return out
+        return {self.algo if f.name == "algo_config" else f.name: to_dict(getattr(self, f.name))
+                for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)

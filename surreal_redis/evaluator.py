@@ -127,8 +127,9 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     interrupted = bool(stop)
     kept = bool(returns) and not interrupted and manager.record_score(iteration, float(np.mean(returns)))
     result = CheckpointScore(str(path), iteration, returns, config.eval.final_episodes, seconds, interrupted, kept)
+    score = "no score" if result.score is None else f"mean return {result.score:.2f}"
     log.info("final eval of update %d: %s over %d of %d episodes in %.1fs%s", iteration,
-             "interrupted" if interrupted else _fmt_score(result.score), len(returns), result.episodes, seconds,
+             "interrupted" if interrupted else score, len(returns), result.episodes, seconds,
              ", kept among the best" if kept else "")
     return result
 
@@ -139,10 +140,6 @@ def _act_mode(config: ExperimentConfig, mode: str | None) -> ActMode:
     if mode not in EVAL_MODES:
         raise ValueError(f"eval mode {mode!r} is not one of {sorted(EVAL_MODES)}")
     return EVAL_MODES[mode]
-
-
-def _fmt_score(score: float | None) -> str:
-    return "no score" if score is None else f"mean return {score:.2f}"
 
 
 class Evaluator:

@@ -16,7 +16,7 @@ from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys, ShardKeys
-from surreal_redis.learner.metrics import _fmt, use_summary
+from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.redis_cluster import is_cluster, primary_clients
 from surreal_redis.run_folder import DEFAULT_RUNS_DIR, LocalRun, live_local_runs
 
@@ -70,11 +70,10 @@ def shard_lines(client: RedisClient, keys: ShardKeys) -> str:
     except redis.ResponseError:
         pending = 0
     ratio, blobs = dedup_ratio(client, keys, backlog.length)
-    dedup = "-" if ratio is None else f"{ratio:.1f}x"
     where = f" on {client.get_node_from_key(keys.exp).name}" if isinstance(client, RedisCluster) else ""
     return (f"  shard {keys.shard}{where}: {backlog.length} entries, {backlog.unread} unread "
             f"({backlog.queued} batches queued), {pending} pending, "
-            f"{dead} dead-lettered, {blobs} obs blobs, dedup {dedup}")
+            f"{dead} dead-lettered, {blobs} obs blobs, dedup {fmt_number(ratio, unit='x')}")
 
 
 def render_status(client: RedisClient, run: str) -> str:
@@ -91,8 +90,8 @@ def render_status(client: RedisClient, run: str) -> str:
         age = time.time() - float(learner["time"])
         lines.append(f"learner: pid {learner['pid']}, update {learner['iteration']}, params v{learner['version']}, "
                      f"{learner['env_steps']} env steps ({learner['steps_per_s']:.0f}/s), "
-                     f"{learner['updates_per_s']:.1f} updates/s, return {_fmt(learner['mean_return'])}, "
-                     f"eval {_fmt(learner['eval_return'])}, {learner.get('state', 'running')}, reported {age:.0f}s ago")
+                     f"{learner['updates_per_s']:.1f} updates/s, return {fmt_number(learner['mean_return'])}, "
+                     f"eval {fmt_number(learner['eval_return'])}, {learner.get('state', 'running')}, reported {age:.0f}s ago")
         lines.append(f"  {use_summary(learner, whole_run=learner.get('state', 'running') != 'running')}")
     else:
         lines.append("learner: no report")
@@ -102,9 +101,8 @@ def render_status(client: RedisClient, run: str) -> str:
         lines.append(f"  {'id':>6} {'host':<16} {'pid':>7} {'age s':>6} {'steps':>10} {'episodes':>9} {'params':>7} "
                      f"{'idle':>5}")
         for a in sorted(agents, key=lambda a: (len(a.agent_id), a.agent_id)):
-            idle = "-" if a.idle_fraction is None else f"{100 * a.idle_fraction:.0f}%"
             lines.append(f"  {a.agent_id:>6} {a.host[:16]:<16} {a.pid:>7} {a.age_s:>6.1f} {a.steps:>10} "
-                         f"{a.episodes:>9} {'v' + str(a.param_version):>7} {idle:>5}{'  STALE' if a.stale else ''}")
+                         f"{a.episodes:>9} {'v' + str(a.param_version):>7} {fmt_number(a.idle_fraction, '.0f', 100, '%'):>5}{'  STALE' if a.stale else ''}")
     shards = _num_shards(client, run)
     lines.append(f"experience: {shards} shard(s)")
     for index in range(shards):

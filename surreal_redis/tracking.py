@@ -127,9 +127,8 @@ class Tracker:
     def log_params(self, params: Mapping[str, object]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:_MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
-        existing = self.client.get_run(self.run_id).data.params
-        items = [p for p in items if p.key not in existing]  # params are immutable once logged
+        existing = self.client.get_run(self.run_id).data.params  # params are immutable once logged
+        items = [Param(k, str(v)[:_MAX_PARAM_CHARS]) for k, v in sorted(params.items()) if k not in existing]
         for start in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, params=items[start : start + _BATCH])
 

@@ -95,10 +95,13 @@ def _exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _require_url(redis_url: str | None) -> str:
-    url = resolve_url(redis_url)
+def _require_url(redis_url: str | None, config: Any = None) -> str:
+    """``redis_url``, else ``config``'s ``redis.url``, else ``$SURREAL_REDIS_URL`` (UsageError if none)."""
+    url = resolve_url(redis_url or (config and config.redis.url))
     if not url:
-        raise click.UsageError("no Redis URL: pass --redis-url or set SURREAL_REDIS_URL")
+        where = ("--redis-url, set SURREAL_REDIS_URL or redis.url in the config" if config
+                 else "--redis-url or set SURREAL_REDIS_URL")
+        raise click.UsageError(f"no Redis URL: pass {where}")
     return url
 
 
@@ -115,13 +118,6 @@ def _single_threaded_torch() -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
-def _url(config) -> str:
-    url = config.redis.url or resolve_url(None)
-    if not url:
-        raise click.UsageError("no Redis URL: pass --redis-url, set SURREAL_REDIS_URL or redis.url in the config")
-    return url
-
-
 def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
     """The client of a learner, agent or eval: a Redis that does not answer yet (down, restarting,
     its pod not ready) is waited for with capped backoff, up to ``redis.startup_wait_s``, so a
@@ -130,7 +126,7 @@ def _waiting_client(config, stop: StopFlag, who: str) -> RedisClient:
     from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
     from surreal_redis.runtime import INTERRUPTED_EXIT
 
-    url = _url(config)
+    url = _require_url(None, config)
     client = connect(url, config.redis.settings())
     guard = OutageGuard(f"{who} start", stop)
     deadline = time.monotonic() + config.redis.startup_wait_s

@@ -28,14 +28,12 @@ RESTART_DELAY_CAP_S = 30.0
 CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576",
                 "MALLOC_MMAP_THRESHOLD_": "16777216"}
 
-# Agents and evals get one BLAS thread (runtime.ONE_BLAS_THREAD). A user's setting wins.
-ACTOR_ENV = dict(ONE_BLAS_THREAD)
-
 
 def child_env(actor: bool = False) -> dict[str, str]:
-    """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC`
-    (and :data:`ACTOR_ENV` for agents and evals)."""
-    return {**CHILD_MALLOC, **(ACTOR_ENV if actor else {}), **os.environ}
+    """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC` and
+    for agents and evals (``actor``) one BLAS thread (``runtime.ONE_BLAS_THREAD``); a user's own
+    setting wins."""
+    return {**CHILD_MALLOC, **(ONE_BLAS_THREAD if actor else {}), **os.environ}
 
 
 def restart_delay(restart: int) -> float:

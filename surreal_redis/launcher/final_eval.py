@@ -21,7 +21,7 @@ from surreal_redis.connection import RedisClient
 from surreal_redis.embedded import die_with_parent
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.launcher.children import child_env, log_tail
-from surreal_redis.learner.metrics import _fmt, use_summary
+from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.run_folder import RunFolder
 from surreal_redis.runtime import StopFlag
 
@@ -147,7 +147,7 @@ def summary(config: ExperimentConfig, folder: RunFolder, status: dict, headline:
     lines = [f"run {config.run!r} {headline}; results in {folder.path}"]
     if status:
         lines.append(f"  {status['env_steps']} env steps, {status['iteration']} updates, "
-                     f"mean return {_fmt(status['mean_return'])}, last eval {_fmt(status['eval_return'])}")
+                     f"mean return {fmt_number(status['mean_return'])}, last eval {fmt_number(status['eval_return'])}")
         lines.append(f"  {use_summary(status, whole_run=True)}")
     if final_eval:
         lines.append(final_eval)

@@ -1,12 +1,9 @@
-"""``surreal-redis launch``: one experiment on this machine (see docs/usage.md).
+"""``surreal-redis launch``: one experiment on this machine (see docs/usage.md, which says how
+crashed children are restarted and outages ridden out).
 
 Starts an embedded Redis when no URL is given, then the learner, N agents and one eval as child
-processes, each logging to ``<experiment>/logs/<name>.log`` and running in that folder. It
-restarts crashed children with backoff (agents and eval up to ``agent.max_restarts``, the learner
-from its latest checkpoint under the same consumer name, up to ``learner.max_restarts``), rides
-out a Redis outage (writing the run's config and state again into a Redis that came back empty),
-stops on Ctrl-C, ``surreal-redis stop`` or the learner's stop condition, then runs the final eval
-(:mod:`.final_eval`) unless interrupted or failed.
+processes, each logging to ``<experiment>/logs/<name>.log`` and running in that folder; supervises
+them until a stop, then runs the final eval (:mod:`.final_eval`) unless interrupted or failed.
 
 A live run is never touched: a launch is refused before anything is moved or deleted while the
 folder's launcher lives (its lock or hub.json, :mod:`surreal_redis.run_folder`) or the run's
@@ -35,7 +32,7 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.launcher.children import Child, log_tail, reap
 from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
-from surreal_redis.learner.metrics import _fmt, use_summary
+from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import EarlierRun, FolderLive, FolderLock, RunFolder
 from surreal_redis.runtime import INTERRUPTED_EXIT, StopFlag
@@ -378,7 +375,7 @@ class Launcher:
             return f"{restarting}waiting for the learner... agents {len(agents)}/{self.config.agent.num_agents}"
         return (f"{restarting}env steps {status['env_steps']} ({status['steps_per_s']:.0f}/s) | updates "
                 f"{status['iteration']} ({status['updates_per_s']:.1f}/s) | params v{status['version']} | return "
-                f"{_fmt(status['mean_return'])} | eval {_fmt(status['eval_return'])} | agents "
+                f"{fmt_number(status['mean_return'])} | eval {fmt_number(status['eval_return'])} | agents "
                 f"{len(agents)}/{self.config.agent.num_agents} | {use_summary(status)} | {status['elapsed_s']:.0f}s")
 
     # ---------------------------------------------------------------- stopping

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from surreal_redis.config import ExperimentConfig
 
 
-
 def _template(space: gym.Space) -> Any:
     """The space as a tree of ``(shape, dtype)`` leaves (Dict -> dict, Tuple -> tuple)."""
     if isinstance(space, gym.spaces.Dict):

@@ -225,7 +225,7 @@ class LearnerMetrics:
         self._last_counts[name] = value
         return (value - previous) / dt if dt > 0 else 0.0
 
-    def _hub_numbers(self, version: int) -> dict[str, float]:
+    def _hub_numbers(self) -> dict[str, float]:
         cfg = self.config
         shards = [RunKeys(cfg.run).shard(i) for i in range(cfg.redis.num_shards)]
         backlogs = [read_backlog(self.client, keys) for keys in shards]
@@ -328,9 +328,9 @@ class LearnerMetrics:
         # a trainer's bare names go under losses/; a name with its own group (DDPG's "losses/...") stays
         metrics.update({k if "/" in k else f"losses/{k}": float(np.mean(v)) for k, v in self.losses.items() if v})
         metrics.update({f"system/replay_{k}": float(v) for k, v in replay_stats.items()})
-        for numbers in (self._agent_numbers, self._hub_numbers):
+        for numbers in (lambda: self._agent_numbers(progress.param_version), self._hub_numbers):
             try:
-                metrics.update(numbers(progress.param_version))
+                metrics.update(numbers())
             except redis.RedisError as exc:
                 log.warning("hub metrics unavailable: %s", exc)
         return metrics
@@ -345,13 +345,11 @@ class LearnerMetrics:
             numbers["charts/eval_return"] = self.eval_score
         if self.staleness:
             values = np.asarray(self.staleness)
-            numbers.update({"hub/policy_staleness_p50": float(np.percentile(values, 50)),
-                            "hub/policy_staleness_p90": float(np.percentile(values, 90)),
-                            "hub/policy_staleness_max": float(values.max())})
+            numbers.update({f"hub/policy_staleness_p{q}": float(np.percentile(values, q)) for q in (50, 90)})
+            numbers["hub/policy_staleness_max"] = float(values.max())
         if self.lags:
-            numbers.update({"hub/policy_lag_p50": float(lag_percentile(self.lags, 50)),
-                            "hub/policy_lag_p90": float(lag_percentile(self.lags, 90)),
-                            "hub/policy_lag_max": float(max(self.lags))})
+            numbers.update({f"hub/policy_lag_p{q}": float(lag_percentile(self.lags, q)) for q in (50, 90)})
+            numbers["hub/policy_lag_max"] = float(max(self.lags))
             numbers.update({f"hub/policy_lag_share_{label.replace('+', '_up').replace('-', '_')}": share
                             for label, share in lag_shares(self.lags).items()})
         return numbers
@@ -384,19 +382,19 @@ class LearnerMetrics:
 
     def _log_line(self, progress: LearnerProgress, metrics: dict[str, float | None], status: dict[str, Any]) -> None:
         """The flush's line in the learner's log."""
-        mean = progress.mean_return
         log.info("update %d | v%d | %d env steps (%.0f/s) | %.1f updates/s | return %s | eval %s | %s",
                  progress.iteration, progress.param_version, progress.env_steps, metrics["charts/env_steps_per_s"],
-                 metrics["charts/updates_per_s"], "-" if mean is None else f"{mean:.1f}",
-                 "-" if self.eval_score is None else f"{self.eval_score:.1f}", use_summary(status))
+                 metrics["charts/updates_per_s"], fmt_number(progress.mean_return), fmt_number(self.eval_score),
+                 use_summary(status))
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def fmt_number(value: float | None, spec: str = ".1f", scale: float = 1.0, unit: str = "") -> str:
+    """``value * scale`` formatted with ``spec`` and followed by ``unit``; ``-`` for None."""
+    return "-" if value is None else f"{scale * value:{spec}}{unit}"
 
 
 def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
+    return fmt_number(value, ".0f", 100, "%")
 
 
 def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
@@ -405,7 +403,7 @@ def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
     older learner did not report show as ``-``. ``whole_run``: busy and idle over the whole run
     (else over the last flush window), and the steps left unused at the stop."""
     used = status.get("experience_used_fraction")
-    line = "experience used " + ("-" if used is None else f"{100 * used:.1f}%")
+    line = "experience used " + fmt_number(used, ".1f", 100, "%")
     if whole_run and status.get("experience_unused_at_stop") is not None:
         line += f" (+{status['experience_unused_at_stop']} steps unused at the stop)"
     lag = status.get("policy_lag_p90")
@@ -418,5 +416,5 @@ def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
     rho = "" if clipped is None else f", rho clipped {_percent(clipped)}"
     epochs = status.get("epochs_per_update_total" if whole_run else "epochs_per_update")
     adaptive = f", epochs/update {epochs:.1f}" if status.get("adaptive_epochs") and epochs is not None else ""
-    return (f"{line}, policy lag p90 {'-' if lag is None else f'{lag:.0f}'}{histogram}{rho}{adaptive}, "
+    return (f"{line}, policy lag p90 {fmt_number(lag, '.0f')}{histogram}{rho}{adaptive}, "
             f"learner busy {_percent(busy)}, agents idle {_percent(idle)}{sync}")

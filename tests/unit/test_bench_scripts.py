@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from surreal_redis.launcher.final_eval import _fmt
+from surreal_redis.learner.metrics import fmt_number
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -156,10 +156,10 @@ def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(benc
 
 def test_halfcheetah_reads_the_launch_summary(bench):
     summary = bench["halfcheetah"].SUMMARY
-    line = f"  204800 env steps, 100 updates, mean return {_fmt(-12.5)}, last eval {_fmt(None)}"
+    line = f"  204800 env steps, 100 updates, mean return {fmt_number(-12.5)}, last eval {fmt_number(None)}"
     match = summary.search("run 'x' finished\n" + line + "\n  checkpoints: /tmp")
     assert match and int(match["steps"]) == 204800 and int(match["updates"]) == 100
-    assert bench["halfcheetah"]._number(match["mean"]) == pytest.approx(float(_fmt(-12.5)))
+    assert bench["halfcheetah"]._number(match["mean"]) == pytest.approx(float(fmt_number(-12.5)))
     assert bench["halfcheetah"]._number(match["eval"]) is None
 
 
