@@ -397,12 +397,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def resolve_config_path(path: str | Path) -> Path:
+    """``path`` if it is a file, else the shipped config of that name (``smoke`` is ``smoke.yaml``,
+    also where the working folder holds a ``smoke/`` directory); ConfigError if neither."""
     candidate = Path(path)
-    if candidate.exists():
+    if candidate.is_file():
         return candidate
     shipped = resource_dir("configs") / (candidate.name if candidate.suffix else f"{candidate.name}.yaml")
-    if shipped.exists():
+    if shipped.is_file():
         return shipped
+    if candidate.exists():
+        raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML file (nor a shipped config's name)")
     raise ConfigError(f"config file {str(path)!r} does not exist (nor a shipped config of that name)")
 
 

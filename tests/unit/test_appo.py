@@ -283,6 +283,7 @@ def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     (dict(vtrace_rho_bar=0.0), "vtrace_rho_bar must be > 0, got 0.0"),
     (dict(vtrace_c_bar=-1.0), "vtrace_c_bar must be > 0, got -1.0"),
     (dict(vtrace_c_bar=float("nan")), "vtrace_c_bar must be > 0"),
+    (dict(vtrace_c_bar=2.0), r"vtrace_c_bar must be <= vtrace_rho_bar, got 2.0 > 1.0"),
     (dict(gae_lambda=1.5), "gae_lambda"),  # PPO's checks still run
     (dict(min_epochs=0), r"min_epochs must be an int in 1..update_epochs \(4\) or None, got 0"),
     (dict(min_epochs=5), "min_epochs must be .* got 5"),

@@ -117,3 +117,17 @@ def test_an_unknown_key_suggests_the_closest_known_one():
     with pytest.raises(ConfigError) as error:
         from_dict(Outer, {"zzzz": 1})
     assert "did you mean" not in str(error.value)
+
+
+def test_a_directory_is_no_config_file_and_does_not_hide_the_shipped_one(tmp_path, monkeypatch):
+    from surreal_redis.config import load_config
+    from surreal_redis.resources import resource_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smoke").mkdir()  # e.g. an experiment folder named like the shipped config
+    assert load_config("smoke", []) == load_config(str(resource_dir("configs") / "smoke.yaml"), [])
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ConfigError, match=r"^config file 'mine' is a directory, not a YAML file"):
+        load_config("mine", [])
+    with pytest.raises(ConfigError, match=r"^config file 'nothing' does not exist"):
+        load_config("nothing", [])

@@ -57,3 +57,6 @@ class APPOConfig(PPOConfig):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"{name} must be > 0, got {value!r}")
+        # V-trace's operator contracts to its fixed point for c_bar <= rho_bar (Espeholt et al. 2018, Thm. 1)
+        if self.vtrace_c_bar > self.vtrace_rho_bar:
+            raise ValueError(f"vtrace_c_bar must be <= vtrace_rho_bar, got {self.vtrace_c_bar} > {self.vtrace_rho_bar}")
