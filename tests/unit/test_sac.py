@@ -137,7 +137,7 @@ class Reference:
         with torch.no_grad():
             for target, online in zip(self.target.parameters(), self.critic.parameters()):
                 target.copy_((1 - self.cfg.tau) * target + self.cfg.tau * online)
-        return (0.5 * ((y - q1) + (y - q2))).detach(), stats
+        return torch.maximum((y - q1).abs(), (y - q2).abs()).detach(), stats
 
 
 @pytest.mark.parametrize("policy_frequency", [1, 2])
@@ -198,9 +198,23 @@ def test_a_termination_drops_the_bootstrap_and_a_truncation_keeps_it():
     with torch.no_grad():
         _, next_log_prob = algo.actor.sample(torch.zeros(2, 3), generator=generator)
     _, td_errors = algo.update(batch)
-    # terminated: y = r = 1, td = 1 - 2; truncated: y = r + 0.99 (2 - alpha log pi(a'|s'))
-    assert td_errors[1] == pytest.approx(-1.0, abs=1e-6)
-    assert td_errors[0] == pytest.approx(1 + 0.99 * (2 - 0.2 * next_log_prob[0].item()) - 2, abs=1e-5)
+    # terminated: y = r = 1, |td| = |1 - 2|; truncated: y = r + 0.99 (2 - alpha log pi(a'|s'))
+    assert td_errors[1] == pytest.approx(1.0, abs=1e-6)
+    assert td_errors[0] == pytest.approx(abs(1 + 0.99 * (2 - 0.2 * next_log_prob[0].item()) - 2), abs=1e-5)
+
+
+def test_the_priority_is_the_larger_absolute_td_error_so_opposite_errors_do_not_cancel():
+    """Critics at 3 and 1 against a target of 2: errors -1 and +1. Their mean (0) ranked the
+    transition last in prioritized replay; the priority is max(|td_1|, |td_2|) = 1 (TD7's)."""
+    algo = make_algo(autotune=False, alpha=0.2)
+    with torch.no_grad():
+        for critic, value in ((algo.critic.q1, 3.0), (algo.critic.q2, 1.0)):
+            for p in critic.parameters():
+                p.zero_()
+            critic.mlp[-1].bias.fill_(value)
+    batch = make_batch(2, rewards=np.array([2.0, 2.5], np.float32), discounts=np.zeros(2, np.float32))
+    _, td_errors = algo.update(batch)  # y = r (terminated): errors (-1, +1) and (-0.5, +1.5)
+    np.testing.assert_allclose(td_errors, [1.0, 1.5], atol=1e-6)
 
 
 SPACES = {
@@ -386,7 +400,7 @@ def test_an_agent_or_eval_acting_with_numpy_never_imports_torch():
 
 def test_importance_weights_scale_the_critic_loss_per_transition():
     algo = make_algo(policy_frequency=2)  # no actor step in the first update
-    with torch.no_grad():  # identical critics: both TD errors are the returned mean
+    with torch.no_grad():  # identical critics: both TD errors are the returned one, up to sign
         algo.critic.q2.load_state_dict(algo.critic.q1.state_dict())
         algo.critic_target.q2.load_state_dict(algo.critic_target.q1.state_dict())
     weights = np.array([0.0, 1.0, 3.0, 0.5], np.float32)

@@ -73,7 +73,11 @@ class SACTrainer(ActorCriticTrainer):
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
         """One critic step on a batch of B transitions; every ``policy_frequency`` updates,
         ``policy_frequency`` actor (and temperature) steps on it. Returns the stats and the float32
-        ``[B]`` TD errors from before the step, the mean of the two critics' ``y - Q_i(s, a)``."""
+        ``[B]`` TD errors from before the step: the larger of the two critics' ``|y - Q_i(s, a)|``,
+        the replay's new priorities. Prioritized replay ranks a transition by the size of its TD
+        error (Schaul et al. 2016, arXiv:1511.05952); with twin critics, TD7 (Fujimoto et al. 2023,
+        arXiv:2306.02451, ``sfujim/TD7``) takes the larger one. Averaging the signed errors first
+        would let opposite signs cancel: a transition both critics get wrong could rank last."""
         config = self.config
         obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
         alpha = self.alpha
@@ -128,7 +132,7 @@ class SACTrainer(ActorCriticTrainer):
             "losses/q_values": (0.5 * (q1 + q2)).mean().item(),
             "losses/alpha": alpha,
         })
-        td_errors = 0.5 * (td1 + td2)
+        td_errors = torch.maximum(td1.abs(), td2.abs())
         return stats, td_errors.detach().to(torch.float32).cpu().numpy()
 
     def state_dict(self) -> dict[str, Any]:
