@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.base import ParamDict, Trainer
-from surreal_redis.algos.networks import actor_params, adam, normalized_obs, obs_to_tensor, resolve_device
+from surreal_redis.algos.networks import actor_params, adam, normalized_obs, resolve_device
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.chunks import TransitionBatch
 from surreal_redis.codec import Tree
@@ -63,11 +63,16 @@ class ActorCriticTrainer(Trainer):
         self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr, weight_decay=critic_weight_decay)
         self.iteration = 0
 
-    def _tensors(self, batch: TransitionBatch) -> BatchTensors:
-        """``batch`` on the device, after the z-filter took its observations in: the statistics of
-        the sampled observations, the replay's distribution rather than the newest data."""
+    def observe_inserted(self, obs: Tree) -> None:
+        """The z-filter takes in each inserted transition's observation once (OpenAI baselines'
+        DDPG updates ``obs_rms`` in ``store_transition``): the statistics of the data, not of the
+        sampled batches, which would weigh early data by how often the replay draws it."""
         if self.obs_normalizer is not None:
-            self.obs_normalizer.update(obs_to_tensor(batch.obs, self.device))
+            self.obs_normalizer.update(obs)  # numpy leaves, read only where the z-filter has statistics
+
+    def _tensors(self, batch: TransitionBatch) -> BatchTensors:
+        """``batch`` on the device, its observations through the z-filter (which only
+        :meth:`observe_inserted` changes)."""
 
         def floats(values: Any) -> torch.Tensor:
             return torch.as_tensor(values, dtype=torch.float32, device=self.device)

@@ -82,6 +82,12 @@ class Trainer(abc.ABC):
         argument (APPO's ``min_epochs``); False for a fixed number, and off-policy."""
         return False
 
+    def observe_inserted(self, obs: Tree) -> None:  # noqa: B027  (only a trainer with statistics cares)
+        """Off-policy: the observations (leaves ``[B, ...]``) of B transitions just inserted into
+        replay, each transition once, before any update samples them (refilled ones never come
+        here). Running statistics of the data (DDPG's and SAC's z-filter) take them in; the
+        default does nothing."""
+
     @abc.abstractmethod
     def actor_params(self) -> ParamDict:
         """What agents need: actor weights and normalizer statistics, as CPU numpy arrays."""

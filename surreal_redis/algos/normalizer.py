@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from typing import cast
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -38,9 +39,10 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
     @torch.no_grad()
-    def update(self, batch: torch.Tensor) -> None:
-        """Merge the statistics of ``batch`` (``[B, *shape]``, B >= 1) into the running ones."""
-        batch = batch.to(self.mean.device, torch.float64)
+    def update(self, batch: torch.Tensor | np.ndarray) -> None:
+        """Merge the statistics of ``batch`` (``[B, *shape]``, B >= 1; a tensor or a numpy array)
+        into the running ones."""
+        batch = torch.as_tensor(batch).to(self.mean.device, torch.float64)
         batch_count = batch.shape[0]
         batch_mean = batch.mean(dim=0)
         batch_var = batch.var(dim=0, unbiased=False)
@@ -85,7 +87,8 @@ class ObservationNormalizer(nn.Module):
 
     @torch.no_grad()
     def update(self, obs: Tree) -> None:
-        """Add a batch of raw observations (leaves ``[B, ...]``) to the statistics."""
+        """Add a batch of raw observations (leaves ``[B, ...]``, tensors or numpy arrays; image
+        leaves are not read) to the statistics."""
         for key in self.stats:
             self._leaf(key).update(obs[key] if self.is_dict else obs)
 

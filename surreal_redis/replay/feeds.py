@@ -13,6 +13,7 @@ The learner process and the in-process loops of :mod:`surreal_redis.testing` dri
 from __future__ import annotations
 
 import abc
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ import numpy as np
 from surreal_redis.chunks import Chunk, TransitionBatch
 from surreal_redis.replay import ReplayConfig, make_replay
 from surreal_redis.replay.fifo import FIFOReplay, FIFOReplayConfig
-from surreal_redis.replay.nstep import NStepBuilder
+from surreal_redis.replay.nstep import NStepBatch, NStepBuilder
 from surreal_redis.replay.rate_limiter import RateLimiterConfig
+from surreal_redis.trees import Tree
 
 
 class StopSignal(Protocol):
@@ -43,6 +45,11 @@ class OnPolicyTrainer(Protocol):
 class OffPolicyTrainer(Protocol):
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
         """Returns the stats and the batch's TD errors ``[B]`` (new priorities)."""
+        ...
+
+    def observe_inserted(self, obs: Tree) -> None:
+        """The observations (leaves ``[B, ...]``) of B transitions just inserted into replay, each
+        transition once (its running statistics, e.g. the z-filter, take them in)."""
         ...
 
 
@@ -166,7 +173,9 @@ class OffPolicyConfig:
     """capacity, layout and selector of the replay."""
     rate_limiter: RateLimiterConfig = field(default_factory=RateLimiterConfig)
     """when sampling is allowed (Reverb's rules); with ``samples_per_insert`` it sets the replay
-    ratio: ``samples_per_insert / batch_size`` updates per transition."""
+    ratio: ``samples_per_insert / batch_size`` updates per transition, counted from the first
+    update: its ``min_size_to_sample`` is then raised to ``max(learning_starts, batch_size)``, so
+    the transitions before that earn no backlog of updates."""
     max_train_s: float | None = 0.5
     """seconds one :meth:`OffPolicyFeed.train` call may run before handing back to reading; null
     runs every owed update."""
@@ -194,37 +203,60 @@ class OffPolicyConfig:
 class OffPolicyFeed(Feed[OffPolicyTrainer]):
     """The off-policy feed: chunks -> n-step transitions -> replay -> sampled batches, at a set replay ratio.
 
-    Only transitions ingested after the last :meth:`train` call that found the replay too small
-    earn updates (refilled ones were trained on before a restart). Sampling uses the feed's own
-    generator (``seed``), which :meth:`state_dict` keeps.
+    Only transitions ingested (not refilled) earn updates: with ``updates_per_step`` those after the
+    last :meth:`train` call that found the replay too small; with the rate limiter those past its
+    ``min_size_to_sample`` (at least ``learning_starts``). Refilled transitions were trained on
+    before a restart: they fill the replay and count for neither, and the limiter's counts come
+    back with :meth:`load_state_dict`. Each ingested transition's observation goes to the
+    trainer once (``observe_inserted``, at the next :meth:`train` call). Sampling uses the feed's
+    own generator (``seed``), which :meth:`state_dict` keeps with the limiter's counts.
     """
 
     def __init__(self, config: OffPolicyConfig, gamma: float, seed: int = 0) -> None:
         self.config = config
         self.replay = make_replay(config.replay)
         self.nstep = NStepBuilder(config.n_step, gamma)
-        self.limiter = config.rate_limiter.make()
+        limits = config.rate_limiter
+        if config.limiter_sets_ratio:  # Reverb's ratio counts from min_size_to_sample: the first update
+            limits = dataclasses.replace(limits, min_size_to_sample=max(limits.min_size_to_sample, self.ready_size))
+        self.limiter = limits.make()
         self.rng = np.random.default_rng(seed)
         self.transitions = 0  # inserted by ingest()
         self.updates = 0  # run by train()
         self._credited_from = 0  # transitions before the replay could be sampled earn no updates
+        self._observed: list[Tree] = []  # observations ingested since the last train(), for the trainer
+
+    @property
+    def ready_size(self) -> int:
+        """Transitions the replay holds before the first update: ``learning_starts`` and one batch."""
+        return max(self.config.learning_starts, self.config.batch_size)
 
     def ingest(self, chunk: Chunk) -> None:
-        self.transitions += self._insert(chunk)
+        batch = self._insert(chunk)
+        if batch is not None:
+            self.limiter.record_insert(batch.size)
+            self._observed.append(batch.obs)
+            self.transitions += batch.size
 
     def refill(self, chunks: Iterable[Chunk]) -> int:
-        return sum(self._insert(chunk) for chunk in chunks)
+        """Store the retained chunks in the replay. They earn no updates, count as no inserts for
+        the rate limiter and reach no running statistics: all that happened before the restart."""
+        stored = 0
+        for chunk in chunks:
+            batch = self._insert(chunk)
+            stored += 0 if batch is None else batch.size
+        return stored
 
-    def _insert(self, chunk: Chunk) -> int:
+    def _insert(self, chunk: Chunk) -> NStepBatch | None:
+        """The n-step transitions ``chunk`` completes, stored in the replay (None if none)."""
         batch = self.nstep.add(chunk)  # the last n-1 steps of an unfinished episode wait for more
         if batch is None or not batch.size:
-            return 0
+            return None
         self.replay.insert(*batch)
-        self.limiter.record_insert(batch.size)
-        return batch.size
+        return batch
 
     def ready(self) -> bool:  # the replay holds ``learning_starts`` and one batch
-        return len(self.replay) >= max(self.config.learning_starts, self.config.batch_size)
+        return len(self.replay) >= self.ready_size
 
     def owed_updates(self) -> int:
         """Updates the data in hand allows now: by the rate limiter's allowance when it sets the
@@ -243,6 +275,9 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
 
     def train(self, algo: OffPolicyTrainer, stop: StopSignal, arriving: Callable[[], int] | None = None
               ) -> Iterator[dict[str, float]]:
+        observed, self._observed = self._observed, []
+        for obs in observed:  # each inserted transition once, before any update samples it
+            algo.observe_inserted(obs)
         if not self.ready():
             self._credited_from = self.transitions
             return
@@ -262,7 +297,11 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
                 "owed_updates": self.owed_updates()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
+        return {"rng": self.rng.bit_generator.state, "limiter": self.limiter.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`; a state without the limiter's counts (older checkpoints)
+        leaves them at zero: the ratio starts again once ``min_size_to_sample`` new transitions are in."""
         self.rng.bit_generator.state = state["rng"]
+        if "limiter" in state:
+            self.limiter.load_state_dict(state["limiter"])

@@ -87,6 +87,20 @@ class RateLimiter:
         with self._lock:
             self._samples += n
 
+    def state_dict(self) -> dict[str, int]:
+        """The counts (``inserts``, ``samples``), for a checkpoint: a limiter restored with them
+        keeps the ratio where the checkpointed one left it."""
+        with self._lock:
+            return {"inserts": self._inserts, "samples": self._samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        inserts, samples = int(state["inserts"]), int(state["samples"])
+        if inserts < 0 or samples < 0:
+            raise ValueError(f"rate limiter counts must be >= 0, got inserts {inserts}, samples {samples}")
+        with self._lock:
+            self._inserts, self._samples = inserts, samples
+
 
 def _check_count(n: int) -> None:
     if n < 1:

@@ -135,7 +135,9 @@ def test_grad_clipping_clips_what_the_optimizer_sees_and_reports_the_norm_before
 def test_state_dict_round_trip_resumes_exactly():
     algo = make_algo(seed=0, normalize_obs=True)
     for seed in range(3):
+        algo.observe_inserted(make_batch(seed=seed + 20).obs * 3 + 1)  # the z-filter moves too
         algo.update(make_batch(seed=seed))
+    assert algo.obs_normalizer.stats["_"].count.item() == 12
     buffer = io.BytesIO()
     torch.save(algo.state_dict(), buffer)
     buffer.seek(0)
@@ -155,7 +157,9 @@ def test_state_dict_round_trip_resumes_exactly():
 def test_policy_with_actor_params_acts_like_the_learner(normalize_obs):
     algo = make_algo(normalize_obs=normalize_obs)
     for seed in range(3):
-        algo.update(make_batch(seed=seed, obs=np.random.default_rng(seed).normal(5, 2, (4, 3)).astype(np.float32)))
+        batch = make_batch(seed=seed, obs=np.random.default_rng(seed).normal(5, 2, (4, 3)).astype(np.float32))
+        algo.observe_inserted(batch.obs)
+        algo.update(batch)
     policy = DDPGPolicy(algo.config, OBS_SPACE, ACTION_SPACE, num_envs=5, seed=0)
     policy.load_params(algo.actor_params(), version=7)
     obs = np.random.default_rng(1).uniform(-1, 1, (5, 3)).astype(np.float32)
@@ -224,6 +228,8 @@ def test_dict_observations_with_an_image_stem():
 
     algo = make_algo(obs_space=space, normalize_obs=True)
     batch = make_batch(4)._replace(obs=obs(4), next_obs=obs(4))
+    algo.observe_inserted(batch.obs)  # numpy leaves; only "state" has statistics
+    assert set(algo.obs_normalizer.stats) == {"state"} and algo.obs_normalizer.stats["state"].count.item() == 4
     stats, td_errors = algo.update(batch)
     assert np.isfinite(list(stats.values())).all() and td_errors.shape == (4,)
     policy = DDPGPolicy(algo.config, space, ACTION_SPACE, num_envs=3)

@@ -51,15 +51,20 @@ class ChunkTrainer:
 
 
 class BatchTrainer:
-    """Records each off-policy batch; TD errors from ``td(batch)`` (zeros by default)."""
+    """Records each off-policy batch and the observations handed over as inserted (``observed``,
+    with the number of updates before each); TD errors from ``td(batch)`` (zeros by default)."""
 
     def __init__(self, td=None) -> None:
         self.batches: list[TransitionBatch] = []
+        self.observed: list[tuple[int, np.ndarray]] = []
         self.td = td or (lambda batch: np.zeros(len(batch.rewards)))
 
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
         self.batches.append(batch)
         return {"loss": 0.0}, self.td(batch)
+
+    def observe_inserted(self, obs: np.ndarray) -> None:
+        self.observed.append((len(self.batches), obs))
 
 
 def off_policy(selector: str = "uniform", **overrides) -> OffPolicyFeed:
@@ -249,6 +254,71 @@ def test_refilled_transitions_earn_no_updates_and_new_ones_do():
     feed.ingest(chunk(0, 18, 6))
     assert len(list(feed.train(trainer, stop))) == 3
     assert feed.stats()["inserted_transitions"] == 6
+
+
+def test_the_rate_limiter_counts_from_learning_starts_like_updates_per_step():
+    """A limiter whose own ``min_size_to_sample`` is below ``learning_starts`` counted every
+    transition before the first update: 1001 updates at the 1000th transition. The ratio counts
+    from ``learning_starts`` (Reverb's ``min_size_to_sample``): the limiter owes what
+    ``updates_per_step`` owes, up to a chunk and its error buffer."""
+    limiter = RateLimiterConfig(samples_per_insert=4.0, error_buffer=8.0)  # min_size_to_sample 1
+    by_ratio = off_policy(updates_per_step=1.0, learning_starts=100)
+    by_limiter = off_policy(updates_per_step=None, learning_starts=100, rate_limiter=limiter)
+    trainers, stop = (BatchTrainer(), BatchTrainer()), threading.Event()
+    for i in range(10):
+        for feed, trainer in zip((by_ratio, by_limiter), trainers):
+            feed.ingest(chunk(0, i * 10, 10))
+            list(feed.train(trainer, stop))
+    at_start = [len(trainer.batches) for trainer in trainers]
+    assert at_start[0] == 10 and at_start[1] <= 8 / 4  # the crossing chunk; the error buffer
+    for i in range(10, 30):
+        for feed, trainer in zip((by_ratio, by_limiter), trainers):
+            feed.ingest(chunk(0, i * 10, 10))
+            list(feed.train(trainer, stop))
+    ratio, limited = (len(trainer.batches) for trainer in trainers)
+    assert ratio == 210 and abs(limited - ratio) <= 10 + 8 / 4
+    assert by_limiter.limiter.min_size_to_sample == 100
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_refilled_transitions_give_the_rate_limiter_no_allowance(checkpointed):
+    """5000 refilled transitions once led to 4002 updates on old data before any new one: refills
+    are no inserts. The limiter's counts come back from the feed's state; without them (an older
+    checkpoint) the ratio starts again after ``learning_starts`` new transitions."""
+    limiter = RateLimiterConfig(samples_per_insert=4.0, error_buffer=4.0)  # one update per transition
+    settings = dict(updates_per_step=None, rate_limiter=limiter)
+    before, trainer, stop = off_policy(**settings), BatchTrainer(), threading.Event()
+    for c in stream(0, 5, 6):
+        before.ingest(c)
+        list(before.train(trainer, stop))
+    assert before.limiter.inserts == 30 and before.owed_updates() == 0
+    restarted, trainer = off_policy(**settings), BatchTrainer()
+    if checkpointed:
+        restarted.load_state_dict(before.state_dict())
+    assert restarted.refill(stream(0, 100, 6, first=5)) == 600
+    assert len(list(restarted.train(trainer, stop))) == 0 and trainer.observed == []  # nothing owed, nothing new
+    assert restarted.limiter.inserts == (30 if checkpointed else 0)
+    restarted.ingest(chunk(0, 630, 6))
+    # checkpointed: 6 new transitions, 6 updates; else 6 < learning_starts (10) new ones: none yet
+    assert len(list(restarted.train(trainer, stop))) == (6 if checkpointed else 0)
+    if not checkpointed:
+        restarted.ingest(chunk(0, 636, 6))  # 12 new: 12 * 4 - 0 >= 10 * 4 - 4 + 4 * updates
+        assert len(list(restarted.train(trainer, stop))) == 3
+
+
+def test_each_ingested_transition_reaches_the_trainer_once_before_it_is_sampled():
+    """Running statistics (the z-filter) take in the inserted data, each transition once, before
+    updates; refilled transitions never, and sampled batches are no inserts."""
+    feed, trainer, stop = off_policy(n_step=2), BatchTrainer(), threading.Event()
+    feed.refill(stream(1, 2, 6))
+    feed.ingest(chunk(0, 0, 6))  # n-step 2: the stream's last step waits for the next chunk
+    assert list(feed.train(trainer, stop)) != []
+    feed.ingest(chunk(0, 6, 6))
+    list(feed.train(trainer, stop))
+    assert [updates for updates, _ in trainer.observed] == [0, 2] and len(trainer.batches) == 5  # 0.5 per step
+    observed = np.concatenate([obs for _, obs in trainer.observed])
+    np.testing.assert_array_equal(observed[:, 1], np.arange(11))  # obs[t] = [env, t, 0] of env 0, once each
+    assert (observed[:, 0] == 0).all() and feed.stats()["inserted_transitions"] == 11
 
 
 def test_stop_ends_off_policy_training_between_updates():

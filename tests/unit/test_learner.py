@@ -152,6 +152,33 @@ def test_off_policy_learner_stops_reading_while_updates_are_owed(fake_redis, tmp
     assert learner.algo.iteration == 64
 
 
+def test_a_resumed_off_policy_learner_trains_only_on_new_data_at_the_limiters_ratio(fake_redis, tmp_path):
+    """The checkpoint keeps the rate limiter's counts and the z-filter; the replay refilled from
+    the hub on resume earns no updates (it once earned 4002 on old data) and reaches no statistics."""
+    config = ddpg_config(tmp_path, "off_policy.rate_limiter.samples_per_insert=16.0", "ddpg.normalize_obs=true",
+                         "off_policy.rate_limiter.error_buffer=16.0", "off_policy.max_train_s=null")  # 1 per transition past 32
+    first = learner_for(config, fake_redis)
+    first.start()
+    for round_ in range(2):  # 2 x 32 transitions
+        send_steps(fake_redis, config, first, 16, agent_id=round_)
+        first.iterate(received(first))
+    assert first.algo.iteration == 33 and first.checkpoints.iterations()[-1] == 33  # 1 + 32: from learning_starts
+    statistics = first.algo.obs_normalizer.stats["_"]
+    assert statistics.count.item() == 64
+
+    resumed = learner_for(config, fake_redis)
+    resumed.restore("latest")
+    assert len(resumed.feed.replay) == 64  # refilled
+    assert (resumed.feed.limiter.inserts, resumed.feed.limiter.samples) == (64, 33 * 16)
+    resumed.iterate(PrefetchQueue(1))
+    assert resumed.algo.iteration == 33  # nothing owed on the old data
+    restored = resumed.algo.obs_normalizer.stats["_"]
+    assert restored.count.item() == 64 and restored.mean.tolist() == statistics.mean.tolist()
+    send_steps(fake_redis, config, resumed, 16, agent_id=2)
+    resumed.iterate(received(resumed))
+    assert resumed.algo.iteration == 33 + 32 and restored.count.item() == 96
+
+
 @pytest.mark.parametrize("condition", ["max_env_steps", "train_return", "eval_return", "stop_request"])
 def test_stop_conditions(fake_redis, tmp_path, condition):
     overrides = {"max_env_steps": ["stop.max_env_steps=64"],

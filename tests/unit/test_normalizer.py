@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -138,3 +139,43 @@ def test_reward_scaler_clips_and_round_trips():
     restart = RewardScaler(0.99, clip=1.0)
     restart.return_stats.load_state_dict(scaler.return_stats.state_dict())
     torch.testing.assert_close(fresh.scale(more, no_end, stream=(0, 1)), restart.scale(more, no_end, stream=(0, 1)))
+
+
+@pytest.mark.parametrize("algo", ["ddpg", "sac"])
+def test_off_policy_z_filter_takes_each_inserted_transition_once(algo):
+    """DDPG's and SAC's z-filter learns the data inserted, as OpenAI baselines' DDPG (``obs_rms``
+    in ``store_transition``). Taken from sampled batches, early data counted as often as the
+    replay draws it: with a mean drifting 0 -> 20, the filter said 5.25 against the data's 10."""
+    from surreal_redis.algos.ddpg.policy import DDPGConfig
+    from surreal_redis.algos.ddpg.trainer import DDPGTrainer
+    from surreal_redis.algos.sac.config import SACConfig
+    from surreal_redis.algos.sac.trainer import SACTrainer
+    from surreal_redis.chunks import Chunk
+    from surreal_redis.replay import ReplayConfig
+    from surreal_redis.replay.feeds import OffPolicyConfig, OffPolicyFeed
+
+    obs_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    small = dict(actor_hidden=(8,), critic_hidden=(8,), normalize_obs=True)
+    torch.manual_seed(0)
+    trainer = (DDPGTrainer(DDPGConfig(**small), obs_space, action_space, device="cpu") if algo == "ddpg"
+               else SACTrainer(SACConfig(**small), obs_space, action_space, device="cpu"))
+    feed = OffPolicyFeed(OffPolicyConfig(batch_size=16, learning_starts=100, updates_per_step=0.25, max_train_s=None,
+                                         replay=ReplayConfig(capacity=10_000)), gamma=0.99)
+    rng, steps, chunks = np.random.default_rng(0), 50, 40
+    drift = np.linspace(0.0, 20.0, steps * chunks + 1, dtype=np.float32)  # the mean, step by step
+    obs = np.stack([drift, -drift], axis=1) + rng.normal(0, 1, (len(drift), 2)).astype(np.float32)
+    stop = threading.Event()
+    for i in range(chunks):
+        feed.ingest(Chunk(agent_id=0, env_index=0, obs=obs[i * steps:(i + 1) * steps + 1],
+                          actions=rng.uniform(-1, 1, (steps, 1)).astype(np.float32),
+                          rewards=np.zeros(steps, np.float32), terminated=np.zeros(steps, bool),
+                          truncated=np.zeros(steps, bool), final_obs={},
+                          policy_version=np.zeros(steps, np.int64), extras={}))
+        list(feed.train(trainer, stop))
+    stats = trainer.obs_normalizer.stats["_"]
+    inserted = obs[:steps * chunks].astype(np.float64)
+    assert trainer.iteration > 400
+    np.testing.assert_allclose(stats.mean.numpy(), inserted.mean(axis=0), rtol=1e-9)  # about (10, -10)
+    np.testing.assert_allclose(stats.var.numpy(), inserted.var(axis=0), rtol=1e-9)
+    assert stats.count.item() == len(inserted)

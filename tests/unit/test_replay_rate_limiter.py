@@ -64,3 +64,15 @@ def test_config_builds_the_right_limiter():
         RateLimiterConfig(samples_per_insert=8.0)
     with pytest.raises(ValueError, match=r"error_buffer \(2.0\) must be >= max\(1, samples_per_insert\) = 8.0"):
         RateLimiterConfig(samples_per_insert=8.0, error_buffer=2.0)
+
+
+def test_state_dict_carries_the_counts():
+    limiter = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=10, error_buffer=4.0)
+    limiter.record_insert(12)
+    limiter.record_sample(6)
+    restored = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=10, error_buffer=4.0)
+    restored.load_state_dict(limiter.state_dict())
+    assert (restored.inserts, restored.samples) == (12, 6)
+    assert restored.sample_allowance() == limiter.sample_allowance() == 2  # 24 - 6 - 16
+    with pytest.raises(ValueError, match="rate limiter counts must be >= 0, got inserts -1, samples 0"):
+        restored.load_state_dict({"inserts": -1, "samples": 0})

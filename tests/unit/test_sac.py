@@ -340,7 +340,9 @@ def test_fixed_temperature_and_explicit_target_entropy():
 def test_state_dict_round_trip_resumes_exactly(autotune):
     algo = make_algo(seed=0, normalize_obs=True, autotune=autotune)
     for seed in range(3):
+        algo.observe_inserted(make_batch(seed=seed + 20).obs * 3 + 1)  # the z-filter moves too
         algo.update(make_batch(seed=seed))
+    assert algo.obs_normalizer.stats["_"].count.item() == 12
     buffer = io.BytesIO()
     torch.save(algo.state_dict(), buffer)
     buffer.seek(0)
