@@ -106,7 +106,7 @@ class Feed(abc.ABC, Generic[TrainerT]):
         """Counters and sizes for the ``system/replay_*`` metrics."""
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps to resume the feed's random choices (not its data)."""
+        """What a checkpoint keeps to resume the feed's random choices and counts (not its data)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027
