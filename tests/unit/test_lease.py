@@ -8,8 +8,15 @@ import time
 import pytest
 
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.hub.run.lease import (HELD_BY_ANOTHER, RENEWED, TAKEN_AGAIN, LeaseHeld, LeaseKeeper, RunLease,
-                                         describe)
+from surreal_redis.hub.run.lease import (
+    HELD_BY_ANOTHER,
+    RENEWED,
+    TAKEN_AGAIN,
+    LeaseHeld,
+    LeaseKeeper,
+    RunLease,
+    describe,
+)
 from surreal_redis.keys import RunKeys
 
 
