@@ -153,7 +153,8 @@ class LearnerConfig:
     gc_every_s: float = 5.0
     """Seconds between retention/gc passes (and reloads of the agents' insert script)."""
     metrics_every_s: float = 5.0
-    """Seconds between MLflow metric flushes and learner status reports."""
+    """Seconds between MLflow metric flushes and learner status reports (0..3600; 0: after every
+    update). A launch's liveness does not depend on it: the run's lease in Redis says a launch owns it."""
     torch_threads: int = 1
     """CPU threads for torch (small networks are fastest on one)."""
     max_restarts: int = 3
@@ -175,6 +176,8 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if self.on_policy_sync not in ("lockstep", "overlap", "free"):
             raise ValueError(f"on_policy_sync must be 'lockstep', 'overlap' or 'free', got {self.on_policy_sync!r}")
+        if not 0 <= self.metrics_every_s <= 3600:
+            raise ValueError(f"metrics_every_s must be in 0..3600 seconds, got {self.metrics_every_s!r}")
         if not self.lockstep_topup_s > 0:
             raise ValueError(f"lockstep_topup_s must be > 0 seconds, got {self.lockstep_topup_s!r}")
         for name, least in (("steps_per_update", 1), ("publish_every_updates", 1), ("prefetch_chunks", 1),

@@ -242,6 +242,12 @@ class RunKeys:
         """String: the learner's status JSON (iteration, version, env steps, returns), with a TTL."""
         return f"{self.tag}:learner"
 
+    @property
+    def lease(self) -> str:
+        """String with a TTL: the launch that owns the run (random token, pid, host, folder),
+        renewed while it lives (:mod:`surreal_redis.hub.run.lease`)."""
+        return f"{self.tag}:lease"
+
     def shard(self, index: int) -> ShardKeys:
         if int(index) < 0:
             raise ValueError(f"shard index must be >= 0, got {index}")

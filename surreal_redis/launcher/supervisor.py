@@ -6,8 +6,9 @@ processes, each logging to ``<experiment>/logs/<name>.log`` and running in that 
 them until a stop, then runs the final eval (:mod:`.final_eval`) unless interrupted or failed.
 
 A live run is never touched: a launch is refused before anything is moved or deleted while the
-folder's launcher lives (its lock or hub.json, :mod:`surreal_redis.run_folder`) or the run's
-learner reports in a shared Redis. Exit codes (:meth:`Launcher.run`): 0 finished, 1 failed, 130
+folder's launcher lives (its lock or hub.json, :mod:`surreal_redis.run_folder`), another launch
+holds the run's lease in a shared Redis (:mod:`surreal_redis.hub.run.lease`: taken first, renewed
+while this launcher lives, released at its exit) or the run's learner reports there. Exit codes (:meth:`Launcher.run`): 0 finished, 1 failed, 130
 (:data:`INTERRUPTED_EXIT`) interrupted by a signal; a second signal exits 130 at once, saying
 which updates were not saved.
 """
@@ -30,6 +31,7 @@ from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
+from surreal_redis.hub.run.lease import LeaseHeld, LeaseKeeper, RunLease, describe
 from surreal_redis.launcher.children import Child, log_tail, reap
 from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
 from surreal_redis.learner.metrics import fmt_number, use_summary
@@ -75,6 +77,7 @@ class Launcher:
         self.signalled = ""  # the signal that ended the run (not one that came during the final eval)
         self.final_eval = ""  # the summary's line on it
         self._lock: FolderLock | None = None  # held while this launcher lives
+        self._lease: LeaseKeeper | None = None  # the run's lease in Redis, renewed while this launcher lives
         self._last_status: dict = {}  # the learner's last report the progress line read
 
     # ---------------------------------------------------------------- set-up
@@ -102,6 +105,29 @@ class Launcher:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def _take_lease(self, client: RedisClient) -> None:
+        """Own the run in Redis for this launcher's life (renewed on a thread); LaunchError when
+        another launch holds its lease, before anything is moved or deleted."""
+        lease = RunLease(client, self.config.run, folder=str(self.folder.path))
+        try:
+            lease.acquire()
+        except LeaseHeld as held:
+            raise self._live(f"{describe(held.holder)} holds the run's lease on {self.url} (free {lease.ttl_s:.0f}s "
+                             f"after that launcher dies; {held.ttl_s:.0f}s left now)") from None
+        except redis.RedisError as exc:
+            raise LaunchError(f"cannot take run {self.config.run!r}'s lease on {self.url}: {exc}") from exc
+        self._lease = LeaseKeeper(lease).start()
+
+    def _release_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.stop()
+            self._lease = None
+
+    @property
+    def _lease_lost(self) -> bool:
+        """Another launch took the run over (this launcher's lease expired): touch none of its keys."""
+        return self._lease is not None and self._lease.lost.is_set()
 
     def _refuse_live_learner(self, client: RedisClient) -> None:
         alive = RunControl(client, self.config.run).learner_alive()
@@ -131,13 +157,15 @@ class Launcher:
 
     def _prepare(self) -> RedisClient:
         cfg = self.config
-        # A live run first (this host: the folder's lock; any host: its learner in a shared
-        # Redis), before --fresh moves its folder or the run's keys are dropped.
+        # A live run first (this host: the folder's lock; any host: the run's lease, or a learner
+        # not started by a launch, in a shared Redis), before --fresh moves its folder or the
+        # run's keys are dropped.
         self._lock_folder()
         client = None
         if cfg.redis.url:
             self.url = cfg.redis.url
             client = self._connect()
+            self._take_lease(client)
             self._refuse_live_learner(client)
         self._claim_folder()
         if not self.folder.path.exists():  # moved aside: lock the new folder (the old lock went with it)
@@ -150,10 +178,11 @@ class Launcher:
             self.server = EmbeddedRedis(maxmemory=cfg.redis.maxmemory).start()
             self.url = self.server.url
             client = self._connect()
+            self._take_lease(client)  # a fresh server: free, held for `status` and `--run` processes to see
         control = RunControl(client, cfg.run)
         self._refuse_live_learner(client)  # one that started since the first look
         if self.resume is None:
-            dropped = control.drop()
+            dropped = control.drop(keep_lease=True)
             if dropped:
                 log.info("removed %d keys left by an earlier run named %r", dropped, cfg.run)
         self._write_run_state(control)
@@ -193,6 +222,7 @@ class Launcher:
         try:
             client = self._prepare()
         except BaseException:
+            self._release_lease()
             self._stop_server()
             self._unlock()
             raise
@@ -208,6 +238,7 @@ class Launcher:
             self._summary(client, code)
         finally:
             self.folder.withdraw()
+            self._release_lease()
             self._stop_server()
             self._unlock()
         return INTERRUPTED_EXIT if code == 0 and self.signalled else code
@@ -246,6 +277,9 @@ class Launcher:
         next_progress = 0.0
         last_line = ""
         while not self.stop.wait(SUPERVISE_EVERY_S):
+            if self._lease_lost:
+                self.ending = "another launch took the run over (this launcher's lease had expired)"
+                return 1
             code = self._check_learner(client, learner)
             if code is not None:
                 return code
@@ -386,12 +420,13 @@ class Launcher:
         alive = [c for c in self.children if c.alive]
         for child in alive:
             child.started.terminate()
-        try:
-            RunControl(client, self.config.run).request_stop(self.ending or self.stop.reason or "launcher exiting")
-        except redis.RedisError as exc:
-            log.warning("could not write the stop request (%s)", exc)
+        if not self._lease_lost:  # else the run is another launch's now
+            try:
+                RunControl(client, self.config.run).request_stop(self.ending or self.stop.reason or "launcher exiting")
+            except redis.RedisError as exc:
+                log.warning("could not write the stop request (%s)", exc)
         reap(alive, STOP_GRACE_S)
-        if self.children:
+        if self.children and not self._lease_lost:
             self._note_learner_exit(client, self.children[0])
 
     # ---------------------------------------------------------------- the end

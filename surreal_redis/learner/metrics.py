@@ -361,6 +361,7 @@ class LearnerMetrics:
                 "mean_return": progress.mean_return, "eval_return": self.eval_score,
                 "steps_per_s": metrics["charts/env_steps_per_s"], "updates_per_s": metrics["charts/updates_per_s"],
                 "pid": os.getpid(), "time": time.time(), "elapsed_s": progress.elapsed_s, "state": "running",
+                "every_s": self.config.learner.metrics_every_s,
                 "sync": self.config.learner.on_policy_sync if progress.use is not None else "off-policy",
                 "experience_used_fraction": metrics.get("hub/experience_used_fraction"),
                 "experience_wasted_steps": metrics.get("hub/experience_wasted_steps_total"),

@@ -28,6 +28,7 @@ from surreal_redis.hub.params import (
 from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat, read_agents
+from surreal_redis.hub.run.lease import RENEWED, RunLease
 from surreal_redis.keys import RunKeys
 from surreal_redis.outage import OUTAGE_ERRORS
 from surreal_redis.redis_cluster import all_node_clients
@@ -93,12 +94,16 @@ def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clie
     EpisodeLog(evaluator, RUN).record([EpisodeRecord("eval-0", "eval", 2.5, 20, 1, time.time())])
     assert sorted(r.mode for r in reader.read_new()) == ["eval", "train"]
 
+    lease = RunLease(learner, RUN, folder="/runs/acl")  # a launch with the learner's user: one key, one slot
+    lease.acquire()
+    assert lease.renew() == RENEWED and lease.holder()["folder"] == "/runs/acl"  # lease.lua loaded on its node
+
     # what the agent is refused on one server, it is refused on every shard's primary
     exp = KEYS.shard(1).exp
     refused = [("HSET", KEYS.params.meta, "version", 99), ("SET", exp, b"x"), ("DEL", exp),
                ("XTRIM", exp, "MAXLEN", 0), ("HSET", KEYS.control, "state", "stopping"),
                ("XADD", KEYS.evals, "*", "mode", "eval"), ("EVAL", "return 1", 1, exp),
-               ("GET", RunKeys("other").shard(0).obs("ab" * 16))]
+               ("GET", RunKeys("other").shard(0).obs("ab" * 16)), ("SET", KEYS.lease, "x"), ("DEL", KEYS.lease)]
     for command in refused:
         with pytest.raises(redis.exceptions.NoPermissionError):
             agent.execute_command(*command)
@@ -113,6 +118,7 @@ def test_acl_command_sets_users_on_every_node_and_they_work_through_cluster_clie
     with pytest.raises(redis.exceptions.NoPermissionError):
         learner.execute_command("FLUSHALL")  # sent to every primary
     assert admin.xlen(exp) == 2 and admin.hget(KEYS.params.meta, "version") == b"1"
+    assert lease.release() and admin.get(KEYS.lease) is None
 
 
 def test_after_failover_the_learner_reloads_the_agents_scripts_on_the_promoted_replica(fresh_redis_cluster, caplog):

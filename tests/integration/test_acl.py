@@ -29,6 +29,7 @@ from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeReader, EpisodeRecord, TrainReturns
 from surreal_redis.hub.run.heartbeat import Heartbeat, read_agents
+from surreal_redis.hub.run.lease import RENEWED, RunLease
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import Scripts
 
@@ -171,7 +172,8 @@ def test_learner_reloads_the_insert_script_after_a_script_flush(redis_server, re
 def keys_of(run: str) -> list[str]:
     """One key of every kind of ``run`` (shards 0, 1, 10, 11)."""
     keys = RunKeys(run)
-    names = [keys.config, keys.agents, keys.episodes, keys.evals, keys.control, keys.learner, keys.params.meta,
+    names = [keys.config, keys.agents, keys.episodes, keys.evals, keys.control, keys.learner, keys.lease,
+             keys.params.meta,
              keys.params.blob(0), keys.params.blob(123), keys.params.staging("ab" * 8)]
     for shard in (keys.shard(i) for i in (0, 1, 10, 11)):
         names += [shard.exp, shard.obsref, shard.dead, shard.obs("cd" * 16), shard.seen, shard.inbox, shard.pinned]
@@ -270,6 +272,21 @@ def test_only_the_eval_user_writes_eval_results(redis_server, real_redis):
     assert returns.mean() > 1e8 and returns.stop_score() == 12.0  # not 1e9: two of three agents are at <= 12
     with pytest.raises(redis.exceptions.NoPermissionError):
         RunControl(agent, RUN).request_stop("forged")
+
+
+def test_the_launchers_learner_user_holds_the_runs_lease_and_an_agent_cannot_touch_it(redis_server, real_redis):
+    """A launch on a shared Redis runs with the learner's user: it takes, renews (loading
+    lease.lua itself) and releases the run's lease; an agent can neither take nor drop it."""
+    create_users(real_redis, RUN, PASSWORDS, num_shards=1)
+    real_redis.script_flush()
+    lease = RunLease(login(redis_server, "learner"), RUN, folder="/runs/aclrun")
+    lease.acquire()
+    assert lease.renew() == RENEWED and lease.holder()["folder"] == "/runs/aclrun"
+    agent = login(redis_server, "agent")
+    for command in (("SET", KEYS.lease, "x"), ("DEL", KEYS.lease), ("GET", KEYS.lease), ("PEXPIRE", KEYS.lease, 1)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.execute_command(*command)
+    assert lease.release() and real_redis.get(KEYS.lease) is None
 
 
 def test_agent_cannot_overwrite_an_observation_or_run_another_script(redis_server, real_redis):

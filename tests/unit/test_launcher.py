@@ -281,3 +281,70 @@ def test_a_launcher_holds_its_folder_for_its_life_and_a_fresh_one_takes_the_new_
     assert len(refusals) == 1 and "is live" in refusals[0]
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("smoke.")]) == 1  # only the first one's move
     make_launcher(tmp_path, resume="latest")._lock_folder()  # released when it ended
+
+
+# ---------------------------------------------------------------- the run's lease in a shared Redis
+
+@pytest.mark.parametrize("flag", [{"fresh": True}, {"resume": "latest"}, {}])
+def test_a_run_whose_lease_another_launch_holds_is_refused_before_anything_is_moved_or_deleted(
+        tmp_path, fake_redis, monkeypatch, flag):
+    """Another launch owns the run (its lease), from another folder, and its learner has not
+    reported (starting, restarting, or reporting rarely): refused all the same."""
+    from surreal_redis.hub.run.control import RunControl
+    from surreal_redis.hub.run.lease import RunLease
+    from surreal_redis.launcher import supervisor as launcher_module
+
+    folder = earlier_run(tmp_path)
+    RunControl(fake_redis, "smoke").store_config("algo: ppo\n")
+    other = RunLease(fake_redis, "smoke", folder="/elsewhere/smoke")
+    other.acquire()
+    keys = {key: fake_redis.dump(key) for key in fake_redis.keys()}
+    monkeypatch.setattr(launcher_module, "connect", lambda url, settings=None: fake_redis)
+    with pytest.raises(LaunchError) as refused:
+        make_launcher(tmp_path, "redis.url=redis://shared:6379/0", **flag).run()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert (f"run 'smoke' is live: its launch (pid {other.owner['pid']} on host {other.owner['host']}, folder "
+            f"/elsewhere/smoke) holds the run's lease on redis://shared:6379/0") in message, message
+    assert "nothing was moved or deleted" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke"]
+    assert (folder / "mlflow_run_id").read_text() == "abc" and not (folder / "config.yaml").exists()
+    assert {key: fake_redis.dump(key) for key in fake_redis.keys()} == keys  # its lease and keys untouched
+
+
+def test_a_launch_holds_the_runs_lease_for_its_life_and_drops_an_earlier_runs_keys_under_it(
+        tmp_path, fake_redis, monkeypatch):
+    import json
+    import os
+
+    from surreal_redis.hub.run.control import RunControl
+    from surreal_redis.keys import RunKeys
+    from surreal_redis.launcher import supervisor as launcher_module
+
+    RunControl(fake_redis, "smoke").store_config("algo: ppo\n")  # left by an earlier run, long gone
+    monkeypatch.setattr(launcher_module, "connect", lambda url, settings=None: fake_redis)
+    launcher = make_launcher(tmp_path, "redis.url=redis://shared:6379/0", "eval.enabled=false")
+    seen = []
+
+    def supervise(client):
+        seen.append(json.loads(client.get(RunKeys("smoke").lease)))
+        return 0
+
+    monkeypatch.setattr(launcher, "_supervise", supervise)
+    assert launcher.run() == 0
+    assert seen[0]["pid"] == os.getpid() and seen[0]["folder"] == str(tmp_path / "smoke")
+    assert fake_redis.get(RunKeys("smoke").lease) is None  # released at the exit
+
+
+def test_a_launch_that_lost_its_lease_writes_nothing_to_the_run(tmp_path, fake_redis):
+    """Its lease expired (the launcher was frozen or cut off longer than its TTL) and another
+    launch took the run: stopping, it writes no stop request into the new owner's run."""
+    from surreal_redis.hub.run.control import RunControl
+    from surreal_redis.hub.run.lease import LeaseKeeper, RunLease
+
+    launcher = make_launcher(tmp_path)
+    launcher._lease = LeaseKeeper(RunLease(fake_redis, "smoke"))
+    launcher._lease.lost.set()
+    RunControl(fake_redis, "smoke").start()  # the new owner's run
+    launcher._shutdown(fake_redis)
+    assert RunControl(fake_redis, "smoke").stopping() == (False, "")

@@ -37,6 +37,11 @@ def test_learner_status_expires_and_says_whether_it_is_alive(fake_redis):
     assert control.learner_alive() == {}  # a report that old is a dead learner's
     control.write_learner_status(dict(status, state="stopped"), ttl_s=60)
     assert control.learner_alive() == {}
+    slow = dict(status, time=time.time() - 100, every_s=60)  # learner.metrics_every_s: 60
+    control.write_learner_status(slow, ttl_s=600)
+    assert control.learner_alive() == slow  # three of its intervals, not 30 s
+    control.write_learner_status(dict(slow, time=time.time() - 181), ttl_s=600)
+    assert control.learner_alive() == {}
     control.write_learner_status(status, ttl_s=0)  # never a key without a TTL
     assert fake_redis.ttl(RunKeys("r").learner) == 1
 
@@ -141,3 +146,11 @@ def test_stop_watch_rejects_a_bad_poll_interval(fake_redis):
 def test_learner_status_is_json(fake_redis):
     RunControl(fake_redis, "r").write_learner_status({"pid": 7, "mean_return": None}, ttl_s=5)
     assert json.loads(fake_redis.get(RunKeys("r").learner)) == {"pid": 7, "mean_return": None}
+
+
+@pytest.mark.parametrize("every_s", [-1, 3601, float("nan")])
+def test_the_learners_report_interval_is_bounded(every_s):
+    from surreal_redis.config import LearnerConfig
+
+    with pytest.raises(ValueError, match=r"metrics_every_s must be in 0..3600 seconds, got"):
+        LearnerConfig(metrics_every_s=every_s)

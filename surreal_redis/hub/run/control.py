@@ -51,8 +51,10 @@ class RunControl:
 
     def learner_alive(self, max_age_s: float = LEARNER_ALIVE_S) -> dict[str, Any]:
         """The status of a learner that may still be running (it said ``running`` less than
-        ``max_age_s`` seconds ago), else an empty dict."""
+        ``max_age_s`` seconds ago, or three of its report intervals, ``every_s``, if longer), else
+        an empty dict."""
         status = self.learner_status()
+        max_age_s = max(max_age_s, 3 * float(status.get("every_s") or 0))
         if status.get("state") == RUNNING and time.time() - float(status.get("time", 0)) < max_age_s:
             return status
         return {}
@@ -86,12 +88,16 @@ class RunControl:
         raw = self.client.hget(self.keys.config, "yaml")
         return None if raw is None else as_text(raw)
 
-    def drop(self) -> int:
-        """Delete every key of the run (SCAN + UNLINK in batches of 500); returns how many."""
+    def drop(self, keep_lease: bool = False) -> int:
+        """Delete every key of the run (SCAN + UNLINK in batches of 500); returns how many. With
+        ``keep_lease`` the run's lease stays: a launch drops an earlier run's keys under its own."""
         deleted = 0
+        kept = {self.keys.lease.encode()} if keep_lease else set()
         for pattern in self.keys.all_patterns():
             batch = []
             for key in self.client.scan_iter(match=pattern, count=1000):
+                if key in kept:
+                    continue
                 batch.append(key)
                 if len(batch) >= 500:
                     deleted += self.client.unlink(*batch)
