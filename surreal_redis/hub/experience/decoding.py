@@ -16,13 +16,14 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
+import redis
 
 from surreal_redis.chunks import Chunk
-from surreal_redis.codec import CodecError, array_header, decode_array, digest
-from surreal_redis.connection import RedisClient
+from surreal_redis.codec import CodecError, array_header, decode_array, digest, max_encoded_bytes
+from surreal_redis.connection import CONNECTION_ERRORS, RedisClient
 from surreal_redis.hub.experience.payload import Layout
 from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.hub.experience.wire import (
@@ -35,12 +36,16 @@ from surreal_redis.hub.experience.wire import (
     payload_blob_id,
 )
 from surreal_redis.keys import ShardKeys
+from surreal_redis.scripts import ScriptError, Scripts
 
 # An lz4 block never inflates more than ~255x: a blob that declares more is refused unread.
 MAX_INFLATION = 256
 
 Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
 Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
+DEFERRED = -2  # fetch.lua's reply for a blob past the call's budget
+
+log = logging.getLogger(__name__)
 
 
 class ReasonLog:
@@ -82,6 +87,12 @@ def _detail(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:1000]
 
 
+def _refused(key: str, size: int, limit: int, what: str) -> str:
+    """The dead letter's detail of a blob never fetched: its key and size, not its bytes."""
+    held = "holds no string" if size < 0 else f"holds {size} bytes, over the {limit} of {what}"
+    return f"blob {key} {held}; not fetched"
+
+
 class EntryDecoder:
     """Decodes batches of entries of some shards; keeps parsed templates and decoded observations.
 
@@ -91,18 +102,38 @@ class EntryDecoder:
 
     def __init__(self, client: RedisClient, keys: Mapping[int, ShardKeys], limits: ReceiverConfig) -> None:
         self.client, self.keys, self.limits = client, keys, limits
+        self._scripts = Scripts(client)
         self._layouts: dict[bytes, Layout] = {}  # parsed chunk templates, one per sender layout
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self.cached_bytes = 0
         self.cache_hits = self.cache_misses = self.blob_bytes = 0
 
-    def decode(self, entries: list[Entry]) -> tuple[list[Decoded], list[Failure]]:
-        """(decoded good entries, failures). A round trip for the payloads stored apart and one
-        for the observation blobs not cached, when there are any; connection errors propagate."""
+    def decode(self, entries: list[Entry]) -> tuple[list[Decoded], list[Failure], list[Entry]]:
+        """(decoded good entries, failures, deferred entries): :meth:`decode_together`, where an
+        exception that is no Redis error (a MemoryError, say) makes each entry decode alone, so
+        the one that provokes it is a failure (reason ``error``) and the others are delivered."""
+        try:
+            return self.decode_together(entries)
+        except (redis.RedisError, ScriptError, *CONNECTION_ERRORS):
+            raise
+        except Exception as exc:  # one entry's data, whatever it provokes: see the module docstring
+            if len(entries) == 1:
+                return [], [(failure_reason(exc), _detail(exc), *entries[0])], []
+            log.warning("decoding %d entries together failed (%s); decoding each alone", len(entries), _detail(exc))
+            alone = [self.decode([entry]) for entry in entries]
+            return ([d for result in alone for d in result[0]], [f for result in alone for f in result[1]],
+                    [e for result in alone for e in result[2]])
+
+    def decode_together(self, entries: list[Entry]) -> tuple[list[Decoded], list[Failure], list[Entry]]:
+        """(decoded good entries, failures, deferred entries). Deferred: the entries past the
+        read's byte budget (``max_read_bytes``), in their order, untouched: decode them in a later
+        call (the first entry is never deferred). A round trip for the payloads stored apart and
+        one for the observation blobs not cached, when there are any (more when a blob's bytes
+        did not fit one reply); connection errors propagate."""
         parsed: list[tuple[int, bytes, dict, ParsedEntry]] = []
         failures: list[Failure] = []
-        payloads, unusable = self._fetch_payloads(entries)
-        for position, (shard, entry_id, fields) in enumerate(entries):
+        payloads, unusable, cut = self._fetch_payloads(entries)
+        for position, (shard, entry_id, fields) in enumerate(entries[:cut]):
             if position in unusable:
                 failures.append((*unusable[position], shard, entry_id, fields))
                 continue
@@ -110,7 +141,8 @@ class EntryDecoder:
                 parsed.append((shard, entry_id, fields, parse_entry(fields, self._layouts, payloads.get(position))))
             except Exception as exc:  # one entry's data, whatever it provokes: see the module docstring
                 failures.append((failure_reason(exc), _detail(exc), shard, entry_id, fields))
-        arrays, bad = self._fetch(parsed)
+        parsed, frames, deferred = self._within_budget(parsed, sum(map(len, payloads.values())), failures)
+        arrays, bad = self._fetch(frames)
         good: list[Decoded] = []
         for shard, entry_id, fields, entry in parsed:
             failed = next((bad[d] for d in entry.digests if d in bad), None)
@@ -123,12 +155,15 @@ class EntryDecoder:
                 failures.append((failure_reason(exc), _detail(exc), shard, entry_id, fields))
                 continue
             good.append(Decoded((shard, entry_id, fields), chunk, entry.nbytes, entry.origin))
-        return good, failures
+        return good, failures, deferred + entries[cut:]
 
-    def _fetch_payloads(self, entries: list[Entry]) -> tuple[dict[int, bytes], dict[int, tuple[str, str]]]:
-        """The payload blobs of the entries with field ``p``, by position in ``entries``, and
-        (reason, detail) for the positions whose payload is unusable (format, missing_payload)."""
-        wanted: dict[int, dict[str, list[int]]] = {}  # shard -> digest -> positions
+    def _fetch_payloads(self, entries: list[Entry]) -> tuple[dict[int, bytes], dict[int, tuple[str, str]], int]:
+        """The payload blobs of the entries with field ``p``, by position in ``entries``;
+        (reason, detail) for the positions whose payload is unusable (format, missing_payload,
+        too_large: over ``max_payload_bytes``, never fetched); and the position of the first entry
+        whose payload did not fit the read's budget (``len(entries)`` when all did): that entry
+        and the ones after it are left for a later read."""
+        wanted: dict[int, dict[str, list[int]]] = {}  # shard -> blob id -> positions
         unusable: dict[int, tuple[str, str]] = {}
         for position, (shard, _, fields) in enumerate(entries):
             try:
@@ -138,25 +173,77 @@ class EntryDecoder:
                 continue
             if d is not None:
                 wanted.setdefault(shard, {}).setdefault(d, []).append(position)
+        limit = self.limits.max_payload_bytes
         payloads: dict[int, bytes] = {}
-        for digests, blobs in self._mget(wanted):
-            for (d, positions), blob in zip(digests.items(), blobs):
-                for position in positions:  # its bytes count in its entry's nbytes
-                    if blob is None:
+        cut = len(entries)
+        fetched = self._fetch_blobs({shard: dict.fromkeys(ids, limit) for shard, ids in wanted.items()},
+                                    self.limits.max_read_bytes)
+        for shard, replies in fetched.items():
+            for d, reply in replies.items():
+                for position in wanted[shard][d]:  # its bytes count in its entry's nbytes
+                    if reply is None:
                         unusable[position] = ("missing_payload", f"payload blob {d} is gone (collected)")
+                    elif reply == DEFERRED:
+                        cut = min(cut, position)
+                    elif isinstance(reply, int):
+                        unusable[position] = ("too_large", _refused(self.keys[shard].obs(d), reply, limit,
+                                                                    "receiver.max_payload_bytes"))
                     else:
-                        payloads[position] = blob
-        return payloads, unusable
+                        payloads[position] = reply
+        return {p: b for p, b in payloads.items() if p < cut}, unusable, cut
 
-    def _mget(self, wanted: Mapping[int, dict[str, Any]]) -> list[tuple[dict[str, Any], list]]:
-        """(digests, their blobs) per shard of ``wanted`` (shard -> digest -> anything): one MGET
-        per shard, in one pipeline; no round trip when nothing is wanted."""
-        if not wanted:
-            return []
+    def _within_budget(self, parsed: list[tuple[int, bytes, dict, ParsedEntry]], taken: int,
+                       failures: list[Failure]) -> tuple[list, dict[int, dict[str, tuple]], list[Entry]]:
+        """The parsed entries whose observations still fit the read's budget after ``taken``
+        bytes (counting each digest not cached at its template's largest blob, before any is
+        fetched; the first entry always fits), the (shard -> digest -> spec) of the blobs they
+        need, and the entries deferred to a later read. An entry whose template cannot be read
+        is added to ``failures``."""
+        budget, cache = self.limits.max_read_bytes, self._cache
+        kept: list[tuple[int, bytes, dict, ParsedEntry]] = []
+        frames: dict[int, dict[str, tuple]] = {}
+        for index, item in enumerate(parsed):
+            shard, entry_id, fields, entry = item
+            try:
+                specs = expected_frames(entry)
+            except Exception as exc:  # one entry's data: see the module docstring
+                failures.append((failure_reason(exc), _detail(exc), shard, entry_id, fields))
+                continue
+            new = {d: spec for d, spec in specs.items() if d not in cache and d not in frames.get(shard, ())}
+            need = sum(max_encoded_bytes(*spec) for spec in new.values())
+            if kept and taken + need > budget:
+                return kept, frames, [(s, i, f) for s, i, f, _ in parsed[index:]]
+            taken += need
+            kept.append(item)
+            frames.setdefault(shard, {}).update(specs)
+        return kept, frames, []
+
+    def _fetch_blobs(self, wanted: Mapping[int, Mapping[str, int]],
+                     budget: int) -> dict[int, dict[str, bytes | int | None]]:
+        """shard -> blob id -> its bytes, None (no such key), its size (over its limit, or -1: not
+        a string; never fetched) or DEFERRED (past ``budget``), for ``wanted``: shard -> blob id
+        -> size limit. One ``fetch.lua`` call per shard, all in one pipeline, each given an equal
+        share of ``budget``; no round trip when nothing is wanted."""
+        calls = [(shard, list(limits)) for shard, limits in wanted.items() if limits]
+        if not calls:
+            return {}
+        share = max(1, budget // len(calls))
+        sha = self._scripts.get("fetch").sha
         pipe = self.client.pipeline(transaction=False)
-        for shard, digests in wanted.items():
-            pipe.execute_command("MGET", *self.keys[shard].obs_keys(list(digests)))  # (cluster pipelines refuse .mget)
-        return list(zip(wanted.values(), pipe.execute()))
+        arguments = []
+        for shard, ids in calls:
+            keys, args = self.keys[shard].obs_keys(ids), [share, *wanted[shard].values()]
+            arguments.append((keys, args))
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+        out: dict[int, dict[str, bytes | int | None]] = {}
+        for (shard, ids), (keys, args), reply in zip(calls, arguments, replies):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = self._scripts.call("fetch", keys, args)  # loads it on the node of these keys
+            elif isinstance(reply, Exception):
+                raise reply
+            out[shard] = dict(zip(ids, reply))
+        return out
 
     def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:
         """Why a fetched blob cannot be used for ``spec`` (reason, detail), checked before it is
@@ -167,50 +254,71 @@ class EntryDecoder:
         if (dtype, shape) != spec:
             return "format", f"observation {d} is {dtype}{shape}, the template says {spec[0]}{spec[1]}"
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > self.limits.max_obs_bytes:
-            return "too_large", f"observation {d} of {nbytes} bytes exceeds receiver.max_obs_bytes"
         if codec == "lz4" and nbytes > MAX_INFLATION * (len(blob) - start) + 64:
             return "codec", f"observation {d}: {len(blob) - start} lz4 bytes cannot inflate to {nbytes}"
         return None
 
-    def _fetch(self, parsed: list[tuple[int, bytes, dict, ParsedEntry]]) -> tuple[dict, dict]:
-        """Decoded arrays of every digest the entries use, and digest -> (reason, detail) for those
-        that could not be resolved (checked against the template of the first entry using it)."""
+    def _fetch(self, frames: Mapping[int, Mapping[str, tuple]]) -> tuple[dict, dict]:
+        """Decoded arrays of every digest in ``frames`` (shard -> digest -> (dtype, shape) the
+        template of the first entry using it gives), and digest -> (reason, detail) for those that
+        could not be resolved. A blob is fetched only when its template is within
+        ``max_obs_bytes`` and its size within what that template allows (``max_encoded_bytes``)."""
         arrays: dict[str, np.ndarray] = {}
-        wanted: dict[int, dict[str, tuple]] = {}
+        wanted: dict[int, dict[str, int]] = {}
+        specs: dict[str, tuple] = {}
+        bad: dict[str, tuple[str, str]] = {}
         cache = self._cache
-        for shard, _, _, entry in parsed:
-            for d, spec in expected_frames(entry).items():
-                if d in arrays:
+        for shard, digests in frames.items():
+            for d, spec in digests.items():
+                if d in arrays or d in bad:
                     continue
                 cached = cache.get(d)
                 if cached is not None:
                     cache.move_to_end(d)
                     arrays[d] = cached
                     self.cache_hits += 1
-                else:
-                    wanted.setdefault(shard, {}).setdefault(d, spec)
-        bad: dict[str, tuple[str, str]] = {}
-        for digests, blobs in self._mget(wanted):
-            for (d, spec), blob in zip(digests.items(), blobs):
-                self.cache_misses += 1
-                if blob is None:
-                    bad[d] = ("missing_obs", f"observation {d} is gone (expired or collected)")
                     continue
-                self.blob_bytes += len(blob)
-                try:
-                    problem = self._blob_problem(d, blob, spec)
-                    if problem is None:
-                        array = decode_array(blob)
-                except Exception as exc:  # a hostile blob must not stop the reader
-                    problem = (failure_reason(exc), f"observation {d}: {_detail(exc)}")
-                if problem is not None:
-                    bad[d] = problem
+                nbytes = math.prod(spec[1]) * spec[0].itemsize
+                if nbytes > self.limits.max_obs_bytes:
+                    bad[d] = ("too_large", f"observation {d} of {nbytes} bytes exceeds receiver.max_obs_bytes "
+                                           "(not fetched)")
                     continue
-                array.setflags(write=False)  # shared by every chunk referencing the digest
-                arrays[d] = array
-                self._cache_put(d, array)
+                specs[d] = spec
+                wanted.setdefault(shard, {})[d] = max_encoded_bytes(*spec)
+        while wanted:
+            later: dict[int, dict[str, int]] = {}
+            for shard, replies in self._fetch_blobs(wanted, self.limits.max_read_bytes).items():
+                for d, blob in replies.items():
+                    if blob == DEFERRED:
+                        later.setdefault(shard, {})[d] = wanted[shard][d]
+                    else:
+                        self._resolve(d, blob, specs[d], self.keys[shard].obs(d), arrays, bad)
+            wanted = later
         return arrays, bad
+
+    def _resolve(self, d: str, blob: bytes | int | None, spec: tuple, key: str, arrays: dict, bad: dict) -> None:
+        """Check and decode one fetch.lua reply for digest ``d`` into ``arrays`` (and the cache),
+        or record why it is unusable in ``bad``."""
+        self.cache_misses += 1
+        if blob is None:
+            bad[d] = ("missing_obs", f"observation {d} is gone (expired or collected)")
+            return
+        if isinstance(blob, int):
+            bad[d] = ("too_large", _refused(key, blob, max_encoded_bytes(*spec), f"its template {spec[0]}{spec[1]}"))
+            return
+        self.blob_bytes += len(blob)
+        try:
+            problem = self._blob_problem(d, blob, spec)
+            if problem is None:
+                array = decode_array(blob)
+        except Exception as exc:  # a hostile blob must not stop the reader
+            problem = (failure_reason(exc), f"observation {d}: {_detail(exc)}")
+        if problem is not None:
+            bad[d] = problem
+            return
+        array.setflags(write=False)  # shared by every chunk referencing the digest
+        arrays[d] = array
+        self._cache_put(d, array)
 
     def _cache_put(self, d: str, array: np.ndarray) -> None:
         limits = self.limits
