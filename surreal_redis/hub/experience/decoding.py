@@ -1,15 +1,21 @@
 """Raw stream entries -> :class:`Chunk` objects, for the receiver: fetch the payload blobs stored
 apart (field ``p``), parse each entry, fetch the observation blobs it references (a bounded cache
-of decoded arrays, then one MGET per shard), check every blob before it is decompressed, build
-the chunk.
+of decoded arrays, then the rest), check every blob before it is decompressed, build the chunk.
+
+Sizes before bytes: every blob's size is read first (``lua/sizes.lua``), and only blobs within
+their limit are fetched (GETRANGE of at most that size): a payload blob within
+``max_payload_bytes``, an observation blob within what its template's dtype and shape allow
+(and ``max_obs_bytes`` decoded). Any other is set aside by its key and size, never fetched. A
+read fetches at most ``max_read_bytes`` (observations counted at their template's size before
+they are fetched); the entries past it are handed back, deferred, for the next read.
 
 No entry's data can stop this: any exception it provokes makes that entry a failure with a
-reason, and the others go on. A blob must hash to its digest (``verify_digests``), declare the
-dtype and shape the entry's template gives it, stay under ``max_obs_bytes`` and under the
-compression ratio lz4 can reach; only then is it decompressed, and only once decoded cached. A
-payload blob (a random id, not a digest) is checked like an inline payload and never cached.
+reason, and the others go on; an exception that is no Redis error while the entries are decoded
+together makes each decode alone. A blob must hash to its digest (``verify_digests``), declare
+the dtype and shape the entry's template gives it and stay under the compression ratio lz4 can
+reach; only then is it decompressed, and only once decoded cached. A payload blob (a random id,
+not a digest) is checked like an inline payload and never cached.
 """
-
 from __future__ import annotations
 
 import logging
@@ -43,7 +49,7 @@ MAX_INFLATION = 256
 
 Entry = tuple[int, bytes, dict]  # (shard, entry id, raw fields)
 Failure = tuple[str, str, int, bytes, dict]  # (reason, detail, shard, entry id, raw fields)
-DEFERRED = -2  # fetch.lua's reply for a blob past the call's budget
+DEFERRED = -2  # what _fetch_blobs answers for a blob past the read's budget
 
 log = logging.getLogger(__name__)
 
@@ -222,27 +228,45 @@ class EntryDecoder:
                      budget: int) -> dict[int, dict[str, bytes | int | None]]:
         """shard -> blob id -> its bytes, None (no such key), its size (over its limit, or -1: not
         a string; never fetched) or DEFERRED (past ``budget``), for ``wanted``: shard -> blob id
-        -> size limit. One ``fetch.lua`` call per shard, all in one pipeline, each given an equal
-        share of ``budget``; no round trip when nothing is wanted."""
+        -> size limit, in order of need. Two round trips, each one pipeline over the shards: the
+        sizes (``sizes.lua``, one call per shard), then GETRANGE of at most that many bytes of each
+        blob within its limit, in order, while the bytes taken stay within ``budget`` (the first
+        blob always goes; once one does not fit, none after it is fetched). No round trip when
+        nothing is wanted."""
         calls = [(shard, list(limits)) for shard, limits in wanted.items() if limits]
         if not calls:
             return {}
-        share = max(1, budget // len(calls))
-        sha = self._scripts.get("fetch").sha
+        sha = self._scripts.get("sizes").sha
         pipe = self.client.pipeline(transaction=False)
-        arguments = []
         for shard, ids in calls:
-            keys, args = self.keys[shard].obs_keys(ids), [share, *wanted[shard].values()]
-            arguments.append((keys, args))
-            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-        replies = pipe.execute(raise_on_error=False)
+            keys = self.keys[shard].obs_keys(ids)
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys)
         out: dict[int, dict[str, bytes | int | None]] = {}
-        for (shard, ids), (keys, args), reply in zip(calls, arguments, replies):
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                reply = self._scripts.call("fetch", keys, args)  # loads it on the node of these keys
-            elif isinstance(reply, Exception):
-                raise reply
-            out[shard] = dict(zip(ids, reply))
+        for (shard, ids), sizes in zip(calls, pipe.execute(raise_on_error=False)):
+            if isinstance(sizes, redis.exceptions.NoScriptError):
+                sizes = self._scripts.call("sizes", self.keys[shard].obs_keys(ids), [])  # loads it there
+            elif isinstance(sizes, Exception):
+                raise sizes
+            out[shard] = dict(zip(ids, sizes))
+        taken, full = 0, False
+        pipe = self.client.pipeline(transaction=False)
+        fetching: list[tuple[int, str]] = []
+        for shard, ids in calls:
+            for d in ids:
+                size = out[shard][d]
+                if size is None or size < 0 or size > wanted[shard][d]:
+                    continue  # gone, or refused unread
+                if full or (taken and taken + size > budget):
+                    full, out[shard][d] = True, DEFERRED
+                elif size == 0:
+                    out[shard][d] = b""
+                else:  # never more than the size read: a blob stored again meanwhile cannot grow
+                    taken += size
+                    fetching.append((shard, d))
+                    pipe.getrange(self.keys[shard].obs(d), 0, size - 1)
+        if fetching:
+            for (shard, d), blob in zip(fetching, pipe.execute()):
+                out[shard][d] = blob if blob else None  # empty: collected meanwhile
         return out
 
     def _blob_problem(self, d: str, blob: bytes, spec: tuple[np.dtype, tuple[int, ...]]) -> tuple[str, str] | None:
@@ -297,7 +321,7 @@ class EntryDecoder:
         return arrays, bad
 
     def _resolve(self, d: str, blob: bytes | int | None, spec: tuple, key: str, arrays: dict, bad: dict) -> None:
-        """Check and decode one fetch.lua reply for digest ``d`` into ``arrays`` (and the cache),
+        """Check and decode one :meth:`_fetch_blobs` reply for digest ``d`` into ``arrays`` (and the cache),
         or record why it is unusable in ``bad``."""
         self.cache_misses += 1
         if blob is None:
