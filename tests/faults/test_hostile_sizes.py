@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from surreal_redis.hub.experience import decoding
+from surreal_redis.hub.experience import payload as pl
 from surreal_redis.hub.experience.dead_letters import RECORD_BYTES
 from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
@@ -109,6 +110,38 @@ def test_a_huge_payload_blob_is_set_aside_by_reference_without_being_fetched(rea
     assert f"blob {KEYS.obs(blob_id)} holds {BIG} bytes".encode() in record[b"detail"]
     assert sum(len(k) + len(v) for k, v in record.items()) < RECORD_BYTES
     assert not real_redis.xpending(KEYS.exp, "learner")["pending"]  # acked: a restart never reads it again
+
+
+def inflating_payload(side: int) -> bytes:
+    """A well-formed one-step payload whose inline observation (zeros, side x side bytes a row)
+    lz4 shrinks about 250 times: small on the wire, big once decoded."""
+    shape = (side, side)
+    layout = pl.Layout.create(np.zeros(1), [pl.Leaf(np.dtype(np.uint8), shape, False)], (np.dtype("<f8"), ()), [],
+                              None)
+    arrays = {pl.OBS: np.zeros((2, *shape), np.uint8), pl.FINAL: np.zeros((0, *shape), np.uint8),
+              pl.ACTIONS: np.zeros(1), pl.REWARDS: np.zeros(1, "<f4"), pl.TERMINATED: np.zeros(1, bool),
+              pl.TRUNCATED: np.zeros(1, bool), pl.VERSION: np.zeros(1, "<i8")}
+    return pl.encode(layout, 1, 0, lambda slot: arrays[slot.group], True, 1)
+
+
+def test_a_payload_that_inflates_past_the_limit_is_set_aside_before_it_is_decoded(real_redis, monkeypatch):
+    """A few KiB of lz4 may declare 255 times as much: the decoded size, read from the payload's
+    header, is bounded by the same limit, so the learner never allocates it."""
+    expected = honest(real_redis, 0, 10)
+    bomb = inflating_payload(1024)  # 2 MiB decoded
+    assert len(bomb) < 16 << 10
+    reply = Scripts(real_redis).call("insert", [KEYS.inbox, KEYS.pinned], ["e71", 1, 1, 1, 0, b"7", b"0", b"", bomb])
+    assert reply == [b"OK"]
+    expected |= honest(real_redis, 1, 11)
+    decoded = []
+    real = pl.decode
+    monkeypatch.setattr(pl, "decode", lambda data, *args: decoded.append(len(data)) or real(data, *args))
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(max_payload_bytes=LIMIT), RUN, 1)
+    got = drain(receiver)
+    assert assert_exactly_once(got) == expected
+    assert receiver.dead_by_reason == {"too_large": 1} and len(bomb) not in decoded
+    (_, record), = real_redis.xrange(KEYS.dead)
+    assert b"declares 2097174 decoded bytes" in record[b"detail"]
 
 
 def test_a_read_stays_within_its_byte_budget_and_defers_the_rest(real_redis):

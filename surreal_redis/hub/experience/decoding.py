@@ -30,6 +30,7 @@ import redis
 from surreal_redis.chunks import Chunk
 from surreal_redis.codec import CodecError, array_header, decode_array, digest, max_encoded_bytes
 from surreal_redis.connection import CONNECTION_ERRORS, RedisClient
+from surreal_redis.hub.experience import payload as pl
 from surreal_redis.hub.experience.payload import Layout
 from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.hub.experience.wire import (
@@ -80,8 +81,14 @@ class Decoded(NamedTuple):
     origin: Origin | None
 
 
+class PayloadTooLarge(CodecError):
+    """A payload declares more decoded bytes than ``max_payload_bytes``."""
+
+
 def failure_reason(exc: BaseException) -> str:
     """The dead-letter reason of an exception raised by one entry's data."""
+    if isinstance(exc, PayloadTooLarge):
+        return "too_large"
     if isinstance(exc, WireError):
         return "format"
     if isinstance(exc, CodecError):
@@ -139,15 +146,21 @@ class EntryDecoder:
         parsed: list[tuple[int, bytes, dict, ParsedEntry]] = []
         failures: list[Failure] = []
         payloads, unusable, cut = self._fetch_payloads(entries)
+        taken = sum(map(len, payloads.values()))
         for position, (shard, entry_id, fields) in enumerate(entries[:cut]):
             if position in unusable:
                 failures.append((*unusable[position], shard, entry_id, fields))
                 continue
             try:
+                size = self._declared(fields, payloads.get(position))
+                if parsed and taken + size > self.limits.max_read_bytes:
+                    cut = position  # decoded by a later read
+                    break
+                taken += size
                 parsed.append((shard, entry_id, fields, parse_entry(fields, self._layouts, payloads.get(position))))
             except Exception as exc:  # one entry's data, whatever it provokes: see the module docstring
                 failures.append((failure_reason(exc), _detail(exc), shard, entry_id, fields))
-        parsed, frames, deferred = self._within_budget(parsed, sum(map(len, payloads.values())), failures)
+        parsed, frames, deferred = self._within_budget(parsed, taken, failures)
         arrays, bad = self._fetch(frames)
         good: list[Decoded] = []
         for shard, entry_id, fields, entry in parsed:
@@ -162,6 +175,19 @@ class EntryDecoder:
                 continue
             good.append(Decoded((shard, entry_id, fields), chunk, entry.nbytes, entry.origin))
         return good, failures, deferred + entries[cut:]
+
+    def _declared(self, fields: dict, payload: bytes | None) -> int:
+        """The bytes an entry's payload declares it decodes to (``payload``: its blob, if stored
+        apart), read before it is decoded; CodecError (reason ``too_large``) over
+        ``max_payload_bytes``, since a small lz4 body may declare up to 255 times its size."""
+        data = payload if payload is not None else fields.get(b"d")
+        if not isinstance(data, bytes):
+            return 0  # no payload: parse_entry says why
+        size = pl.declared_nbytes(data, self._layouts)
+        if size > self.limits.max_payload_bytes:
+            raise PayloadTooLarge(f"payload declares {size} decoded bytes, over the {self.limits.max_payload_bytes} "
+                                  "of receiver.max_payload_bytes; not decoded")
+        return size
 
     def _fetch_payloads(self, entries: list[Entry]) -> tuple[dict[int, bytes], dict[int, tuple[str, str]], int]:
         """The payload blobs of the entries with field ``p``, by position in ``entries``;

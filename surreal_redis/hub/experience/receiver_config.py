@@ -24,15 +24,16 @@ class ReceiverConfig:
     """Decoded size of one observation blob beyond which it is refused (never fetched: a blob is
     fetched only when its size is within what its template's dtype and shape allow)."""
     max_payload_bytes: int = 16 << 20
-    """Bytes of one chunk payload: a payload blob bigger than this is set aside unfetched (its key
-    and size are its dead letter), and a stream entry holds at most this, capped at 1 MiB (the
-    inline bound of ``insert.lua``; bigger payloads travel as blobs). Honest chunks are far below
-    it (a 64-step chunk without its referenced observations: tens of KiB)."""
+    """Bytes of one chunk payload, stored and decoded: a payload blob bigger than this is set aside
+    unfetched (its key and size are its dead letter), one declaring more decoded bytes undecoded,
+    and a stream entry holds at most this, capped at 1 MiB (the inline bound of ``insert.lua``;
+    bigger payloads travel as blobs). Honest chunks are far below it (a 64-step chunk without its
+    referenced observations: tens of KiB)."""
     max_read_bytes: int = 256 << 20
-    """Blob bytes one read fetches (payload blobs plus observations not cached, the latter counted
-    at their template's size): entries past it wait for the next read (the first always goes), so
-    a read holds about this much plus one entry's blobs, plus its entries themselves (at most
-    ``max_payload_bytes`` or 1 MiB each). Also the budget of each fetch round trip."""
+    """Bytes one read fetches and decodes (payload blobs, payloads decoded, observations not cached
+    counted at their template's size), each counted before it is fetched or decoded: entries past
+    it wait for the next read (the first always goes), so a read holds about this much plus one
+    entry's, plus its stream entries (at most ``max_payload_bytes`` or 1 MiB each)."""
     verify_digests: bool = True
     """Check blake2b(blob) == digest for every fetched observation blob (payload blobs are named by
     random ids, not digests)."""
