@@ -181,9 +181,10 @@ class EntryDecoder:
         apart), read before it is decoded; CodecError (reason ``too_large``) over
         ``max_payload_bytes``, since a small lz4 body may declare up to 255 times its size."""
         data = payload if payload is not None else fields.get(b"d")
-        if not isinstance(data, bytes):
-            return 0  # no payload: parse_entry says why
-        size = pl.declared_nbytes(data, self._layouts)
+        try:
+            size = pl.declared_nbytes(data, self._layouts) if isinstance(data, bytes) else 0
+        except CodecError:
+            return 0  # parse_entry says what is wrong (the fields first)
         if size > self.limits.max_payload_bytes:
             raise PayloadTooLarge(f"payload declares {size} decoded bytes, over the {self.limits.max_payload_bytes} "
                                   "of receiver.max_payload_bytes; not decoded")
