@@ -281,7 +281,7 @@ class EntryDecoder:
         for shard, ids in calls:
             for d in ids:
                 size = out[shard][d]
-                if size is None or size < 0 or size > wanted[shard][d]:
+                if not isinstance(size, int) or size < 0 or size > wanted[shard][d]:
                     continue  # gone, or refused unread
                 if full or (taken and taken + size > budget):
                     full, out[shard][d] = True, DEFERRED
