@@ -11,6 +11,10 @@
 --   payload may be a digest instead (see below)
 -- returns {"OK"} (queued) | {"MISSING", digest ...}; nothing is written unless "OK" (all checks run
 -- before the first write, so an OOM refusal also writes nothing).
+-- A chunk's fields (a, e, o, d) hold at most MAX_INLINE bytes (1 MiB; inbox.py MAX_INLINE_BYTES):
+-- a fixed bound, not an argument, since the agent chooses every argument. It stops honest mistakes
+-- early; the learner's own bound (move.lua ARGV[5], from its config) is the one an agent cannot
+-- pass around (it may RPUSH to the inbox by hand). Bigger payloads travel as blobs (below).
 -- A payload that is a blob id (the digest grammar; a payload proper begins with "SRC1") references
 -- the blob holding it, one of KEYS and none of the chunk's observations: the agent stores big
 -- payloads under a random id with its own SETNX, after pinning the id with SADD, so their bytes
@@ -21,7 +25,7 @@
 -- batch into the stream (and deduplicated it by (uuid, seq): a resend after a lost reply is queued
 -- again and dropped there). Uploads are stored with SETNX, never SET: the agent user may not
 -- overwrite an observation (acl.py).
-local MAX_CHUNKS, MAX_OBS, WINDOW = 64, 256, 1024
+local MAX_CHUNKS, MAX_OBS, WINDOW, MAX_INLINE = 64, 256, 1024, 1048576
 -- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
 local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
 local uuid, seq, floor = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -81,6 +85,10 @@ for c = 1, m do
     referenced[digest] = true
   end
   local payload = ARGV[base + 4 * c]
+  local size = #ARGV[base + 4 * c - 3] + #ARGV[base + 4 * c - 2] + #refs + #payload
+  if size > MAX_INLINE then
+    return redis.error_reply('insert: chunk ' .. c .. ' holds ' .. size .. ' bytes, over ' .. MAX_INLINE)
+  end
   if string.match(payload, DIGEST) then  -- anchored: a payload proper fails at its first byte
     if not known[payload] then
       return redis.error_reply('insert: chunk ' .. c .. ' references payload ' .. payload .. ' missing from KEYS')

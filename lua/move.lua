@@ -2,7 +2,10 @@
 -- KEYS[5] pinned set, KEYS[6] dead-letter stream (all of one shard)
 -- ARGV[1] most inbox items to move (1..256), ARGV[2] how long a sender's dedup window is kept after
 --   its last batch (ms), ARGV[3] dead-letter stream MAXLEN (approximate), ARGV[4] byte budget: no
---   item is taken once the items taken hold this many bytes (the first always is)
+--   item is taken once the items taken hold this many bytes (the first always is), ARGV[5] the most
+--   bytes one chunk's fields (a, e, o, d: its stream entry) may hold (1 MiB if not given): a batch
+--   with a bigger chunk is set aside, an item too big to hold 64 such chunks unparsed (the
+--   learner's receiver.max_payload_bytes, capped by insert.lua's bound: an agent may RPUSH any item)
 -- returns {items taken, entries added, duplicate items, malformed items, items left in the inbox,
 --   items whose storing failed (set aside with the error), pins left to score (inbox empty)}
 -- Runs as the learner: moves the oldest batches agents queued with insert.lua into the stream, in
@@ -35,10 +38,11 @@ local MAX_ITEMS, MAX_CHUNKS, MAX_REFS, WINDOW, SLOTS, PIN_PAGE = 256, 64, 256, 1
 -- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
 local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
 local count, ttl, dead_maxlen, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_entry = tonumber(ARGV[5] or '1048576')
 if not count or count < 1 or count > MAX_ITEMS or count % 1 ~= 0 or not ttl or ttl < 1
-    or not dead_maxlen or dead_maxlen < 1 or not budget or budget < 1 then
-  return redis.error_reply('move: bad item count/ttl/maxlen ' .. tostring(ARGV[1]) .. '/' .. tostring(ARGV[2]) ..
-    '/' .. tostring(ARGV[3]) .. '/' .. tostring(ARGV[4]))
+    or not dead_maxlen or dead_maxlen < 1 or not budget or budget < 1 or not max_entry or max_entry < 1 then
+  return redis.error_reply('move: bad item count/ttl/maxlen/budget/entry bytes ' .. tostring(ARGV[1]) .. '/' ..
+    tostring(ARGV[2]) .. '/' .. tostring(ARGV[3]) .. '/' .. tostring(ARGV[4]) .. '/' .. tostring(ARGV[5]))
 end
 local items, bytes = {}, 0
 while #items < count and bytes < budget do
@@ -117,6 +121,10 @@ local function parse(item)
       refs[#refs + 1] = digest
     end
     local payload = f[4 * c + 4]
+    local size = #f[4 * c + 1] + #f[4 * c + 2] + #f[4 * c + 3] + #payload
+    if size > max_entry then
+      return nil, 'chunk ' .. c .. ' holds ' .. size .. ' bytes, over the limit of ' .. max_entry
+    end
     local apart = string.match(payload, DIGEST) and payload or nil  -- anchored: a payload fails at once
     if apart and seen_refs[apart] then
       return nil, 'chunk ' .. c .. ' names its payload ' .. apart .. ' among its observations'
@@ -129,9 +137,14 @@ end
 -- Every item is parsed before the first write; a Lua error while parsing makes the item malformed.
 local batches = {}
 for i, item in ipairs(items) do
-  local ok, batch, why = pcall(parse, item)
-  if not ok then
-    batch, why = nil, 'parse error: ' .. tostring(batch)
+  local ok, batch, why = false, nil, nil
+  if #item > MAX_CHUNKS * (max_entry + 64) + 1024 then  -- not split: a too big item is never copied
+    batch, why = nil, 'item of ' .. #item .. ' bytes exceeds 64 chunks of ' .. max_entry .. ' bytes'
+  else
+    ok, batch, why = pcall(parse, item)
+    if not ok then
+      batch, why = nil, 'parse error: ' .. tostring(batch)
+    end
   end
   batches[i] = batch or why
 end

@@ -159,6 +159,12 @@ def array_header(buf: bytes | memoryview) -> tuple[np.dtype, tuple[int, ...], st
     return DTYPE_BY_NAME[_DTYPES[code]], shape, _CODECS[codec], start
 
 
+def max_encoded_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    """The most bytes an :func:`encode_array` blob of ``dtype`` and ``shape`` holds: its header and
+    the raw data (lz4 is kept only when it is smaller), so a reader may refuse a bigger blob unread."""
+    return _ARRAY_HEADER.size + 4 * len(shape) + math.prod(shape) * np.dtype(dtype).itemsize
+
+
 def decode_array(buf: bytes | memoryview) -> np.ndarray:
     """Inverse of :func:`encode_array`; raises :class:`CodecError` on anything malformed."""
     dtype, shape, codec, start = array_header(buf)

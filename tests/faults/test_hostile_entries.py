@@ -84,7 +84,7 @@ def test_mutated_payloads_never_stop_the_reader(real_redis):
     got = drain(receiver)  # never raises
     stats = receiver.stats()  # copies that still decode name the original's origin: dropped as consumed
     assert len(got) + stats.dead + stats.duplicates_consumed == 301 and stats.dead > 0 and len(got) == 1
-    assert set(receiver.dead_by_reason) <= {"format", "codec", "error"}
+    assert set(receiver.dead_by_reason) <= {"format", "codec", "error", "too_large"}  # a size byte hit: declares more
     assert real_redis.xpending(KEYS.exp, "learner")["pending"] == 0
 
 
@@ -108,7 +108,10 @@ def test_hostile_blobs_are_refused_before_they_are_decompressed_and_never_cached
     assert receiver.dead_by_reason == {"format": 200, "codec": 1}
     assert receiver.stats().cached_bytes == 84 * 84  # the honest frame only
     too_large = ExperienceReceiver(real_redis, ReceiverConfig(consumer="small", max_obs_bytes=1000), RUN, 1)
-    assert list(too_large.read_retained()) == [] and too_large.skipped_by_reason["too_large"] == 2
+    fetched = too_large.stats().cache_misses
+    # the template's 84x84 is over the limit: every entry refused before its blob is fetched
+    assert list(too_large.read_retained()) == [] and too_large.skipped_by_reason == {"too_large": 202}
+    assert too_large.stats().cache_misses == fetched
 
 
 def test_observations_no_entry_references_do_not_live_forever(real_redis):

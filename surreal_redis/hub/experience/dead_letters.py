@@ -1,6 +1,13 @@
-"""Setting entries aside for the receiver: each malformed or unusable entry is copied, with its
-reason, to its shard's dead-letter stream (``sr:{run.sN}:dead``) and then acked. A full Redis
-refuses the copy: the entry then stays pending and is tried again after a capped backoff.
+"""Setting entries aside for the receiver: each malformed or unusable entry is recorded, with its
+reason, in its shard's dead-letter stream (``sr:{run.sN}:dead``) and then acked. A full Redis
+refuses the record: the entry then stays pending and is tried again after a capped backoff.
+
+A record names the entry, it does not copy it: its id, reason and detail (a blob refused unread
+is named by key and size there), the entry's size in bytes (``size``) and a preview of each of
+its fields (``f.<name>``: the first ``PREVIEW_BYTES``), so a record holds at most
+``RECORD_BYTES`` whatever an agent sent, and the stream at most about ``dead_maxlen`` of them
+(``move.lua``'s records of inbox items are smaller still). The janitor trims the stream first
+under memory pressure (``retention.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,23 @@ from surreal_redis.hub.experience.decoding import Failure, ReasonLog
 from surreal_redis.keys import ShardKeys
 
 log = logging.getLogger(__name__)
+
+PREVIEW_BYTES = 256  # of each field of an entry set aside
+MAX_FIELDS = 8  # fields previewed (a stream entry move.lua writes has 5 or 6)
+DETAIL_BYTES = 1000
+# the most a record holds: id, reason, size, detail and the previews, with their field names
+RECORD_BYTES = 4096
+
+
+def dead_record(reason: str, detail: str, entry_id: bytes, fields: dict) -> dict[FieldT, EncodableT]:
+    """The dead-letter record of one entry: a reference and previews, never a copy (at most
+    ``RECORD_BYTES``)."""
+    record: dict[FieldT, EncodableT] = {b"id": bytes(entry_id)[:64], b"reason": reason[:64],
+                                        b"detail": detail[:DETAIL_BYTES],
+                                        b"size": sum(len(k) + len(v) for k, v in fields.items())}
+    for name, value in list(fields.items())[:MAX_FIELDS]:
+        record[b"f." + bytes(name)[:32]] = bytes(value)[:PREVIEW_BYTES]
+    return record
 
 
 class DeadLetters:
@@ -52,10 +76,8 @@ class DeadLetters:
             waiting, self._waiting = self._waiting, []
             pipe = self.client.pipeline(transaction=False)
             for reason, detail, shard, entry_id, fields in waiting:
-                record: dict[FieldT, EncodableT] = {b"id": entry_id, b"reason": reason,
-                                                    b"detail": detail[:1000]}
-                record.update({b"f." + bytes(k): v for k, v in fields.items()})
-                pipe.xadd(self.keys[shard].dead, record, maxlen=self.maxlen, approximate=True)
+                pipe.xadd(self.keys[shard].dead, dead_record(reason, detail, entry_id, fields), maxlen=self.maxlen,
+                          approximate=True)
             try:
                 replies = pipe.execute(raise_on_error=False)
             except CONNECTION_ERRORS as exc:

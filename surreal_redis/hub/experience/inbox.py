@@ -37,6 +37,9 @@ class Moved(NamedTuple):
 
 
 MOVE_BYTES = 4 << 20  # a move.lua call takes no more items once it holds this many bytes
+# insert.lua's own bound on a chunk's fields (an inline payload and its a, e, o fields): bigger
+# payloads travel apart (the sender stores them under a blob id whatever payload_ref_min_bytes says)
+MAX_INLINE_BYTES = 1 << 20
 # Defaults of the receiver's move settings (``ReceiverConfig``), which every mover of a run uses.
 MOVE_ITEMS = 64
 SEEN_TTL_S = 3600
@@ -44,13 +47,16 @@ DEAD_MAXLEN = 10_000
 
 
 def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = MOVE_ITEMS, seen_ttl_s: int = SEEN_TTL_S,
-               dead_maxlen: int = DEAD_MAXLEN) -> Moved:
+               dead_maxlen: int = DEAD_MAXLEN, max_payload_bytes: int = MAX_INLINE_BYTES) -> Moved:
     """Move up to ``max_items`` (1..256) of the agents' queued batches of one shard into its stream,
     stopping early once ``MOVE_BYTES`` are taken (needs the learner's rights); malformed items go
-    to the shard's dead-letter stream (approximate cap ``dead_maxlen``); a sender's dedup window
-    is kept ``seen_ttl_s`` after its last batch. One round trip; it runs in a full Redis too.
+    to the shard's dead-letter stream (approximate cap ``dead_maxlen``; a preview of the item, not
+    the item), and so do batches with a chunk whose fields hold more than ``max_payload_bytes``
+    (capped by ``MAX_INLINE_BYTES``), so no stream entry is bigger; a sender's dedup window is
+    kept ``seen_ttl_s`` after its last batch. One round trip; it runs in a full Redis too.
     Connection errors propagate (a later call moves the rest, storing nothing twice); a refusal
     (ScriptError) has written nothing."""
     reply = scripts.call("move", [keys.inbox, keys.exp, keys.obsref, keys.seen, keys.pinned, keys.dead],
-                         [max_items, seen_ttl_s * 1000, dead_maxlen, MOVE_BYTES])
+                         [max_items, seen_ttl_s * 1000, dead_maxlen, MOVE_BYTES,
+                          min(max_payload_bytes, MAX_INLINE_BYTES)])
     return Moved(*(int(value) for value in reply))

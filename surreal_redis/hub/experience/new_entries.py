@@ -122,7 +122,8 @@ class NewEntryReader:
         for shard, keys in self.keys.items():
             for _ in range(MOVE_CALLS):
                 try:
-                    moved = move_inbox(self.scripts, keys, cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen)
+                    moved = move_inbox(self.scripts, keys, cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen,
+                                       cfg.max_payload_bytes)
                 except ScriptError as exc:
                     self.move_errors += 1
                     log.log(logging.ERROR if self.move_errors % 1000 == 1 else logging.DEBUG,

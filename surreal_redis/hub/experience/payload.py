@@ -266,11 +266,8 @@ def encode(layout: Layout, steps: int, finals: int, arrays: Callable[[Slot], np.
     return b"".join((_HEAD.pack(MAGIC, len(layout.template), steps, finals, flags), layout.template, body))
 
 
-def decode(data: bytes, layouts: dict[bytes, Layout], max_layouts: int = 1024) -> Decoded:
-    """Inverse of :func:`encode`; ``layouts`` caches parsed templates (at most ``max_layouts``).
-    Raises CodecError on anything malformed. The arrays share one freshly allocated, writable
-    buffer per chunk."""
-    view = memoryview(data)
+def _header(view: memoryview, layouts: dict[bytes, Layout], max_layouts: int) -> tuple[Layout, int, int, int, int]:
+    """(layout, steps, finals, flags, template length) of a payload; CodecError when malformed."""
     if len(view) < _HEAD.size:
         raise CodecError(f"chunk payload of {len(view)} bytes is too short")
     magic, tlen, steps, finals, flags = _HEAD.unpack_from(view)
@@ -285,6 +282,23 @@ def decode(data: bytes, layouts: dict[bytes, Layout], max_layouts: int = 1024) -
         if len(layouts) >= max_layouts:
             layouts.clear()
         layouts[template] = layout
+    return layout, steps, finals, flags, tlen
+
+
+def declared_nbytes(data: bytes, layouts: dict[bytes, Layout], max_layouts: int = 1024) -> int:
+    """The bytes :func:`decode` would allocate for this payload's arrays, read from its header and
+    template without touching its body (so a reader can refuse or defer it first). Raises
+    CodecError when the header or template is malformed."""
+    layout, steps, finals, flags, _ = _header(memoryview(data), layouts, max_layouts)
+    return layout.nbytes(steps, finals, bool(flags & FLAG_ONE_VERSION))
+
+
+def decode(data: bytes, layouts: dict[bytes, Layout], max_layouts: int = 1024) -> Decoded:
+    """Inverse of :func:`encode`; ``layouts`` caches parsed templates (at most ``max_layouts``).
+    Raises CodecError on anything malformed. The arrays share one freshly allocated, writable
+    buffer per chunk."""
+    view = memoryview(data)
+    layout, steps, finals, flags, tlen = _header(view, layouts, max_layouts)
     one_version = bool(flags & FLAG_ONE_VERSION)
     expected = layout.nbytes(steps, finals, one_version)
     body = view[_HEAD.size + tlen:]

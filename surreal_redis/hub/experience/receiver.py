@@ -317,10 +317,11 @@ class ExperienceReceiver:
 
     def _process(self, entries: list[Entry]) -> list[ReceivedChunk]:
         """Decode held entries: good ones are returned (held until acked), malformed ones set
-        aside, ones trimmed while pending counted and acked."""
+        aside, ones trimmed while pending counted and acked, those past the read's byte budget
+        queued again (the next call decodes them first)."""
         delivery = self._delivery
         gone = by_shard((shard, entry_id) for shard, entry_id, fields in entries if not fields)
-        good, failures = self._decoder.decode([e for e in entries if e[2]])
+        good, failures, deferred = self._decoder.decode([e for e in entries if e[2]])
         for shard, ids in gone.items():
             self._count_trimmed(shard, len(ids))
         if gone:
@@ -329,6 +330,8 @@ class ExperienceReceiver:
             self._ledger.dead_entries(fields for *_, fields in failures)
             delivery.dead.add(failures)
             delivery.dead.flush(force=True)
+        if deferred:  # past the read's byte budget (receiver.max_read_bytes): still held, decoded next
+            delivery.put_back(deferred)
         return self._hand_out(good)
 
     def _hand_out(self, good: list[Decoded]) -> list[ReceivedChunk]:

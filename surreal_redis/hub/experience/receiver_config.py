@@ -21,7 +21,19 @@ class ReceiverConfig:
     """Decoded observation arrays kept by digest (this and ``cache_bytes`` both bound the cache)."""
     cache_bytes: int = 64 << 20
     max_obs_bytes: int = 64 << 20
-    """Decoded size of one observation blob beyond which it is refused."""
+    """Decoded size of one observation blob beyond which it is refused (never fetched: a blob is
+    fetched only when its size is within what its template's dtype and shape allow)."""
+    max_payload_bytes: int = 16 << 20
+    """Bytes of one chunk payload, stored and decoded: a payload blob bigger than this is set aside
+    unfetched (its key and size are its dead letter), one declaring more decoded bytes undecoded,
+    and a stream entry holds at most this, capped at 1 MiB (the inline bound of ``insert.lua``;
+    bigger payloads travel as blobs). Honest chunks are far below it (a 64-step chunk without its
+    referenced observations: tens of KiB)."""
+    max_read_bytes: int = 256 << 20
+    """Bytes one read fetches and decodes (payload blobs, payloads decoded, observations not cached
+    counted at their template's size), each counted before it is fetched or decoded: entries past
+    it wait for the next read (the first always goes), so a read holds about this much plus one
+    entry's, plus its stream entries (at most ``max_payload_bytes`` or 1 MiB each)."""
     verify_digests: bool = True
     """Check blake2b(blob) == digest for every fetched observation blob (payload blobs are named by
     random ids, not digests)."""
@@ -51,7 +63,8 @@ class ReceiverConfig:
         for name in ("block_ms", "cache_entries", "cache_bytes", "claim_min_idle_ms", "claim_every_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"receiver.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("claim_count", "dead_maxlen", "retained_batch", "max_obs_bytes", "seen_ttl_s"):
+        for name in ("claim_count", "dead_maxlen", "retained_batch", "max_obs_bytes", "seen_ttl_s",
+                     "max_payload_bytes", "max_read_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"receiver.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.retry_base_s <= self.retry_cap_s:

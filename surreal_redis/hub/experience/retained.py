@@ -98,7 +98,11 @@ class RetainedReader:
             start = b"(" + entries[-1][0]
 
     def _decode(self, entries: list[Entry]) -> list[Chunk]:
-        good, failures = self.decoder.decode(entries)
+        good, failures = [], []
+        while entries:  # entries past a read's byte budget come back deferred: decoded next
+            decoded, failed, entries = self.decoder.decode(entries)
+            good += decoded
+            failures += failed
         for reason, detail, shard, entry_id, _ in failures:
             self.skipped(reason, "shard %d entry %s skipped (%s: %s)", shard, entry_id, reason, detail,
                          first="shard %d entry %s skipped while reading the retained window (%s: %s); "

@@ -25,6 +25,8 @@ from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)
 
+DEAD_KEEP = 100  # dead-letter records per shard kept under memory pressure (the newest)
+
 
 @dataclass(frozen=True)
 class RetentionConfig:
@@ -76,7 +78,8 @@ class JanitorStats(NamedTuple):
     dead-letter stream instead; ``malformed_removed``: obsref members that are no digest
     (removed); ``obs_skipped``: obs keys the sweep met whose name holds no digest (left alone);
     ``pressure_trimmed``: entries trimmed for memory pressure (included in ``trimmed``, and their
-    unread ones in ``unread_dropped``)."""
+    unread ones in ``unread_dropped``); ``dead_trimmed``: dead-letter records trimmed for memory
+    pressure (before any entry)."""
 
     trimmed: int
     unread_dropped: int
@@ -88,6 +91,7 @@ class JanitorStats(NamedTuple):
     malformed_removed: int = 0
     obs_skipped: int = 0
     pressure_trimmed: int = 0
+    dead_trimmed: int = 0
 
     def as_metrics(self) -> dict[str, float]:
         """These counts as the learner's ``hub/*_total`` metrics, by name."""
@@ -98,6 +102,7 @@ class JanitorStats(NamedTuple):
             "hub/obs_orphans_deleted_total": float(self.orphans_deleted),
             "hub/obs_junk_keys_skipped_total": float(self.obs_skipped),
             "hub/obsref_malformed_removed_total": float(self.malformed_removed),
+            "hub/dead_trimmed_total": float(self.dead_trimmed),
         }
 
 
@@ -159,7 +164,8 @@ class HubJanitor:
         while calls < cfg.max_calls:
             calls += 1
             try:
-                result = move_inbox(self._scripts, keys, rc.move_items, rc.seen_ttl_s, rc.dead_maxlen)
+                result = move_inbox(self._scripts, keys, rc.move_items, rc.seen_ttl_s, rc.dead_maxlen,
+                                    rc.max_payload_bytes)
             except ScriptError as exc:
                 log.error("shard %d: moving the inbox failed, its batches stay queued: %s", keys.shard, exc)
                 break
@@ -218,14 +224,16 @@ class HubJanitor:
         return limit > 0 and int(memory["used_memory"]) > self.config.memory_high_water * limit
 
     def _relieve(self, oom: bool) -> JanitorStats:
-        """Trim by memory while the servers are over the high-water mark: the acked entries of every
-        shard first (also when ``oom``, though below the mark), then the oldest, shard by shard in
-        turn, collecting after each step. Stops when below the mark, when nothing is left to free,
-        or after ``max_calls`` script calls per shard."""
+        """Trim by memory while the servers are over the high-water mark: the dead-letter streams
+        first (to their newest ``DEAD_KEEP`` records), then the acked entries of every shard
+        (also when ``oom``, though below the mark), then the oldest, shard by shard in turn,
+        collecting after each step. Stops when below the mark, when nothing is left to free, or
+        after ``max_calls`` script calls per shard."""
         cfg = self.config
         oom |= self._oom_noted  # an inbox move refused in this run
         self._oom_noted = False
         totals = [0] * len(JanitorStats._fields)
+        totals[JanitorStats._fields.index("dead_trimmed")] = self._trim_dead_letters(oom)
         budget = cfg.max_calls * len(self._shards)
         for mode in ("ACKED", "OLDEST"):
             left = list(self._shards)  # shards that may still free something in this mode
@@ -247,6 +255,19 @@ class HubJanitor:
             log.warning("Redis is over retention.memory_high_water=%s of maxmemory and this run holds no experience "
                         "to free", cfg.memory_high_water)
         return stats
+
+    def _trim_dead_letters(self, oom: bool) -> int:
+        """XTRIM the dead-letter stream of every shard over the high-water mark (every shard when
+        ``oom``) to its newest ``DEAD_KEEP`` records (they are diagnostics; the entries are the
+        run's data). Returns the records trimmed; XTRIM runs in a full Redis."""
+        trimmed = 0
+        for keys in self._shards:
+            if oom or self._over_high_water(keys):
+                trimmed += self.client.xtrim(keys.dead, maxlen=DEAD_KEEP, approximate=False)
+        if trimmed:
+            log.warning("memory pressure: trimmed %d dead-letter records (kept the newest %d per shard)", trimmed,
+                        DEAD_KEEP)
+        return trimmed
 
     def _trim_step(self, keys: ShardKeys, mode: str, budget: int) -> JanitorStats:
         """One trim call by memory (``trim_limit`` acked entries, or the ``pressure_step`` oldest),

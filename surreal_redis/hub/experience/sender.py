@@ -22,6 +22,7 @@ from surreal_redis.codec import Tree
 from surreal_redis.connection import CONNECTION_ERRORS, Backoff, RedisClient
 from surreal_redis.hub.experience.backpressure import Backpressure
 from surreal_redis.hub.experience.chunker import ChunkBuffer, EncodedChunk
+from surreal_redis.hub.experience.inbox import MAX_INLINE_BYTES
 from surreal_redis.hub.experience.insert import (
     SEQ_WINDOW,
     Batch,
@@ -68,7 +69,7 @@ class SenderConfig:
     referenced observations) this big or bigger is stored apart by the sender's own SETNX and
     only its id passes through the scripts, since Lua copies each byte several times; a blob
     costs ~200 B of Redis memory and the learner a round trip, so the default (16 KiB) keeps that
-    under 1.5% (docs/benchmarks.md, Hub). None: always inline. ``wait_replica_ms`` > 0: an insert
+    under 1.5% (docs/benchmarks.md, Hub). None: inline up to 1 MiB, the bound of ``insert.lua``. ``wait_replica_ms`` > 0: an insert
     counts as stored only once a replica has it (``WAIT 1 <ms>`` per pipeline, else the batches
     are sent again under the same seqs, answered DUP by a primary that has them), so a failover
     loses nothing reported stored, for one replication round trip per flush; senders stall while
@@ -260,14 +261,15 @@ class ExperienceSender:
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
         """The chunk with its payload replaced by a fresh blob id when it is at least
-        ``payload_ref_min_bytes`` (the blob waits in ``_payloads``); else the chunk itself.
+        ``payload_ref_min_bytes``, or its fields more than ``MAX_INLINE_BYTES`` (the blob waits in
+        ``_payloads``); else the chunk itself.
 
         The id is 128 random bits, not the payload's digest: no agent can store anything under it
         first (it is seen only once the blob exists), and neither side pays for hashing the payload."""
         limit = self.config.payload_ref_min_bytes
         agent, env, refs, payload = chunk.fields
-        if limit is None or len(payload) < limit:
-            return chunk
+        if (limit is None or len(payload) < limit) and sum(map(len, chunk.fields)) <= MAX_INLINE_BYTES:
+            return chunk  # (insert.lua refuses a chunk over MAX_INLINE_BYTES)
         blob_id = secrets.token_hex(DIGEST_CHARS // 2)
         self._payloads[blob_id] = payload
         return EncodedChunk((agent, env, refs, blob_id.encode()), [*chunk.digests, blob_id], chunk.steps)
