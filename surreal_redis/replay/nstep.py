@@ -114,32 +114,17 @@ class NStepBuilder:
                      truncated: np.ndarray, final_obs: dict[int, Tree]) -> tuple[NStepBatch | None, int]:
         """The complete n-step transitions of L consecutive steps (``obs`` leaves ``[L+1, ...]``), and
         the index of the first step that must wait for more (L if none must)."""
-        num_steps = rewards.shape[0]
-        ends = terminated | truncated
-        last_steps, returns, discounts = [], [], []
-        first_pending = num_steps
-        for t in range(num_steps):
-            ret, last = 0.0, None
-            for j in range(t, min(t + self.n, num_steps)):
-                ret += self.gamma ** (j - t) * float(rewards[j])
-                if ends[j] or j == t + self.n - 1:
-                    last = j
-                    break
-            if last is None:  # fewer than n steps seen and the episode goes on
-                first_pending = t
-                break
-            last_steps.append(last)
-            returns.append(ret)
-            discounts.append(0.0 if terminated[last] else self.gamma ** (last - t + 1))
-        if not last_steps:
+        last_steps, first_pending = self._last_steps(terminated | truncated)
+        if not first_pending:
             return None, first_pending
+        returns, discounts = self._returns(rewards, terminated, last_steps)
 
         # obs[last + 1] is the next episode's reset observation where an episode ended at `last`:
         # those rows take the true final observation instead
-        rows_ended = [row for row, last in enumerate(last_steps) if last in final_obs]
+        rows_ended = np.flatnonzero(np.isin(last_steps, list(final_obs))).tolist() if final_obs else []
 
         def gather_next(x: np.ndarray, *finals: np.ndarray) -> np.ndarray:
-            out = x[np.asarray(last_steps) + 1]
+            out = x[last_steps + 1]
             for row, final in zip(rows_ended, finals):
                 out[row] = final
             return out
@@ -148,11 +133,44 @@ class NStepBuilder:
         batch = NStepBatch(
             obs=tree_map(lambda x: x[:first_pending], obs),
             actions=actions[:first_pending],
-            rewards=np.asarray(returns, np.float32),
+            rewards=returns.astype(np.float32),
             next_obs=next_obs,
-            discounts=np.asarray(discounts, np.float32),
+            discounts=discounts.astype(np.float32),
         )
         return batch, first_pending
+
+    def _last_steps(self, ends: np.ndarray) -> tuple[np.ndarray, int]:
+        """Per step t of L (``ends`` bool ``[L]``: the episode ends at that step), the last step its
+        n-step transition sums: the first end in [t, t + n), else t + n - 1; and the first step that
+        must wait for more (L if none must: a step waits when its window runs past L with no end).
+        Returns (int64 ``[first_pending]``, first_pending)."""
+        num_steps = ends.shape[0]
+        steps = np.arange(num_steps)
+        # the first end at or after each step (L where none follows)
+        next_end = np.minimum.accumulate(np.where(ends, steps, num_steps)[::-1])[::-1]
+        last = np.minimum(next_end, steps + self.n - 1)
+        waiting = np.flatnonzero(last >= num_steps)
+        first_pending = int(waiting[0]) if len(waiting) else num_steps
+        return last[:first_pending], first_pending
+
+    def _returns(self, rewards: np.ndarray, terminated: np.ndarray, last_steps: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """float64 ``[T]`` discounted sums of rewards t..last_steps[t], and the discounts to their
+        bootstrap (0 where the episode terminated at the last step). Summed in step order, one
+        step of every window at a time, as a per-transition loop would: the same float64 values."""
+        count = last_steps.shape[0]
+        starts = np.arange(count)
+        powers = [self.gamma ** k for k in range(self.n + 1)]  # Python floats, as the scalar loop's
+        values = np.asarray(rewards, np.float64)
+        returns = np.zeros(count)
+        for k in range(self.n):
+            taking = starts + k <= last_steps
+            if not taking.any():
+                break
+            returns[taking] += powers[k] * values[starts[taking] + k]
+        discounts = np.asarray(powers)[last_steps - starts + 1]
+        discounts[np.asarray(terminated, bool)[last_steps]] = 0.0
+        return returns, discounts
 
 
 def _concat(batches: list[NStepBatch]) -> NStepBatch:

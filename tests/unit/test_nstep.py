@@ -166,3 +166,43 @@ def test_rejects_bad_arguments():
         NStepBuilder(0, 0.9)
     with pytest.raises(ValueError, match="gamma"):
         NStepBuilder(3, 1.5)
+
+
+def scalar_loop(rewards, terminated, truncated, n, gamma):
+    """The per-step loop the vectorized builder replaced: (last steps, float64 returns and
+    discounts, first pending step)."""
+    ends = terminated | truncated
+    last_steps, returns, discounts = [], [], []
+    first_pending = len(rewards)
+    for t in range(len(rewards)):
+        ret, last = 0.0, None
+        for j in range(t, min(t + n, len(rewards))):
+            ret += gamma ** (j - t) * float(rewards[j])
+            if ends[j] or j == t + n - 1:
+                last = j
+                break
+        if last is None:
+            first_pending = t
+            break
+        last_steps.append(last)
+        returns.append(ret)
+        discounts.append(0.0 if terminated[last] else gamma ** (last - t + 1))
+    return last_steps, np.asarray(returns, np.float64), np.asarray(discounts, np.float64), first_pending
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 12])
+@pytest.mark.parametrize("seed", range(4))
+def test_vectorized_windows_equal_the_scalar_loop_bit_for_bit(n, seed):
+    rng = np.random.default_rng(seed)
+    for steps in (0, 1, n, 50):
+        rewards = rng.standard_normal(steps).astype(np.float32) * 10
+        ends = rng.random(steps) < 0.1
+        terminated = ends & (rng.random(steps) < 0.5)
+        truncated = ends & ~terminated
+        builder = NStepBuilder(n, 0.99)
+        last_steps, first_pending = builder._last_steps(terminated | truncated)
+        expected = scalar_loop(rewards, terminated, truncated, n, 0.99)
+        assert (last_steps.tolist(), first_pending) == (expected[0], expected[3])
+        returns, discounts = builder._returns(rewards, terminated, last_steps)
+        np.testing.assert_array_equal(returns, expected[1])
+        np.testing.assert_array_equal(discounts, expected[2])

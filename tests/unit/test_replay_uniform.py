@@ -7,6 +7,7 @@ import pytest
 
 from surreal_redis.replay import ReplayConfig, make_replay
 from surreal_redis.replay.prioritized import PrioritizedReplay
+from surreal_redis.replay.storage import TransitionStorage
 from surreal_redis.replay.uniform import UniformReplay, UniformReplayConfig
 
 K = 4  # frames per stacked observation
@@ -155,3 +156,27 @@ def test_make_replay_builds_the_selected_replay_and_uniform_ignores_priorities()
     replay.update_priorities(slots, np.full(8, 1e6))  # nothing changes: the feed calls it for every replay
     batch = replay.sample(4096, np.random.default_rng(0))
     assert (batch.weights == 1.0).all() and np.bincount(batch.indices, minlength=8).min() > 400
+
+
+def test_gather_equals_plain_indexing_of_every_ring_dense_and_pooled():
+    """The storage's row copies (np.take) against ring[indices], for dense and pooled leaves."""
+    rng = np.random.default_rng(3)
+    storage = TransitionStorage(capacity=50, dedup_min_bytes=64)
+    for _ in range(3):  # wraps the ring
+        batch = 20
+        obs = {"vec": rng.standard_normal((batch, 3)).astype(np.float32),
+               "img": rng.integers(0, 255, (batch, 4, 4, 4), dtype=np.uint8)}
+        next_obs = {key: value[::-1].copy() for key, value in obs.items()}
+        storage.insert(obs, rng.standard_normal((batch, 2)), rng.standard_normal(batch).astype(np.float32),
+                       next_obs, rng.random(batch).astype(np.float32))
+    indices = rng.integers(0, len(storage), 64)
+    got = storage.gather(indices, np.ones(64, np.float32))
+    for name, ring in (("obs", storage._obs), ("next_obs", storage._next_obs)):
+        np.testing.assert_array_equal(getattr(got, name)["vec"], ring[("vec",)][indices])
+        pool = storage._pools[(np.dtype(np.uint8).str, (4, 4, 4))]
+        np.testing.assert_array_equal(getattr(got, name)["img"], pool.frames[ring[("img",)][indices]])
+    np.testing.assert_array_equal(got.actions, storage._actions[indices])
+    np.testing.assert_array_equal(got.rewards, storage._rewards[indices])
+    np.testing.assert_array_equal(got.discounts, storage._discounts[indices])
+    with pytest.raises(IndexError):
+        storage.gather(np.array([50]), np.ones(1, np.float32))
