@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import surreal_redis.learner.metrics as metrics_module
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.hub.experience.receiver import ReceiverStats
 from surreal_redis.hub.experience.retention import JanitorStats
+from surreal_redis.keys import RunKeys
 from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
 
 
@@ -42,3 +44,17 @@ def test_unread_entries_trimmed_for_memory_name_memory_not_max_entries(fake_redi
     first, second = [r.getMessage() for r in caplog.records if "had not read" in r.getMessage()]
     assert "maxmemory" in first and "max_entries" not in first
     assert "max_entries" in second
+
+
+def test_dedup_ratio_is_estimated_only_for_shards_storing_observation_blobs(real_redis, monkeypatch):
+    """The estimate parses stream entries on the update's thread; without blobs it is None anyway."""
+    config = ExperimentConfig()
+    estimated = []
+    monkeypatch.setattr(metrics_module, "dedup_ratio",
+                        lambda client, keys, length: estimated.append(keys.obsref) or (2.0, 1))
+    metrics = LearnerMetrics(real_redis, config, None)
+    keys = RunKeys(config.run).shard(0)
+    real_redis.xadd(keys.exp, {"x": b"1"})
+    assert "hub/dedup_ratio" not in metrics._hub_numbers() and estimated == []
+    real_redis.zadd(keys.obsref, {"blob": 1})
+    assert metrics._hub_numbers()["hub/dedup_ratio"] == 2.0 and estimated == [keys.obsref]
