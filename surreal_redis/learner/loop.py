@@ -232,11 +232,12 @@ class Learner:
 
     def iterate(self, batches: PrefetchQueue) -> None:
         """One round: the next received batch into the feed (unless it has updates to run first;
-        waits up to 0.2 s for one), the updates the feed allows, and housekeeping once a second."""
+        waits up to 0.2 s for one, not at all while the feed has updates to run), the updates the
+        feed allows, and housekeeping once a second."""
         items: list[ReceivedChunk] = []
         if self.feed.wants_data():
             with contextlib.suppress(queue.Empty):
-                items = batches.get(timeout=0.2)
+                items = batches.get(timeout=0.0 if self.feed.has_updates() else 0.2)
         if items:
             self._ingest(items)
         updates = self.feed.train(self.algo, self.stop, arriving=batches.steps)

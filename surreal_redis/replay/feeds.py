@@ -84,6 +84,11 @@ class Feed(abc.ABC, Generic[TrainerT]):
         ``arriving()``: env steps read and not ingested yet; while the next batch is short the
         on-policy feed lets an update go on with more epochs."""
 
+    def has_updates(self) -> bool:
+        """Whether an update can run on the data in hand now: the learner then reads more without
+        waiting for it. False here: a feed that says nothing is waited on as before."""
+        return False
+
     def on_publish(self, version: int) -> None:  # noqa: B027  (only the on-policy feed cares)
         """The learner published parameter version ``version``."""
 
@@ -272,6 +277,11 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
         if not self.ready() or not self.limiter.can_sample(self.config.batch_size):
             return True
         return self.owed_updates() < self.config.pause_reading_at
+
+    def has_updates(self) -> bool:
+        # max_train_s 0 runs no update (tests pile updates up with it): then waiting stays, no spin
+        return (self.config.max_train_s != 0 and self.owed_updates() > 0
+                and self.limiter.can_sample(self.config.batch_size))
 
     def train(self, algo: OffPolicyTrainer, stop: StopSignal, arriving: Callable[[], int] | None = None
               ) -> Iterator[dict[str, float]]:

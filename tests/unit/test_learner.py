@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import time
 from collections import Counter
 
@@ -577,3 +578,31 @@ def test_lag_shares_bucket_the_whole_runs_histogram():
     assert shares == {"0": 0.5, "1": 0.2, "2": 0.0, "3-4": 0.2, "5-8": 0.0, "9+": 0.1}
     assert sum(shares.values()) == pytest.approx(1.0)
     assert set(lag_shares(Counter()).values()) == {0.0}
+
+
+class RecordingQueue(PrefetchQueue):
+    """An empty prefetch queue that records how long each get was allowed to wait."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.timeouts: list[float] = []
+
+    def get(self, timeout: float) -> list:
+        self.timeouts.append(timeout)
+        raise queue.Empty
+
+
+def test_off_policy_learner_with_updates_owed_does_not_wait_for_data(fake_redis, tmp_path):
+    config = ddpg_config(tmp_path)
+    feed = OffPolicyFeed(OffPolicyConfig(batch_size=16, learning_starts=32, pause_reading_at=64, max_train_s=0.0,
+                                         replay=ReplayConfig(capacity=10_000)), gamma=0.99)
+    learner = learner_for(config, fake_redis, feed)
+    learner.start()
+    waits = RecordingQueue()
+    learner.iterate(waits)  # nothing in hand: waits for data
+    send_steps(fake_redis, config, learner, 16)
+    learner.iterate(received(learner))  # 32 updates owed, none run (max_train_s=0), reading goes on
+    assert feed.owed_updates() == 32 and feed.wants_data()
+    feed.config = dataclasses.replace(feed.config, max_train_s=1e-9)  # time for no update yet
+    learner.iterate(waits)
+    assert waits.timeouts == [0.2, 0.0]
