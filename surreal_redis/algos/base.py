@@ -82,6 +82,12 @@ class Trainer(abc.ABC):
         argument (APPO's ``min_epochs``); False for a fixed number, and off-policy."""
         return False
 
+    def skipped(self, steps: list[Any]) -> None:  # noqa: B027  (a trainer with per-stream state overrides it)
+        """On-policy: the steps of chunks the feed dropped (:class:`~surreal_redis.replay.fifo.SkippedSteps`:
+        stream, rewards, episode ends), each where it falls in its env stream among the chunks
+        :meth:`update` gets; a trainer that carries state along a stream (PPO's reward scaler)
+        carries it through them. Default: nothing."""
+
     @abc.abstractmethod
     def actor_params(self) -> ParamDict:
         """What agents need: actor weights and normalizer statistics, as CPU numpy arrays."""

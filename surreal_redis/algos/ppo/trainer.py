@@ -48,6 +48,7 @@ from surreal_redis.algos.ppo.losses import (
 from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy
 from surreal_redis.chunks import INITIAL_STATE, Chunk
 from surreal_redis.codec import Tree
+from surreal_redis.replay.fifo import SkippedSteps
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
 __all__ = ["PPOTrainer", "PPOConfig", "PPOPolicy", "Targets"]
@@ -374,6 +375,14 @@ class PPOTrainer(Trainer):
             for c in chunks:
                 self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
                                           stream=(c.agent_id, c.env_index))
+
+    def skipped(self, steps: list[SkippedSteps]) -> None:
+        """The reward scaler takes dropped chunks' rewards in, as those of the chunks it scales:
+        each stream's running return goes on through them and restarts at the episodes they end."""
+        if self.reward_scaler is not None:
+            for s in steps:
+                self.reward_scaler.update(torch.as_tensor(s.rewards), torch.as_tensor(s.ends),
+                                          stream=(s.agent_id, s.env_index))
 
     def actor_params(self) -> ParamDict:
         """The whole actor-critic (agents report values too) with the z-filter statistics."""
