@@ -75,6 +75,10 @@ class Trainer(abc.ABC):
 
     iteration: int = 0
     """Number of gradient updates done so far."""
+    wire_dtype: str = "float32"
+    """What the float32 parameters of :meth:`actor_params` travel to the agents as
+    (``hub.publisher.dtype``, set by the learner): a trainer that compares its outputs with the
+    agents' (APPO's ``rho_clipped_fraction``) takes the rounding into account."""
 
     @property
     def adaptive_epochs(self) -> bool:

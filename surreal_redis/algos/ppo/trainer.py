@@ -186,31 +186,43 @@ class PPOTrainer(Trainer):
                 no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
                 z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
                 next_values[t_idx, b_idx] = self.net.value(z_final)
+            target_logp = target_logp.reshape(steps, batch)
+            received_logp = self._received_logp(_flatten_time(obs), state, episode_start, actions, target_logp)
             targets = self._targets(reward_batch, all_values[:steps], next_values, terminated, truncated, logp,
-                                    target_logp.reshape(steps, batch))
+                                    target_logp, received_logp=received_logp)
         reference_logp = logp if targets.proximal_logp is None else targets.proximal_logp
         return _Rollout(tree_map(lambda v: v[:steps], obs), actions, reference_logp, targets.advantages, targets.returns,
                         all_values[:steps], ref_head, episode_start[:steps], targets.diagnostics, state)
 
+    def _received_logp(self, flat_obs: Tree, state: LSTMState | None, episode_start: torch.Tensor,
+                       actions: torch.Tensor, target_logp: torch.Tensor) -> torch.Tensor:
+        """Log-probs ``[T, B]`` of ``actions`` under the network as the agents receive it (its
+        parameters through the ``wire_dtype`` rounding); ``flat_obs`` ``[(T+1)*B, ...]``,
+        ``episode_start`` ``[T+1, B]``. PPO reads no log-prob in its targets: ``target_logp``."""
+        return target_logp
+
     def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                  terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
-                 target_logp: torch.Tensor) -> Targets:
+                 target_logp: torch.Tensor, received_logp: torch.Tensor | None = None) -> Targets:
         """Advantages and value targets, all ``[T, B]`` (no gradients), from the network's
         ``values``, ``next_values`` (as :func:`compute_gae` reads them) and ``target_logp`` at the
-        start of the update, and the agents' ``behaviour_logp``. PPO: GAE(lambda), which reads
-        neither log-prob."""
+        start of the update, and the agents' ``behaviour_logp``; ``received_logp``: the same
+        network's log-probs as the agents would compute them (:meth:`_received_logp`; None:
+        ``target_logp``), for diagnostics that compare with the agents. PPO: GAE(lambda), which
+        reads no log-prob."""
         cfg = self.config
         advantages, returns = compute_gae(rewards, values, next_values, terminated, truncated, cfg.gamma,
                                           cfg.gae_lambda)
         return Targets(advantages, returns, {})
 
-    def _features_no_grad(self, flat_obs: Tree) -> torch.Tensor:
-        """``net.features`` of ``[N, ...]`` leaves, in slices of about :data:`PASS_OBS_BYTES` of
-        observations (pixels are turned into floats a slice at a time)."""
+    def _features_no_grad(self, flat_obs: Tree, net: ActorCritic | None = None) -> torch.Tensor:
+        """``net.features`` (default: the learner's network) of ``[N, ...]`` leaves, in slices of
+        about :data:`PASS_OBS_BYTES` of observations (pixels are turned into floats a slice at a time)."""
+        net = self.net if net is None else net
         total, rows = len(tree_leaves(flat_obs)[0]), _rows_per_pass(flat_obs, 1)
         if rows >= total:
-            return self.net.features(flat_obs)
-        return torch.cat([self.net.features(tree_map(lambda v, i=i: v[i:i + rows], flat_obs))
+            return net.features(flat_obs)
+        return torch.cat([net.features(tree_map(lambda v, i=i: v[i:i + rows], flat_obs))
                           for i in range(0, total, rows)])
 
     def _distribution(self, head: torch.Tensor, actions: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
