@@ -162,8 +162,9 @@ class FIFOReplay:
         the last take's chunks (or now, when nothing was taken) and ``after`` them (each follows a
         chunk of its own stream in that take; with ``drop_newest`` only). Clears both."""
         with self._lock:
-            while self._queue and isinstance(self._queue[0], SkippedSteps):
-                self._pass_over(self._queue.popleft())
+            while self._queue and isinstance(head := self._queue[0], SkippedSteps):
+                self._queue.popleft()
+                self._pass_over(head)
             before, after = self._skipped_before, self._skipped_after
             self._skipped_before, self._skipped_after = [], []
             self._taken_streams.clear()
