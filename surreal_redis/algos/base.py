@@ -86,6 +86,11 @@ class Trainer(abc.ABC):
         argument (APPO's ``min_epochs``); False for a fixed number, and off-policy."""
         return False
 
+    def schedule_done(self) -> str:
+        """Why the next update would learn nothing, e.g. a learning rate annealed to 0 ("" while
+        it would): the learner stops the run before it. Default: ""."""
+        return ""
+
     def skipped(self, steps: list[Any]) -> None:  # noqa: B027  (a trainer with per-stream state overrides it)
         """On-policy: the steps of chunks the feed dropped (:class:`~surreal_redis.replay.fifo.SkippedSteps`:
         stream, rewards, episode ends), each where it falls in its env stream among the chunks

@@ -291,6 +291,17 @@ class PPOTrainer(Trainer):
                     approx_kl=approx_kl.item(), clip_fraction=clip_fraction.item())
         return loss, info
 
+    def schedule_done(self) -> str:
+        """Why the next update would learn nothing ("" while it would): ``total_updates`` updates
+        done under ``anneal_lr`` or ``anneal_clip``, whose learning rate or clip range is 0 from
+        there (a clip range of 0 clips every ratio that moves: the policy stays where it is)."""
+        cfg = self.config
+        if (cfg.anneal_lr or cfg.anneal_clip) and cfg.total_updates and self.iteration >= cfg.total_updates:
+            annealed = " and ".join(name for name, on in (("learning rate", cfg.anneal_lr),
+                                                          ("clip range", cfg.anneal_clip)) if on)
+            return f"the annealing schedule ended: {self.iteration} updates (total_updates {cfg.total_updates}), {annealed} 0"
+        return ""
+
     def min_epochs(self) -> int:
         """Epochs every update runs before :meth:`update` asks ``more_epochs``; PPO: all of them."""
         return self.config.update_epochs
@@ -317,6 +328,13 @@ class PPOTrainer(Trainer):
         if not chunks:
             raise ValueError("update needs at least one chunk")
         cfg = self.config
+        annealing = cfg.anneal_lr or cfg.anneal_clip
+        if annealing and not cfg.total_updates:
+            raise ValueError("anneal_lr and anneal_clip need total_updates >= 1 (a learner derives it from "
+                             "stop.max_env_steps: AlgorithmSpec.for_run), got 0")
+        if annealing and self.iteration == cfg.total_updates:
+            log.warning("update %d is past the annealing schedule (total_updates %d): learning rate and clip "
+                        "range 0 from here", self.iteration + 1, cfg.total_updates)
         # CleanRL's linear schedules: the fraction of the budget (total_updates) still ahead
         remaining = max(0.0, 1.0 - self.iteration / cfg.total_updates) if cfg.total_updates else 1.0
         learning_rate = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
