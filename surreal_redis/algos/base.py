@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from surreal_redis.chunks import SkippedSteps
 from surreal_redis.codec import ParamDict, Tree
 
 
@@ -91,8 +92,8 @@ class Trainer(abc.ABC):
         it would): the learner stops the run before it. Default: ""."""
         return ""
 
-    def skipped(self, steps: list[Any]) -> None:  # noqa: B027  (a trainer with per-stream state overrides it)
-        """On-policy: the steps of chunks the feed dropped (:class:`~surreal_redis.replay.fifo.SkippedSteps`:
+    def skipped(self, steps: list[SkippedSteps]) -> None:  # noqa: B027  (a trainer with per-stream state overrides it)
+        """On-policy: the steps of chunks the feed dropped (:class:`~surreal_redis.chunks.SkippedSteps`:
         stream, rewards, episode ends), each where it falls in its env stream among the chunks
         :meth:`update` gets; a trainer that carries state along a stream (PPO's reward scaler)
         carries it through them. Default: nothing."""

@@ -20,9 +20,9 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from surreal_redis.chunks import Chunk, TransitionBatch
+from surreal_redis.chunks import Chunk, SkippedSteps, TransitionBatch
 from surreal_redis.replay import ReplayConfig, make_replay
-from surreal_redis.replay.fifo import FIFOReplay, FIFOReplayConfig, SkippedSteps
+from surreal_redis.replay.fifo import FIFOReplay, FIFOReplayConfig
 from surreal_redis.replay.nstep import NStepBuilder
 from surreal_redis.replay.rate_limiter import RateLimiterConfig
 

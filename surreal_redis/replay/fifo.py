@@ -12,11 +12,9 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
-import numpy as np
-
-from surreal_redis.chunks import Chunk
+from surreal_redis.chunks import Chunk, SkippedSteps
 
 logger = logging.getLogger(__name__)
 
@@ -40,20 +38,6 @@ class FIFOReplayConfig:
             raise ValueError(f"max_policy_lag must be >= 0 or None, got {self.max_policy_lag}")
         if self.when_full not in ("drop_oldest", "drop_newest"):
             raise ValueError(f"when_full must be 'drop_oldest' or 'drop_newest', got {self.when_full!r}")
-
-
-class SkippedSteps(NamedTuple):
-    """What a dropped chunk leaves of its env stream: its ``rewards`` ``[T]`` and ``ends`` ``[T]``
-    (bool: terminated or truncated at that step)."""
-
-    agent_id: int
-    env_index: int
-    rewards: np.ndarray
-    ends: np.ndarray
-
-    @classmethod
-    def of(cls, chunk: Chunk) -> SkippedSteps:
-        return cls(chunk.agent_id, chunk.env_index, np.asarray(chunk.rewards), chunk.terminated | chunk.truncated)
 
 
 class FIFOReplay:

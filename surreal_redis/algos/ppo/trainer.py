@@ -46,9 +46,8 @@ from surreal_redis.algos.ppo.losses import (
     value_loss,
 )
 from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy
-from surreal_redis.chunks import INITIAL_STATE, Chunk
+from surreal_redis.chunks import INITIAL_STATE, Chunk, SkippedSteps
 from surreal_redis.codec import Tree
-from surreal_redis.replay.fifo import SkippedSteps
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
 __all__ = ["PPOTrainer", "PPOConfig", "PPOPolicy", "Targets"]
