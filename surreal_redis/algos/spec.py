@@ -96,8 +96,9 @@ class AlgorithmSpec:
     for_run: Callable[[Any], Any] = field(default=section_as_is)
     """``config -> section``: the section the run's learner trains with, given the whole
     :class:`~surreal_redis.config.ExperimentConfig` (PPO: an annealing schedule derived from
-    ``stop.max_env_steps``); called once, where the learner builds its trainer, so it may log a
-    one-line warning about the run. Default: the section as it is."""
+    ``stop.max_env_steps``); called where the learner builds its trainer and where ``launch``
+    starts the run, so it may log a one-line warning about the run (the console sees it). Default:
+    the section as it is."""
     summary: str = ""
     """One line for ``default-config`` and the docs."""
 
