@@ -52,7 +52,7 @@ def time_config(name: str, steps_options: list[int], minibatch_options: list[int
     """The cases of one shipped config; see the module docstring."""
     config = load_config(name)
     torch.set_num_threads(config.learner.torch_threads)
-    section = dataclasses.replace(config.algo_config, device=device)
+    section = dataclasses.replace(config.algorithm.for_run(config), device=device)  # its annealing schedule too
     chunk_steps = config.hub.sender.flush_steps
     envs = make_vector_env(config.env, seed=config.experiment.seed)
     policy = make_policy(section, envs.single_observation_space, envs.single_action_space, envs.num_envs,

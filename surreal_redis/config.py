@@ -45,7 +45,8 @@ class RunConfig:
     name: str = "default"
     root: str = "./runs"
     seed: int = 0
-    """Seeds the learner; agents and eval derive their own seeds from it and their ids."""
+    """Seeds the learner; agents and evaluators draw independent streams from it (numpy
+    ``SeedSequence`` children by role and id: :mod:`surreal_redis.seeds`)."""
 
     def __post_init__(self) -> None:
         validate_run_name(self.name)

@@ -26,6 +26,7 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.runtime import StopFlag
+from surreal_redis.seeds import eval_episode_seed, evaluator_seeds, final_episode_seed, final_eval_seeds
 from surreal_redis.trees import tree_map
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def checkpoint_policy(config: ExperimentConfig, path: Path, env) -> tuple[AgentP
     algo = make_trainer(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
     algo.load_state_dict(state["algorithm"])
     policy = make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
-                         num_agents=config.agent.num_agents, seed=config.experiment.seed,
+                         num_agents=config.agent.num_agents, seed=final_eval_seeds(config.experiment.seed).policy,
                          inference=config.agent.inference)
     policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
     return policy, int(algo.iteration), state
@@ -109,7 +110,7 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     act_mode = _act_mode(config, mode)
     path = Path(path).resolve()
     manager = CheckpointManager(path.parent, config.checkpoint)
-    env = make_env(config.env, seed=config.experiment.seed + 40_000, mode="eval")
+    env = make_env(config.env, seed=final_eval_seeds(config.experiment.seed).envs, mode="eval")
     policy, iteration, _ = checkpoint_policy(config, path, env)
     if manager.path_for(iteration) != path:
         raise CheckpointError(f"checkpoint {path} holds update {iteration}: its best-k entry would name "
@@ -118,7 +119,7 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     until = Deadline(stop, config.eval.final_max_s)
     returns: list[float] = []
     for episode in range(config.eval.final_episodes):
-        total, _ = play_episode(env, policy, act_mode, config.experiment.seed + 40_000 + episode, until)
+        total, _ = play_episode(env, policy, act_mode, final_episode_seed(config.experiment.seed, episode), until)
         if until.cut:
             break
         returns.append(total)
@@ -152,15 +153,17 @@ class Evaluator:
                  mode: str | None = None, eval_id: int = 0) -> None:
         self.config, self.client, self.stop, self.mode = config, client, stop, _act_mode(config, mode)
         self.name = f"eval-{eval_id}"
-        self.env = make_env(config.env, seed=config.experiment.seed + 10_000 + eval_id, mode="eval")
+        seeds = evaluator_seeds(config.experiment.seed, eval_id)  # apart from the agents' and each other's
+        self.env = make_env(config.env, seed=seeds.envs, mode="eval")
         self.policy = make_policy(config.algo_config, self.env.observation_space, self.env.action_space, 1,
                                   agent_id=0, num_agents=config.agent.num_agents,
-                                  seed=config.experiment.seed + 10_000 + eval_id, inference=config.agent.inference)
+                                  seed=seeds.policy, inference=config.agent.inference)
         self.params = ParameterClient(client, config.run, config.hub.params_client,
                                       connect_replicas(config.redis.param_read_urls, config.redis.settings()))
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self.control = RunControl(client, config.run)
-        self.seed = config.experiment.seed + 20_000 + 1000 * eval_id
+        self.eval_id = eval_id
+        self.episodes_played = 0  # numbers the episodes' reset seeds (eval_episode_seed)
         self.records_refused = 0
 
     def run(self) -> int:
@@ -191,8 +194,9 @@ class Evaluator:
         for _ in range(self.config.eval.episodes):
             if self.stop:
                 return  # an incomplete eval is not reported: the learner scores complete ones only
-            self.seed += 1
-            total, length = play_episode(self.env, self.policy, self.mode, self.seed, self.stop)
+            seed = eval_episode_seed(self.config.experiment.seed, self.eval_id, self.episodes_played)
+            self.episodes_played += 1
+            total, length = play_episode(self.env, self.policy, self.mode, seed, self.stop)
             records.append(EpisodeRecord(self.name, "eval", total, length, version, time.time()))
         if self.stop or not self._report(records):
             return

@@ -226,6 +226,7 @@ class Launcher:
             self._stop_server()
             self._unlock()
             raise
+        self.config.algorithm.for_run(self.config)  # its warnings (the learner's log has them too) on the console
         self.stop.on_second_signal(lambda name: not_saved(self.config, self.folder, self._learner_report()))
         code = 1
         try:

@@ -86,7 +86,7 @@ class Learner:
         episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
         self.scores = Scores(episodes, cfg, self.metrics, self.checkpoints,
                              iteration=lambda: self.algo.iteration, state=self._state)
-        self.rules = StopRules(cfg.stop, self.scores, live_agents)
+        self.rules = StopRules(cfg.stop, self.scores, live_agents, schedule_done=self.algo.schedule_done)
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, client: RedisClient, stop: StopFlag, resume: str | None = None,
@@ -222,8 +222,11 @@ class Learner:
                 except RETRY_ERRORS as again:
                     log.warning("learner: the janitor could not free memory (%s)", again)
         reason = self.rules.limit_reason(self.env_steps, self.elapsed())
-        if not reason:
-            return
+        if reason:
+            self._stop_run(reason)
+
+    def _stop_run(self, reason: str) -> None:
+        """Stop this learner for ``reason`` and ask the run to stop (Redis may refuse: logged)."""
         self.stop.set(reason)
         try:
             self.control.request_stop(reason)
@@ -241,6 +244,9 @@ class Learner:
             self._ingest(items)
         updates = self.feed.train(self.algo, self.stop, arriving=batches.steps)
         while True:
+            if done := self.rules.update_reason():  # e.g. a learning rate annealed to 0: nothing more to learn
+                self._stop_run(done)
+                break
             self.grants.before_update()
             started = time.monotonic()
             stats = next(updates, None)  # the gradient steps run inside next()

@@ -1,6 +1,7 @@
 """How far the run got: the episode scores agents and evaluators record, and the rules that stop
 the run by itself (``stop.max_env_steps``, ``stop.max_seconds``, ``stop.target_return`` on the
-train or the eval return). A stop request or a signal is the loop's business, not these rules'."""
+train or the eval return, the end of the trainer's annealing schedule). A stop request or a
+signal is the loop's business, not these rules'."""
 
 from __future__ import annotations
 
@@ -81,10 +82,19 @@ class Scores:
 
 class StopRules:
     """The conditions that stop a run by itself. ``read_agents()``: the agents that heartbeat
-    (live ones), for the train-return rule's window per agent."""
+    (live ones), for the train-return rule's window per agent; ``schedule_done()``: the trainer's
+    :meth:`~surreal_redis.algos.base.Trainer.schedule_done`."""
 
-    def __init__(self, stop: StopConfig, scores: Scores, read_agents: Callable[[], Sequence[AgentStatus]]) -> None:
+    def __init__(self, stop: StopConfig, scores: Scores, read_agents: Callable[[], Sequence[AgentStatus]],
+                 schedule_done: Callable[[], str] = lambda: "") -> None:
         self._stop, self._scores, self._read_agents = stop, scores, read_agents
+        self._schedule_done = schedule_done
+
+    def update_reason(self) -> str:
+        """Why the run stops before its next update ("" if it goes on): the trainer's schedule
+        is done (a learning rate annealed to 0 learns nothing). Asked before every update; no
+        Redis call."""
+        return self._schedule_done()
 
     def limit_reason(self, env_steps: int, elapsed_s: float) -> str:
         """Why the step or time limit stops the run ("" if neither is reached); no Redis call."""

@@ -577,3 +577,34 @@ def test_lag_shares_bucket_the_whole_runs_histogram():
     assert shares == {"0": 0.5, "1": 0.2, "2": 0.0, "3-4": 0.2, "5-8": 0.0, "9+": 0.1}
     assert sum(shares.values()) == pytest.approx(1.0)
     assert set(lag_shares(Counter()).values()) == {0.0}
+
+
+def test_the_run_stops_where_its_annealing_schedule_ends(fake_redis, tmp_path):
+    """After total_updates annealed updates the learning rate is 0: the learner stops the run
+    there rather than train on with nothing to learn."""
+    config = ppo_config(tmp_path, "ppo.anneal_lr=true", "ppo.total_updates=1")
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    send_steps(fake_redis, config, learner, 64)  # two updates' worth
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 1 and learner.feed.stats()["taken_steps"] == 64
+    assert learner.stop and "annealing schedule ended" in learner.stop.reason
+    stopping, why = RunControl(fake_redis, config.run).stopping()
+    assert stopping and "total_updates 1" in why
+
+
+def test_annealing_spans_the_run_s_step_budget_unless_given(caplog):
+    derived = load_config("ppo_cartpole", ["ppo.total_updates=0", "stop.max_env_steps=100000"])
+    assert derived.algorithm.for_run(derived).total_updates == 100000 // 256
+    appo = load_config("appo_cartpole", ["appo.total_updates=0", "stop.max_env_steps=51200"])
+    assert appo.algorithm.for_run(appo).total_updates == 200
+    shipped = load_config("ppo_cartpole")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert shipped.algorithm.for_run(shipped) is shipped.algo_config  # its schedule is its budget
+        assert not caplog.records
+        short = load_config("ppo_cartpole", ["stop.max_env_steps=2000000"])
+        assert short.algorithm.for_run(short).total_updates == 781
+    assert "ppo.total_updates 781 ends the annealing at 199936 env steps, before stop.max_env_steps 2000000" in caplog.text
+    with pytest.raises(ValueError, match=r"ppo.anneal_lr and anneal_clip need ppo.total_updates >= 1 or stop.max_env_steps"):
+        load_config("ppo_cartpole", ["ppo.total_updates=0", "stop.max_env_steps=null"])
