@@ -156,15 +156,46 @@ def test_the_janitor_removes_malformed_obsref_members_and_never_dies_on_them(rea
 
 # ---------------------------------------------------------------- 3: junk obs key names
 
-def test_the_sweep_skips_obs_keys_it_cannot_parse_and_collects_the_rest(real_redis):
+def test_the_sweep_deletes_obs_keys_whose_name_holds_no_digest_and_the_orphans(real_redis):
+    """Junk names were skipped by every gc and stayed until `gc --drop`: nothing can reach them."""
     for suffix in ("zz", "ABCDEF0123", "", "0" * 31):
         assert real_redis.setnx(KEYS.obs_prefix + suffix, b"junk")  # what an agent's SETNX allows
-    orphan = upload(real_redis, b"written around insert.lua")
+    upload(real_redis, b"written around insert.lua")
     janitor = HubJanitor(real_redis, RetentionConfig(), RUN, 1)
     stats = janitor.run_once()
-    assert stats.orphans_deleted == 1 and stats.obs_skipped == 4 and not real_redis.exists(KEYS.obs(orphan))
-    reply = Scripts(real_redis).call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs_prefix + "zz"], [])
-    assert reply == [0, 0, 1, 0]  # deleted, orphans, skipped, spared: reported, never a refusal of the call
+    assert (stats.orphans_deleted, stats.junk_deleted, stats.obs_skipped, stats.obs_deleted) == (1, 4, 0, 5)
+    assert not real_redis.keys(KEYS.obs_prefix + "*")
+    other = RunKeys(RUN).shard(1).obs_prefix + "zz"  # another shard's key: never this call's to delete
+    real_redis.set(KEYS.obs_prefix + "zz", b"junk")
+    real_redis.set(other, b"junk")
+    reply = Scripts(real_redis).call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs_prefix + "zz", other], [])
+    assert reply == [1, 0, 1, 0, 1]  # deleted, orphans, skipped, spared, junk: never a refusal of the call
+    assert real_redis.exists(other)
+
+
+def test_the_administrators_gc_collects_every_junk_obs_key_and_keeps_the_live_ones(real_redis, redis_server):
+    """`surreal-redis gc` swept one SCAN page and skipped junk names: they stayed until `gc --drop`.
+    Now it sweeps every obs key of the run once; pinned or referenced blobs of the live run stay."""
+    from click.testing import CliRunner
+
+    from surreal_redis.cli import main
+
+    run = RunKeys(RUN)
+    sender, = honest_senders(real_redis, 1)
+    add_steps(sender, 0, 5, np.random.default_rng(5), n=1)
+    move_inbox(Scripts(real_redis), KEYS)
+    pinned = f"{7:032x}"
+    real_redis.sadd(KEYS.pinned, pinned)  # a batch still queued references it
+    real_redis.set(KEYS.obs(pinned), b"pinned")
+    live = set(real_redis.keys(KEYS.obs_prefix + "*"))
+    junk = [run.shard(s).obs_prefix + f"junk{i}" for s in range(2) for i in range(30)]
+    for key in junk:
+        assert real_redis.setnx(key, b"junk")
+    result = CliRunner().invoke(main, ["gc", "--run", RUN, "--redis-url", redis_server.url, "--config", "ppo_cartpole",
+                                       "-o", "redis.num_shards=2", "-o", "hub.retention.orphan_scan_count=5"])
+    assert result.exit_code == 0, result.output
+    assert not real_redis.exists(*junk)
+    assert set(real_redis.keys(KEYS.obs_prefix + "*")) == live and len(live) > 1
 
 
 # ---------------------------------------------------------------- 4: gc progress past pinned candidates
@@ -191,7 +222,7 @@ def test_gc_reports_what_it_deleted(real_redis):
     here, gone = f"{1:032x}", f"{2:032x}"
     real_redis.set(KEYS.obs(here), b"x")
     real_redis.zadd(KEYS.obsref, {here: 0, gone: 0})
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(here), KEYS.obs(gone)], []) == [1, 0, 0, 0]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(here), KEYS.obs(gone)], []) == [1, 0, 0, 0, 0]
     assert real_redis.zcard(KEYS.obsref) == 0
 
 

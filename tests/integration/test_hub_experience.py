@@ -204,12 +204,12 @@ def test_gc_spares_what_a_queued_batch_references(real_redis):
     real_redis.xtrim(KEYS.exp, maxlen=0)  # its only entry is gone: gc would take it now
     assert insert(scripts, 2, [old, fresh], upload={fresh: b"F"}) == [b"OK"]
     candidates = [KEYS.obs(old), KEYS.obs(fresh)]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2]  # deleted, orphans, skipped, spared (both pinned)
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2, 0]  # deleted, orphans, skipped, spared (both pinned)
     assert move(scripts)[1] == 1
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2]  # referenced by the entry
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2, 0]  # referenced by the entry
     assert real_redis.mget(*candidates) == [b"O", b"F"]
     real_redis.xtrim(KEYS.exp, maxlen=0)
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [2, 0, 0, 0]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [2, 0, 0, 0, 0]
 
 
 def test_move_runs_in_a_full_redis_while_agents_inserts_wait(real_redis):
@@ -229,7 +229,7 @@ def test_move_runs_in_a_full_redis_while_agents_inserts_wait(real_redis):
         assert move(scripts) == [2, 2, 0, 0, 0]
         assert real_redis.xlen(KEYS.exp) == 2 and not real_redis.exists(KEYS.inbox, KEYS.pinned)
         real_redis.xtrim(KEYS.exp, maxlen=0)
-        assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(a)], []) == [1, 0, 0, 0]
+        assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(a)], []) == [1, 0, 0, 0, 0]
     finally:
         real_redis.config_set("maxmemory", 0)
 
@@ -257,13 +257,13 @@ def test_trim_and_gc_scripts(real_redis):
     ids += [insert_moved(scripts, 10 + i, [digests[5]])[1] for i in range(3)]  # nodes [4, 5] and [6, 7]
     assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 1, 1000]) == [2, 2, ids[6]]
     candidates = [KEYS.obs(d) for d in digests] + [KEYS.obs(orphan)]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [6, 1, 0, 1]  # digests 0..4 and the orphan; digest 5 spared
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [6, 1, 0, 1, 0]  # digests 0..4 and the orphan; digest 5 spared
     assert real_redis.exists(*[KEYS.obs(d) for d in digests]) == 1
     assert real_redis.zcard(KEYS.obsref) == 1 and not real_redis.exists(KEYS.obs(orphan))
     with pytest.raises(ScriptError, match="bad mode"):
         scripts.call("trim", [KEYS.exp], ["learner", "CAP", 3, 5000])
     assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 0, 1000]) == [2, 2, b""]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [1, 0, 0, 0]  # empty stream: all go
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [1, 0, 0, 0, 0]  # empty stream: all go
     assert real_redis.zcard(KEYS.obsref) == 0
 
 
