@@ -13,7 +13,7 @@
 -- before the first write, so an OOM refusal also writes nothing).
 -- A payload that is a blob id (the digest grammar; a payload proper begins with "SRC1") references
 -- the blob holding it, one of KEYS and none of the chunk's observations: the agent stores big
--- payloads under a random id with its own SETNX, after pinning the id with SADD, so their bytes
+-- payloads under an id bound to the batch (move.lua checks it) with its own SETNX, after pinning the id with SADD, so their bytes
 -- never pass through Lua.
 -- Runs as the agent, whose ACL user may only append to the inbox: it queues the batch there as one
 -- item (netstrings "<len>:<bytes>" of uuid, seq, floor, m and the 4m fields) and pins every digest

@@ -10,6 +10,7 @@ from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.experience.wire import payload_id
 from surreal_redis.keys import DIGEST_CHARS, RunKeys, is_digest
 from surreal_redis.scripts import ScriptError, Scripts, script_source
 
@@ -276,6 +277,50 @@ def test_no_agent_can_store_under_a_payloads_id_first(real_redis):
     assert not real_redis.keys(KEYS.obs_prefix + "*")
     assert real_redis.setnx(KEYS.obs(ids[0]), b"SRC1 junk")  # after collection: an orphan, named by no entry
     assert drain(receiver) == [] and receiver.stats().dead == 0
+
+
+def test_no_agent_can_make_the_learner_train_again_on_a_stored_payload(redis_server, real_redis):
+    """An agent read another's payload id in the stream and named it in its own insert.lua call
+    (EXISTS passes, the blob is there): the learner trained on that payload once more per call.
+    An id is now bound to the (uuid, seq, position) that stored it: such an item, and an agent's
+    reuse of its own id under another seq, is set aside whole as unbound_payload."""
+    import redis
+
+    from surreal_redis.acl import create_users, script_sha, username
+
+    passwords = {"agent": "a-pw", "eval": "e-pw", "learner": "l-pw"}
+    create_users(real_redis, RUN, passwords, num_shards=1)
+
+    def login(role: str) -> redis.Redis:
+        return redis.Redis(unix_socket_path=str(redis_server.socket_path), username=username(RUN, role),
+                           password=passwords[role])
+
+    agent, learner = login("agent"), login("learner")
+    receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 1)
+    receiver.start()  # loads insert.lua for the agents
+    config = SenderConfig(flush_steps=2, dedup_min_bytes=1 << 20, payload_ref_min_bytes=1)
+    add_steps(ExperienceSender(agent, config, RUN, 0, 1), 0, 3, np.random.default_rng(9), n=2)
+    honest = drain(receiver)
+    assert len(honest) == 2 and receiver.stats().dead == 0
+    entries = [fields for _, fields in agent.xrange(KEYS.exp)]  # what any agent may read
+    insert = script_sha("insert")
+
+    def name(seq: int, fields: dict, blob_id: bytes) -> list:
+        return agent.evalsha(insert, 3, KEYS.inbox, KEYS.pinned, KEYS.obs(blob_id.decode()),
+                             "e71", seq, seq, 1, 0, fields[b"a"], fields[b"e"], fields[b"o"], blob_id)
+
+    for seq, fields in enumerate(entries, 1):  # another agent's payloads, by their ids
+        assert name(seq, fields, fields[b"p"]) == [b"OK"]
+    own = payload_id("e71", 3, 1)  # its own payload, bound to its batch 3 ...
+    assert agent.setnx(KEYS.obs(own), real_redis.get(KEYS.obs(entries[0][b"p"].decode())))
+    assert name(3, entries[0], own.encode()) == [b"OK"]
+    assert name(4, entries[0], own.encode()) == [b"OK"]  # ... named again by batch 4
+    again = drain(receiver)
+    assert len(again) == 1 and receiver.dead_by_reason == {"unbound_payload": 3}  # only batch 3 trains
+    detail = [f[b"detail"] for _, f in real_redis.xrange(KEYS.dead)]
+    assert all(b"not the id bound to its batch" in d for d in detail)
+    agent.close()
+    learner.close()
 
 
 def test_thousands_of_junk_pins_are_scored_in_bounded_pages_and_collect_nothing_else(real_redis):

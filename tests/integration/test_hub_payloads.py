@@ -18,7 +18,7 @@ from surreal_redis.hub.experience.insert import pack_command, send_commands
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
-from surreal_redis.hub.experience.wire import id_score, sender_tag
+from surreal_redis.hub.experience.wire import id_score, payload_id, sender_tag
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import ScriptError, Scripts, script_source
@@ -71,7 +71,7 @@ def insert(scripts: Scripts, seq: int, payload: bytes, obs: list[str] = (), keys
 
 def test_insert_and_move_carry_a_stored_payload_by_its_digest(real_redis):
     scripts = Scripts(real_redis)
-    p, frame = digest_n(7), digest_n(8)
+    p, frame = payload_id("aa01", 1, 1), digest_n(8)  # the id bound to chunk 1 of batch 1 of sender aa01
     assert insert(scripts, 1, p.encode()) == [b"MISSING", p.encode()]
     assert not real_redis.exists(KEYS.inbox, KEYS.pinned)  # refused whole
     real_redis.set(KEYS.obs(p), b"the payload")

@@ -3,7 +3,8 @@
 Every ``flush_steps`` steps all envs' chunks go out in one pipeline of ``insert.lua`` calls, each
 carrying the observation blobs not known stored and writing them with the batch, all-or-nothing,
 into the shard's inbox; a payload of at least ``payload_ref_min_bytes`` is stored apart by the
-sender's own SETNX under a random id. The entry format is in
+sender's own SETNX under an id bound to its batch (:func:`~surreal_redis.hub.experience.wire.payload_id`).
+The entry format is in
 :mod:`surreal_redis.hub.experience.wire`; docs/concepts.md tells the whole path.
 """
 
@@ -37,7 +38,7 @@ from surreal_redis.hub.experience.insert import (
     split_replies,
 )
 from surreal_redis.hub.experience.ledger import Ledger
-from surreal_redis.hub.experience.wire import sender_tag
+from surreal_redis.hub.experience.wire import payload_id, sender_tag
 from surreal_redis.keys import DIGEST_CHARS, RunKeys
 from surreal_redis.outage import Waiter
 from surreal_redis.redis_cluster import node_name
@@ -259,11 +260,9 @@ class ExperienceSender:
         self._backpressure.wait()
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
-        """The chunk with its payload replaced by a fresh blob id when it is at least
+        """The chunk with its payload replaced by a placeholder blob id when it is at least
         ``payload_ref_min_bytes`` (the blob waits in ``_payloads``); else the chunk itself.
-
-        The id is 128 random bits, not the payload's digest: no agent can store anything under it
-        first (it is seen only once the blob exists), and neither side pays for hashing the payload."""
+        :meth:`_bind_payloads` gives it its real id once its batch and position are known."""
         limit = self.config.payload_ref_min_bytes
         agent, env, refs, payload = chunk.fields
         if limit is None or len(payload) < limit:
@@ -293,6 +292,7 @@ class ExperienceSender:
         pending = split_batches([(c.fields, c.digests) for c in chunks], cfg.max_chunks_per_insert,
                                 cfg.max_obs_per_insert, cfg.max_insert_bytes, upload_size, self._next_seq)
         for batch in pending:
+            self._bind_payloads(batch)
             batch.direct = [d for d in batch.digests if d in payloads]
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
         deadline = None
@@ -324,6 +324,25 @@ class ExperienceSender:
                     time.sleep(backoff.next_delay())
                 else:
                     self.stop.wait(backoff.next_delay())  # a stop ends the wait: retried, then capped
+
+    def _bind_payloads(self, batch: Batch) -> None:
+        """Rename the placeholder id of each payload stored apart in ``batch`` to its bound id,
+        :func:`~surreal_redis.hub.experience.wire.payload_id` of (uuid, seq, position), which
+        ``move.lua`` checks: no other agent can name that blob (it never learns the uuid), and
+        neither side pays for hashing the payload."""
+        payloads = self._payloads
+        renamed: dict[str, str] = {}
+        for position, fields in enumerate(batch.chunks, 1):
+            agent, env, refs, payload = fields
+            placeholder = payload.decode("latin-1") if len(payload) == DIGEST_CHARS else ""
+            if placeholder not in payloads:
+                continue
+            bound = payload_id(self.uuid, batch.seq, position)
+            renamed[placeholder] = bound
+            payloads[bound] = payloads.pop(placeholder)
+            batch.chunks[position - 1] = (agent, env, refs, bound.encode())
+            self._unsent[id(batch.chunks[position - 1])] = self._unsent.pop(id(fields))
+        batch.digests = [renamed.get(d, d) for d in batch.digests]
 
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
         """One pipeline of inserts (:func:`insert_pipeline`); returns the batches to retry and why."""
