@@ -35,7 +35,9 @@
 -- one a retained entry references keeps its score), and gc collects
 -- the blobs no retained entry references once the stream is past them (of an agent stopped after
 -- storing a payload but before its insert, of a resend the dedup window dropped, of a batch set
--- aside): no pinned blob is left behind. Pins that are no digest are dropped.
+-- aside): no pinned blob is left behind. Pins that are no digest are dropped (insert.lua's door
+-- pins: "q:<uuid>:<seq>" of a queued batch, unpinned here when its batch is taken, and DUP's
+-- "w:<uuid>:<time>").
 local MAX_ITEMS, MAX_CHUNKS, MAX_REFS, WINDOW, SLOTS, PIN_PAGE = 256, 64, 256, 1024, 1024, 1024
 -- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
 local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
@@ -218,6 +220,8 @@ for i, item in ipairs(items) do
     end
     set_aside(item, batch.reason, batch.why)
   else
+    -- insert.lua's door pin of a queued batch: from now on the dedup window answers for it
+    redis.call('SREM', KEYS[5], 'q:' .. batch.uuid .. ':' .. string.format('%d', batch.seq))
     local ok, result = pcall(store, batch)
     if not ok then
       -- redis.call raises a table {err = ...}; a Lua error is a string

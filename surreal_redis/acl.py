@@ -57,7 +57,8 @@ _READER_SELECTORS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
 _AGENT_SELECTORS = (
     (("exp",), "%R~", ("xinfo|groups", "xlen", "xrange")),
     (("inbox",), "~", ("rpush", "llen")),
-    (("pinned",), "~", ("sadd",)),
+    (("pinned",), "~", ("sadd", "sismember")),
+    (("seen",), "%R~", ("hget",)),  # insert.lua's door: a sender reads its own window (by its secret uuid)
     (("obs",), "~", ("setnx", "exists")),
     (("agents",), "~", ("hset", "hdel")),
     (("episodes_inbox",), "~", ("rpush",)),
@@ -114,7 +115,7 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
     else:
         # Root permissions: the agent's scripts, whose KEYS are these keys; every other command
         # goes through one selector below.
-        rules += [f"~{p}" for kind in ("inbox", "pinned", "obs", "meta", "quota") for p in patterns[kind]]
+        rules += [f"~{p}" for kind in ("inbox", "pinned", "seen", "obs", "meta", "quota") for p in patterns[kind]]
         rules += [f"+evalsha|{script_sha(name)}" for name in AGENT_SCRIPTS]
         rules.append("+wait")  # hub.sender.wait_replica_ms: keyless, it only blocks the caller
         selectors = _AGENT_SELECTORS
