@@ -71,9 +71,10 @@ class SenderConfig:
     costs ~200 B of Redis memory and the learner a round trip, so the default (16 KiB) keeps that
     under 1.5% (docs/benchmarks.md, Hub). None: always inline. ``wait_replica_ms`` > 0: an insert
     counts as stored only once a replica has it (``WAIT 1 <ms>`` per pipeline, else the batches
-    are sent again under the same seqs, answered DUP by a primary that has them), so a failover
-    loses nothing reported stored, for one replication round trip per flush; senders stall while
-    the primary has no replica (up to ``max_wait_s``). 0: the primary's ack suffices, and that
+    are sent again under the same seqs, without the blobs the primary has: a primary that has them
+    answers DUP and queues nothing, a promoted replica that lost them asks for their blobs), so a
+    failover loses nothing reported stored, for one replication round trip per flush; senders
+    stall while the primary has no replica (up to ``max_wait_s``). 0: the primary's ack suffices, and that
     tail is lost if it dies before replicating (docs/reliability.md).
     """
 
@@ -275,8 +276,9 @@ class ExperienceSender:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.
 
         A refused batch, and every batch of a pipeline whose replies were lost, is resent under the
-        same seq (move.lua drops a copy queued twice). At most ``SEQ_WINDOW`` seqs past the floor,
-        the lowest unsettled seq, are in flight.
+        same seq (insert.lua answers DUP for a batch queued or stored before; move.lua drops a copy
+        queued around it). At most ``SEQ_WINDOW`` seqs past the floor, the lowest unsettled seq,
+        are in flight.
         """
         cfg = self.config
         known, blob, payloads = self._known, self._buffer.blob, self._payloads
@@ -353,7 +355,7 @@ class ExperienceSender:
         try:
             replies = send_commands(self.client, commands, self.keys.exp)
         except CONNECTION_ERRORS as exc:
-            # Unknown outcome: resend the same seqs; move.lua drops whatever is queued twice.
+            # Unknown outcome: resend the same seqs; insert.lua answers DUP for those it has.
             self._counts["error_retries"] += 1
             log.warning("shard %d: insert pipeline failed (%s); retrying", self.shard, exc)
             return [(b, Outcome.BACKOFF) for b in batches], exc
@@ -375,11 +377,22 @@ class ExperienceSender:
             self._counts["unreplicated_retries"] += 1
             error = RuntimeError(f"no replica acknowledged the insert within {wait_ms} ms ({replies[-1]!r})")
             log.info("shard %d: %s; sending it again", self.shard, error)
+            for batch in stored_now:
+                self._strip_blobs(batch)
             retry += [(batch, Outcome.BACKOFF) for batch in stored_now]
             stored_now = []
         for batch in stored_now:
             self._count_stored(batch, node)
         return retry, error
+
+    def _strip_blobs(self, batch: Batch) -> None:
+        """Ready a batch the primary stored, but no replica acknowledged, for its resend: without
+        its uploads and payloads stored apart, which the primary has (counted uploaded now). The
+        resend is answered DUP at the door (nothing queued twice) and its WAIT covers the batch; a
+        promoted replica that lost them answers MISSING, and they travel again."""
+        self._counts["obs_uploaded"] += len(batch.upload)
+        batch.nbytes -= sum(len(self._buffer.blob(d)) for d in batch.upload)
+        batch.upload, batch.direct = [], []
 
     def _stored_apart(self, batch: Batch, replies: list[Any]) -> None:
         """Count the payloads of ``batch`` that its SETNX replies say are stored (1: now, 0: it was
