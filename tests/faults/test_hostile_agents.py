@@ -314,6 +314,7 @@ def test_no_agent_can_make_the_learner_train_again_on_a_stored_payload(redis_ser
     own = payload_id("e71", 3, 1)  # its own payload, bound to its batch 3 ...
     assert agent.setnx(KEYS.obs(own), real_redis.get(KEYS.obs(entries[0][b"p"].decode())))
     assert name(3, entries[0], own.encode()) == [b"OK"]
+    assert name(3, entries[0], own.encode()) == [b"DUP"]  # a resend, dropped at the door (the agent's rights suffice)
     assert name(4, entries[0], own.encode()) == [b"OK"]  # ... named again by batch 4
     again = drain(receiver)
     assert len(again) == 1 and receiver.dead_by_reason == {"unbound_payload": 3}  # only batch 3 trains
