@@ -20,13 +20,13 @@
 -- a WAIT after it on this connection covers the batch stored before.
 -- A payload that is a blob id (the digest grammar; a payload proper begins with "SRC1") references
 -- the blob holding it, one of KEYS and none of the chunk's observations: the agent stores big
--- payloads under an id bound to the batch (move.lua checks it) with its own SETNX, after pinning the id with SADD, so their bytes
--- never pass through Lua.
+-- payloads under an id bound to the batch (move.lua checks it) with its own SETNX, after pinning
+-- the id with SADD, so their bytes never pass through Lua.
 -- Runs as the agent, whose ACL user may only append to the inbox: it queues the batch there as one
 -- item (netstrings "<len>:<bytes>" of uuid, seq, floor, m and the 4m fields) and pins every digest
 -- the chunks reference, so gc keeps those observations until the learner's move.lua has moved the
--- batch into the stream (and deduplicated it by (uuid, seq): a resend after a lost reply is queued
--- again and dropped there). Uploads are stored with SETNX, never SET: the agent user may not
+-- batch into the stream (and deduplicated it by (uuid, seq): a copy queued around the door is
+-- dropped there). Uploads are stored with SETNX, never SET: the agent user may not
 -- overwrite an observation (acl.py).
 local MAX_CHUNKS, MAX_OBS, WINDOW = 64, 256, 1024
 local O = 3  -- KEYS[O + i]: the i-th obs key
