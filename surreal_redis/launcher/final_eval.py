@@ -21,6 +21,7 @@ from surreal_redis.connection import RedisClient
 from surreal_redis.embedded import die_with_parent
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.launcher.children import child_env, log_tail
+from surreal_redis.launcher.final_curve import FinalCurve
 from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.run_folder import RunFolder
 from surreal_redis.runtime import StopFlag
@@ -45,6 +46,7 @@ class FinalEval:
                  progress: Callable[[str], None], command: Callable[..., list[str]]) -> None:
         self.config, self.folder, self.stop = config, folder, stop
         self.progress, self.command = progress, command
+        self.score: float | None = None  # the final eval's, once it gave one
 
     def line(self, client: RedisClient, code: int, signalled: str) -> str:
         """Score the learner's final checkpoint; blocks until the eval ends (at most
@@ -56,9 +58,19 @@ class FinalEval:
         if signalled:
             return f"  final eval: skipped ({signalled})"
         try:
-            path, iteration = self._final_checkpoint(client)
+            path, iteration, status = self._final_checkpoint(client)
         except _Skipped as skipped:
             return str(skipped)
+        curve = FinalCurve.start(self.config, self.folder)  # MLflow loads while the eval plays
+        try:
+            return self._play(path, iteration)
+        finally:
+            if curve is not None:
+                curve.end(self.score, status)  # the last eval point, in MLflow and curves.png
+
+    def _play(self, path: Path, iteration: int) -> str:
+        """Run ``eval --checkpoint path`` and return the summary's line on it."""
+        cfg = self.config.eval
         self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
                       f"(Ctrl-C skips it)")
         log_path = self.folder.log_file("final-eval")
@@ -72,8 +84,9 @@ class FinalEval:
         terminated, killed = self._wait(process)
         return self._result(process, iteration, log_path, terminated, killed)
 
-    def _final_checkpoint(self, client: RedisClient) -> tuple[Path, int]:
-        """The learner's final checkpoint and its update count; _Skipped when there is none."""
+    def _final_checkpoint(self, client: RedisClient) -> tuple[Path, int, dict]:
+        """The learner's final checkpoint, its update count and the learner's last report (of that
+        checkpoint); _Skipped when there is none."""
         try:
             status = RunControl(client, self.config.run).learner_status()
         except redis.RedisError as exc:
@@ -87,7 +100,7 @@ class FinalEval:
             # E.g. killed STOP_GRACE_S after the stop, before it saved: the latest is not the final parameters.
             raise _Skipped(f"  final eval: skipped (the learner left no final checkpoint: it reported update "
                            f"{status.get('iteration', '-')}, {status.get('state', 'no state')}; the latest is {iteration})")
-        return path, iteration
+        return path, iteration, status
 
     def _wait(self, process: subprocess.Popen) -> tuple[bool, bool]:
         """Wait for the eval to exit: SIGTERM on a stop, SIGKILL past its deadline. Returns
@@ -124,6 +137,7 @@ class FinalEval:
             return INTERRUPTED
         if result["score"] is None:
             return f"  final eval: no episode finished within eval.final_max_s={cfg.final_max_s:g}s, nothing recorded"
+        self.score = float(result["score"])
         best = ", ".join(f"update {i} ({s:.1f})" for s, i in
                          self.folder.checkpoints(self.config.checkpoint).best()) or "none kept"
         return (f"  final eval of update {iteration} (the final checkpoint): mean return {result['score']:.1f} over "
