@@ -206,6 +206,13 @@ def _tracker_child() -> None:
     os.nice(TRACKER_NICE)
 
 
+def _attached_child() -> None:
+    """An attached tracker's: its caller waits for it (a launch's last seconds), so not niced."""
+    from surreal_redis.embedded import die_with_parent
+
+    die_with_parent()
+
+
 class TrackerProcess:
     """A :class:`Tracker` in a child process (``python -m surreal_redis.tracking``), with the same
     calls: each one blocks until the child has written it. MLflow's heavy import and store set-up
@@ -226,7 +233,7 @@ class TrackerProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "surreal_redis.tracking", str(experiment_dir), experiment_name, run_name,
              tracking_uri or "", "attach" if attach else ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=stderr, preexec_fn=_tracker_child)
+            stderr=stderr, preexec_fn=_attached_child if attach else _tracker_child)
         self.run_id: str = self._reply()
 
     def _reply(self) -> Any:

@@ -47,30 +47,39 @@ class FinalEval:
         self.config, self.folder, self.stop = config, folder, stop
         self.progress, self.command = progress, command
         self.score: float | None = None  # the final eval's, once it gave one
+        self.curve: FinalCurve | None = None  # its record in MLflow and curves.png, once prepared
+        self._status: dict = {}  # the learner's last report, of the final checkpoint
+
+    def prepare(self) -> None:
+        """Start loading MLflow for the final eval's record now (seconds of CPU, in a process of
+        its own: :class:`FinalCurve`), e.g. as soon as the run stops, if a final eval is due.
+        :meth:`line` does it otherwise, and ends it in any case."""
+        cfg = self.config.eval
+        if self.curve is None and cfg.enabled and cfg.final_episodes > 0:
+            self.curve = FinalCurve.start(self.config, self.folder)
 
     def line(self, client: RedisClient, code: int, signalled: str) -> str:
         """Score the learner's final checkpoint; blocks until the eval ends (at most
-        ``eval.final_max_s`` + ``FINAL_EVAL_START_S`` seconds). Returns the summary's line on it,
-        '' when none is due (eval disabled, eval.final_episodes 0, a failed run ``code``)."""
+        ``eval.final_max_s`` + ``FINAL_EVAL_START_S`` seconds), then adds its score to the run's
+        MLflow run and curves. Returns the summary's line on it, '' when none is due (eval
+        disabled, eval.final_episodes 0, a failed run ``code``)."""
+        try:
+            return self._line(client, code, signalled)
+        finally:
+            if self.curve is not None:
+                self.curve.end(self.score, self._status)  # the last eval point, in MLflow and curves.png
+
+    def _line(self, client: RedisClient, code: int, signalled: str) -> str:
         cfg = self.config.eval
         if not cfg.enabled or cfg.final_episodes == 0 or code != 0:
             return ""
         if signalled:
             return f"  final eval: skipped ({signalled})"
         try:
-            path, iteration, status = self._final_checkpoint(client)
+            path, iteration, self._status = self._final_checkpoint(client)
         except _Skipped as skipped:
             return str(skipped)
-        curve = FinalCurve.start(self.config, self.folder)  # MLflow loads while the eval plays
-        try:
-            return self._play(path, iteration)
-        finally:
-            if curve is not None:
-                curve.end(self.score, status)  # the last eval point, in MLflow and curves.png
-
-    def _play(self, path: Path, iteration: int) -> str:
-        """Run ``eval --checkpoint path`` and return the summary's line on it."""
-        cfg = self.config.eval
+        self.prepare()  # MLflow loads while the eval plays
         self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
                       f"(Ctrl-C skips it)")
         log_path = self.folder.log_file("final-eval")
