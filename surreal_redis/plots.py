@@ -134,10 +134,10 @@ def read_curves(client: Any, run_id: str, name: str) -> RunCurves:
     found = []
     for kind, key, seconds, reported in (("train", TRAIN_CURVE, TRAIN_CURVE_S, TRAIN_RETURN),
                                          ("eval", EVAL_CURVE, EVAL_CURVE_S, EVAL_RETURN)):
-        series = series_by_step(name, kind, history[key], history[seconds])
-        if not series.returns:
-            series = series_from_history(name, kind, history[reported], history[ENV_STEPS], history[ELAPSED_S])
-        found.append(series)
+        points = series_by_step(name, kind, history[key], history[seconds])
+        if not points.returns:
+            points = series_from_history(name, kind, history[reported], history[ENV_STEPS], history[ELAPSED_S])
+        found.append(points)
     found.append(series_by_step(name, "final", history[FINAL_EVAL], history[EVAL_CURVE_S]))
     series = tuple(s for s in found if s.returns)
     if not series:
@@ -151,8 +151,10 @@ def read_curves(client: Any, run_id: str, name: str) -> RunCurves:
 
 def _number(text: str | None) -> float | None:
     """A param's number; None for none or text that is not one (a config without a numeric target)."""
+    if text is None or text == "None":
+        return None
     try:
-        return float(text) if text not in (None, "None") else None
+        return float(text)
     except ValueError:
         return None
 
