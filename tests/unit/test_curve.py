@@ -173,3 +173,15 @@ def test_the_final_eval_is_added_to_the_finished_run_and_drawn_as_its_last_eval_
     assert "Traceback" not in folder.log_file("final-eval").read_text()
     FinalCurve.start(config, folder).end(None, {})  # no score: nothing logged, the child ends
     assert len(client.get_metric_history(learner.run_id, "curve/eval_return")) == 2
+
+
+def test_the_readme_picture_is_the_one_its_script_regenerates():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    picture = re.search(r"!\[PPO CartPole-v1[^\]]*\]\((docs/img/[^)]+\.png)\)", readme).group(1)
+    script = (root / "scripts" / "readme-picture").read_text()
+    assert "scripts/readme-picture" in readme and f"picture={picture}" in script
+    assert "launch configs/ppo_cartpole.yaml" in script  # the quick start the README shows
