@@ -350,6 +350,7 @@ class BackgroundTracker:
     def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess]) -> None:
         self._calls: queue.Queue[Callable[[Tracker | TrackerProcess], None] | None] = queue.Queue()
         self._error: BaseException | None = None
+        self._draws: dict[str, int] = {}  # path -> the number of the latest draw_curves call
         self._thread = threading.Thread(target=self._work, args=(open_tracker,), name="mlflow", daemon=True)
         self._thread.start()
 
@@ -385,7 +386,11 @@ class BackgroundTracker:
         self._submit(lambda tracker: tracker.log_artifact(path, artifact_path))
 
     def draw_curves(self, path: Path) -> None:
-        self._submit(lambda tracker: tracker.draw_curves(path))
+        """Queued like the other calls, but a draw still queued when a later one of the same
+        ``path`` is made is skipped: a tracker behind the learner draws the latest state once,
+        not every state it missed."""
+        number = self._draws[str(path)] = self._draws.get(str(path), 0) + 1
+        self._submit(lambda tracker: tracker.draw_curves(path) if self._draws[str(path)] == number else None)
 
     def finish(self, status: str = "FINISHED") -> None:
         """Blocks until every call before and the finish are written (see the class docstring)."""

@@ -98,13 +98,15 @@ class TrainCurve:
 
 
 class CurveLog:
-    """Collects the learner's curve points and hands them to ``tracker`` at :meth:`flush`.
+    """Collects the learner's curve points and hands them to ``tracker`` at :meth:`flush`, at
+    most once per ``every_s`` seconds (the learner's report interval: one write each).
     ``elapsed()``: the learner's training seconds (earlier runs of a resumed experiment included);
     ``env_steps()``: its env steps."""
 
     def __init__(self, tracker: PointLog | None, window: int, every_env_steps: int,
-                 elapsed: Callable[[], float], env_steps: Callable[[], int]) -> None:
-        self.tracker, self.elapsed, self.env_steps = tracker, elapsed, env_steps
+                 elapsed: Callable[[], float], env_steps: Callable[[], int], every_s: float = 0.0) -> None:
+        self.tracker, self.elapsed, self.env_steps, self.every_s = tracker, elapsed, env_steps, every_s
+        self._flushed = time.monotonic()
         self.train = TrainCurve(window, every_env_steps)
         self.published: dict[int, tuple[int, float]] = {}  # version -> (env steps, elapsed s) at its publish
         self.pending: list[CurveRecord] = []
@@ -154,9 +156,13 @@ class CurveLog:
         self.pending += point_records(CurvePoint(steps, seconds, score), EVAL_RETURN, EVAL_ELAPSED_S,
                                       self._timestamp(time.time()))
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
         """Hand the points collected since the last flush to the tracker (it writes them off
-        this thread); without a tracker they are dropped."""
+        this thread), once ``every_s`` passed since the last flush (or ``force``); without a
+        tracker they are dropped."""
+        if not force and time.monotonic() - self._flushed < self.every_s:
+            return
+        self._flushed = time.monotonic()
         if self.pending and self.tracker is not None:
             self.tracker.log_points(self.pending)
         self.pending = []

@@ -86,7 +86,8 @@ class Learner:
         self.rejections = RejectionWatch(live_agents, self._republish, every_s=cfg.agent.heartbeat_every_s)
         episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
         self.curve = CurveLog(tracker, cfg.tracking.curve_window, cfg.tracking.curve_every_env_steps,
-                              elapsed=self.elapsed, env_steps=lambda: self.env_steps)
+                              elapsed=self.elapsed, env_steps=lambda: self.env_steps,
+                              every_s=cfg.learner.metrics_every_s)
         self.scores = Scores(episodes, cfg, self.metrics, self.checkpoints, self.curve,
                              iteration=lambda: self.algo.iteration, state=self._state)
         self.rules = StopRules(cfg.stop, self.scores, live_agents)
@@ -340,7 +341,7 @@ class Learner:
         self._republish_if_rejected()
         self.grants.top_up()
         self.scores.read()
-        self.curve.flush()  # the points of the episodes just read, written by the tracker's thread
+        self.curve.flush()  # the points of the episodes read, written by the tracker's thread
         self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
         reason = self.rules.stop_reason(self.env_steps, self.elapsed())
         if reason:
@@ -378,7 +379,7 @@ class Learner:
                 self.checkpoints.save(self._state(), self.algo.iteration)
                 self._publish(force=True)
             self.scores.read()
-            self.curve.flush()
+            self.curve.flush(force=True)
             use = self.feed.use()
             if use is not None:
                 self.metrics.observe_stop(use.held + unread_steps)

@@ -185,3 +185,14 @@ def test_the_readme_picture_is_the_one_its_script_regenerates():
     script = (root / "scripts" / "readme-picture").read_text()
     assert "scripts/readme-picture" in readme and f"picture={picture}" in script
     assert "launch configs/ppo_cartpole.yaml" in script  # the quick start the README shows
+
+
+def test_points_go_to_the_tracker_once_per_report_interval_and_all_at_the_stop():
+    points = Points()
+    log = CurveLog(points, 20, 10, elapsed=lambda: 1.0, env_steps=lambda: 0, every_s=60.0)
+    log.episodes([train(1.0, 10), train(2.0, 10)])
+    log.flush()  # within the interval: kept
+    assert points.records == [] and len(log.pending) == 4
+    log.flush(force=True)
+    assert [(key, value, step) for key, value, step, _ in points.records if key == TRAIN_RETURN] == \
+        [(TRAIN_RETURN, 1.0, 10), (TRAIN_RETURN, 1.5, 20)]
