@@ -6,7 +6,8 @@ Agg canvas, no pyplot state; :func:`save_figure` writes it) are separate steps.
 
 ``<run>/curves.png`` is redrawn at each periodic checkpoint and at the stop by the learner's
 MLflow child (:meth:`surreal_redis.tracking.Tracker.draw_curves`) from the store it writes, so
-the history survives a learner restart and the redraw never holds the learner's GIL.
+the history survives a learner restart and the redraw never holds the learner's GIL, and once
+more after the final eval by a tracking child of ``launch`` (:mod:`surreal_redis.launcher.final_curve`).
 matplotlib is imported inside the drawing functions only.
 """
 
