@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,7 +22,7 @@ from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import RedisClient
 from surreal_redis.envs import make_env
-from surreal_redis.hub.params import ParameterClient, connect_replicas
+from surreal_redis.hub.params import ParameterClient, ParamFetchError, connect_replicas
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
@@ -143,11 +144,44 @@ def _act_mode(config: ExperimentConfig, mode: str | None) -> ActMode:
     return EVAL_MODES[mode]
 
 
+POLL_S = 0.5
+"""With ``eval.every_updates``, how often the eval reads the published update count (one HGETALL
+of the parameters' meta)."""
+
+
+class Cadence:
+    """When the next eval is due: ``eval.every_s`` seconds after the last one began, or, with
+    ``eval.every_updates``, once the published update count is that many past the last eval's,
+    whichever comes first. The first eval is due at once."""
+
+    def __init__(self, every_s: float, every_updates: int | None) -> None:
+        self.every_s, self.every_updates = every_s, every_updates
+        self.last: tuple[float, int] | None = None  # (time.monotonic(), update count) of the last eval
+
+    def evaluated(self, now: float, iteration: int) -> None:
+        self.last = (now, iteration)
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the time cadence makes an eval due (0: due), at most :data:`POLL_S` when
+        the update cadence may make it due before."""
+        if self.last is None:
+            return 0.0
+        left = max(0.0, self.last[0] + self.every_s - now)
+        return min(left, POLL_S) if self.every_updates is not None else left
+
+    def due(self, now: float, published_iteration: Callable[[], int]) -> bool:
+        """Whether an eval is due; ``published_iteration()`` is asked only when time alone says no."""
+        if self.last is None or now >= self.last[0] + self.every_s:
+            return True
+        return self.every_updates is not None and published_iteration() >= self.last[1] + self.every_updates
+
+
 class Evaluator:
-    """``surreal-redis eval``: after each new parameter version (checked at most every
-    ``eval.every_s``), plays ``eval.episodes`` episodes and reports them. Records a full Redis
-    refuses (OOM) are sent again with capped backoff until stored or stopped, as agents do, never
-    played again; ``records_refused`` counts the refusals."""
+    """``surreal-redis eval``: after each new parameter version, once the :class:`Cadence` of
+    ``eval.every_s`` and ``eval.every_updates`` says an eval is due, plays ``eval.episodes``
+    episodes and reports them. Records a full Redis refuses (OOM) are sent again with capped
+    backoff until stored or stopped, as agents do, never played again; ``records_refused`` counts
+    the refusals."""
 
     def __init__(self, config: ExperimentConfig, client: RedisClient, stop: StopFlag,
                  mode: str | None = None, eval_id: int = 0) -> None:
@@ -165,6 +199,7 @@ class Evaluator:
         self.eval_id = eval_id
         self.episodes_played = 0  # numbers the episodes' reset seeds (eval_episode_seed)
         self.records_refused = 0
+        self.cadence = Cadence(config.eval.every_s, config.eval.every_updates)
 
     def run(self) -> int:
         """Evaluate until stopped (signal or the run's stop request); returns the exit code."""
@@ -174,20 +209,33 @@ class Evaluator:
                 stopping, _ = self.control.stopping()
                 if stopping:
                     break
-                params, info = self.params.fetch()
-                if params is None:
+                if not self.cadence.due(time.monotonic(), self._published_iteration):
                     guard.succeeded()
-                    self.stop.wait(self.config.eval.every_s if self.policy.version >= 0 else 0.2)
+                    self.stop.wait(self.cadence.wait_s(time.monotonic()))
+                    continue
+                params, info = self.params.fetch()
+                if params is None:  # nothing new yet
+                    guard.succeeded()
+                    self.stop.wait(min(self.config.eval.every_s, POLL_S) if self.policy.version >= 0 else 0.2)
                     continue
                 self.policy.load_params(params, info.version)
+                self.cadence.evaluated(time.monotonic(), info.iteration)
                 self._evaluate(info.version)
                 guard.succeeded()
             except OUTAGE_ERRORS as exc:
                 guard.failed(exc)
                 continue
-            self.stop.wait(self.config.eval.every_s)
         self.env.close()
         return 0
+
+    def _published_iteration(self) -> int:
+        """The learner's update count in the published parameters' meta (-1 when malformed: the
+        parameter fetch reports that); Redis errors propagate."""
+        try:
+            return self.params.fetch_info().iteration
+        except ParamFetchError as exc:
+            log.debug("%s: published meta unreadable (%s)", self.name, exc)
+            return -1
 
     def _evaluate(self, version: int) -> None:
         records = []

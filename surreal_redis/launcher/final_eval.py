@@ -21,6 +21,7 @@ from surreal_redis.connection import RedisClient
 from surreal_redis.embedded import die_with_parent
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.launcher.children import child_env, log_tail
+from surreal_redis.launcher.final_curve import FinalCurve
 from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.run_folder import RunFolder
 from surreal_redis.runtime import StopFlag
@@ -45,20 +46,40 @@ class FinalEval:
                  progress: Callable[[str], None], command: Callable[..., list[str]]) -> None:
         self.config, self.folder, self.stop = config, folder, stop
         self.progress, self.command = progress, command
+        self.score: float | None = None  # the final eval's, once it gave one
+        self.curve: FinalCurve | None = None  # its record in MLflow and curves.png, once prepared
+        self._status: dict = {}  # the learner's last report, of the final checkpoint
+
+    def prepare(self) -> None:
+        """Start loading MLflow for the final eval's record now (seconds of CPU, in a process of
+        its own: :class:`FinalCurve`), e.g. as soon as the run stops, if a final eval is due.
+        :meth:`line` does it otherwise, and ends it in any case."""
+        cfg = self.config.eval
+        if self.curve is None and cfg.enabled and cfg.final_episodes > 0:
+            self.curve = FinalCurve.start(self.config, self.folder)
 
     def line(self, client: RedisClient, code: int, signalled: str) -> str:
         """Score the learner's final checkpoint; blocks until the eval ends (at most
-        ``eval.final_max_s`` + ``FINAL_EVAL_START_S`` seconds). Returns the summary's line on it,
-        '' when none is due (eval disabled, eval.final_episodes 0, a failed run ``code``)."""
+        ``eval.final_max_s`` + ``FINAL_EVAL_START_S`` seconds), then adds its score to the run's
+        MLflow run and curves. Returns the summary's line on it, '' when none is due (eval
+        disabled, eval.final_episodes 0, a failed run ``code``)."""
+        try:
+            return self._line(client, code, signalled)
+        finally:
+            if self.curve is not None:
+                self.curve.end(self.score, self._status)  # the last eval point, in MLflow and curves.png
+
+    def _line(self, client: RedisClient, code: int, signalled: str) -> str:
         cfg = self.config.eval
         if not cfg.enabled or cfg.final_episodes == 0 or code != 0:
             return ""
         if signalled:
             return f"  final eval: skipped ({signalled})"
         try:
-            path, iteration = self._final_checkpoint(client)
+            path, iteration, self._status = self._final_checkpoint(client)
         except _Skipped as skipped:
             return str(skipped)
+        self.prepare()  # MLflow loads while the eval plays
         self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
                       f"(Ctrl-C skips it)")
         log_path = self.folder.log_file("final-eval")
@@ -72,8 +93,9 @@ class FinalEval:
         terminated, killed = self._wait(process)
         return self._result(process, iteration, log_path, terminated, killed)
 
-    def _final_checkpoint(self, client: RedisClient) -> tuple[Path, int]:
-        """The learner's final checkpoint and its update count; _Skipped when there is none."""
+    def _final_checkpoint(self, client: RedisClient) -> tuple[Path, int, dict]:
+        """The learner's final checkpoint, its update count and the learner's last report (of that
+        checkpoint); _Skipped when there is none."""
         try:
             status = RunControl(client, self.config.run).learner_status()
         except redis.RedisError as exc:
@@ -87,7 +109,7 @@ class FinalEval:
             # E.g. killed STOP_GRACE_S after the stop, before it saved: the latest is not the final parameters.
             raise _Skipped(f"  final eval: skipped (the learner left no final checkpoint: it reported update "
                            f"{status.get('iteration', '-')}, {status.get('state', 'no state')}; the latest is {iteration})")
-        return path, iteration
+        return path, iteration, status
 
     def _wait(self, process: subprocess.Popen) -> tuple[bool, bool]:
         """Wait for the eval to exit: SIGTERM on a stop, SIGKILL past its deadline. Returns
@@ -124,6 +146,7 @@ class FinalEval:
             return INTERRUPTED
         if result["score"] is None:
             return f"  final eval: no episode finished within eval.final_max_s={cfg.final_max_s:g}s, nothing recorded"
+        self.score = float(result["score"])
         best = ", ".join(f"update {i} ({s:.1f})" for s, i in
                          self.folder.checkpoints(self.config.checkpoint).best()) or "none kept"
         return (f"  final eval of update {iteration} (the final checkpoint): mean return {result['score']:.1f} over "

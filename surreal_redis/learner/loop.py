@@ -33,6 +33,7 @@ from surreal_redis.hub.params import ParameterPublisher, PublishBackpressure
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
+from surreal_redis.learner.curve import CurveLog
 from surreal_redis.learner.grants import GrantKeeper
 from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.learner.parts import LearnerParts
@@ -84,7 +85,10 @@ class Learner:
                                   env_steps=lambda: self.env_steps, publish=partial(self._publish, force=True))
         self.rejections = RejectionWatch(live_agents, self._republish, every_s=cfg.agent.heartbeat_every_s)
         episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
-        self.scores = Scores(episodes, cfg, self.metrics, self.checkpoints,
+        self.curve = CurveLog(tracker, cfg.tracking.curve_window, cfg.tracking.curve_every_env_steps,
+                              elapsed=self.elapsed, env_steps=lambda: self.env_steps,
+                              every_s=cfg.learner.metrics_every_s)
+        self.scores = Scores(episodes, cfg, self.metrics, self.checkpoints, self.curve,
                              iteration=lambda: self.algo.iteration, state=self._state)
         self.rules = StopRules(cfg.stop, self.scores, live_agents, schedule_done=self.algo.schedule_done)
 
@@ -317,6 +321,7 @@ class Learner:
 
     def _published(self, version: int, start: float) -> None:
         self.param_version = version
+        self.curve.publish(version)
         self.metrics.observe_publish(time.monotonic() - start)
         self.feed.on_publish(version)
 
@@ -342,6 +347,7 @@ class Learner:
         self._republish_if_rejected()
         self.grants.top_up()
         self.scores.read()
+        self.curve.flush()  # the points of the episodes read, written by the tracker's thread
         self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
         reason = self.rules.stop_reason(self.env_steps, self.elapsed())
         if reason:
@@ -379,6 +385,7 @@ class Learner:
                 self.checkpoints.save(self._state(), self.algo.iteration)
                 self._publish(force=True)
             self.scores.read()
+            self.curve.flush(force=True)
             use = self.feed.use()
             if use is not None:
                 self.metrics.observe_stop(use.held + unread_steps)

@@ -14,6 +14,7 @@ import numpy as np
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
 from surreal_redis.hub.run.heartbeat import AgentStatus
+from surreal_redis.learner.curve import CurveLog
 from surreal_redis.learner.metrics import LearnerMetrics
 
 if TYPE_CHECKING:
@@ -25,13 +26,15 @@ log = logging.getLogger(__name__)
 class Scores:
     """Episode records read from the hub: training returns (the charts' mean, the train-return
     stop rule) and complete evals (``eval.episodes`` of one parameter version: the latest score,
-    the best-k checkpoints). ``iteration()`` and ``state()``: the learner's update count and its
-    checkpoint state, for a best-k checkpoint of the current parameters."""
+    the best-k checkpoints), both also drawn into ``curve`` (:mod:`surreal_redis.learner.curve`).
+    ``iteration()`` and ``state()``: the learner's update count and its checkpoint state, for a
+    best-k checkpoint of the current parameters."""
 
     def __init__(self, episodes: EpisodeReader, config: ExperimentConfig, metrics: LearnerMetrics,
-                 checkpoints: CheckpointManager, *, iteration: Callable[[], int],
+                 checkpoints: CheckpointManager, curve: CurveLog, *, iteration: Callable[[], int],
                  state: Callable[[], dict[str, Any]]) -> None:
         self._episodes, self._config, self._metrics, self._checkpoints = episodes, config, metrics, checkpoints
+        self.curve = curve
         self._iteration, self._state = iteration, state
         self.train_returns = TrainReturns(config.stop.return_window)
         self.eval_by_version: dict[int, list[float]] = {}  # scores of evals not complete yet
@@ -41,14 +44,18 @@ class Scores:
     def resume(self, version: int) -> None:
         """After a restore to parameter ``version``: skip the episodes already recorded (their
         evals were credited by the run that wrote them; train returns still count for the stop
-        window). Reads the episode stream to its end."""
+        window and the train curve's steps). Reads the episode stream to its end."""
         self.evals_from_version = version
         while records := self._episodes.read_new():
             self.train_returns.add(records)
+            self.curve.count(records)
+        self.curve.resumed()
 
     def read(self) -> None:
         """Take the episodes recorded since the last read (one XREAD per 10k records)."""
-        for record in self._episodes.read_new():
+        records = self._episodes.read_new()
+        self.curve.episodes(records)
+        for record in records:
             if record.mode == "train":
                 self.train_returns.add([record])
                 self._metrics.observe_episode(record)
@@ -69,6 +76,7 @@ class Scores:
         """A complete eval of parameter version ``version``: log it and keep the best-k."""
         self.last_eval = score
         self._metrics.observe_eval(score)
+        self.curve.evaluated(version, score)
         keep = self._config.checkpoint.keep_best
         best = self._checkpoints.best()
         if keep and (len(best) < keep or score > best[-1][0]):

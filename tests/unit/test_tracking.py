@@ -49,6 +49,12 @@ class Recorder:
     def log_artifact(self, path, artifact_path=None):
         self._record("artifact", path, artifact_path)
 
+    def log_points(self, records):
+        self._record("points", records)
+
+    def draw_curves(self, path):
+        self._record("draw", path)
+
     def finish(self, status="FINISHED"):
         self._record("finish", status)
 
@@ -68,6 +74,22 @@ def test_calls_return_at_once_and_run_in_order_in_another_thread():
     assert recorder.calls == [("params", {"a": 1}), ("metrics", {"loss": 1.0}, 3),
                               ("artifact", Path("x.pt"), "checkpoints"), ("finish", "KILLED")]
     assert recorder.threads == {"mlflow"}
+
+
+def test_a_tracker_behind_draws_once_the_latest_state_and_keeps_every_point():
+    gate = threading.Event()  # a store slower than the learner: its calls queue up
+    recorder = Recorder(gate=gate)
+    tracker = BackgroundTracker(lambda: recorder)
+    for number in range(3):
+        tracker.log_points([("curve/train_return", float(number), number, number)])
+        tracker.draw_curves(Path("curves.png"))  # at each checkpoint
+    tracker.draw_curves(Path("other.png"))
+    tracker.log_metrics({"final": 1.0}, 9)
+    tracker.draw_curves(Path("curves.png"))  # at the stop, after the final metrics
+    gate.set()
+    tracker.finish()
+    assert recorder.calls == [("points", [("curve/train_return", float(n), n, n)]) for n in range(3)] + [
+        ("draw", Path("other.png")), ("metrics", {"final": 1.0}, 9), ("draw", Path("curves.png")), ("finish", "FINISHED")]
 
 
 def test_a_failed_call_is_raised_by_the_next_call_and_by_finish():
