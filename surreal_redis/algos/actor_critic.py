@@ -64,7 +64,7 @@ class ActorCriticTrainer(Trainer):
         self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
         self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr, weight_decay=critic_weight_decay)
         self.iteration = 0
-        self._critic_params = list(self.critic.parameters())
+        self._critic_params: list[torch.Tensor] = list(self.critic.parameters())
 
     @contextmanager
     def _critic_frozen(self) -> Iterator[None]:

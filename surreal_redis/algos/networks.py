@@ -107,8 +107,8 @@ class TargetAverager:
     into them); rebuild the averager after ``.to()`` or anything else that replaces them."""
 
     def __init__(self, *pairs: tuple[nn.Module, nn.Module]) -> None:
-        self.targets = [p for target, _ in pairs for p in target.parameters()]
-        self.onlines = [p for _, online in pairs for p in online.parameters()]
+        self.targets: list[torch.Tensor] = [p for target, _ in pairs for p in target.parameters()]
+        self.onlines: list[torch.Tensor] = [p for _, online in pairs for p in online.parameters()]
         self.target_buffers = [b for target, _ in pairs for b in target.buffers()]
         self.online_buffers = [b for _, online in pairs for b in online.buffers()]
         if len(self.targets) != len(self.onlines) or len(self.target_buffers) != len(self.online_buffers):

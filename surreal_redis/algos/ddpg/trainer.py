@@ -48,7 +48,7 @@ class DDPGTrainer(ActorCriticTrainer):
                          device, critic_weight_decay=config.critic_l2)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self._average_targets = TargetAverager((self.actor_target, self.actor), (self.critic_target, self.critic))
-        self._actor_params = list(self.actor.parameters())
+        self._actor_params: list[torch.Tensor] = list(self.actor.parameters())
         logger.info("DDPG on %s: actor %d, critic %d parameters", self.device,
                     sum(p.numel() for p in self.actor.parameters()),
                     sum(p.numel() for p in self.critic.parameters()))
