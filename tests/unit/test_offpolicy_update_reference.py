@@ -73,7 +73,7 @@ class ReferenceSAC:
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         obs, next_obs, actions, rewards, discounts, weights = tensors(batch)
         c, gen = self.config, self.generator
-        alpha = self.log_alpha.exp().item()
+        alpha = self.log_alpha.exp().item() if c.autotune else c.alpha
         with torch.no_grad():
             next_actions, next_log_prob = self.actor.sample(next_obs, generator=gen)
             next_q = torch.min(self.critic_target.q1(next_obs, next_actions),
@@ -94,6 +94,8 @@ class ReferenceSAC:
                 actor_loss.backward()
                 self.actor_opt.step()
                 stats["losses/actor_loss"] = actor_loss.item()
+                if not c.autotune:
+                    continue
                 with torch.no_grad():
                     _, log_prob = self.actor.sample(obs, generator=gen)
                 alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
@@ -142,7 +144,8 @@ class ReferenceDDPG:
         return stats
 
 
-@pytest.mark.parametrize("overrides", [{}, {"policy_frequency": 1, "target_network_frequency": 2}])
+@pytest.mark.parametrize("overrides", [{}, {"policy_frequency": 1, "target_network_frequency": 2},
+                                       {"policy_frequency": 3}, {"autotune": False, "alpha": 0.1}])
 def test_sac_update_takes_the_reference_steps(overrides):
     torch.manual_seed(0)
     algo = SACTrainer(SACConfig(**HIDDEN, **overrides, critic_lr=1e-3), OBS_SPACE, ACTION_SPACE, device="cpu", seed=7)

@@ -124,10 +124,17 @@ class SACTrainer(ActorCriticTrainer):
                      stats: dict[str, torch.Tensor | float]) -> torch.Tensor | float:
         """CleanRL's delayed actor: ``policy_frequency`` actor (and temperature) steps on the
         batch's observations, as many as updates were skipped. Adds their stats (tensors) to
-        ``stats``; returns the temperature after them."""
-        for _ in range(self.config.policy_frequency):
+        ``stats``; returns the temperature after them.
+
+        The temperature's fresh sample after an actor step and the next actor step's sample come
+        from the same actor on the same observations: one forward serves both (kept with its
+        graph for the next step; the temperature's sample reads it detached)."""
+        last = self.config.policy_frequency - 1
+        heads: tuple[torch.Tensor, torch.Tensor] | None = None
+        for step in range(self.config.policy_frequency):
             # actor, eq. 9: reparameterized actions against the smaller (updated) critic
-            pi, log_prob = self.actor.sample(obs, generator=self.generator)
+            mean, log_std = heads if heads is not None else self.actor(obs)
+            pi, log_prob = self.actor.sample_from(mean, log_std, generator=self.generator)
             q1_pi, q2_pi = self.critic(obs, pi)
             actor_loss = (alpha * log_prob - torch.min(q1_pi, q2_pi)).mean()
             self.actor_optimizer.zero_grad(set_to_none=True)
@@ -135,10 +142,14 @@ class SACTrainer(ActorCriticTrainer):
             self.actor_optimizer.step()
             stats["losses/actor_loss"] = actor_loss
             stats["losses/entropy"] = -log_prob.detach().mean()
+            heads = None
             if self.alpha_optimizer is not None:
                 # temperature, eq. 18: alpha grows while the entropy is below target_entropy
+                with torch.set_grad_enabled(step < last):
+                    heads = self.actor(obs)
                 with torch.no_grad():
-                    _, log_prob = self.actor.sample(obs, generator=self.generator)
+                    _, log_prob = self.actor.sample_from(heads[0].detach(), heads[1].detach(),
+                                                         generator=self.generator)
                 alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
                 self.alpha_optimizer.zero_grad(set_to_none=True)
                 alpha_loss.backward()
