@@ -26,7 +26,7 @@ from surreal_redis.trees import tree_map
 __all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "QNetwork", "SmallCNN", "actor_params",
            "channels_first", "is_frame_tuple", "is_image_space", "layer_init", "load_actor_params",
            "load_module_params", "mlp", "module_params", "normalized_obs", "obs_to_tensor", "params_as_tensors",
-           "pixel_stem", "resolve_device", "soft_update"]
+           "pixel_stem", "resolve_device", "soft_update", "TargetAverager"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -97,6 +97,29 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
         target_param.lerp_(param, tau)
     for target_buffer, buffer in zip(target.buffers(), online.buffers()):
         target_buffer.copy_(buffer)
+
+
+class TargetAverager:
+    """:func:`soft_update` of one or more (target, online) module pairs of identical structure as
+    one in-place ``torch._foreach_lerp_`` over all their parameters (the same arithmetic as
+    ``lerp_`` per tensor) and one ``_foreach_copy_`` of their buffers, on tensor lists gathered
+    once. The lists stay valid while the modules keep their tensors (``load_state_dict`` copies
+    into them); rebuild the averager after ``.to()`` or anything else that replaces them."""
+
+    def __init__(self, *pairs: tuple[nn.Module, nn.Module]) -> None:
+        self.targets: list[torch.Tensor] = [p for target, _ in pairs for p in target.parameters()]
+        self.onlines: list[torch.Tensor] = [p for _, online in pairs for p in online.parameters()]
+        self.target_buffers = [b for target, _ in pairs for b in target.buffers()]
+        self.online_buffers = [b for _, online in pairs for b in online.buffers()]
+        if len(self.targets) != len(self.onlines) or len(self.target_buffers) != len(self.online_buffers):
+            raise ValueError("a target and its online module differ in their parameters or buffers")
+
+    @torch.no_grad()
+    def __call__(self, tau: float) -> None:
+        """``target <- (1 - tau) target + tau online`` for every parameter; buffers copied."""
+        torch._foreach_lerp_(self.targets, self.onlines, tau)
+        if self.target_buffers:
+            torch._foreach_copy_(self.target_buffers, self.online_buffers)
 
 
 Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
