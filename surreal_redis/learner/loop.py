@@ -36,7 +36,7 @@ from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
 from surreal_redis.learner.grants import GrantKeeper
 from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.learner.parts import LearnerParts
-from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
+from surreal_redis.learner.prefetch import READ_WAIT_MS, Prefetcher, PrefetchQueue
 from surreal_redis.learner.progress import Scores, StopRules
 from surreal_redis.learner.republish import RejectionWatch
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
@@ -157,7 +157,8 @@ class Learner:
             return 0
         batches = PrefetchQueue(cfg.learner.prefetch_chunks)
         stop_prefetch = threading.Event()
-        prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch)
+        prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch,
+                                wait_ms=min(cfg.hub.receiver.block_ms, READ_WAIT_MS))
         prefetcher.start()
         guard = OutageGuard("learner", self.stop, errors=RETRY_ERRORS)
         status = "FINISHED"
