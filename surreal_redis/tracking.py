@@ -165,14 +165,15 @@ class TrackingError(RuntimeError):
 
 
 TRACKER_NICE = 19
-"""The MLflow child's CPU priority (``os.nice``): nothing waits for its start-up or its writes."""
+"""How much nicer the MLflow child's start-up runs (MLflow's import and store, matplotlib's; a
+thread of its own, :func:`serve`): nothing waits for it. Its calls run at the learner's priority,
+as the learner's stop waits for the last ones (a final draw at nice 19 on a busy machine took 5 s)."""
 
 
 def _tracker_child() -> None:
     from surreal_redis.embedded import die_with_parent
 
     die_with_parent()
-    os.nice(TRACKER_NICE)
 
 
 class TrackerProcess:
@@ -253,7 +254,7 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
 
     experiment_dir, experiment_name, run_name, tracking_uri = argv
     try:
-        tracker = Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None)
+        tracker = _open_niced(lambda: Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None))
     except Exception as exc:  # reported to the learner, which raises it as a TrackingError
         log.exception("MLflow tracking could not open")
         answer(False, error=f"{type(exc).__name__}: {exc}")
@@ -281,6 +282,35 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
         log.warning("the learner exited without closing MLflow run %s; marking it KILLED", tracker.run_id)
         tracker.finish("KILLED")
     return 0
+
+
+def _open_niced(open_tracker: Callable[[], Tracker]) -> Tracker:
+    """``open_tracker()`` in a thread :data:`TRACKER_NICE` nicer (``runtime.lower_thread_priority``),
+    which then goes on to load matplotlib (``plots.warm_up``) while this thread serves calls at
+    the process's priority. Raises what ``open_tracker`` raised; a failed warm-up is logged."""
+    from surreal_redis.runtime import lower_thread_priority
+
+    opened: queue.Queue[Tracker | BaseException] = queue.Queue()
+
+    def start_up() -> None:
+        lower_thread_priority(TRACKER_NICE)
+        try:
+            opened.put(open_tracker())
+        except BaseException as exc:
+            opened.put(exc)
+            return
+        try:
+            from surreal_redis.plots import warm_up
+
+            warm_up()
+        except Exception as exc:  # the first draw says it again, or succeeds
+            log.warning("matplotlib not loaded ahead (%s: %s)", type(exc).__name__, exc)
+
+    threading.Thread(target=start_up, name="mlflow-start-up", daemon=True).start()
+    tracker = opened.get()
+    if isinstance(tracker, BaseException):
+        raise tracker
+    return tracker
 
 
 class BackgroundTracker:

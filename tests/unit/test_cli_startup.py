@@ -1,6 +1,7 @@
 """The CLI loads without torch and gymnasium: `surreal-redis --help`, `status` and `stop` stay fast
 (torch alone takes ~1.5 s to import on 2 cores); commands import what they need when they run."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,17 @@ def test_agent_nice_lowers_the_priority_of_the_process_that_reads_it():
         assert "nice must be in 0..19, got 20" in str(exc)
     else:
         raise AssertionError("agent.nice=20 was accepted")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")
+def test_lower_thread_priority_lowers_the_calling_thread_only():
+    """Start-ups ahead of need (the final eval's standby, the MLflow child) run niced in a thread
+    while the process's other threads keep their priority, which they could not raise again."""
+    code = ("import os, threading; from surreal_redis.runtime import lower_thread_priority as lower; "
+            "seen = {}\n"
+            "def work(): seen['ok'] = lower(5); seen['nice'] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n"
+            "t = threading.Thread(target=work); t.start(); t.join(); "
+            "print(seen['ok'], seen['nice'] - os.getpriority(os.PRIO_PROCESS, 0))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", str(min(5, 19 - os.getpriority(os.PRIO_PROCESS, 0)))]
