@@ -164,12 +164,6 @@ class TrackingError(RuntimeError):
     :class:`TrackerProcess` failed (the cause is chained, or named in the message)."""
 
 
-TRACKER_NICE = 19
-"""How much nicer the MLflow child's start-up runs (MLflow's import and store, matplotlib's; a
-thread of its own, :func:`serve`): nothing waits for it. Its calls run at the learner's priority,
-as the learner's stop waits for the last ones (a final draw at nice 19 on a busy machine took 5 s)."""
-
-
 def _tracker_child() -> None:
     from surreal_redis.embedded import die_with_parent
 
@@ -254,12 +248,14 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
 
     experiment_dir, experiment_name, run_name, tracking_uri = argv
     try:
-        tracker = _open_niced(lambda: Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None))
+        tracker = Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None)
     except Exception as exc:  # reported to the learner, which raises it as a TrackingError
         log.exception("MLflow tracking could not open")
         answer(False, error=f"{type(exc).__name__}: {exc}")
         return 1
     finished = False
+    # the first draw then costs its drawing only: the learner's stop waits for its last one
+    threading.Thread(target=_warm_up_drawing, name="matplotlib-warm-up", daemon=True).start()
     try:
         answer(True, tracker.run_id)
         for line in requests:
@@ -284,51 +280,40 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
     return 0
 
 
-def _open_niced(open_tracker: Callable[[], Tracker]) -> Tracker:
-    """``open_tracker()`` in a thread :data:`TRACKER_NICE` nicer (``runtime.lower_thread_priority``),
-    which then goes on to load matplotlib (``plots.warm_up``) while this thread serves calls at
-    the process's priority. Raises what ``open_tracker`` raised; a failed warm-up is logged."""
-    from surreal_redis.runtime import lower_thread_priority
+def _warm_up_drawing() -> None:
+    """``plots.warm_up`` (matplotlib loaded ahead of the first draw); a failure is logged."""
+    try:
+        from surreal_redis.plots import warm_up
 
-    opened: queue.Queue[Tracker | BaseException] = queue.Queue()
-
-    def start_up() -> None:
-        lower_thread_priority(TRACKER_NICE)
-        try:
-            opened.put(open_tracker())
-        except BaseException as exc:
-            opened.put(exc)
-            return
-        try:
-            from surreal_redis.plots import warm_up
-
-            warm_up()
-        except Exception as exc:  # the first draw says it again, or succeeds
-            log.warning("matplotlib not loaded ahead (%s: %s)", type(exc).__name__, exc)
-
-    threading.Thread(target=start_up, name="mlflow-start-up", daemon=True).start()
-    tracker = opened.get()
-    if isinstance(tracker, BaseException):
-        raise tracker
-    return tracker
+        warm_up()
+    except Exception as exc:  # the first draw says it again, or succeeds
+        log.warning("matplotlib not loaded ahead (%s: %s)", type(exc).__name__, exc)
 
 
 class BackgroundTracker:
     """A :class:`Tracker` (or :class:`TrackerProcess`) opened and written by a thread of its own,
     so that MLflow's store set-up and each write stay off the caller's thread.
 
-    ``open_tracker`` builds the Tracker in that thread, at once. The ``log_*`` calls return at once
-    and run in call order; :meth:`finish` blocks until every call before it and the finish itself
+    ``open_tracker`` builds the Tracker in that thread, at once, or with ``deferred`` at
+    :meth:`open` (the learner's first update: MLflow's start-up, seconds of CPU, then takes none
+    from the learner's). The ``log_*`` calls return at once and run in call order (queued until
+    it opened); :meth:`finish` blocks until every call before it and the finish itself
     are written (the launcher kills a learner that takes longer than its stop grace). An MLflow
     error is raised, as :class:`TrackingError`, by the next call made after it happened and by
     :meth:`finish`, as a Tracker would have raised it.
     """
 
-    def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess]) -> None:
+    def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess], deferred: bool = False) -> None:
         self._calls: queue.Queue[Callable[[Tracker | TrackerProcess], None] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, args=(open_tracker,), name="mlflow", daemon=True)
-        self._thread.start()
+        if not deferred:
+            self.open()
+
+    def open(self) -> None:
+        """Start opening the tracker (not blocking); nothing when it already started."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def _work(self, open_tracker: Callable[[], Tracker | TrackerProcess]) -> None:
         try:
@@ -364,6 +349,7 @@ class BackgroundTracker:
         """Blocks until every call before and the finish are written (see the class docstring)."""
         self._submit(lambda tracker: tracker.finish(status))
         self._calls.put(None)
+        self.open()  # a learner that stopped before its first update still writes its run
         self._thread.join()
         self._raise_error()
 

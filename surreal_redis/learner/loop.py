@@ -98,10 +98,12 @@ class Learner:
         if config.tracking.enabled:
             # MLflow runs in a process of its own (its import and store set-up cost seconds of CPU
             # and would hold this process's GIL), driven by a thread of ours: no update waits for a
-            # write. It starts now, while agents wait for the first parameters, so its start-up
-            # takes the core they leave rather than one they learn with.
+            # write. It starts after the first update (_after_update), so its start-up takes none of
+            # the learner's; at the priority of the learner's, so it is done by the learner's stop,
+            # which waits for its last writes (at nice 19 a busy machine left it tens of seconds).
             tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
-                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri))
+                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri),
+                                        deferred=True)
         if advice := config.stale_round_advice:
             log.warning("%s", advice)
         torch.set_num_threads(config.learner.torch_threads)
@@ -277,6 +279,8 @@ class Learner:
         if not self._updated:  # the end of start-up (bench/solve.py times launch to this line)
             self._updated = True
             log.info("first update done (%.1fs after the learner was built)", time.monotonic() - self.started)
+            if isinstance(self.tracker, BackgroundTracker):
+                self.tracker.open()
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
             if self.tracker is not None:  # drawn by the tracker from its store, off this thread

@@ -70,6 +70,29 @@ def test_calls_return_at_once_and_run_in_order_in_another_thread():
     assert recorder.threads == {"mlflow"}
 
 
+def test_a_deferred_tracker_opens_when_told_or_at_its_finish():
+    """The learner's tracker opens at its first update (MLflow's start-up takes none of the
+    learner's); calls made before are queued and written once it is open, and a learner that
+    stops before any update still writes its run."""
+    for told in (True, False):
+        opened: list[bool] = []
+        recorder = Recorder()
+
+        def open_tracker(recorder=recorder, opened=opened):
+            opened.append(True)
+            return recorder
+
+        tracker = BackgroundTracker(open_tracker, deferred=True)
+        tracker.log_params({"a": 1})
+        time.sleep(0.05)  # an eager tracker would have opened and written by now
+        assert opened == [] and recorder.calls == []
+        if told:
+            tracker.open()
+            tracker.open()  # once
+        tracker.finish()
+        assert opened == [True] and recorder.calls == [("params", {"a": 1}), ("finish", "FINISHED")]
+
+
 def test_a_failed_call_is_raised_by_the_next_call_and_by_finish():
     recorder = Recorder(fail_on="metrics")
     tracker = BackgroundTracker(lambda: recorder)
