@@ -195,7 +195,10 @@ def _checkpoint_when_told(config: ExperimentConfig) -> Path | None:
     builder.join()
     if failed:
         raise failed[0]
+    from surreal_redis.launcher.final_eval import STANDBY_READY
+
     log.info("final eval ready: waiting for the checkpoint's path on stdin")
+    click.echo(STANDBY_READY)  # flushed: the launcher gives the path only to a standby that said so
     told = sys.stdin.readline().strip()
     if not told:
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import subprocess
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 STANDBY_CLOSE_S = 1.0  # an unused standby has this long to exit once its stdin closed (one still
 # building is killed: it wrote nothing)
+STANDBY_READY = "ready"  # what ``eval --checkpoint -`` prints on stdout once it waits for the path
 FINAL_EVAL_START_S = 60.0  # the final eval's process may take this long to start (torch, env) on top of
 # eval.final_max_s of play before it is killed
 INTERRUPTED = "  final eval: interrupted, nothing recorded"
@@ -100,16 +102,26 @@ class FinalEval:
                                     env=child_env(actor=True))
 
     def _told(self, path: Path) -> subprocess.Popen | None:
-        """The standby process, given ``path``; None when there is none or it is gone."""
+        """The standby process, given ``path``, when it said it is ready (:data:`STANDBY_READY`);
+        else None, and a standby still building (it builds at the lowest priority, which a busy
+        machine may starve) is ended: the eval starts afresh at full priority instead."""
         process, self._standby = self._standby, None
         if process is None:
+            return None
+        assert process.stdout is not None
+        said = process.stdout.readline() if select.select([process.stdout], [], [], 0)[0] else b""
+        if said.decode(errors="replace").strip() != STANDBY_READY:
+            log.info("the final eval's process started ahead is %s; starting another",
+                     "not ready yet" if process.poll() is None else f"gone (exit code {process.returncode})")
+            self._standby = process
+            self.close()
             return None
         stdin, process.stdin = process.stdin, None  # closed here: communicate() would flush it
         assert stdin is not None
         try:
             stdin.write(f"{path}\n".encode())
             stdin.close()
-        except OSError as exc:  # it died (its exit code and log say why): a fresh one is started
+        except OSError as exc:  # it died since (its exit code and log say why): a fresh one is started
             log.warning("the final eval's standby process is gone (exit code %s, %s); starting another",
                         process.wait(), exc)
             with contextlib.suppress(OSError):

@@ -1,6 +1,7 @@
 """The launcher's decisions that need no process: folders of earlier runs, settings it cannot run
 with, how a learner is restarted, restart delays. (Supervision itself: tests/e2e/test_launch.py.)"""
 
+import select
 import signal
 import subprocess
 import sys
@@ -178,6 +179,7 @@ def test_the_final_eval_started_ahead_scores_the_final_checkpoint_when_told(tmp_
     try:
         standby = launcher.finale._standby
         assert standby is not None and standby.poll() is None
+        select.select([standby.stdout], [], [], 120)  # until it says it is ready
         line = launcher._final_eval(fake_redis, 0)
     finally:
         launcher.finale.close()
@@ -187,6 +189,24 @@ def test_the_final_eval_started_ahead_scores_the_final_checkpoint_when_told(tmp_
     assert standby.returncode == 0 and launcher.finale._standby is None
     log = (launcher.folder.path / "logs" / "final-eval.log").read_text()
     assert log.index("final eval ready: waiting") < log.index("final eval of update 10")
+
+
+def test_a_final_eval_started_ahead_and_not_ready_at_the_stop_is_replaced(tmp_path, fake_redis, monkeypatch):
+    """A standby still building (at the lowest priority, which a busy machine may starve) is
+    ended, and a fresh eval at full priority scores the checkpoint."""
+    launcher, manager = final_eval_launcher(tmp_path, fake_redis)
+    launcher.progress = lambda line: None
+    finale = launcher.finale
+    monkeypatch.setattr(finale, "command", lambda *role: [sys.executable, "-c", "import time; time.sleep(60)"])
+    finale.standby()  # never ready
+    standby = finale._standby
+    monkeypatch.undo()
+    try:
+        line = launcher._final_eval(fake_redis, 0)
+    finally:
+        finale.close()
+    assert standby.returncode is not None and finale._standby is None
+    assert line.startswith("  final eval of update 10 (the final checkpoint)") and manager.best()[0][1] == 10
 
 
 def test_an_unused_final_eval_started_ahead_exits_when_closed(tmp_path, fake_redis):
