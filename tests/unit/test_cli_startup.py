@@ -96,7 +96,7 @@ def test_agent_nice_lowers_the_priority_of_the_process_that_reads_it():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")
 def test_lower_thread_priority_lowers_the_calling_thread_only():
-    """Start-ups ahead of need (the final eval's standby, the MLflow child) run niced in a thread
+    """A start-up ahead of need (the final eval's standby) runs niced in a thread
     while the process's other threads keep their priority, which they could not raise again."""
     code = ("import os, threading; from surreal_redis.runtime import lower_thread_priority as lower; "
             "seen = {}\n"
