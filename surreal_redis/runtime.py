@@ -29,6 +29,18 @@ def lower_priority(increment: int) -> None:
         log.info("CPU priority lowered by %d (nice %d)", increment, os.getpriority(os.PRIO_PROCESS, 0))
 
 
+def lower_thread_priority(increment: int) -> bool:
+    """Make the calling thread alone ``increment`` nicer (Linux keeps a nice value per thread):
+    work that may wait (a start-up ahead of need) yields to every other process while the
+    process's other threads keep their priority, which an unprivileged process could not raise
+    again. False (nothing changed) on other systems."""
+    if not sys.platform.startswith("linux") or not increment:
+        return False
+    thread = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + increment))
+    return True
+
+
 INTERRUPTED_EXIT = 130
 """The exit code of a process stopped by a signal (the shell's 128 + SIGINT), for Ctrl-C and
 SIGTERM alike, so scripts tell an interrupted run from a finished one (0) or a failed one (1)."""

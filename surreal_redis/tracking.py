@@ -195,19 +195,7 @@ class TrackingError(RuntimeError):
     :class:`TrackerProcess` failed (the cause is chained, or named in the message)."""
 
 
-TRACKER_NICE = 19
-"""The MLflow child's CPU priority (``os.nice``): nothing waits for its start-up or its writes."""
-
-
 def _tracker_child() -> None:
-    from surreal_redis.embedded import die_with_parent
-
-    die_with_parent()
-    os.nice(TRACKER_NICE)
-
-
-def _attached_child() -> None:
-    """An attached tracker's: its caller waits for it (a launch's last seconds), so not niced."""
     from surreal_redis.embedded import die_with_parent
 
     die_with_parent()
@@ -233,7 +221,7 @@ class TrackerProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "surreal_redis.tracking", str(experiment_dir), experiment_name, run_name,
              tracking_uri or "", "attach" if attach else ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=stderr, preexec_fn=_attached_child if attach else _tracker_child)
+            stderr=stderr, preexec_fn=_tracker_child)
         self.run_id: str = self._reply()
 
     def _reply(self) -> Any:
@@ -308,12 +296,10 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
         answer(False, error=f"{type(exc).__name__}: {exc}")
         return 1
     finished = attach  # an attached run keeps the status its learner gave it
+    # the first draw then costs its drawing only: the learner's stop (or a final eval) waits for it
+    threading.Thread(target=_warm_up_drawing, name="matplotlib-warm-up", daemon=True).start()
     try:
         answer(True, tracker.run_id)
-        if attach:  # its one redraw comes after a final eval: load the drawing meanwhile
-            from surreal_redis.plots import preload
-
-            preload()
         for line in requests:
             try:
                 request = json.loads(line)
@@ -336,23 +322,41 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
     return 0
 
 
+def _warm_up_drawing() -> None:
+    """``plots.warm_up`` (matplotlib loaded ahead of the first draw); a failure is logged."""
+    try:
+        from surreal_redis.plots import warm_up
+
+        warm_up()
+    except Exception as exc:  # the first draw says it again, or succeeds
+        log.warning("matplotlib not loaded ahead (%s: %s)", type(exc).__name__, exc)
+
+
 class BackgroundTracker:
     """A :class:`Tracker` (or :class:`TrackerProcess`) opened and written by a thread of its own,
     so that MLflow's store set-up and each write stay off the caller's thread.
 
-    ``open_tracker`` builds the Tracker in that thread, at once. The ``log_*`` calls return at once
-    and run in call order; :meth:`finish` blocks until every call before it and the finish itself
+    ``open_tracker`` builds the Tracker in that thread, at once, or with ``deferred`` at
+    :meth:`open` (the learner's first update: MLflow's start-up, seconds of CPU, then takes none
+    from the learner's). The ``log_*`` calls return at once and run in call order (queued until
+    it opened); :meth:`finish` blocks until every call before it and the finish itself
     are written (the launcher kills a learner that takes longer than its stop grace). An MLflow
     error is raised, as :class:`TrackingError`, by the next call made after it happened and by
     :meth:`finish`, as a Tracker would have raised it.
     """
 
-    def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess]) -> None:
+    def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess], deferred: bool = False) -> None:
         self._calls: queue.Queue[Callable[[Tracker | TrackerProcess], None] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._draws: dict[str, int] = {}  # path -> the number of the latest draw_curves call
         self._thread = threading.Thread(target=self._work, args=(open_tracker,), name="mlflow", daemon=True)
-        self._thread.start()
+        if not deferred:
+            self.open()
+
+    def open(self) -> None:
+        """Start opening the tracker (not blocking); nothing when it already started."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def _work(self, open_tracker: Callable[[], Tracker | TrackerProcess]) -> None:
         try:
@@ -396,6 +400,7 @@ class BackgroundTracker:
         """Blocks until every call before and the finish are written (see the class docstring)."""
         self._submit(lambda tracker: tracker.finish(status))
         self._calls.put(None)
+        self.open()  # a learner that stopped before its first update still writes its run
         self._thread.join()
         self._raise_error()
 

@@ -37,7 +37,7 @@ from surreal_redis.learner.curve import CurveLog
 from surreal_redis.learner.grants import GrantKeeper
 from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.learner.parts import LearnerParts
-from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
+from surreal_redis.learner.prefetch import READ_WAIT_MS, Prefetcher, PrefetchQueue
 from surreal_redis.learner.progress import Scores, StopRules
 from surreal_redis.learner.republish import RejectionWatch
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
@@ -102,10 +102,12 @@ class Learner:
         if config.tracking.enabled:
             # MLflow runs in a process of its own (its import and store set-up cost seconds of CPU
             # and would hold this process's GIL), driven by a thread of ours: no update waits for a
-            # write. It starts now, while agents wait for the first parameters, so its start-up
-            # takes the core they leave rather than one they learn with.
+            # write. It starts after the first update (_after_update), so its start-up takes none of
+            # the learner's; at the priority of the learner's, so it is done by the learner's stop,
+            # which waits for its last writes (at nice 19 a busy machine left it tens of seconds).
             tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
-                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri))
+                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri),
+                                        deferred=True)
         if advice := config.stale_round_advice:
             log.warning("%s", advice)
         torch.set_num_threads(config.learner.torch_threads)
@@ -161,7 +163,8 @@ class Learner:
             return 0
         batches = PrefetchQueue(cfg.learner.prefetch_chunks)
         stop_prefetch = threading.Event()
-        prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch)
+        prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch,
+                                wait_ms=min(cfg.hub.receiver.block_ms, READ_WAIT_MS))
         prefetcher.start()
         guard = OutageGuard("learner", self.stop, errors=RETRY_ERRORS)
         status = "FINISHED"
@@ -286,6 +289,8 @@ class Learner:
         if not self._updated:  # the end of start-up (bench/solve.py times launch to this line)
             self._updated = True
             log.info("first update done (%.1fs after the learner was built)", time.monotonic() - self.started)
+            if isinstance(self.tracker, BackgroundTracker):
+                self.tracker.open()
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
             if self.tracker is not None:  # drawn by the tracker from its store, off this thread
