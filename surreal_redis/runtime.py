@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -19,6 +20,17 @@ ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM
 """For agents and evals: they act on a few observations at a time, one process per core, and a
 BLAS thread pool per process (numpy's OpenBLAS starts one per core) only makes them fight. Read
 when numpy is first imported; a user's own setting wins."""
+
+
+def process_started_at() -> float:
+    """Wall-clock time this process started (Linux: from ``/proc``; elsewhere, or if unreadable,
+    now): a stop requested after it is one this process must honour."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime_s + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def lower_priority(increment: int) -> None:

@@ -42,7 +42,7 @@ from surreal_redis.learner.progress import Scores, StopRules
 from surreal_redis.learner.republish import RejectionWatch
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import RunFolder
-from surreal_redis.runtime import StopFlag
+from surreal_redis.runtime import StopFlag, process_started_at
 from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,8 @@ class Learner:
         if not self._publish(force=True):
             raise PublishBackpressure("initial parameters refused: Redis is out of memory")
         self.grants.grant()  # overlap too: its first grant ahead comes with the first update
-        self.control.start()
+        if not self.control.start(unless_stopped_since=process_started_at()):  # asked while this learner started
+            self.stop.set(f"run stopping ({self.control.stopping()[1] or 'stop requested'})")
 
     def _before_retry(self, exc: BaseException, relieve: bool) -> None:
         """After a Redis call failed with one of RETRY_ERRORS: a refusal for lack of memory makes

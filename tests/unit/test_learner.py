@@ -608,3 +608,25 @@ def test_annealing_spans_the_run_s_step_budget_unless_given(caplog):
     assert "ppo.total_updates 781 ends the annealing at 199936 env steps, before stop.max_env_steps 2000000" in caplog.text
     with pytest.raises(ValueError, match=r"ppo.anneal_lr and anneal_clip need ppo.total_updates >= 1 or stop.max_env_steps"):
         load_config("ppo_cartpole", ["ppo.total_updates=0", "stop.max_env_steps=null"])
+
+
+def test_a_stop_requested_while_the_learner_starts_is_kept(fake_redis, tmp_path):
+    """A launcher stopping the run while its restarted learner is still starting: the learner's
+    start must not write the run back to running (the launcher would wait out its stop grace)."""
+    config = ppo_config(tmp_path)
+    control = RunControl(fake_redis, config.run)
+    learner = learner_for(config, fake_redis)  # this process started before the stop below
+    control.request_stop("launcher exiting")
+    assert learner.start()
+    assert control.stopping() == (True, "launcher exiting")
+    assert learner.stop and "launcher exiting" in learner.stop.reason
+
+
+def test_a_stop_from_an_earlier_life_of_the_run_does_not_stop_a_new_learner(fake_redis, tmp_path, monkeypatch):
+    config = ppo_config(tmp_path)
+    control = RunControl(fake_redis, config.run)
+    control.request_stop("the previous launch ended")
+    monkeypatch.setattr("surreal_redis.learner.loop.process_started_at", lambda: time.time() + 1.0)
+    learner = learner_for(config, fake_redis)
+    assert learner.start()
+    assert control.stopping() == (False, "") and not learner.stop
