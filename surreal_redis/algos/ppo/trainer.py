@@ -315,8 +315,8 @@ class PPOTrainer(Trainer):
         if self.reward_scaler is not None:
             # G runs per (agent, env) stream, so a stream's chunk continues where its previous one
             # left off however the streams interleave; the one variance is shared, like SB3's.
-            rewards = [self.reward_scaler.scale(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
-                                                stream=(c.agent_id, c.env_index)).numpy() for c in chunks]
+            rewards = self.reward_scaler.scale_chunks(rewards, [c.terminated | c.truncated for c in chunks],
+                                                      [(c.agent_id, c.env_index) for c in chunks])
         by_length: dict[int, list[int]] = {}
         for i, chunk in enumerate(chunks):
             by_length.setdefault(chunk.num_steps, []).append(i)
@@ -371,9 +371,8 @@ class PPOTrainer(Trainer):
         without training, to warm the statistics up."""
         self._update_obs_normalizer(chunks)
         if self.reward_scaler is not None:
-            for c in chunks:
-                self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
-                                          stream=(c.agent_id, c.env_index))
+            self.reward_scaler.scale_chunks([c.rewards for c in chunks], [c.terminated | c.truncated for c in chunks],
+                                            [(c.agent_id, c.env_index) for c in chunks])
 
     def actor_params(self) -> ParamDict:
         """The whole actor-critic (agents report values too) with the z-filter statistics."""
