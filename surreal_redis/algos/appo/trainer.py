@@ -82,6 +82,7 @@ class APPOTrainer(PPOTrainer):
     without lag)."""
 
     config: APPOConfig
+    targets_read_logp = True  # V-trace's pi/mu
 
     def min_epochs(self) -> int:
         """``min_epochs``, or all of ``update_epochs`` when it is None."""
