@@ -1,4 +1,5 @@
-"""The vectorized recursions against the step-by-step loops they replace, on random data."""
+"""The vectorized recursions (reward scaling, GAE, V-trace) against the step-by-step loops they
+replace, on random data with episode ends."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from surreal_redis.algos.appo.trainer import vtrace
 from surreal_redis.algos.normalizer import RewardScaler, RunningMeanStd
+from surreal_redis.algos.ppo.losses import compute_gae
 from surreal_redis.algos.recurrences import linear_recurrence, running_moments
 
 
@@ -85,3 +88,57 @@ def test_scale_chunks_without_steps_changes_nothing():
     assert [o.shape for o in out] == [(0,)] and scaler.return_stats.count.item() == 0
     with pytest.raises(ValueError, match="1, 1, 2"):
         scaler.scale_chunks([np.zeros(1, np.float32)], [np.zeros(1, bool)], [(0, 0), (1, 0)])
+
+
+def random_steps(seed: int, steps: int = 50, batch: int = 6):
+    """Random ``[T, B]`` rewards, values, next values and log-ratios, with terminated and
+    truncated steps apart (never both)."""
+    gen = torch.Generator().manual_seed(seed)
+    terminated = torch.rand(steps, batch, generator=gen) < 0.08
+    truncated = ~terminated & (torch.rand(steps, batch, generator=gen) < 0.08)
+    rewards, values, next_values = torch.randn(3, steps, batch, generator=gen)
+    log_rhos = 0.3 * torch.randn(steps, batch, generator=gen)
+    return rewards, values, next_values, terminated, truncated, log_rhos
+
+
+def reference_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
+    not_terminated = 1.0 - terminated.float()
+    not_done = 1.0 - (terminated | truncated).float()
+    deltas = rewards + gamma * not_terminated * next_values - values
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        last = deltas[t] + gamma * lam * not_done[t] * last
+        advantages[t] = last
+    return advantages
+
+
+def reference_vtrace_correction(rewards, values, next_values, terminated, truncated, log_rhos, gamma, lam):
+    """v_s - V(x_s) by the backward loop, rho_bar = c_bar = 1."""
+    not_terminated = 1.0 - terminated.float()
+    not_done = 1.0 - (terminated | truncated).float()
+    ratios = log_rhos.exp()
+    rhos, cs = ratios.clamp(max=1.0), lam * ratios.clamp(max=1.0)
+    deltas = rhos * (rewards + gamma * not_terminated * next_values - values)
+    out = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        last = deltas[t] + gamma * cs[t] * not_done[t] * last
+        out[t] = last
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("steps", [1, 50])
+def test_gae_and_vtrace_equal_the_plain_backward_loops(seed, steps):
+    rewards, values, next_values, terminated, truncated, log_rhos = random_steps(seed, steps)
+    gamma, lam = 0.98, 0.92
+    advantages, returns = compute_gae(rewards, values, next_values, terminated, truncated, gamma, lam)
+    assert torch.equal(advantages, reference_gae(rewards, values, next_values, terminated, truncated, gamma, lam))
+    assert torch.equal(returns, advantages + values)
+    out = vtrace(rewards, values, next_values, terminated, truncated, log_rhos, gamma, lam)
+    expected = reference_vtrace_correction(rewards, values, next_values, terminated, truncated, log_rhos, gamma, lam)
+    assert torch.equal(out.vs, values + expected)
+    # one column as [T] gives the column of [T, B]
+    column = compute_gae(rewards[:, 2], values[:, 2], next_values[:, 2], terminated[:, 2], truncated[:, 2], gamma, lam)
+    assert torch.equal(column[0], advantages[:, 2])
