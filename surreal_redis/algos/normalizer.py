@@ -172,8 +172,10 @@ class RewardScaler(nn.Module):
         by_stream: dict[Hashable, list[int]] = {}
         for i, stream in enumerate(streams):
             by_stream.setdefault(stream, []).append(i)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        order = np.concatenate([np.arange(starts[i], starts[i] + lengths[i]) for ids in by_stream.values() for i in ids])
+        chunk_order = np.array([i for ids in by_stream.values() for i in ids])
+        starts, moved = np.cumsum(lengths) - lengths, lengths[chunk_order]
+        # step k of chunk c moves from starts[c] + k to its place in the stream order
+        order = np.arange(len(flat_rewards)) + np.repeat(starts[chunk_order] - (np.cumsum(moved) - moved), moved)
         stream_r, stream_d = flat_rewards[order], flat_dones[order]
         decay = np.empty_like(stream_r)
         decay[0], decay[1:] = 0.0, self.gamma * (~stream_d[:-1])
