@@ -79,12 +79,14 @@ def vtrace(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tenso
     cs = lam * ratios.clamp(max=c_bar)  # c_i = lambda * min(c_bar, pi/mu)
     # delta_t V = rho_t (r_t + gamma V(x_{t+1}) - V(x_t)), V(x_{t+1}) = 0 after a termination
     deltas = rhos * (rewards + gamma * not_terminated * next_values - values)
-    vs_minus_v = torch.zeros_like(rewards)
+    traces = gamma * cs * not_done  # the trace stops at episode ends
     last = torch.zeros_like(rewards[0])  # v_T - V(x_T) = 0: the chunk's end
-    for t in reversed(range(rewards.shape[0])):
-        # v_t - V(x_t) = delta_t V + gamma c_t (v_{t+1} - V(x_{t+1})); the trace stops at episode ends
-        last = deltas[t] + gamma * cs[t] * not_done[t] * last
-        vs_minus_v[t] = last
+    backwards = []
+    for delta, trace in zip(deltas.flip(0), traces.flip(0)):
+        # v_t - V(x_t) = delta_t V + gamma c_t (v_{t+1} - V(x_{t+1}))
+        last = delta + trace * last
+        backwards.append(last)
+    vs_minus_v = torch.stack(backwards[::-1]) if backwards else torch.zeros_like(rewards)
     vs = values + vs_minus_v  # v_s
     # v_{s+1} inside an episode; at its end the bootstrap: V(true final obs) after a truncation,
     # V(obs[T]) at the chunk's end (after a termination it is multiplied by 0 below)
@@ -101,6 +103,7 @@ class APPOTrainer(PPOTrainer):
     and ``rho_mean`` (mean of the truncated weights rho_t; 1 without lag)."""
 
     config: APPOConfig
+    targets_read_logp = True  # V-trace's pi/mu
     _received_net: ActorCritic | None = None  # the network as agents receive it (wire_dtype float16)
 
     def _received_logp(self, flat_obs: Tree, state: LSTMState | None, episode_start: torch.Tensor,

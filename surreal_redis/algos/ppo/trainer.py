@@ -84,7 +84,7 @@ class _Rollout(NamedTuple):
     advantages: torch.Tensor
     returns: torch.Tensor
     values: torch.Tensor
-    ref_head: torch.Tensor  # policy head of the network at the start of the update, [T, B, A]
+    ref_head: torch.Tensor  # policy head of the network at the update's start, [T, B, A] ([T, B, 0]: unread)
     episode_start: torch.Tensor
     diagnostics: dict[str, torch.Tensor]  # Targets.diagnostics, [T, B] each
     initial_state: LSTMState | None  # [B, H] each
@@ -111,7 +111,7 @@ def _flatten_time(tree: Tree) -> Tree:
 def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
     """All steps of feed-forward rollouts as one ``[1, N]`` batch (views when there is one)."""
     def cat(*leaves: torch.Tensor) -> torch.Tensor:
-        flat = [leaf.reshape(1, -1, *leaf.shape[2:]) for leaf in leaves]
+        flat = [leaf.reshape(1, leaf.shape[0] * leaf.shape[1], *leaf.shape[2:]) for leaf in leaves]
         return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
     fields = [tree_map(cat, *(r[i] for r in rollouts)) for i in range(len(_Rollout._fields) - 1)]
     return _Rollout._make([*fields, None])  # initial_state: none, the rollouts are feed-forward
@@ -120,6 +120,10 @@ def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
 class PPOTrainer(Trainer):
     """Learner side of PPO: one :meth:`update` per batch of chunks, which carry the extras
     :class:`PPOPolicy` produces (the spec's ``chunk_needs``)."""
+
+    targets_read_logp = False
+    """Whether :meth:`_targets` reads ``target_logp``; False: the no-grad pass over a rollout skips
+    the policy head unless ``mode="adapt"`` needs it (PPO's GAE reads values only)."""
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0) -> None:
@@ -171,8 +175,11 @@ class PPOTrainer(Trainer):
             # one pass over obs[0..T]: values of every step, the chunk-end bootstrap V(obs[T])
             z, states = self.net.core(self._features_no_grad(_flatten_time(obs)), state, episode_start)
             all_values = self.net.value(z).reshape(steps + 1, batch)
-            ref_head = self.net.policy_head(z).reshape(steps + 1, batch, -1)[:steps]
-            _, target_logp = self._distribution(_flatten_time(ref_head), actions)
+            if self.config.mode == "adapt" or self.targets_read_logp:
+                ref_head = self.net.policy_head(z).reshape(steps + 1, batch, -1)[:steps]
+                target_logp = self._distribution(_flatten_time(ref_head), actions)[1].reshape(steps, batch)
+            else:  # neither the KL penalty nor the targets read the policy at the update's start
+                ref_head, target_logp = z.new_empty(steps, batch, 0), torch.empty(0)
             next_values = all_values[1:].clone()
             # episodes that ended inside the chunk: bootstrap from their true final observation,
             # continuing the LSTM from the state after step t (before the reset)
@@ -185,7 +192,6 @@ class PPOTrainer(Trainer):
                 no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
                 z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
                 next_values[t_idx, b_idx] = self.net.value(z_final)
-            target_logp = target_logp.reshape(steps, batch)
             received_logp = self._received_logp(_flatten_time(obs), state, episode_start, actions, target_logp)
             targets = self._targets(reward_batch, all_values[:steps], next_values, terminated, truncated, logp,
                                     target_logp, received_logp=received_logp)
@@ -205,10 +211,10 @@ class PPOTrainer(Trainer):
                  target_logp: torch.Tensor, received_logp: torch.Tensor | None = None) -> Targets:
         """Advantages and value targets, all ``[T, B]`` (no gradients), from the network's
         ``values``, ``next_values`` (as :func:`compute_gae` reads them) and ``target_logp`` at the
-        start of the update, and the agents' ``behaviour_logp``; ``received_logp``: the same
-        network's log-probs as the agents would compute them (:meth:`_received_logp`; None:
-        ``target_logp``), for diagnostics that compare with the agents. PPO: GAE(lambda), which
-        reads no log-prob."""
+        start of the update (empty unless :attr:`targets_read_logp`), and the agents'
+        ``behaviour_logp``; ``received_logp``: the same network's log-probs as the agents would
+        compute them (:meth:`_received_logp`; None: ``target_logp``), for diagnostics that compare
+        with the agents. PPO: GAE(lambda), which reads no log-prob."""
         cfg = self.config
         advantages, returns = compute_gae(rewards, values, next_values, terminated, truncated, cfg.gamma,
                                           cfg.gae_lambda)
@@ -345,8 +351,8 @@ class PPOTrainer(Trainer):
         if self.reward_scaler is not None:
             # G runs per (agent, env) stream, so a stream's chunk continues where its previous one
             # left off however the streams interleave; the one variance is shared, like SB3's.
-            rewards = [self.reward_scaler.scale(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
-                                                stream=(c.agent_id, c.env_index)).numpy() for c in chunks]
+            rewards = self.reward_scaler.scale_chunks(rewards, [c.terminated | c.truncated for c in chunks],
+                                                      [(c.agent_id, c.env_index) for c in chunks])
         by_length: dict[int, list[int]] = {}
         for i, chunk in enumerate(chunks):
             by_length.setdefault(chunk.num_steps, []).append(i)
@@ -401,9 +407,8 @@ class PPOTrainer(Trainer):
         without training, to warm the statistics up."""
         self._update_obs_normalizer(chunks)
         if self.reward_scaler is not None:
-            for c in chunks:
-                self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
-                                          stream=(c.agent_id, c.env_index))
+            self.reward_scaler.scale_chunks([c.rewards for c in chunks], [c.terminated | c.truncated for c in chunks],
+                                            [(c.agent_id, c.env_index) for c in chunks])
 
     def skipped(self, steps: list[SkippedSteps]) -> None:
         """The reward scaler takes dropped chunks' rewards in, as those of the chunks it scales:
