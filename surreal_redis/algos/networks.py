@@ -143,7 +143,7 @@ class EagerAdam(torch.optim.Adam):
     update and the same state dict as ``torch.optim.Adam``, whose checkpoints load either way.
     """
 
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         if _dynamo_loaded():
             return super().step(closure)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
