@@ -4,6 +4,7 @@ the run: every test here plays such an agent against a real redis-server."""
 
 import numpy as np
 import pytest
+from support.acl_users import acl_clients
 
 from surreal_redis.codec import digest, encode_array
 from surreal_redis.hub.experience.inbox import move_inbox
@@ -284,18 +285,11 @@ def test_no_agent_can_make_the_learner_train_again_on_a_stored_payload(redis_ser
     (EXISTS passes, the blob is there): the learner trained on that payload once more per call.
     An id is now bound to the (uuid, seq, position) that stored it: such an item, and an agent's
     reuse of its own id under another seq, is set aside whole as unbound_payload."""
-    import redis
 
-    from surreal_redis.acl import create_users, script_sha, username
+    from surreal_redis.acl import script_sha
 
-    passwords = {"agent": "a-pw", "eval": "e-pw", "learner": "l-pw"}
-    create_users(real_redis, RUN, passwords, num_shards=1)
-
-    def login(role: str) -> redis.Redis:
-        return redis.Redis(unix_socket_path=str(redis_server.socket_path), username=username(RUN, role),
-                           password=passwords[role])
-
-    agent, learner = login("agent"), login("learner")
+    clients = acl_clients(redis_server, real_redis, RUN)
+    agent, learner = clients["agent"], clients["learner"]
     receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 1)
     receiver.start()  # loads insert.lua for the agents
     config = SenderConfig(flush_steps=2, dedup_min_bytes=1 << 20, payload_ref_min_bytes=1)

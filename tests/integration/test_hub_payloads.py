@@ -8,9 +8,9 @@ when a resend that the dedup window drops stores it again."""
 import numpy as np
 import pytest
 import redis
+from support.acl_users import acl_clients
 
 import surreal_redis.hub.experience.sender as sender_module
-from surreal_redis.acl import create_users, username
 from surreal_redis.codec import digest
 from surreal_redis.hub.experience.backlog import dedup_ratio
 from surreal_redis.hub.experience.inbox import move_inbox
@@ -276,14 +276,8 @@ def test_a_refused_payload_store_is_retried_and_arrives_once(real_redis, monkeyp
 
 
 def test_the_agent_user_stores_payloads_apart_and_cannot_touch_them(redis_server, real_redis):
-    passwords = {"agent": "a-pw", "eval": "e-pw", "learner": "l-pw"}
-    create_users(real_redis, RUN, passwords, num_shards=1)
-
-    def login(role: str) -> redis.Redis:
-        return redis.Redis(unix_socket_path=str(redis_server.socket_path), username=username(RUN, role),
-                           password=passwords[role])
-
-    agent, learner = login("agent"), login("learner")
+    clients = acl_clients(redis_server, real_redis, RUN)
+    agent, learner = clients["agent"], clients["learner"]
     receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 1)
     receiver.start()  # loads insert.lua, which the agent may not
     sender = ExperienceSender(agent, CONFIG, RUN, 0, 1)

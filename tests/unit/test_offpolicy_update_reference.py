@@ -144,20 +144,24 @@ class ReferenceDDPG:
         return stats
 
 
+def assert_takes_the_reference_steps(algo, reference, modules: tuple[str, ...]) -> None:
+    """``algo`` and ``reference`` update on the same :func:`batches`: the same stats at each
+    update and the same weights of ``modules`` after them."""
+    for batch in batches():
+        stats, _ = algo.update(batch)
+        for name, value in reference.update(batch).items():
+            assert stats[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    for module in modules:
+        assert_same_modules(getattr(algo, module), getattr(reference, module))
+
+
 @pytest.mark.parametrize("overrides", [{}, {"policy_frequency": 1, "target_network_frequency": 2},
                                        {"policy_frequency": 3}, {"autotune": False, "alpha": 0.1}])
 def test_sac_update_takes_the_reference_steps(overrides):
     torch.manual_seed(0)
     algo = SACTrainer(SACConfig(**HIDDEN, **overrides, critic_lr=1e-3), OBS_SPACE, ACTION_SPACE, device="cpu", seed=7)
     reference = ReferenceSAC(algo, seed=7)
-    for batch in batches():
-        stats, _ = algo.update(batch)
-        expected = reference.update(batch)
-        for name, value in expected.items():
-            assert stats[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
-    for ours, theirs in ((algo.actor, reference.actor), (algo.critic, reference.critic),
-                         (algo.critic_target, reference.critic_target)):
-        assert_same_modules(ours, theirs)
+    assert_takes_the_reference_steps(algo, reference, ("actor", "critic", "critic_target"))
     torch.testing.assert_close(algo.log_alpha.detach(), reference.log_alpha.detach(), rtol=1e-5, atol=1e-6)
 
 
@@ -167,14 +171,7 @@ def test_ddpg_update_takes_the_reference_steps(overrides):
     torch.manual_seed(0)
     algo = DDPGTrainer(DDPGConfig(**HIDDEN, **overrides), OBS_SPACE, ACTION_SPACE, device="cpu")
     reference = ReferenceDDPG(algo)
-    for batch in batches():
-        stats, _ = algo.update(batch)
-        expected = reference.update(batch)
-        for name, value in expected.items():
-            assert stats[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
-    for ours, theirs in ((algo.actor, reference.actor), (algo.critic, reference.critic),
-                         (algo.actor_target, reference.actor_target), (algo.critic_target, reference.critic_target)):
-        assert_same_modules(ours, theirs)
+    assert_takes_the_reference_steps(algo, reference, ("actor", "critic", "actor_target", "critic_target"))
 
 
 @pytest.mark.parametrize("make", [
