@@ -1,18 +1,30 @@
-"""One on-policy learner update, timed on this machine's learner device:
-``python bench/learner_step.py [--configs ppo_cartpole,ppo_halfcheetah] [--steps 0,8192] [--minibatch 0,1024]
-[--repeats 5] [--device auto] [--json PATH]``.
+"""One learner update of each algorithm, timed on this machine's learner device against
+stable-baselines3's same update: ``python bench/learner_step.py [--algos ppo,appo,sac,ddpg]
+[--configs NAME,...] [--steps 0] [--minibatch 0] [--batch 0] [--repeats 7] [--device auto]
+[--no-reference] [--json PATH]``.
 
-The input of the many-core model in ``docs/benchmarks.md``: how long one epoch of an update takes
-on the learner's device, at the shipped batch and at larger ones. Per config (an on-policy one:
-PPO or APPO), its network and settings from the shipped YAML, chunks collected by its own policy
-on its own env (:class:`~surreal_redis.testing.local_loop.ChunkCollector`, T =
-``hub.sender.flush_steps``), then per batch of ``--steps`` env steps (0: the config's
-``learner.steps_per_update``) and minibatch size (``--minibatch``; 0: the config's,
-steps_per_update / num_minibatches): ``--repeats`` timed updates of ``update_epochs`` epochs after
-one untimed warm-up, on the same chunks (the weights move, the shapes do not). Reported per case:
-the median update's seconds, ms per epoch and per minibatch step, and samples through gradient
-steps per second (steps x epochs / seconds). The learner's torch threads are the config's
-(``learner.torch_threads``), as in a launch. CUDA work is synchronized before each clock read.
+Per config (``--configs``, else the shipped ones of each of ``--algos``: ppo_cartpole and
+ppo_halfcheetah, appo_halfcheetah, sac_halfcheetah, ddpg_halfcheetah), its network and settings
+from the shipped YAML, and the learner's torch threads (``learner.torch_threads``), as in a launch:
+
+- On-policy (PPO, APPO): chunks collected by its own policy on its own env
+  (:class:`~surreal_redis.testing.local_loop.ChunkCollector`, T = ``hub.sender.flush_steps``),
+  then per batch of ``--steps`` env steps (0: the config's ``learner.steps_per_update``) and
+  minibatch size (``--minibatch``; 0: the config's, steps_per_update / num_minibatches):
+  ``--repeats`` timed updates of ``update_epochs`` epochs on the same chunks (the weights move,
+  the shapes do not). Reported: the median update's seconds, ms per epoch and per minibatch step
+  (all of the update's work / minibatch steps), samples through gradient steps per second.
+- Off-policy (SAC, DDPG): per batch size (``--batch``; 0: the config's ``off_policy.batch_size``),
+  ``--repeats`` timed blocks of 20 updates, each on one of 8 batches of random transitions of the
+  env's observation and action shapes (no env is stepped: the cost depends on shapes only; the
+  batch is ready, the replay's sampling is timed by ``bench/replay.py``). Reported: the median
+  block's ms per update.
+
+With the reference (unless ``--no-reference``; needs the ``bench`` extra), each timed repeat of
+ours is followed by one of stable-baselines3's same update on the same sizes, threads and device
+(see ``bench/sb3_reference.py`` for what each is and what it includes), and the case adds theirs
+(``sb3_*``) and ``ratio`` = ours / theirs (below 1: ours is faster). One untimed warm-up of each
+side first (allocations, kernel selection); CUDA work is synchronized before each clock read.
 
 Progress goes to stderr; the last line of stdout is one JSON object; ``--json PATH`` also writes it.
 """
@@ -21,25 +33,36 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from surreal_redis.algos.learning import make_trainer
+from surreal_redis.algos.networks import resolve_device
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.algos.ppo.trainer import PPOTrainer
-from surreal_redis.chunks import Chunk
+from surreal_redis.chunks import Chunk, TransitionBatch
 from surreal_redis.config import load_config
 from surreal_redis.envs import make_vector_env
 from surreal_redis.testing.local_loop import ChunkCollector
 
 log = logging.getLogger("bench.learner_step")
+
+DEFAULT_CONFIGS = {"ppo": ["ppo_cartpole", "ppo_halfcheetah"], "appo": ["appo_halfcheetah"],
+                   "sac": ["sac_halfcheetah"], "ddpg": ["ddpg_halfcheetah"]}
+BLOCK_UPDATES = 20
+"""Off-policy updates per timed block (even: SAC's and DDPG's actor steps come every second update)."""
+RANDOM_BATCHES = 8
 
 
 def _synchronize(device: torch.device) -> None:
@@ -47,23 +70,100 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_config(name: str, steps_options: list[int], minibatch_options: list[int], repeats: int,
-                device: str) -> list[dict]:
-    """The cases of one shipped config; see the module docstring."""
-    config = load_config(name)
-    torch.set_num_threads(config.learner.torch_threads)
-    section = dataclasses.replace(config.algo_config, device=device)
-    chunk_steps = config.hub.sender.flush_steps
+def time_interleaved(ours: Callable[[], None], theirs: Callable[[], None] | None, repeats: int,
+                     device: torch.device) -> tuple[list[float], list[float]]:
+    """Seconds of ``repeats`` calls of ``ours`` and of ``theirs``, alternating (so that the load of
+    a shared machine falls on both alike), after one untimed warm-up call of each."""
+    sides = [ours] if theirs is None else [ours, theirs]
+    seconds: list[list[float]] = [[], []]
+    for attempt in range(repeats + 1):
+        for side, call in enumerate(sides):
+            _synchronize(device)
+            started = time.perf_counter()
+            call()
+            _synchronize(device)
+            if attempt:
+                seconds[side].append(time.perf_counter() - started)
+    return seconds[0], seconds[1]
+
+
+def _spaces(config) -> tuple[gym.Space, gym.Space, object]:
     envs = make_vector_env(config.env, seed=config.experiment.seed)
-    policy = make_policy(section, envs.single_observation_space, envs.single_action_space, envs.num_envs,
+    return envs.single_observation_space, envs.single_action_space, envs
+
+
+def random_batches(obs_space: gym.Space, action_space: gym.Space, batch: int, seed: int) -> list[TransitionBatch]:
+    """:data:`RANDOM_BATCHES` transition batches of ``batch`` random rows (Box observations only)."""
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise SystemExit(f"random batches need a Box observation space, got {obs_space}")
+    rng = np.random.default_rng(seed)
+
+    def one() -> TransitionBatch:
+        def obs() -> np.ndarray:
+            return rng.uniform(-1, 1, (batch, *obs_space.shape)).astype(np.float32)
+        return TransitionBatch(obs=obs(), next_obs=obs(),
+                               actions=rng.uniform(action_space.low, action_space.high,
+                                                   (batch, *action_space.shape)).astype(np.float32),
+                               rewards=rng.normal(size=batch).astype(np.float32),
+                               discounts=np.full(batch, 0.99, np.float32), weights=np.ones(batch, np.float32),
+                               indices=np.arange(batch))
+    return [one() for _ in range(RANDOM_BATCHES)]
+
+
+def _block(update: Callable[[TransitionBatch], object], batches: list[TransitionBatch]) -> None:
+    for i in range(BLOCK_UPDATES):
+        update(batches[i % len(batches)])
+
+
+def time_off_policy(name: str, config, batch_options: list[int], repeats: int, device: str,
+                    reference: bool) -> list[dict]:
+    """The cases of one shipped SAC or DDPG config; see the module docstring."""
+    import sb3_reference
+
+    section = dataclasses.replace(config.algo_config, device=device)
+    obs_space, action_space, envs = _spaces(config)
+    envs.close()
+    cases = []
+    for batch in batch_options:
+        batch = batch or config.off_policy.batch_size
+        algo = make_trainer(section, obs_space, action_space, config.experiment.seed)
+        batches = random_batches(obs_space, action_space, batch, config.experiment.seed)
+
+        theirs = None
+        if reference:
+            maker = sb3_reference.sac_update if config.algo == "sac" else sb3_reference.ddpg_update
+            one = maker(section, obs_space, action_space, batch, str(algo.device), config.experiment.seed)
+            theirs = functools.partial(_block, one, batches)
+            torch.set_num_threads(config.learner.torch_threads)
+        mine, sb3 = time_interleaved(functools.partial(_block, algo.update, batches), theirs, repeats, algo.device)
+        case = {"config": name, "algo": config.algo, "device": str(algo.device),
+                "torch_threads": torch.get_num_threads(), "batch": batch, "updates_per_block": BLOCK_UPDATES,
+                "update_ms": round(1000 * statistics.median(mine) / BLOCK_UPDATES, 3)}
+        if sb3:
+            case["sb3_update_ms"] = round(1000 * statistics.median(sb3) / BLOCK_UPDATES, 3)
+            case["ratio"] = round(case["update_ms"] / case["sb3_update_ms"], 3)
+        log.info("%s", case)
+        cases.append(case)
+    return cases
+
+
+def time_on_policy(name: str, config, steps_options: list[int], minibatch_options: list[int], repeats: int,
+                   device: str, reference: bool) -> list[dict]:
+    """The cases of one shipped PPO or APPO config; see the module docstring."""
+    import sb3_reference
+
+    section = dataclasses.replace(config.algorithm.for_run(config), device=device)  # its annealing schedule too
+    chunk_steps = config.hub.sender.flush_steps
+    obs_space, action_space, envs = _spaces(config)
+    policy = make_policy(section, obs_space, action_space, envs.num_envs,
                          agent_id=0, num_agents=1, seed=config.experiment.seed, inference="torch")
     cases = []
     for steps in steps_options:
         steps = steps or config.learner.steps_per_update
         chunks_needed = math.ceil(steps / chunk_steps)
-        algo = make_trainer(section, envs.single_observation_space, envs.single_action_space, config.experiment.seed)
+        algo = make_trainer(section, obs_space, action_space, config.experiment.seed)
         if not isinstance(algo, PPOTrainer):
-            raise SystemExit(f"{name}: {config.algo}'s trainer is not a PPO-family one; this bench times those")
+            raise SystemExit(f"{name}: {config.algo}'s trainer is not a PPO-family one")
         policy.load_params(algo.actor_params(), 0)
         collector = ChunkCollector(envs, policy, seed=config.experiment.seed)
         chunks: list[Chunk] = []
@@ -80,49 +180,76 @@ def time_config(name: str, steps_options: list[int], minibatch_options: list[int
                 raise SystemExit(f"{name}: minibatch {minibatch} does not divide the batch of {batch} steps")
             algo.config = dataclasses.replace(algo.config, num_minibatches=batch // minibatch)
             epochs = algo.config.update_epochs
-            seconds = []
-            for attempt in range(repeats + 1):
-                _synchronize(algo.device)
-                started = time.perf_counter()
-                algo.update(chunks)
-                _synchronize(algo.device)
-                if attempt:  # the first is a warm-up (allocations, kernel selection)
-                    seconds.append(time.perf_counter() - started)
-            update_s = statistics.median(seconds)
-            case = {"config": name, "device": str(algo.device), "torch_threads": torch.get_num_threads(),
-                    "steps": batch, "minibatch": minibatch, "minibatches": batch // minibatch, "epochs": epochs,
-                    "update_s": round(update_s, 4), "epoch_ms": round(1000 * update_s / epochs, 2),
-                    "minibatch_step_ms": round(1000 * update_s / (epochs * (batch // minibatch)), 3),
+            theirs = (sb3_reference.ppo_update(section, obs_space, action_space, batch, minibatch,
+                                               str(algo.device), config.experiment.seed) if reference else None)
+            torch.set_num_threads(config.learner.torch_threads)
+            mine, sb3 = time_interleaved(functools.partial(algo.update, chunks), theirs, repeats, algo.device)
+            update_s = statistics.median(mine)
+            steps_per_update = epochs * (batch // minibatch)
+            case = {"config": name, "algo": config.algo, "device": str(algo.device),
+                    "torch_threads": torch.get_num_threads(), "steps": batch, "minibatch": minibatch,
+                    "minibatches": batch // minibatch, "epochs": epochs, "update_s": round(update_s, 4),
+                    "epoch_ms": round(1000 * update_s / epochs, 2),
+                    "minibatch_step_ms": round(1000 * update_s / steps_per_update, 3),
                     "samples_per_s": round(batch * epochs / update_s)}
+            if sb3:
+                case["sb3_minibatch_step_ms"] = round(1000 * statistics.median(sb3) / steps_per_update, 3)
+                case["ratio"] = round(case["minibatch_step_ms"] / case["sb3_minibatch_step_ms"], 3)
             log.info("%s", case)
             cases.append(case)
     envs.close()
     return cases
 
 
+def _counts(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
+    try:
+        counts = [int(s) for s in text.split(",") if s]
+    except ValueError:
+        parser.error(f"{flag} takes comma-separated integers, got {text!r}")
+    if not counts or min(counts) < 0:
+        parser.error(f"{flag} needs counts >= 0, got {text!r}")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default="ppo_cartpole,ppo_halfcheetah")
-    parser.add_argument("--steps", default="0,8192", help="env steps per update, comma-separated (0: the config's)")
-    parser.add_argument("--minibatch", default="0,1024",
-                        help="rows per minibatch, comma-separated (0: the config's minibatch size)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--algos", default="ppo,appo,sac,ddpg", help="comma-separated: ppo, appo, sac, ddpg")
+    parser.add_argument("--configs", default="", help="shipped configs, comma-separated (default: per algorithm)")
+    parser.add_argument("--steps", default="0", help="on-policy env steps per update, comma-separated (0: the config's)")
+    parser.add_argument("--minibatch", default="0",
+                        help="on-policy rows per minibatch, comma-separated (0: the config's minibatch size)")
+    parser.add_argument("--batch", default="0", help="off-policy batch sizes, comma-separated (0: the config's)")
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
+    parser.add_argument("--no-reference", action="store_true", help="time ours only (no stable-baselines3)")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args(argv)
-    try:
-        steps = [int(s) for s in options.steps.split(",") if s]
-        minibatches = [int(s) for s in options.minibatch.split(",") if s]
-    except ValueError:
-        parser.error(f"--steps and --minibatch take comma-separated integers, got {options.steps!r}, {options.minibatch!r}")
-    if not steps or not minibatches or min(steps + minibatches) < 0 or options.repeats < 1:
-        parser.error("--steps and --minibatch need counts >= 0 and --repeats >= 1")
+    steps = _counts(options.steps, "--steps", parser)
+    minibatches = _counts(options.minibatch, "--minibatch", parser)
+    batches = _counts(options.batch, "--batch", parser)
+    algos = [a for a in options.algos.split(",") if a]
+    unknown = sorted(set(algos) - set(DEFAULT_CONFIGS))
+    if unknown or not algos:
+        parser.error(f"--algos takes {', '.join(DEFAULT_CONFIGS)}, got {options.algos!r}")
+    if options.repeats < 1:
+        parser.error(f"--repeats needs >= 1, got {options.repeats}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result: dict[str, object] = {"cores": os.cpu_count(), "torch": torch.__version__,
                                  "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                                  "cases": []}
-    for name in options.configs.split(","):
-        result["cases"] += time_config(name, steps, minibatches, options.repeats, options.device)  # type: ignore[operator]
+    names = [n for n in options.configs.split(",") if n] or [n for a in algos for n in DEFAULT_CONFIGS[a]]
+    for name in names:
+        config = load_config(name)
+        if config.algo not in algos:
+            log.info("%s: a %s config, not in --algos %s; skipped", name, config.algo, options.algos)
+            continue
+        torch.set_num_threads(config.learner.torch_threads)
+        device = str(resolve_device(options.device))
+        if config.algo in ("sac", "ddpg"):
+            cases = time_off_policy(name, config, batches, options.repeats, device, not options.no_reference)
+        else:
+            cases = time_on_policy(name, config, steps, minibatches, options.repeats, device, not options.no_reference)
+        result["cases"] += cases  # type: ignore[operator]
     print(json.dumps(result))
     if options.json:
         options.json.write_text(json.dumps(result, indent=1) + "\n")

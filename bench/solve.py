@@ -2,7 +2,7 @@
 stable-baselines3, with rl-baselines3-zoo's tuned settings and with its defaults, on the same
 machine, in the same run.
 
-    python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--skip-sb3] [--keep DIR] [--json PATH]
+    python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--quick] [--skip-sb3] [--keep DIR] [--json PATH]
 
 - PPO CartPole-v1 (2 and 4 agents in its own overlap mode, 2 in lockstep) and APPO (``appo_cartpole.yaml``):
   wall seconds from ``launch`` until the learner stops because
@@ -20,12 +20,17 @@ machine, in the same run.
   episodes in the eval process). The log gives SB3's deterministic eval (20 episodes) at its stop,
   not counted in its time, to show how far past the target its policy already was.
 
-Both wall times are whole processes, as a user waits for them: ours from ``launch`` (process
-start-up, the embedded Redis, MLflow; the eval of the final checkpoint that ``launch`` runs
-after the stop is turned off, as SB3's run has none) and SB3's from its interpreter's start (imports included). A case that misses the target within the budget reports null. The last line of output is
+Both wall times are whole processes, as a user waits for them: ours from ``launch`` to its exit
+(process start-up, the embedded Redis, MLflow, and the eval of the final checkpoint that ``launch``
+runs after the stop, which SB3's run does not have) and SB3's from its interpreter's start
+(imports included). A case that misses the target within the budget reports null. The last line of output is
 one JSON object, with ``<case>_time_ratio_vs_sb3_<zoo|defaults>`` (ours / SB3's; target <= 1).
 Ours is also split, from the learner's log: ``*_startup_s`` from ``launch`` to the
-learner's first update, ``*_shutdown_s`` from the learner's stop (target reached) to ``launch``'s exit.
+learner's first update, ``*_shutdown_s`` from the learner's stop (target reached) to ``launch``'s
+exit, its final eval included. ``--quick`` runs the quick start only (``launch
+configs/ppo_cartpole.yaml``, 2 agents) and SB3 zoo's PPO, and logs the quick start's verdict: its
+first update within 3 s of the command, its exit within 1 s of the target, its whole process at
+most 0.8x SB3 zoo's.
 
 ``--json PATH`` also writes that object to PATH and the learning curves beside it (PATH with
 ``.png``; :mod:`surreal_redis.plots`): a row per algorithm, return against env steps and against
@@ -124,7 +129,7 @@ def run_launch(config: str, agents: int, budget_s: float, workdir: Path,
     name = launch_name(config, agents, overrides)
     args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / config),
             "--agents", str(agents), "-o", f"experiment.root={workdir}", "-o", f"experiment.name={name}",
-            "-o", f"stop.max_seconds={budget_s}", "-o", "eval.final_episodes=0",
+            "-o", f"stop.max_seconds={budget_s}",
             *(arg for o in overrides for arg in ("-o", o))]
     started, clock = time.monotonic(), time.time()
     done = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=budget_s + 300)
@@ -281,6 +286,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=900.0, help="per case")
     parser.add_argument("--only", choices=list(LAUNCHES), default=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="the quick start and SB3 zoo's PPO only, with the quick start's verdict")
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="a folder for our runs (logs), kept; default: a temporary one")
     parser.add_argument("--json", type=Path, default=None,
@@ -308,6 +315,30 @@ def add_ratios(result: dict) -> None:
                     result[f"{key}_time_ratio_vs_sb3_{settings}"] = ours / theirs
 
 
+QUICK = {"startup_s": 3.0, "shutdown_s": 1.0, "ratio": 0.8}  # the quick start's bars (--quick)
+
+
+def plan(options: argparse.Namespace) -> tuple[dict[str, tuple[tuple[str, str, int, tuple[str, ...]], ...]],
+                                                tuple[str, ...]]:
+    """The launches to run per algorithm and SB3's settings to run against them."""
+    if options.quick:
+        return {"ppo": LAUNCHES["ppo"][:1]}, ("zoo",)
+    return {algo: launches for algo, launches in LAUNCHES.items() if options.only in (None, algo)}, ("zoo", "defaults")
+
+
+def quick_verdict(result: dict) -> str:
+    """The quick start's three numbers against :data:`QUICK` (``?`` where one is missing)."""
+    def said(value: float | None, bar: float, unit: str = " s") -> str:
+        return "?" if value is None else f"{value:.2f}{unit} ({'met' if value <= bar else 'NOT met'}: <= {bar:g}{unit})"
+
+    whole, sb3 = result.get("ppo_cartpole_s"), result.get("sb3_zoo_ppo_cartpole_s")
+    return (f"quick start: first update {said(result.get('ppo_cartpole_startup_s'), QUICK['startup_s'])} after the "
+            f"command; exit {said(result.get('ppo_cartpole_shutdown_s'), QUICK['shutdown_s'])} after the target; "
+            f"whole process {'?' if whole is None else f'{whole:.1f} s'} against SB3 zoo's "
+            f"{'?' if sb3 is None else f'{sb3:.1f} s'}: "
+            f"{said(result.get('ppo_cartpole_time_ratio_vs_sb3_zoo'), QUICK['ratio'], 'x')}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     options = parse_args(argv)
     if options.sb3_case:
@@ -318,9 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict[str, float | int | None] = {}
     rows: list[tuple[str, list[plots.RunCurves]]] = []  # the figure's: a row per algorithm
     with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-solve-")) as tmp:
-        for algo, launches in LAUNCHES.items():
-            if options.only not in (None, algo):
-                continue
+        launches_of, sb3_settings = plan(options)
+        for algo, launches in launches_of.items():
             curves = []
             for key, config, agents, overrides in launches:
                 result[f"{key}_s"], result[f"{key}_steps"], split = run_launch(config, agents, options.budget_s,
@@ -331,12 +361,14 @@ def main(argv: list[str] | None = None) -> dict:
                                                 split.startup_s))
             if not options.skip_sb3:
                 case = launches[0][0]
-                for settings in ("zoo", "defaults"):
+                for settings in sb3_settings:
                     result[f"sb3_{settings}_{case}_s"], result[f"sb3_{settings}_{case}_steps"], sb3 = run_sb3(
                         algo, settings, options.budget_s)
                     curves.append(sb3)
             rows.append((f"{algo.upper()} {TASKS[algo][0]}", [c for c in curves if c is not None]))
     add_ratios(result)
+    if options.quick:
+        log.info("%s", quick_verdict(result))
     print(json.dumps(result))
     if options.json:
         options.json.write_text(json.dumps(result, indent=1) + "\n")

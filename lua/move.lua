@@ -7,7 +7,8 @@
 --   with a bigger chunk is set aside, an item too big to hold 64 such chunks unparsed (the
 --   learner's receiver.max_payload_bytes, capped by insert.lua's bound: an agent may RPUSH any item)
 -- returns {items taken, entries added, duplicate items, malformed items, items left in the inbox,
---   items whose storing failed (set aside with the error), pins left to score (inbox empty)}
+--   items whose storing failed (set aside with the error), pins left to score (inbox empty), items
+--   naming a payload blob not bound to their batch (set aside, reason unbound_payload)}
 -- Runs as the learner: moves the oldest batches agents queued with insert.lua into the stream, in
 -- order, each batch once per (sender uuid, seq). An item that is not a well-formed batch (an agent
 -- may push anything to the inbox) goes to the dead-letter stream with its reason, so nothing an
@@ -27,13 +28,19 @@
 -- random fields checked per call.
 -- A chunk whose payload field is a blob id (insert.lua: the payload stored as a blob by the agent)
 -- becomes an entry with field p (that id) instead of d; its blob is scored like an observation.
+-- That id is bound to the batch: the first 32 hex digits of sha1("<uuid>:<seq>:<chunk index>")
+-- (wire.py payload_id), so no agent can name a blob another agent stored (it sees the id in the
+-- stream, never the uuid) or reuse one of its own under another seq: such an item is set aside
+-- whole (reason unbound_payload) and nothing of it is trained on.
 -- obsref score = ms * 1024 + min(seq, 1023) of the newest entry id referencing the digest. Once the
 -- inbox is empty no batch references a pin: up to 1024 pins a call (the caller calls again while
 -- pins are left, as while batches are) go into obsref (ZADD NX at the current time's score, so
 -- one a retained entry references keeps its score), and gc collects
 -- the blobs no retained entry references once the stream is past them (of an agent stopped after
 -- storing a payload but before its insert, of a resend the dedup window dropped, of a batch set
--- aside): no pinned blob is left behind. Pins that are no digest are dropped.
+-- aside): no pinned blob is left behind. Pins that are no digest are dropped (insert.lua's door
+-- pins: "q:<uuid>:<seq>" of a queued batch, unpinned here when its batch is taken, and DUP's
+-- "w:<uuid>:<time>").
 local MAX_ITEMS, MAX_CHUNKS, MAX_REFS, WINDOW, SLOTS, PIN_PAGE = 256, 64, 256, 1024, 1024, 1024
 -- an observation digest: keys.py DIGEST_CHARS lower-case hex digits, nothing else
 local DIGEST = '^' .. string.rep('[0-9a-f]', 32) .. '$'
@@ -129,6 +136,9 @@ local function parse(item)
     if apart and seen_refs[apart] then
       return nil, 'chunk ' .. c .. ' names its payload ' .. apart .. ' among its observations'
     end
+    if apart and apart ~= string.sub(redis.sha1hex(uuid .. ':' .. string.format('%d', seq) .. ':' .. c), 1, 32) then
+      return nil, 'chunk ' .. c .. ' names payload ' .. apart .. ', not the id bound to its batch', 'unbound_payload'
+    end
     chunks[c] = {f[4 * c + 1], f[4 * c + 2], f[4 * c + 3], payload, refs, apart}
   end
   return {uuid = uuid, seq = seq, floor = floor, chunks = chunks}
@@ -137,16 +147,16 @@ end
 -- Every item is parsed before the first write; a Lua error while parsing makes the item malformed.
 local batches = {}
 for i, item in ipairs(items) do
-  local ok, batch, why = false, nil, nil
+  local ok, batch, why, reason = false, nil, nil, nil
   if #item > MAX_CHUNKS * (max_entry + 64) + 1024 then  -- not split: a too big item is never copied
     batch, why = nil, 'item of ' .. #item .. ' bytes exceeds 64 chunks of ' .. max_entry .. ' bytes'
   else
-    ok, batch, why = pcall(parse, item)
+    ok, batch, why, reason = pcall(parse, item)
     if not ok then
       batch, why = nil, 'parse error: ' .. tostring(batch)
     end
   end
-  batches[i] = batch or why
+  batches[i] = batch or {why = why, reason = reason or 'malformed_batch'}
 end
 if #items > 0 then
   redis.call('LTRIM', KEYS[1], #items, -1)
@@ -212,13 +222,19 @@ local function set_aside(item, reason, detail)
     'detail', string.sub(detail, 1, 1000), 'f.raw', string.sub(item, 1, 1024))
 end
 
-local added, duplicates, malformed, failed = 0, 0, 0, 0
+local added, duplicates, malformed, failed, unbound = 0, 0, 0, 0, 0
 for i, item in ipairs(items) do
   local batch = batches[i]
-  if type(batch) ~= 'table' then
-    malformed = malformed + 1
-    set_aside(item, 'malformed_batch', batch)
+  if not batch.chunks then
+    if batch.reason == 'unbound_payload' then
+      unbound = unbound + 1
+    else
+      malformed = malformed + 1
+    end
+    set_aside(item, batch.reason, batch.why)
   else
+    -- insert.lua's door pin of a queued batch: from now on the dedup window answers for it
+    redis.call('SREM', KEYS[5], 'q:' .. batch.uuid .. ':' .. string.format('%d', batch.seq))
     local ok, result = pcall(store, batch)
     if not ok then
       -- redis.call raises a table {err = ...}; a Lua error is a string
@@ -253,4 +269,4 @@ for _, sender in ipairs(type(sample) == 'table' and sample or {}) do
     redis.call('HDEL', KEYS[4], sender)
   end
 end
-return {#items, added, duplicates, malformed, left, failed, pins_left}
+return {#items, added, duplicates, malformed, left, failed, pins_left, unbound}

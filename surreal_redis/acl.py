@@ -11,7 +11,7 @@ What Redis 7.0 enforces, and what it cannot (measured on 7.0.15; tests/integrati
 
 Agent user: its two scripts, and each command they and the agent run allowed on its own keys
 only (Redis 7 ACL selectors: ``_AGENT_SELECTORS``), SUBSCRIBE to the notify and ``reads``
-channels, PING and :data:`CLUSTER_CLIENT_COMMANDS`. Nothing else: no eval results, no key
+channels, PING, WAIT, TIME and :data:`CLUSTER_CLIENT_COMMANDS`. Nothing else: no eval results, no key
 listing, no other run. Eval user: XADD on ``evals`` (the only writer of eval results), the
 agent's reads of parameters, control and config, PING, the cluster commands and the notify channel.
 Learner user: every key and channel of the run; every command except the ``@dangerous`` ones (but
@@ -57,7 +57,8 @@ _READER_SELECTORS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
 _AGENT_SELECTORS = (
     (("exp",), "%R~", ("xinfo|groups", "xlen", "xrange")),
     (("inbox",), "~", ("rpush", "llen")),
-    (("pinned",), "~", ("sadd",)),
+    (("pinned",), "~", ("sadd", "sismember")),
+    (("seen",), "%R~", ("hget",)),  # insert.lua's door: a sender reads its own window (by its secret uuid)
     (("obs",), "~", ("setnx", "exists")),
     (("agents",), "~", ("hset", "hdel")),
     (("episodes_inbox",), "~", ("rpush",)),
@@ -114,9 +115,10 @@ def acl_rules(run: str, role: Role, num_shards: int | None = None) -> list[str]:
     else:
         # Root permissions: the agent's scripts, whose KEYS are these keys; every other command
         # goes through one selector below.
-        rules += [f"~{p}" for kind in ("inbox", "pinned", "obs", "meta", "quota") for p in patterns[kind]]
+        rules += [f"~{p}" for kind in ("inbox", "pinned", "seen", "obs", "meta", "quota") for p in patterns[kind]]
         rules += [f"+evalsha|{script_sha(name)}" for name in AGENT_SCRIPTS]
         rules.append("+wait")  # hub.sender.wait_replica_ms: keyless, it only blocks the caller
+        rules.append("+time")  # insert.lua's DUP names its one pin by the time: keyless, read-only
         selectors = _AGENT_SELECTORS
     for kinds, access, commands in selectors:
         keys = " ".join(f"{access}{p}" for kind in kinds for p in patterns[kind])

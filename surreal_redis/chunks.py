@@ -56,6 +56,21 @@ class Chunk(NamedTuple):
         return tree_map(lambda leaf: leaf[t + 1], self.obs)
 
 
+class SkippedSteps(NamedTuple):
+    """What a chunk dropped by the on-policy feed leaves of its env stream: its ``rewards`` ``[T]``
+    and ``ends`` ``[T]`` (bool: terminated or truncated at that step), for a trainer that carries
+    state along each stream (:meth:`surreal_redis.algos.base.Trainer.skipped`)."""
+
+    agent_id: int
+    env_index: int
+    rewards: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, chunk: Chunk) -> SkippedSteps:
+        return cls(chunk.agent_id, chunk.env_index, np.asarray(chunk.rewards), chunk.terminated | chunk.truncated)
+
+
 class TransitionBatch(NamedTuple):
     """A batch of (n-step) transitions sampled from an off-policy replay.
 

@@ -45,7 +45,8 @@ class RunConfig:
     name: str = "default"
     root: str = "./runs"
     seed: int = 0
-    """Seeds the learner; agents and eval derive their own seeds from it and their ids."""
+    """Seeds the learner; agents and evaluators draw independent streams from it (numpy
+    ``SeedSequence`` children by role and id: :mod:`surreal_redis.seeds`)."""
 
     def __post_init__(self) -> None:
         validate_run_name(self.name)
@@ -195,6 +196,9 @@ class EvalConfig:
     """Episodes per eval of a parameter version; their mean is the score (best-k checkpoints)."""
     every_s: float = 10.0
     """Seconds between evals (an eval runs only for a new parameter version)."""
+    every_updates: int | None = None
+    """Also eval once the learner's published update count passed the last eval's by this many,
+    if that comes before ``every_s`` (None: by seconds only)."""
     final_episodes: int = 10
     """``launch`` (with eval enabled) ends a run that stopped by its stop condition or
     ``surreal-redis stop`` (not Ctrl-C) by playing the final checkpoint for this many episodes; their
@@ -209,6 +213,8 @@ class EvalConfig:
         for name in ("every_s", "final_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.every_updates is not None and (isinstance(self.every_updates, bool) or self.every_updates < 1):
+            raise ValueError(f"every_updates must be an integer >= 1 or null, got {self.every_updates!r}")
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,17 @@ class TrackingConfig:
     """The learner logs params, metrics and artifacts to MLflow."""
     tracking_uri: str | None = None
     """None: ``$MLFLOW_TRACKING_URI``, else SQLite in the experiment folder."""
+    curve_window: int = 20
+    """The train curve (``curve/train_return``, ``curves.png``) is the mean return of the last this
+    many training episodes."""
+    curve_every_env_steps: int = 1000
+    """The train curve gets a point at the first training episode and then each time the finished
+    training episodes' env steps pass another multiple of this."""
+
+    def __post_init__(self) -> None:
+        for name in ("curve_window", "curve_every_env_steps"):
+            if isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
 
 
 # Keys that moved, and where to: an old config gets an error naming the new place.

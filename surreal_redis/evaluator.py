@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,11 +22,12 @@ from surreal_redis.checkpoint import CheckpointError, CheckpointManager
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import RedisClient
 from surreal_redis.envs import make_env
-from surreal_redis.hub.params import ParameterClient, connect_replicas
+from surreal_redis.hub.params import ParameterClient, ParamFetchError, connect_replicas
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.runtime import StopFlag
+from surreal_redis.seeds import eval_episode_seed, evaluator_seeds, final_episode_seed, final_eval_seeds
 from surreal_redis.trees import tree_map
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def checkpoint_policy(config: ExperimentConfig, path: Path, env) -> tuple[AgentP
     algo = make_trainer(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
     algo.load_state_dict(state["algorithm"])
     policy = make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
-                         num_agents=config.agent.num_agents, seed=config.experiment.seed,
+                         num_agents=config.agent.num_agents, seed=final_eval_seeds(config.experiment.seed).policy,
                          inference=config.agent.inference)
     policy.load_params(algo.actor_params(), int(state.get("param_version", 0)))
     return policy, int(algo.iteration), state
@@ -109,7 +111,7 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     act_mode = _act_mode(config, mode)
     path = Path(path).resolve()
     manager = CheckpointManager(path.parent, config.checkpoint)
-    env = make_env(config.env, seed=config.experiment.seed + 40_000, mode="eval")
+    env = make_env(config.env, seed=final_eval_seeds(config.experiment.seed).envs, mode="eval")
     policy, iteration, _ = checkpoint_policy(config, path, env)
     if manager.path_for(iteration) != path:
         raise CheckpointError(f"checkpoint {path} holds update {iteration}: its best-k entry would name "
@@ -118,7 +120,7 @@ def score_checkpoint(config: ExperimentConfig, path: Path, stop: StopFlag, mode:
     until = Deadline(stop, config.eval.final_max_s)
     returns: list[float] = []
     for episode in range(config.eval.final_episodes):
-        total, _ = play_episode(env, policy, act_mode, config.experiment.seed + 40_000 + episode, until)
+        total, _ = play_episode(env, policy, act_mode, final_episode_seed(config.experiment.seed, episode), until)
         if until.cut:
             break
         returns.append(total)
@@ -142,26 +144,62 @@ def _act_mode(config: ExperimentConfig, mode: str | None) -> ActMode:
     return EVAL_MODES[mode]
 
 
+POLL_S = 0.5
+"""With ``eval.every_updates``, how often the eval reads the published update count (one HGETALL
+of the parameters' meta)."""
+
+
+class Cadence:
+    """When the next eval is due: ``eval.every_s`` seconds after the last one began, or, with
+    ``eval.every_updates``, once the published update count is that many past the last eval's,
+    whichever comes first. The first eval is due at once."""
+
+    def __init__(self, every_s: float, every_updates: int | None) -> None:
+        self.every_s, self.every_updates = every_s, every_updates
+        self.last: tuple[float, int] | None = None  # (time.monotonic(), update count) of the last eval
+
+    def evaluated(self, now: float, iteration: int) -> None:
+        self.last = (now, iteration)
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the time cadence makes an eval due (0: due), at most :data:`POLL_S` when
+        the update cadence may make it due before."""
+        if self.last is None:
+            return 0.0
+        left = max(0.0, self.last[0] + self.every_s - now)
+        return min(left, POLL_S) if self.every_updates is not None else left
+
+    def due(self, now: float, published_iteration: Callable[[], int]) -> bool:
+        """Whether an eval is due; ``published_iteration()`` is asked only when time alone says no."""
+        if self.last is None or now >= self.last[0] + self.every_s:
+            return True
+        return self.every_updates is not None and published_iteration() >= self.last[1] + self.every_updates
+
+
 class Evaluator:
-    """``surreal-redis eval``: after each new parameter version (checked at most every
-    ``eval.every_s``), plays ``eval.episodes`` episodes and reports them. Records a full Redis
-    refuses (OOM) are sent again with capped backoff until stored or stopped, as agents do, never
-    played again; ``records_refused`` counts the refusals."""
+    """``surreal-redis eval``: after each new parameter version, once the :class:`Cadence` of
+    ``eval.every_s`` and ``eval.every_updates`` says an eval is due, plays ``eval.episodes``
+    episodes and reports them. Records a full Redis refuses (OOM) are sent again with capped
+    backoff until stored or stopped, as agents do, never played again; ``records_refused`` counts
+    the refusals."""
 
     def __init__(self, config: ExperimentConfig, client: RedisClient, stop: StopFlag,
                  mode: str | None = None, eval_id: int = 0) -> None:
         self.config, self.client, self.stop, self.mode = config, client, stop, _act_mode(config, mode)
         self.name = f"eval-{eval_id}"
-        self.env = make_env(config.env, seed=config.experiment.seed + 10_000 + eval_id, mode="eval")
+        seeds = evaluator_seeds(config.experiment.seed, eval_id)  # apart from the agents' and each other's
+        self.env = make_env(config.env, seed=seeds.envs, mode="eval")
         self.policy = make_policy(config.algo_config, self.env.observation_space, self.env.action_space, 1,
                                   agent_id=0, num_agents=config.agent.num_agents,
-                                  seed=config.experiment.seed + 10_000 + eval_id, inference=config.agent.inference)
+                                  seed=seeds.policy, inference=config.agent.inference)
         self.params = ParameterClient(client, config.run, config.hub.params_client,
                                       connect_replicas(config.redis.param_read_urls, config.redis.settings()))
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self.control = RunControl(client, config.run)
-        self.seed = config.experiment.seed + 20_000 + 1000 * eval_id
+        self.eval_id = eval_id
+        self.episodes_played = 0  # numbers the episodes' reset seeds (eval_episode_seed)
         self.records_refused = 0
+        self.cadence = Cadence(config.eval.every_s, config.eval.every_updates)
 
     def run(self) -> int:
         """Evaluate until stopped (signal or the run's stop request); returns the exit code."""
@@ -171,28 +209,42 @@ class Evaluator:
                 stopping, _ = self.control.stopping()
                 if stopping:
                     break
-                params, info = self.params.fetch()
-                if params is None:
+                if not self.cadence.due(time.monotonic(), self._published_iteration):
                     guard.succeeded()
-                    self.stop.wait(self.config.eval.every_s if self.policy.version >= 0 else 0.2)
+                    self.stop.wait(self.cadence.wait_s(time.monotonic()))
+                    continue
+                params, info = self.params.fetch()
+                if params is None:  # nothing new yet
+                    guard.succeeded()
+                    self.stop.wait(min(self.config.eval.every_s, POLL_S) if self.policy.version >= 0 else 0.2)
                     continue
                 self.policy.load_params(params, info.version)
+                self.cadence.evaluated(time.monotonic(), info.iteration)
                 self._evaluate(info.version)
                 guard.succeeded()
             except OUTAGE_ERRORS as exc:
                 guard.failed(exc)
                 continue
-            self.stop.wait(self.config.eval.every_s)
         self.env.close()
         return 0
+
+    def _published_iteration(self) -> int:
+        """The learner's update count in the published parameters' meta (-1 when malformed: the
+        parameter fetch reports that); Redis errors propagate."""
+        try:
+            return self.params.fetch_info().iteration
+        except ParamFetchError as exc:
+            log.debug("%s: published meta unreadable (%s)", self.name, exc)
+            return -1
 
     def _evaluate(self, version: int) -> None:
         records = []
         for _ in range(self.config.eval.episodes):
             if self.stop:
                 return  # an incomplete eval is not reported: the learner scores complete ones only
-            self.seed += 1
-            total, length = play_episode(self.env, self.policy, self.mode, self.seed, self.stop)
+            seed = eval_episode_seed(self.config.experiment.seed, self.eval_id, self.episodes_played)
+            self.episodes_played += 1
+            total, length = play_episode(self.env, self.policy, self.mode, seed, self.stop)
             records.append(EpisodeRecord(self.name, "eval", total, length, version, time.time()))
         if self.stop or not self._report(records):
             return

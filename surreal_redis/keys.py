@@ -124,7 +124,7 @@ class ShardKeys:
 
     def obs(self, digest: str) -> str:
         """String key of one blob: an observation leaf or frame (named by its digest), or a chunk
-        payload stored apart (named by a random id in the same grammar)."""
+        payload stored apart (named by an id in the same grammar bound to its batch: wire.payload_id)."""
         if not _DIGEST.fullmatch(digest):
             raise ValueError(f"invalid observation digest {digest!r}")
         return f"{self.tag}:obs:{digest}"

@@ -6,7 +6,8 @@ Agg canvas, no pyplot state; :func:`save_figure` writes it) are separate steps.
 
 ``<run>/curves.png`` is redrawn at each periodic checkpoint and at the stop by the learner's
 MLflow child (:meth:`surreal_redis.tracking.Tracker.draw_curves`) from the store it writes, so
-the history survives a learner restart and the redraw never holds the learner's GIL.
+the history survives a learner restart and the redraw never holds the learner's GIL, and once
+more after the final eval by a tracking child of ``launch`` (:mod:`surreal_redis.launcher.final_curve`).
 matplotlib is imported inside the drawing functions only.
 """
 
@@ -26,11 +27,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+TRAIN_CURVE = "curve/train_return"
+"""The train curve: the mean return of the last ``tracking.curve_window`` training episodes, MLflow
+step = env steps (:mod:`surreal_redis.learner.curve` logs the ``curve/`` metrics)."""
+TRAIN_CURVE_S = "curve/train_elapsed_s"
+EVAL_CURVE = "curve/eval_return"
+"""One point per complete eval, the final eval last; step = env steps."""
+EVAL_CURVE_S = "curve/eval_elapsed_s"
+FINAL_EVAL = "curve/final_eval_return"
+"""The launcher's final eval of the final checkpoint (also the last point of :data:`EVAL_CURVE`)."""
 TRAIN_RETURN = "charts/episode_return_mean"
+"""Runs without ``curve/`` metrics (older ones, a bench's peers) are drawn from these, one point
+per learner report, paired with ``charts/env_steps`` and ``system/elapsed_s`` of the same report."""
 EVAL_RETURN = "charts/eval_return"
 ENV_STEPS = "charts/env_steps"
 ELAPSED_S = "system/elapsed_s"
 TARGET_PARAM = "stop.target_return"
+WINDOW_PARAM = "tracking.curve_window"
 AXES = {"steps": ("env_steps", "env steps"), "time": ("wall_s", "wall seconds (learner)")}
 """x axis name -> (Series field, axis label)."""
 DPI = 100
@@ -57,9 +70,12 @@ class RunCurves(NamedTuple):
 
     name: str
     series: tuple[Series, ...]
-    """Train first, then eval; only those with points."""
+    """Train first, then eval, then 'final' (the final eval's one point, also eval's last); only
+    those with points."""
     target: float | None
     """``stop.target_return`` of the run's config, if it had one."""
+    window: int | None = None
+    """The episodes the train curve averages (``tracking.curve_window``); None: not known."""
 
 
 class Bars(NamedTuple):
@@ -88,6 +104,16 @@ def series_from_history(name: str, kind: str, history: Iterable[Any], env_steps:
     return Series(name, kind, tuple(p[2] for p in points), tuple(p[3] for p in points), tuple(p[4] for p in points))
 
 
+def series_by_step(name: str, kind: str, history: Iterable[Any], seconds: Iterable[Any]) -> Series:
+    """A ``curve/`` series: each record of ``history`` at env steps = its MLflow step, paired with
+    the seconds record of the same point (same step and timestamp); unpaired ones left out."""
+    seconds_at = {(m.step, m.timestamp): float(m.value) for m in seconds}
+    points = sorted((m.timestamp, m.step, seconds_at[key], float(m.value)) for m in history
+                    if _finite(m.value) and (key := (m.step, m.timestamp)) in seconds_at)
+    return Series(name, kind, tuple(float(p[1]) for p in points), tuple(p[2] for p in points),
+                  tuple(p[3] for p in points))
+
+
 def series_from_points(name: str, kind: str, points: Iterable[Sequence[float]]) -> Series:
     """A :class:`Series` from ``(env steps, seconds, return)`` triples (a bench's peer)."""
     rows = [(float(steps), float(seconds), float(value)) for steps, seconds, value in points]
@@ -100,19 +126,38 @@ def shift_time(curves: RunCurves, seconds: float) -> RunCurves:
 
 
 def read_curves(client: Any, run_id: str, name: str) -> RunCurves:
-    """The train and eval return series of MLflow run ``run_id`` (``client``: an ``MlflowClient``).
+    """The train and eval return series of MLflow run ``run_id`` (``client``: an ``MlflowClient``):
+    the ``curve/`` metrics, or a run's report metrics where it has none (:data:`TRAIN_RETURN`).
     PlotError when the run has no return points yet."""
-    history = {key: client.get_metric_history(run_id, key) for key in (TRAIN_RETURN, EVAL_RETURN, ENV_STEPS, ELAPSED_S)}
-    series = tuple(s for kind, key in (("train", TRAIN_RETURN), ("eval", EVAL_RETURN))
-                   if (s := series_from_history(name, kind, history[key], history[ENV_STEPS], history[ELAPSED_S])).returns)
+    keys = (TRAIN_CURVE, TRAIN_CURVE_S, EVAL_CURVE, EVAL_CURVE_S, FINAL_EVAL, TRAIN_RETURN, EVAL_RETURN, ENV_STEPS,
+            ELAPSED_S)
+    history = {key: client.get_metric_history(run_id, key) for key in keys}
+    found = []
+    for kind, key, seconds, reported in (("train", TRAIN_CURVE, TRAIN_CURVE_S, TRAIN_RETURN),
+                                         ("eval", EVAL_CURVE, EVAL_CURVE_S, EVAL_RETURN)):
+        points = series_by_step(name, kind, history[key], history[seconds])
+        if not points.returns:
+            points = series_from_history(name, kind, history[reported], history[ENV_STEPS], history[ELAPSED_S])
+        found.append(points)
+    found.append(series_by_step(name, "final", history[FINAL_EVAL], history[EVAL_CURVE_S]))
+    series = tuple(s for s in found if s.returns)
     if not series:
-        raise PlotError(f"MLflow run {run_id} of {name} has no return metrics yet ({TRAIN_RETURN}, {EVAL_RETURN})")
-    target = client.get_run(run_id).data.params.get(TARGET_PARAM)
+        raise PlotError(f"MLflow run {run_id} of {name} has no return metrics yet ({TRAIN_CURVE}, {EVAL_CURVE}, "
+                        f"{TRAIN_RETURN}, {EVAL_RETURN})")
+    params = client.get_run(run_id).data.params
+    window = params.get(WINDOW_PARAM) if history[TRAIN_CURVE] else None
+    return RunCurves(name, series, _number(params.get(TARGET_PARAM)),
+                     int(window) if window is not None and window.isdigit() else None)
+
+
+def _number(text: str | None) -> float | None:
+    """A param's number; None for none or text that is not one (a config without a numeric target)."""
+    if text is None or text == "None":
+        return None
     try:
-        target_return = float(target) if target not in (None, "None") else None
+        return float(text)
     except ValueError:
-        target_return = None  # a config without a numeric target: no line
-    return RunCurves(name, series, target_return)
+        return None
 
 
 def read_run(run_dir: Path, name: str | None = None) -> RunCurves:
@@ -152,10 +197,10 @@ def _figure(panels: int, width: float = 5.0, height: float = 3.6) -> Figure:
 
 
 def draw_curves(runs: Sequence[RunCurves], axes: Sequence[str] = ("steps", "time"), title: str = "") -> Figure:
-    """Return against each x axis of ``axes`` ('steps', 'time'), a panel each: train solid, eval
-    dashed (a step line: the last eval holds until the next one), each distinct target once,
-    dotted gray. One run: a color per kind, legend labels the kinds; several: a color per run,
-    labels 'run kind'."""
+    """Return against each x axis of ``axes`` ('steps', 'time'), a panel each: train solid (its
+    label names the episodes it averages, when known), eval dashed with a dot per eval, the final
+    eval a star, each distinct target once, dotted gray. One run: a color per kind, legend labels
+    the kinds; several: a color per run, labels 'run kind'."""
     return draw_curve_rows([("", runs)], axes, title)
 
 
@@ -176,12 +221,7 @@ def draw_curve_rows(rows: Sequence[tuple[str, Sequence[RunCurves]]], axes: Seque
             ax = figure.add_subplot(len(rows), len(axes), row * len(axes) + index + 1)
             for number, run in enumerate(runs):
                 for series in run.series:
-                    eval_line = series.kind == "eval"
-                    ax.plot(getattr(series, field), series.returns, linestyle="--" if eval_line else "-",
-                            color=("C1" if eval_line else "C0") if single else f"C{number % 10}",
-                            drawstyle="steps-post" if eval_line else "default", linewidth=1.5,
-                            marker="o" if len(series.returns) == 1 else "",  # a lone point shows too
-                            label=series.kind if single else f"{series.name} {series.kind}")
+                    _draw_series(ax, series, getattr(series, field), run.window, single, number)
             for target in sorted({run.target for run in runs if run.target is not None}):
                 ax.axhline(target, color="gray", linestyle=":", linewidth=1, label=f"target {target:g}")
             ax.set_xlabel((xlabels or {}).get(axis, label))
@@ -193,6 +233,21 @@ def draw_curve_rows(rows: Sequence[tuple[str, Sequence[RunCurves]]], axes: Seque
     if title:
         figure.suptitle(title)
     return figure
+
+
+KIND_STYLE = {"train": ("C0", "-", ""), "eval": ("C1", "--", "o"), "final": ("C1", "", "*")}
+"""kind -> (color of a lone run, line style, marker)."""
+
+
+def _draw_series(ax: Any, series: Series, xs: tuple[float, ...], window: int | None, single: bool,
+                 number: int) -> None:
+    """One series of run number ``number`` into ``ax``, at x coordinates ``xs``."""
+    color, linestyle, marker = KIND_STYLE[series.kind]
+    label = {"train": "train" + (f" (mean of last {window} episodes)" if window else ""),
+             "eval": "eval", "final": f"final eval {series.returns[-1]:.1f}"}[series.kind]
+    ax.plot(xs, series.returns, linestyle=linestyle or "none", color=color if single else f"C{number % 10}",
+            linewidth=1.5, marker=marker or ("o" if len(series.returns) == 1 else ""),  # a lone point shows too
+            markersize=14 if series.kind == "final" else 4, label=label if single else f"{series.name} {label}")
 
 
 def _bar_label(value: float | None) -> str:
@@ -274,3 +329,16 @@ def result_panels(cases: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, 
     """One :class:`Bars` per metric key of ``metrics`` (key -> title), a bar per case."""
     labels = tuple(cases)
     return [Bars(title, labels, tuple(case.get(key) for case in cases.values())) for key, title in metrics.items()]
+
+
+def warm_up() -> None:
+    """Draw a throwaway figure into memory: matplotlib's imports, fonts and PNG writer are then
+    loaded (~1 s of CPU on 2 cores), and a later :class:`CurvesFile` draw costs only its drawing."""
+    import io
+
+    figure = _figure(1)
+    axes = figure.subplots()
+    axes.plot([0, 1], [0, 1], label="warm-up")
+    axes.set_title("warm-up")
+    axes.legend()
+    figure.savefig(io.BytesIO(), format="png", dpi=DPI)

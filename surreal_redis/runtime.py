@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -21,12 +22,35 @@ BLAS thread pool per process (numpy's OpenBLAS starts one per core) only makes t
 when numpy is first imported; a user's own setting wins."""
 
 
+def process_started_at() -> float:
+    """Wall-clock time this process started (Linux: from ``/proc``; elsewhere, or if unreadable,
+    now): a stop requested after it is one this process must honour."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime_s + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 def lower_priority(increment: int) -> None:
     """Make this process ``increment`` nicer (0: unchanged); the scheduler then favours the
     processes that kept priority 0 (the learner) when every core is busy."""
     if increment:
         os.nice(increment)
         log.info("CPU priority lowered by %d (nice %d)", increment, os.getpriority(os.PRIO_PROCESS, 0))
+
+
+def lower_thread_priority(increment: int) -> bool:
+    """Make the calling thread alone ``increment`` nicer (Linux keeps a nice value per thread):
+    work that may wait (a start-up ahead of need) yields to every other process while the
+    process's other threads keep their priority, which an unprivileged process could not raise
+    again. False (nothing changed) on other systems."""
+    if not sys.platform.startswith("linux") or not increment:
+        return False
+    thread = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + increment))
+    return True
 
 
 INTERRUPTED_EXIT = 130

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -81,11 +81,13 @@ class Tracker:
     """One MLflow run: params once, metrics on the learner-step axis, artifacts.
 
     The run's id is kept in ``<experiment_dir>/mlflow_run_id``; a tracker opened on a folder that
-    has one continues that run (a restarted or resumed learner). Calls block on the tracking store.
+    has one continues that run (a restarted or resumed learner). With ``attach`` it only adds to
+    the folder's run, whose status it leaves as the learner left it (the launcher's final eval);
+    TrackingError when the folder or the store has none. Calls block on the tracking store.
     """
 
     def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,
-                 tracking_uri: str | None = None) -> None:
+                 tracking_uri: str | None = None, attach: bool = False) -> None:
         from mlflow.tracking import MlflowClient  # heavy import, only in the processes that track
 
         self.experiment_dir = Path(experiment_dir)
@@ -94,6 +96,11 @@ class Tracker:
         if self.tracking_uri == f"sqlite:///{_store(self.experiment_dir)}":
             seed_store(_store(self.experiment_dir))
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._curves: Any = None  # a plots.CurvesFile, made at the first draw_curves
+        if attach:
+            self.run_id = self._attach(folder)
+            self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+            return
         experiment = self.client.get_experiment_by_name(experiment_name)
         if experiment is None:
             artifacts = folder.mlflow_artifacts.resolve().as_uri()
@@ -110,7 +117,20 @@ class Tracker:
             id_file.write_text(run_id)
         self.run_id = run_id
         self.experiment_id = experiment_id
-        self._curves: Any = None  # a plots.CurvesFile, made at the first draw_curves
+
+    def _attach(self, folder: RunFolder) -> str:
+        """The id of the run ``folder`` names, checked to be in the store."""
+        from mlflow.exceptions import MlflowException
+
+        if not folder.mlflow_run_id_file.is_file():
+            raise TrackingError(f"{folder.mlflow_run_id_file}: no MLflow run to add to")
+        run_id = folder.mlflow_run_id_file.read_text().strip()
+        try:
+            self.client.get_run(run_id)
+        except MlflowException as exc:
+            raise TrackingError(f"MLflow run {run_id} of {folder.mlflow_run_id_file} is not in "
+                                f"{self.tracking_uri} ({exc.message})") from None
+        return run_id
 
     def _continue(self, run_id: str) -> bool:
         """Mark ``run_id`` running again; False (logged) when the store does not have it."""
@@ -142,6 +162,17 @@ class Tracker:
         for start in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
 
+    def log_points(self, records: Sequence[Sequence[Any]]) -> None:
+        """Log ``(key, value, step, timestamp ms)`` records, each with its own step and timestamp
+        (the learner's curve points, :mod:`surreal_redis.learner.curve`); non-finite values are
+        left out."""
+        from mlflow.entities import Metric
+
+        items = [Metric(str(key), float(value), int(stamp), int(step)) for key, value, step, stamp in records
+                 if value is not None and math.isfinite(float(value))]
+        for start in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
+
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
@@ -164,15 +195,10 @@ class TrackingError(RuntimeError):
     :class:`TrackerProcess` failed (the cause is chained, or named in the message)."""
 
 
-TRACKER_NICE = 19
-"""The MLflow child's CPU priority (``os.nice``): nothing waits for its start-up or its writes."""
-
-
 def _tracker_child() -> None:
     from surreal_redis.embedded import die_with_parent
 
     die_with_parent()
-    os.nice(TRACKER_NICE)
 
 
 class TrackerProcess:
@@ -185,14 +211,17 @@ class TrackerProcess:
     process's stderr. The child ignores Ctrl-C and SIGTERM (the caller finishes the run) and ends
     when its stdin closes, as when this process dies; a run not finished by then is marked KILLED.
     A failed call raises :class:`TrackingError` with the child's error; so does any call after
-    the child died.
+    the child died. ``attach``: :class:`Tracker`'s (the child also loads matplotlib while it
+    waits for the first call, and never marks the run).
     """
 
     def __init__(self, experiment_dir: Path, experiment_name: str, run_name: str,
-                 tracking_uri: str | None = None) -> None:
+                 tracking_uri: str | None = None, attach: bool = False, stderr: BinaryIO | None = None) -> None:
+        """``stderr``: where the child logs (None: this process's stderr)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "surreal_redis.tracking", str(experiment_dir), experiment_name, run_name,
-             tracking_uri or ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_tracker_child)
+             tracking_uri or "", "attach" if attach else ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=stderr, preexec_fn=_tracker_child)
         self.run_id: str = self._reply()
 
     def _reply(self) -> Any:
@@ -222,6 +251,9 @@ class TrackerProcess:
         self._call("log_metrics", {key: None if value is None else float(value) for key, value in metrics.items()},
                    int(step))
 
+    def log_points(self, records: Sequence[Sequence[Any]]) -> None:
+        self._call("log_points", [[str(k), float(v), int(step), int(stamp)] for k, v, step, stamp in records])
+
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._call("log_artifact", str(path), artifact_path)
 
@@ -231,18 +263,22 @@ class TrackerProcess:
     def finish(self, status: str = "FINISHED") -> None:
         """Mark the run, then close the child's stdin and wait for it to exit."""
         self._call("finish", status)
+        self.close()
+
+    def close(self) -> None:
+        """Close the child's stdin and wait for it to exit (an attached one: the run unmarked)."""
         assert self.process.stdin is not None
         self.process.stdin.close()
         if self.process.wait() != 0:
             raise TrackingError(f"the MLflow tracking process exited with code {self.process.returncode}")
 
 
-SERVED = ("log_params", "log_metrics", "log_artifact", "draw_curves", "finish")
+SERVED = ("log_params", "log_metrics", "log_points", "log_artifact", "draw_curves", "finish")
 
 
 def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
     """The child side of :class:`TrackerProcess`: open the Tracker ``argv`` names (experiment
-    dir, experiment name, run name, tracking URI or ''), then run each request line
+    dir, experiment name, run name, tracking URI or '', 'attach' or ''), then run each request line
     ``{"method", "args"}`` (a method of :data:`SERVED`) from ``requests`` and answer
     ``{"ok": true, "value"}`` or ``{"ok": false, "error"}`` on ``replies``, until ``requests``
     ends. Returns the exit code (1 when the tracker could not open)."""
@@ -251,14 +287,17 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
         replies.write(json.dumps({"ok": ok, "value": value, "error": error}).encode() + b"\n")
         replies.flush()
 
-    experiment_dir, experiment_name, run_name, tracking_uri = argv
+    experiment_dir, experiment_name, run_name, tracking_uri, *mode = argv
+    attach = mode == ["attach"]
     try:
-        tracker = Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None)
+        tracker = Tracker(Path(experiment_dir), experiment_name, run_name, tracking_uri or None, attach=attach)
     except Exception as exc:  # reported to the learner, which raises it as a TrackingError
         log.exception("MLflow tracking could not open")
         answer(False, error=f"{type(exc).__name__}: {exc}")
         return 1
-    finished = False
+    finished = attach  # an attached run keeps the status its learner gave it
+    # the first draw then costs its drawing only: the learner's stop (or a final eval) waits for it
+    threading.Thread(target=_warm_up_drawing, name="matplotlib-warm-up", daemon=True).start()
     try:
         answer(True, tracker.run_id)
         for line in requests:
@@ -283,22 +322,41 @@ def serve(argv: list[str], requests: BinaryIO, replies: BinaryIO) -> int:
     return 0
 
 
+def _warm_up_drawing() -> None:
+    """``plots.warm_up`` (matplotlib loaded ahead of the first draw); a failure is logged."""
+    try:
+        from surreal_redis.plots import warm_up
+
+        warm_up()
+    except Exception as exc:  # the first draw says it again, or succeeds
+        log.warning("matplotlib not loaded ahead (%s: %s)", type(exc).__name__, exc)
+
+
 class BackgroundTracker:
     """A :class:`Tracker` (or :class:`TrackerProcess`) opened and written by a thread of its own,
     so that MLflow's store set-up and each write stay off the caller's thread.
 
-    ``open_tracker`` builds the Tracker in that thread, at once. The ``log_*`` calls return at once
-    and run in call order; :meth:`finish` blocks until every call before it and the finish itself
+    ``open_tracker`` builds the Tracker in that thread, at once, or with ``deferred`` at
+    :meth:`open` (the learner's first update: MLflow's start-up, seconds of CPU, then takes none
+    from the learner's). The ``log_*`` calls return at once and run in call order (queued until
+    it opened); :meth:`finish` blocks until every call before it and the finish itself
     are written (the launcher kills a learner that takes longer than its stop grace). An MLflow
     error is raised, as :class:`TrackingError`, by the next call made after it happened and by
     :meth:`finish`, as a Tracker would have raised it.
     """
 
-    def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess]) -> None:
+    def __init__(self, open_tracker: Callable[[], Tracker | TrackerProcess], deferred: bool = False) -> None:
         self._calls: queue.Queue[Callable[[Tracker | TrackerProcess], None] | None] = queue.Queue()
         self._error: BaseException | None = None
+        self._draws: dict[str, int] = {}  # path -> the number of the latest draw_curves call
         self._thread = threading.Thread(target=self._work, args=(open_tracker,), name="mlflow", daemon=True)
-        self._thread.start()
+        if not deferred:
+            self.open()
+
+    def open(self) -> None:
+        """Start opening the tracker (not blocking); nothing when it already started."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def _work(self, open_tracker: Callable[[], Tracker | TrackerProcess]) -> None:
         try:
@@ -324,18 +382,39 @@ class BackgroundTracker:
         metrics = dict(metrics)
         self._submit(lambda tracker: tracker.log_metrics(metrics, step))
 
+    def log_points(self, records: Sequence[Sequence[Any]]) -> None:
+        records = list(records)
+        self._submit(lambda tracker: tracker.log_points(records))
+
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._submit(lambda tracker: tracker.log_artifact(path, artifact_path))
 
     def draw_curves(self, path: Path) -> None:
-        self._submit(lambda tracker: tracker.draw_curves(path))
+        """Queued like the other calls, but a draw still queued when a later one of the same
+        ``path`` is made is skipped: a tracker behind the learner draws the latest state once,
+        not every state it missed."""
+        number = self._draws[str(path)] = self._draws.get(str(path), 0) + 1
+        self._submit(lambda tracker: tracker.draw_curves(path) if self._draws[str(path)] == number else None)
 
     def finish(self, status: str = "FINISHED") -> None:
         """Blocks until every call before and the finish are written (see the class docstring)."""
         self._submit(lambda tracker: tracker.finish(status))
         self._calls.put(None)
+        self.open()  # a learner that stopped before its first update still writes its run
         self._thread.join()
         self._raise_error()
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Like :meth:`finish`, but the run is not marked (an attached tracker's end): blocks until
+        every call before is written and a :class:`TrackerProcess` exited, at most ``timeout_s``
+        seconds. False when they were not done by then (they go on in the daemon thread)."""
+        self._submit(lambda tracker: tracker.close() if isinstance(tracker, TrackerProcess) else None)
+        self._calls.put(None)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return False
+        self._raise_error()
+        return True
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The agent process (``surreal-redis agent --id K``): :mod:`.loop` steps the envs and sends
 experience, :mod:`.claims` claims each flush from the learner's quota on grants."""
 
-from surreal_redis.agent.loop import Agent, agent_seed, with_final_rows
+from surreal_redis.agent.loop import Agent, with_final_rows
 
-__all__ = ["Agent", "agent_seed", "with_final_rows"]
+__all__ = ["Agent", "with_final_rows"]

@@ -39,6 +39,7 @@ from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.outage import OUTAGE_ERRORS as REDIS_OUTAGE_ERRORS
 from surreal_redis.outage import OutageGuard
 from surreal_redis.runtime import StopFlag
+from surreal_redis.seeds import agent_seeds
 from surreal_redis.trees import tree_map
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,6 @@ OUTAGE_ERRORS = (*REDIS_OUTAGE_ERRORS, HubUnavailableError)
 WRITE_SKIP_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError)
 EPISODE_BUFFER = 1000  # episode records kept while Redis refuses them; beyond that the oldest are lost
 EPISODE_BATCH = 64  # episode records waiting that are sent without waiting for a flush or heartbeat
-
-
-def agent_seed(base_seed: int, agent_id: int) -> int:
-    """Distinct, reproducible env/noise seeds per agent."""
-    return base_seed * 100_003 + 1_000 * agent_id + 1
 
 
 def with_final_rows(obs: Tree, final_obs: dict[int, Tree]) -> Tree | None:
@@ -79,12 +75,12 @@ class Agent:
         if agent_id < 0:
             raise ValueError(f"agent id must be >= 0, got {agent_id}")
         self.config, self.agent_id, self.stop = config, agent_id, stop
-        seed = agent_seed(config.experiment.seed, agent_id)
-        self.envs = make_vector_env(config.env, num_envs=config.env.num_envs, seed=seed, mode="train")
+        seeds = agent_seeds(config.experiment.seed, agent_id)  # independent env and policy streams
+        self.envs = make_vector_env(config.env, num_envs=config.env.num_envs, seed=seeds.envs, mode="train")
         self.num_envs = self.envs.num_envs
         self.policy: AgentPolicy = make_policy(config.algo_config, self.envs.single_observation_space,
                                                self.envs.single_action_space, self.num_envs, agent_id,
-                                               config.agent.num_agents, seed, config.agent.inference)
+                                               config.agent.num_agents, seeds.policy, config.agent.inference)
         self.control = RunControl(client, config.run)
         self.stop_watch = StopWatch(stop, self.control)
         self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards,
@@ -101,7 +97,7 @@ class Agent:
         self.episodes = EpisodeLog(client, config.run, config.hub.episodes_maxlen)
         self._unsent_episodes: deque[EpisodeRecord] = deque()
         self.episodes_lost = 0  # records dropped from a full local buffer
-        self.seed = seed
+        self.seed = seeds.envs
         self.steps = 0
         self.num_episodes = 0
         self._loop_started: float | None = None

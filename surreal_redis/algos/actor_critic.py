@@ -4,6 +4,8 @@ optimizers, a sampled batch as tensors, their parameters and checkpointed state.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
@@ -62,6 +64,20 @@ class ActorCriticTrainer(Trainer):
         self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
         self.critic_optimizer = adam(self.critic.parameters(), lr=config.critic_lr, weight_decay=critic_weight_decay)
         self.iteration = 0
+        self._critic_params: list[torch.Tensor] = list(self.critic.parameters())
+
+    @contextmanager
+    def _critic_frozen(self) -> Iterator[None]:
+        """The critic's parameters without gradients inside the block: an actor loss then
+        backpropagates through the critic to the actions only and skips the critic's weight
+        gradients, which nothing reads (the critic's next step starts from ``zero_grad``)."""
+        for param in self._critic_params:
+            param.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for param in self._critic_params:
+                param.requires_grad_(True)
 
     def observe_inserted(self, obs: Tree) -> None:
         """The z-filter takes in each inserted transition's observation once (OpenAI baselines'
@@ -81,6 +97,15 @@ class ActorCriticTrainer(Trainer):
                             normalized_obs(batch.next_obs, self.device, self.obs_normalizer),
                             floats(batch.actions), floats(batch.rewards), floats(batch.discounts),
                             floats(batch.weights))
+
+    @staticmethod
+    def _read_stats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
+        """An update's stats as floats: its scalar tensors read in one transfer (one host sync on a
+        GPU instead of one per ``.item()``), the floats as they are."""
+        names = [name for name, value in stats.items() if isinstance(value, torch.Tensor)]
+        tensors = [stats[name].detach().reshape(()).float() for name in names]  # type: ignore[union-attr]
+        read = dict(zip(names, torch.stack(tensors).tolist() if tensors else []))
+        return {name: read[name] if name in read else float(value) for name, value in stats.items()}
 
     def actor_params(self) -> ParamDict:
         """The actor's weights (``actor.*``) and the z-filter's statistics (``obs_normalizer.*``)."""

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from surreal_redis.chunks import SkippedSteps
 from surreal_redis.codec import ParamDict, Tree
 
 
@@ -75,6 +76,10 @@ class Trainer(abc.ABC):
 
     iteration: int = 0
     """Number of gradient updates done so far."""
+    wire_dtype: str = "float32"
+    """What the float32 parameters of :meth:`actor_params` travel to the agents as
+    (``hub.publisher.dtype``, set by the learner): a trainer that compares its outputs with the
+    agents' (APPO's ``rho_clipped_fraction``) takes the rounding into account."""
 
     @property
     def adaptive_epochs(self) -> bool:
@@ -87,6 +92,17 @@ class Trainer(abc.ABC):
         replay, each transition once, before any update samples them (refilled ones never come
         here). Running statistics of the data (DDPG's and SAC's z-filter) take them in; the
         default does nothing."""
+
+    def schedule_done(self) -> str:
+        """Why the next update would learn nothing, e.g. a learning rate annealed to 0 ("" while
+        it would): the learner stops the run before it. Default: ""."""
+        return ""
+
+    def skipped(self, steps: list[SkippedSteps]) -> None:  # noqa: B027  (a trainer with per-stream state overrides it)
+        """On-policy: the steps of chunks the feed dropped (:class:`~surreal_redis.chunks.SkippedSteps`:
+        stream, rewards, episode ends), each where it falls in its env stream among the chunks
+        :meth:`update` gets; a trainer that carries state along a stream (PPO's reward scaler)
+        carries it through them. Default: nothing."""
 
     @abc.abstractmethod
     def actor_params(self) -> ParamDict:

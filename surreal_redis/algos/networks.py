@@ -9,9 +9,11 @@ Box leaf is flattened.
 
 from __future__ import annotations
 
+import inspect
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -26,7 +28,7 @@ from surreal_redis.trees import tree_map
 __all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", "QNetwork", "SmallCNN", "actor_params",
            "channels_first", "is_frame_tuple", "is_image_space", "layer_init", "load_actor_params",
            "load_module_params", "mlp", "module_params", "normalized_obs", "obs_to_tensor", "params_as_tensors",
-           "pixel_stem", "resolve_device", "soft_update"]
+           "pixel_stem", "resolve_device", "soft_update", "TargetAverager"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -99,13 +101,77 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
         target_buffer.copy_(buffer)
 
 
+class TargetAverager:
+    """:func:`soft_update` of one or more (target, online) module pairs of identical structure as
+    one in-place ``torch._foreach_lerp_`` over all their parameters (the same arithmetic as
+    ``lerp_`` per tensor) and one ``_foreach_copy_`` of their buffers, on tensor lists gathered
+    once. The lists stay valid while the modules keep their tensors (``load_state_dict`` copies
+    into them); rebuild the averager after ``.to()`` or anything else that replaces them."""
+
+    def __init__(self, *pairs: tuple[nn.Module, nn.Module]) -> None:
+        self.targets: list[torch.Tensor] = [p for target, _ in pairs for p in target.parameters()]
+        self.onlines: list[torch.Tensor] = [p for _, online in pairs for p in online.parameters()]
+        self.target_buffers = [b for target, _ in pairs for b in target.buffers()]
+        self.online_buffers = [b for _, online in pairs for b in online.buffers()]
+        if len(self.targets) != len(self.onlines) or len(self.target_buffers) != len(self.online_buffers):
+            raise ValueError("a target and its online module differ in their parameters or buffers")
+
+    @torch.no_grad()
+    def __call__(self, tau: float) -> None:
+        """``target <- (1 - tau) target + tau online`` for every parameter; buffers copied."""
+        torch._foreach_lerp_(self.targets, self.onlines, tau)
+        if self.target_buffers:
+            torch._foreach_copy_(self.target_buffers, self.online_buffers)
+
+
 Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
+
+
+def _dynamo_loaded() -> bool:
+    return "torch._dynamo" in sys.modules
+
+
+class EagerAdam(torch.optim.Adam):
+    """``torch.optim.Adam`` that leaves ``torch._dynamo`` unimported (~1 s of CPU, a quarter of a
+    learner's start, and as much of a final eval's) while nothing else imported it.
+
+    torch wraps ``step``, ``zero_grad``, ``add_param_group``, ``state_dict`` and
+    ``load_state_dict`` so that ``torch.compile`` does not trace them, and each wrapper imports
+    dynamo on its first call; outside ``torch.compile`` a wrapper only calls the method it wraps.
+    Here those methods call the wrapped method directly (``inspect.unwrap``; ``step`` with grad
+    off, as its wrapper does) until dynamo is loaded by anyone, then torch's wrappers: the same
+    update and the same state dict as ``torch.optim.Adam``, whose checkpoints load either way.
+    """
+
+    def step(self, closure: Any = None) -> Any:
+        if _dynamo_loaded():
+            return super().step(closure)
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return inspect.unwrap(torch.optim.Adam.step)(self, closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _eager(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _eager(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return _eager(torch.optim.Optimizer.state_dict)(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+
+
+def _eager(method: Any) -> Any:
+    """``method`` as torch defines it (dynamo loaded), else the function its wrappers call."""
+    return method if _dynamo_loaded() else inspect.unwrap(method)
 
 
 def adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8, weight_decay: float = 0.0) -> torch.optim.Adam:
     """Adam with torch's fused kernel (all parameters in one kernel, on CPU and CUDA): the update of
-    torch's default per-tensor loop, up to float rounding, at a lower cost per step."""
-    return torch.optim.Adam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True)
+    torch's default per-tensor loop, up to float rounding, at a lower cost per step. Without
+    importing ``torch._dynamo`` (:class:`EagerAdam`)."""
+    return EagerAdam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True)
 
 
 def layer_init(layer: Layer, std: float = float(np.sqrt(2)), bias: float = 0.0) -> Layer:

@@ -9,7 +9,7 @@ algorithm of Chan, Golub & LeVeque (1979), as SB3's ``RunningMeanStd`` and SURRE
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import cast
 
 import gymnasium as gym
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from surreal_redis.algos.networks import is_frame_tuple, is_image_space
+from surreal_redis.algos.recurrences import linear_recurrence, running_moments
 from surreal_redis.trees import Tree
 
 
@@ -151,6 +152,53 @@ class RewardScaler(nn.Module):
     def update(self, rewards: torch.Tensor, dones: torch.Tensor, stream: Hashable) -> None:
         """:meth:`scale` without its result."""
         self.scale(rewards, dones, stream)
+
+    @torch.no_grad()
+    def scale_chunks(self, rewards: Sequence[np.ndarray], dones: Sequence[np.ndarray],
+                     streams: Sequence[Hashable]) -> list[np.ndarray]:
+        """:meth:`scale` of each ``(rewards[i] [T_i], dones[i] [T_i], streams[i])`` in list order,
+        as whole-array passes (:mod:`~surreal_redis.algos.recurrences`): the same results up to
+        float64 rounding. A stream may appear several times, its chunks continuing one another.
+        Returns the scaled rewards, float32 ``[T_i]`` numpy arrays."""
+        if not len(rewards) == len(dones) == len(streams):
+            raise ValueError(f"scale_chunks needs as many dones and streams as rewards, got "
+                             f"{len(rewards)}, {len(dones)}, {len(streams)}")
+        lengths = np.array([len(r) for r in rewards], dtype=np.int64)
+        if lengths.sum() == 0:
+            return [np.zeros(0, np.float32) for _ in rewards]
+        flat_rewards = np.concatenate(rewards).astype(np.float64)
+        flat_dones = np.concatenate(dones).astype(bool)
+        # each stream's steps in a row, its chunks in list order: G runs along that order
+        by_stream: dict[Hashable, list[int]] = {}
+        for i, stream in enumerate(streams):
+            by_stream.setdefault(stream, []).append(i)
+        chunk_order = np.array([i for ids in by_stream.values() for i in ids])
+        starts, moved = np.cumsum(lengths) - lengths, lengths[chunk_order]
+        # step k of chunk c moves from starts[c] + k to its place in the stream order
+        order = np.arange(len(flat_rewards)) + np.repeat(starts[chunk_order] - (np.cumsum(moved) - moved), moved)
+        stream_r, stream_d = flat_rewards[order], flat_dones[order]
+        decay = np.empty_like(stream_r)
+        decay[0], decay[1:] = 0.0, self.gamma * (~stream_d[:-1])
+        first, ends = 0, {}
+        for stream, ids in by_stream.items():  # a stream's first step continues its carried G
+            steps = int(lengths[ids].sum())
+            if steps:
+                decay[first] = 0.0
+                stream_r[first] += self.gamma * self._returns.get(stream, 0.0)
+                first += steps
+                ends[stream] = first - 1
+        stream_g = linear_recurrence(decay, stream_r)
+        for stream, end in ends.items():
+            self._returns[stream] = 0.0 if stream_d[end] else float(stream_g[end])
+        returns = np.empty_like(stream_g)
+        returns[order] = stream_g
+        stats = self.return_stats
+        counts, means, variances = running_moments(returns, stats.count.item(), stats.mean.item(), stats.var.item())
+        stats.count.fill_(counts[-1])
+        stats.mean.fill_(means[-1])
+        stats.var.fill_(variances[-1])
+        scaled = np.clip(flat_rewards / np.sqrt(variances + self.epsilon), -self.clip, self.clip).astype(np.float32)
+        return np.split(scaled, np.cumsum(lengths)[:-1])
 
     def get_extra_state(self) -> dict[Hashable, float]:
         return dict(self._returns)

@@ -64,6 +64,10 @@ def no_check(config: Any) -> None:
     return None
 
 
+def section_as_is(config: Any) -> Any:
+    return config.algo_config
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """One algorithm, declared once."""
@@ -89,6 +93,12 @@ class AlgorithmSpec:
     (the algorithm's section against the learner's, the hub's...), run when the config is built;
     raises ValueError naming the keys. A section's rules about itself belong in its own
     ``__post_init__``."""
+    for_run: Callable[[Any], Any] = field(default=section_as_is)
+    """``config -> section``: the section the run's learner trains with, given the whole
+    :class:`~surreal_redis.config.ExperimentConfig` (PPO: an annealing schedule derived from
+    ``stop.max_env_steps``); called where the learner builds its trainer and where ``launch``
+    starts the run, so it may log a one-line warning about the run (the console sees it). Default:
+    the section as it is."""
     summary: str = ""
     """One line for ``default-config`` and the docs."""
 
@@ -103,6 +113,6 @@ class AlgorithmSpec:
         if not self.on_policy and "gamma" not in fields:
             raise ValueError(f"algorithm {self.name!r} is off-policy: {self.config_class.__name__} needs a "
                              "gamma field (the n-step returns' discount)")
-        for name in ("make_trainer", "make_policy", "chunk_needs", "numpy_unsupported", "check"):
+        for name in ("make_trainer", "make_policy", "chunk_needs", "numpy_unsupported", "check", "for_run"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"algorithm {self.name!r}: {name} must be callable")

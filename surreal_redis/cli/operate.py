@@ -84,7 +84,8 @@ def stop(run_name: str | None, redis_url: str | None, runs_dir: Path) -> None:
 @_fail_cleanly
 def gc(run_name: str | None, redis_url: str | None, runs_dir: Path, config_path: str | None,
        overrides: tuple[str, ...], drop: bool) -> None:
-    """Apply retention and collect unreferenced observations now (or --drop the run)."""
+    """Apply retention and collect unreferenced observations and obs keys nothing can reach (junk
+    names, orphans) now, sweeping every obs key of the run (or --drop the run)."""
     from surreal_redis.hub.experience.retention import HubJanitor
     from surreal_redis.hub.run.control import RunControl
 
@@ -96,7 +97,9 @@ def gc(run_name: str | None, redis_url: str | None, runs_dir: Path, config_path:
         click.echo(f"deleted {RunControl(client, run_name).drop()} keys of run {run_name!r}")
         return
     config = _load(config_path, tuple(overrides) + (f"experiment.name={run_name}",))
-    stats = HubJanitor(client, config.hub.retention, run_name, config.redis.num_shards, config.hub.receiver).run_once()
+    # full_sweep: every obs key of the run is checked, so junk and orphans go now, not a page a run
+    stats = HubJanitor(client, config.hub.retention, run_name, config.redis.num_shards, config.hub.receiver,
+                       full_sweep=True).run_once()
     click.echo(json.dumps(stats._asdict()))
 
 

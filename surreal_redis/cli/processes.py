@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,9 +26,15 @@ from surreal_redis.cli.common import (
     url_option,
 )
 from surreal_redis.connection import resolve_url
-from surreal_redis.runtime import StopFlag, lower_priority
+from surreal_redis.runtime import StopFlag, lower_priority, lower_thread_priority
+
+if TYPE_CHECKING:
+    from surreal_redis.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
+
+STANDBY_NICE = 19
+"""How much nicer ``eval --checkpoint -`` builds its env and networks ahead of its final eval."""
 
 
 @click.command()
@@ -122,10 +130,12 @@ def learner(config_path: str | None, run_name: str | None, redis_url: str | None
 @click.option("--mode", type=click.Choice(["deterministic", "stochastic"]), default=None,
               help="Eval policy mode (default: eval.mode of the config).")
 @click.option("--id", "eval_id", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--checkpoint", "checkpoint_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--checkpoint", "checkpoint_path",
+              type=click.Path(dir_okay=False, exists=True, allow_dash=True, path_type=Path),
               default=None, help="Score this checkpoint file once instead (launch's final eval): "
                                  "eval.final_episodes episodes within eval.final_max_s seconds, their mean entered "
-                                 "among its folder's best-k; prints the result as JSON. Needs no Redis.")
+                                 "among its folder's best-k; prints the result as JSON. Needs no Redis. '-': get "
+                                 "ready, then read the file's path from stdin (nothing to do if stdin ends first).")
 @config_option
 @run_option
 @url_option
@@ -140,10 +150,59 @@ def eval_cmd(mode: str | None, eval_id: int, checkpoint_path: Path | None, confi
     config = _load(config_path, overrides, redis_url, run_name)
     lower_priority(config.agent.nice)
     if checkpoint_path is not None:
-        result = score_checkpoint(config, checkpoint_path, StopFlag(), mode)
+        stop = StopFlag()
+        if checkpoint_path == Path("-"):
+            checkpoint_path = _checkpoint_when_told(config)
+            if checkpoint_path is None:
+                _exit_process(0)
+        result = score_checkpoint(config, checkpoint_path, stop, mode)
         click.echo(json.dumps({**result._asdict(), "score": result.score}))
         _exit_process(0)
     stop = StopFlag()
     evaluator = Evaluator(config, _waiting_client(config, stop, f"eval {eval_id}"), stop, mode=mode, eval_id=eval_id)
     _single_threaded_torch()
     _exit_process(evaluator.run())
+
+
+def _checkpoint_when_told(config: ExperimentConfig) -> Path | None:
+    """``eval --checkpoint -``, which ``launch`` starts long before its final eval: build once what
+    scoring a checkpoint builds (the env, the algorithm's trainer and policy: torch and the rest
+    imported, seconds of CPU) in a thread at the lowest priority (:data:`STANDBY_NICE`), so it
+    takes what the run leaves idle while the eval itself plays at this process's priority, then
+    block until stdin gives the checkpoint's path. None when stdin ends first (no final eval is
+    due). A path that is no file is a ``click.BadParameter``; a failed build is raised here."""
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            lower_thread_priority(STANDBY_NICE)
+            from surreal_redis.algos.learning import make_trainer
+            from surreal_redis.algos.policies import make_policy
+            from surreal_redis.envs import make_env
+
+            env = make_env(config.env, seed=config.experiment.seed, mode="eval")
+            on_cpu = [f"{config.algo}.device=cpu"] if hasattr(config.algo_config, "device") else []
+            make_trainer(config.with_overrides(on_cpu).algo_config, env.observation_space, env.action_space)
+            make_policy(config.algo_config, env.observation_space, env.action_space, 1, agent_id=0,
+                        num_agents=config.agent.num_agents, seed=config.experiment.seed,
+                        inference=config.agent.inference)
+            env.close()
+        except BaseException as exc:  # raised in the main thread
+            failed.append(exc)
+
+    builder = threading.Thread(target=build, name="final-eval-build", daemon=True)
+    builder.start()
+    builder.join()
+    if failed:
+        raise failed[0]
+    from surreal_redis.launcher.final_eval import STANDBY_READY
+
+    log.info("final eval ready: waiting for the checkpoint's path on stdin")
+    click.echo(STANDBY_READY)  # flushed: the launcher gives the path only to a standby that said so
+    told = sys.stdin.readline().strip()
+    if not told:
+        return None
+    path = Path(told)
+    if not path.is_file():
+        raise click.BadParameter(f"no checkpoint file at {told!r}", param_hint="the path read from stdin")
+    return path

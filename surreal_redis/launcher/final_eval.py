@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,12 +22,16 @@ from surreal_redis.connection import RedisClient
 from surreal_redis.embedded import die_with_parent
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.launcher.children import child_env, log_tail
+from surreal_redis.launcher.final_curve import FinalCurve
 from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.run_folder import RunFolder
 from surreal_redis.runtime import StopFlag
 
 log = logging.getLogger(__name__)
 
+STANDBY_CLOSE_S = 1.0  # an unused standby has this long to exit once its stdin closed (one still
+# building is killed: it wrote nothing)
+STANDBY_READY = "ready"  # what ``eval --checkpoint -`` prints on stdout once it waits for the path
 FINAL_EVAL_START_S = 60.0  # the final eval's process may take this long to start (torch, env) on top of
 # eval.final_max_s of play before it is killed
 INTERRUPTED = "  final eval: interrupted, nothing recorded"
@@ -39,41 +44,136 @@ class _Skipped(Exception):
 class FinalEval:
     """The final eval of one run. ``command(*args)``: the launcher's command line for a child
     role (here ``eval --checkpoint PATH``); ``progress``: where the line announcing it goes;
-    ``stop``: a signal during the eval ends it with nothing recorded."""
+    ``stop``: a signal during the eval ends it with nothing recorded.
+
+    :meth:`standby` starts the eval's process ahead (``eval --checkpoint -``): it builds its env
+    and networks during the run, at the lowest priority, and waits for the checkpoint's path, so
+    the final eval takes its play time only after the stop, not the seconds a process with torch
+    takes to start. :meth:`close` ends a standby no eval used.
+    """
 
     def __init__(self, config: ExperimentConfig, folder: RunFolder, stop: StopFlag,
                  progress: Callable[[str], None], command: Callable[..., list[str]]) -> None:
         self.config, self.folder, self.stop = config, folder, stop
         self.progress, self.command = progress, command
+        self.score: float | None = None  # the final eval's, once it gave one
+        self.curve: FinalCurve | None = None  # its record in MLflow and curves.png, once prepared
+        self._status: dict = {}  # the learner's last report, of the final checkpoint
+        self._standby: subprocess.Popen | None = None  # the eval's process started ahead
+
+    def prepare(self) -> None:
+        """Start loading MLflow for the final eval's record now (seconds of CPU, in a process of
+        its own: :class:`FinalCurve`), e.g. as soon as the run stops, if a final eval is due.
+        :meth:`line` does it otherwise, and ends it in any case."""
+        if self.curve is None and self.due:
+            self.curve = FinalCurve.start(self.config, self.folder)
+
+    @property
+    def due(self) -> bool:
+        """Whether the config asks for a final eval (eval enabled, eval.final_episodes > 0)."""
+        return self.config.eval.enabled and self.config.eval.final_episodes > 0
+
+    def standby(self) -> None:
+        """Start the eval's process ahead, when a final eval is due and none is standing by (not
+        blocking; a standby that failed to start is logged, and the final eval starts its own)."""
+        if not self.due or self._standby is not None:
+            return
+        log_path = self.folder.log_file("final-eval")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._standby = self._start(["-"], log_path, stdin=subprocess.PIPE)
+        except OSError as exc:
+            log.warning("the final eval's process did not start ahead (%s); it starts after the stop", exc)
+
+    def close(self) -> None:
+        """End a standby process that no eval used: its stdin closed, one waiting for it exits at
+        once; one still building is killed after :data:`STANDBY_CLOSE_S` (it wrote nothing)."""
+        process, self._standby = self._standby, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):
+            assert process.stdin is not None
+            process.stdin.close()
+        try:
+            process.wait(timeout=STANDBY_CLOSE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        with contextlib.suppress(OSError):
+            assert process.stdout is not None
+            process.stdout.close()
+
+    def _start(self, checkpoint: list[str], log_path: Path, stdin: int) -> subprocess.Popen:
+        """``eval --checkpoint`` PATH or ``-`` in a child process logging to ``log_path``."""
+        # In a process group of its own (die_with_parent): a terminal's Ctrl-C reaches the launcher
+        # only, which passes on one SIGTERM (a second signal would end the child without its result).
+        with open(log_path, "ab") as err:
+            return subprocess.Popen(self.command("eval", "--checkpoint", *checkpoint), stdout=subprocess.PIPE,
+                                    stderr=err, stdin=stdin, cwd=log_path.parent, preexec_fn=die_with_parent,
+                                    env=child_env(actor=True))
+
+    def _told(self, path: Path) -> subprocess.Popen | None:
+        """The standby process, given ``path``, when it said it is ready (:data:`STANDBY_READY`);
+        else None, and a standby still building (it builds at the lowest priority, which a busy
+        machine may starve) is ended: the eval starts afresh at full priority instead."""
+        process, self._standby = self._standby, None
+        if process is None:
+            return None
+        assert process.stdout is not None
+        said = process.stdout.readline() if select.select([process.stdout], [], [], 0)[0] else b""
+        if said.decode(errors="replace").strip() != STANDBY_READY:
+            log.info("the final eval's process started ahead is %s; starting another",
+                     "not ready yet" if process.poll() is None else f"gone (exit code {process.returncode})")
+            self._standby = process
+            self.close()
+            return None
+        stdin, process.stdin = process.stdin, None  # closed here: communicate() would flush it
+        assert stdin is not None
+        try:
+            stdin.write(f"{path}\n".encode())
+            stdin.close()
+        except OSError as exc:  # it died since (its exit code and log say why): a fresh one is started
+            log.warning("the final eval's standby process is gone (exit code %s, %s); starting another",
+                        process.wait(), exc)
+            with contextlib.suppress(OSError):
+                stdin.close()
+            process.communicate()
+            return None
+        return process
 
     def line(self, client: RedisClient, code: int, signalled: str) -> str:
         """Score the learner's final checkpoint; blocks until the eval ends (at most
-        ``eval.final_max_s`` + ``FINAL_EVAL_START_S`` seconds). Returns the summary's line on it,
-        '' when none is due (eval disabled, eval.final_episodes 0, a failed run ``code``)."""
+        ``eval.final_max_s`` + ``FINAL_EVAL_START_S`` seconds), then adds its score to the run's
+        MLflow run and curves. Returns the summary's line on it, '' when none is due (eval
+        disabled, eval.final_episodes 0, a failed run ``code``)."""
+        try:
+            return self._line(client, code, signalled)
+        finally:
+            if self.curve is not None:
+                self.curve.end(self.score, self._status)  # the last eval point, in MLflow and curves.png
+
+    def _line(self, client: RedisClient, code: int, signalled: str) -> str:
         cfg = self.config.eval
         if not cfg.enabled or cfg.final_episodes == 0 or code != 0:
             return ""
         if signalled:
             return f"  final eval: skipped ({signalled})"
         try:
-            path, iteration = self._final_checkpoint(client)
+            path, iteration, self._status = self._final_checkpoint(client)
         except _Skipped as skipped:
             return str(skipped)
+        self.prepare()  # MLflow loads while the eval plays
         self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
                       f"(Ctrl-C skips it)")
         log_path = self.folder.log_file("final-eval")
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as err:
-            # In a process group of its own (die_with_parent): a terminal's Ctrl-C reaches the launcher
-            # only, which passes on one SIGTERM (a second signal would end the child without its result).
-            process = subprocess.Popen(self.command("eval", "--checkpoint", str(path)), stdout=subprocess.PIPE,
-                                       stderr=err, stdin=subprocess.DEVNULL, cwd=log_path.parent,
-                                       preexec_fn=die_with_parent, env=child_env(actor=True))
+        process = self._told(path) or self._start([str(path)], log_path, stdin=subprocess.DEVNULL)
         terminated, killed = self._wait(process)
         return self._result(process, iteration, log_path, terminated, killed)
 
-    def _final_checkpoint(self, client: RedisClient) -> tuple[Path, int]:
-        """The learner's final checkpoint and its update count; _Skipped when there is none."""
+    def _final_checkpoint(self, client: RedisClient) -> tuple[Path, int, dict]:
+        """The learner's final checkpoint, its update count and the learner's last report (of that
+        checkpoint); _Skipped when there is none."""
         try:
             status = RunControl(client, self.config.run).learner_status()
         except redis.RedisError as exc:
@@ -87,7 +187,7 @@ class FinalEval:
             # E.g. killed STOP_GRACE_S after the stop, before it saved: the latest is not the final parameters.
             raise _Skipped(f"  final eval: skipped (the learner left no final checkpoint: it reported update "
                            f"{status.get('iteration', '-')}, {status.get('state', 'no state')}; the latest is {iteration})")
-        return path, iteration
+        return path, iteration, status
 
     def _wait(self, process: subprocess.Popen) -> tuple[bool, bool]:
         """Wait for the eval to exit: SIGTERM on a stop, SIGKILL past its deadline. Returns
@@ -124,6 +224,7 @@ class FinalEval:
             return INTERRUPTED
         if result["score"] is None:
             return f"  final eval: no episode finished within eval.final_max_s={cfg.final_max_s:g}s, nothing recorded"
+        self.score = float(result["score"])
         best = ", ".join(f"update {i} ({s:.1f})" for s, i in
                          self.folder.checkpoints(self.config.checkpoint).best()) or "none kept"
         return (f"  final eval of update {iteration} (the final checkpoint): mean return {result['score']:.1f} over "

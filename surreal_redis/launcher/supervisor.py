@@ -79,6 +79,8 @@ class Launcher:
         self._lock: FolderLock | None = None  # held while this launcher lives
         self._lease: LeaseKeeper | None = None  # the run's lease in Redis, renewed while this launcher lives
         self._last_status: dict = {}  # the learner's last report the progress line read
+        # made now, as its process starts during the run (progress: whatever self.progress is then)
+        self.finale = FinalEval(config, self.folder, stop, lambda line: self.progress(line), self._command)
 
     # ---------------------------------------------------------------- set-up
     def _command(self, *role: str) -> list[str]:
@@ -226,6 +228,7 @@ class Launcher:
             self._stop_server()
             self._unlock()
             raise
+        self.config.algorithm.for_run(self.config)  # its warnings (the learner's log has them too) on the console
         self.stop.on_second_signal(lambda name: not_saved(self.config, self.folder, self._learner_report()))
         code = 1
         try:
@@ -237,6 +240,7 @@ class Launcher:
             self.final_eval = self._final_eval(client, code)
             self._summary(client, code)
         finally:
+            self.finale.close()
             self.folder.withdraw()
             self._release_lease()
             self._stop_server()
@@ -273,6 +277,7 @@ class Launcher:
             return 0 if self.stop else 1  # interrupted while starting: not a failure
         for child in evals:
             child.start()
+        self.finale.standby()  # the final eval's process, ready by the stop
         guard = OutageGuard("launcher", self.stop)
         next_progress = 0.0
         last_line = ""
@@ -432,8 +437,7 @@ class Launcher:
     # ---------------------------------------------------------------- the end
     def _final_eval(self, client: RedisClient, code: int) -> str:
         """The summary's line on the final eval (:meth:`FinalEval.line`)."""
-        return FinalEval(self.config, self.folder, self.stop, self.progress, self._command).line(
-            client, code, self.signalled)
+        return self.finale.line(client, code, self.signalled)
 
     def _summary(self, client: RedisClient, code: int) -> None:
         try:

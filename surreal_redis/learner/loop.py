@@ -33,15 +33,16 @@ from surreal_redis.hub.params import ParameterPublisher, PublishBackpressure
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeReader
 from surreal_redis.hub.run.heartbeat import prune_stale, read_agents
+from surreal_redis.learner.curve import CurveLog
 from surreal_redis.learner.grants import GrantKeeper
 from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.learner.parts import LearnerParts
-from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
+from surreal_redis.learner.prefetch import READ_WAIT_MS, Prefetcher, PrefetchQueue
 from surreal_redis.learner.progress import Scores, StopRules
 from surreal_redis.learner.republish import RejectionWatch
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import RunFolder
-from surreal_redis.runtime import StopFlag
+from surreal_redis.runtime import StopFlag, process_started_at
 from surreal_redis.tracking import BackgroundTracker, Tracker, TrackerProcess
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,12 @@ class Learner:
                                   env_steps=lambda: self.env_steps, publish=partial(self._publish, force=True))
         self.rejections = RejectionWatch(live_agents, self._republish, every_s=cfg.agent.heartbeat_every_s)
         episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
-        self.scores = Scores(episodes, cfg, self.metrics, self.checkpoints,
+        self.curve = CurveLog(tracker, cfg.tracking.curve_window, cfg.tracking.curve_every_env_steps,
+                              elapsed=self.elapsed, env_steps=lambda: self.env_steps,
+                              every_s=cfg.learner.metrics_every_s)
+        self.scores = Scores(episodes, cfg, self.metrics, self.checkpoints, self.curve,
                              iteration=lambda: self.algo.iteration, state=self._state)
-        self.rules = StopRules(cfg.stop, self.scores, live_agents)
+        self.rules = StopRules(cfg.stop, self.scores, live_agents, schedule_done=self.algo.schedule_done)
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, client: RedisClient, stop: StopFlag, resume: str | None = None,
@@ -98,10 +102,12 @@ class Learner:
         if config.tracking.enabled:
             # MLflow runs in a process of its own (its import and store set-up cost seconds of CPU
             # and would hold this process's GIL), driven by a thread of ours: no update waits for a
-            # write. It starts now, while agents wait for the first parameters, so its start-up
-            # takes the core they leave rather than one they learn with.
+            # write. It starts after the first update (_after_update), so its start-up takes none of
+            # the learner's; at the priority of the learner's, so it is done by the learner's stop,
+            # which waits for its last writes (at nice 19 a busy machine left it tens of seconds).
             tracker = BackgroundTracker(partial(TrackerProcess, config.experiment_dir, config.run,
-                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri))
+                                                run_name=config.run, tracking_uri=config.tracking.tracking_uri),
+                                        deferred=True)
         if advice := config.stale_round_advice:
             log.warning("%s", advice)
         torch.set_num_threads(config.learner.torch_threads)
@@ -157,7 +163,8 @@ class Learner:
             return 0
         batches = PrefetchQueue(cfg.learner.prefetch_chunks)
         stop_prefetch = threading.Event()
-        prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch)
+        prefetcher = Prefetcher(self.receiver, batches, cfg.learner.receive_batch, stop_prefetch,
+                                wait_ms=min(cfg.hub.receiver.block_ms, READ_WAIT_MS))
         prefetcher.start()
         guard = OutageGuard("learner", self.stop, errors=RETRY_ERRORS)
         status = "FINISHED"
@@ -207,7 +214,8 @@ class Learner:
         if not self._publish(force=True):
             raise PublishBackpressure("initial parameters refused: Redis is out of memory")
         self.grants.grant()  # overlap too: its first grant ahead comes with the first update
-        self.control.start()
+        if not self.control.start(unless_stopped_since=process_started_at()):  # asked while this learner started
+            self.stop.set(f"run stopping ({self.control.stopping()[1] or 'stop requested'})")
 
     def _before_retry(self, exc: BaseException, relieve: bool) -> None:
         """After a Redis call failed with one of RETRY_ERRORS: a refusal for lack of memory makes
@@ -222,8 +230,11 @@ class Learner:
                 except RETRY_ERRORS as again:
                     log.warning("learner: the janitor could not free memory (%s)", again)
         reason = self.rules.limit_reason(self.env_steps, self.elapsed())
-        if not reason:
-            return
+        if reason:
+            self._stop_run(reason)
+
+    def _stop_run(self, reason: str) -> None:
+        """Stop this learner for ``reason`` and ask the run to stop (Redis may refuse: logged)."""
         self.stop.set(reason)
         try:
             self.control.request_stop(reason)
@@ -242,6 +253,9 @@ class Learner:
             self._ingest(items)
         updates = self.feed.train(self.algo, self.stop, arriving=batches.steps)
         while True:
+            if done := self.rules.update_reason():  # e.g. a learning rate annealed to 0: nothing more to learn
+                self._stop_run(done)
+                break
             self.grants.before_update()
             started = time.monotonic()
             stats = next(updates, None)  # the gradient steps run inside next()
@@ -277,6 +291,8 @@ class Learner:
         if not self._updated:  # the end of start-up (bench/solve.py times launch to this line)
             self._updated = True
             log.info("first update done (%.1fs after the learner was built)", time.monotonic() - self.started)
+            if isinstance(self.tracker, BackgroundTracker):
+                self.tracker.open()
         if self.checkpoints.due(iteration):  # before the Redis call, which an outage may fail
             self.checkpoints.save(self._state(), iteration)
             if self.tracker is not None:  # drawn by the tracker from its store, off this thread
@@ -312,6 +328,7 @@ class Learner:
 
     def _published(self, version: int, start: float) -> None:
         self.param_version = version
+        self.curve.publish(version)
         self.metrics.observe_publish(time.monotonic() - start)
         self.feed.on_publish(version)
 
@@ -337,6 +354,7 @@ class Learner:
         self._republish_if_rejected()
         self.grants.top_up()
         self.scores.read()
+        self.curve.flush()  # the points of the episodes read, written by the tracker's thread
         self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
         reason = self.rules.stop_reason(self.env_steps, self.elapsed())
         if reason:
@@ -374,6 +392,7 @@ class Learner:
                 self.checkpoints.save(self._state(), self.algo.iteration)
                 self._publish(force=True)
             self.scores.read()
+            self.curve.flush(force=True)
             use = self.feed.use()
             if use is not None:
                 self.metrics.observe_stop(use.held + unread_steps)

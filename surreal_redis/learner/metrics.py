@@ -9,7 +9,8 @@ learner-step axis) and the learner status hash that ``launch`` and ``status`` di
   flush window): learner version minus the version that produced each step, when it arrived;
   ``hub/policy_lag_share_<bucket>``: the share of steps per :data:`LAG_BUCKETS` bucket.
 - ``losses/rho_clipped_fraction`` (APPO's V-trace): the share of an update's samples whose
-  importance weight was clipped at rho-bar; ``losses/epochs``: epochs per update (window mean;
+  importance weight was clipped at rho-bar (pi as the agents receive it: float16 parameters'
+  rounding is no lag); ``losses/epochs``: epochs per update (window mean;
   they vary with APPO's ``min_epochs``).
 - ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (window).
 - ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env

@@ -29,14 +29,17 @@ class LearnerParts(NamedTuple):
     @classmethod
     def of(cls, config: ExperimentConfig) -> LearnerParts:
         """The parts ``config`` names, seeded by ``experiment.seed`` (the env is made once, for its
-        spaces; seed torch first: the trainer draws its initial weights)."""
+        spaces; seed torch first: the trainer draws its initial weights). The trainer takes the
+        section as the spec's ``for_run`` makes it for this run, and knows the
+        ``hub.publisher.dtype`` its parameters travel as."""
         seed = config.experiment.seed
         env = make_env(config.env, seed=seed, mode="train")
         obs_space, action_space = env.observation_space, env.action_space
         env.close()
-        section = config.algo_config
-        return cls(make_trainer(section, obs_space, action_space, seed),
-                   make_feed(section, FeedSettings.of(config), seed),
+        section = config.algorithm.for_run(config)
+        trainer = make_trainer(section, obs_space, action_space, seed)
+        trainer.wire_dtype = config.hub.publisher.dtype
+        return cls(trainer, make_feed(section, FeedSettings.of(config), seed),
                    ChunkCheck.for_experiment(config, obs_space, action_space))
 
 

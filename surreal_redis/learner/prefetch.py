@@ -18,6 +18,10 @@ from surreal_redis.outage import OutageGuard
 
 ROOM_WAIT_S = 0.2
 """How long the prefetcher waits for room before it looks at its stop event again."""
+READ_WAIT_MS = 200
+"""How long a read waits at most for new entries (less when ``hub.receiver.block_ms`` is less)
+before the prefetcher looks at its stop event again: a stopping learner joins the thread before
+its final checkpoint, and once waited out a whole ``block_ms`` (1 s) there."""
 
 
 class PrefetchQueue:
@@ -72,11 +76,13 @@ class PrefetchQueue:
 class Prefetcher(threading.Thread):
     """Reads batches of decoded chunks, at most ``batch`` chunks a read and never more than its
     queue has room for, until ``stop`` is set. Redis outages are ridden out with capped backoff;
-    any other error is kept in ``error`` and ends the thread (the learner exits non-zero)."""
+    any other error is kept in ``error`` and ends the thread (the learner exits non-zero). A read
+    waits at most ``wait_ms`` for new entries (:data:`READ_WAIT_MS`)."""
 
-    def __init__(self, receiver: ExperienceReceiver, out: PrefetchQueue, batch: int, stop: threading.Event) -> None:
+    def __init__(self, receiver: ExperienceReceiver, out: PrefetchQueue, batch: int, stop: threading.Event,
+                 wait_ms: int = READ_WAIT_MS) -> None:
         super().__init__(name="prefetch", daemon=True)
-        self.receiver, self.out, self.batch, self.stop = receiver, out, batch, stop
+        self.receiver, self.out, self.batch, self.stop, self.wait_ms = receiver, out, batch, stop, wait_ms
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -86,7 +92,7 @@ class Prefetcher(threading.Thread):
                 room = self.out.room(ROOM_WAIT_S)
                 if not room:
                     continue
-                items = guard.call(lambda: self.receiver.receive(min(self.batch, room)))  # noqa: B023
+                items = guard.call(lambda: self.receiver.receive(min(self.batch, room), self.wait_ms))  # noqa: B023
                 if items is None:  # stopped while Redis was away
                     return
                 self.out.put(items)

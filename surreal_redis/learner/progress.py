@@ -1,6 +1,7 @@
 """How far the run got: the episode scores agents and evaluators record, and the rules that stop
 the run by itself (``stop.max_env_steps``, ``stop.max_seconds``, ``stop.target_return`` on the
-train or the eval return). A stop request or a signal is the loop's business, not these rules'."""
+train or the eval return, the end of the trainer's annealing schedule). A stop request or a
+signal is the loop's business, not these rules'."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from surreal_redis.checkpoint import CheckpointManager
 from surreal_redis.hub.run.episodes import EpisodeReader, TrainReturns
 from surreal_redis.hub.run.heartbeat import AgentStatus
+from surreal_redis.learner.curve import CurveLog
 from surreal_redis.learner.metrics import LearnerMetrics
 
 if TYPE_CHECKING:
@@ -24,13 +26,15 @@ log = logging.getLogger(__name__)
 class Scores:
     """Episode records read from the hub: training returns (the charts' mean, the train-return
     stop rule) and complete evals (``eval.episodes`` of one parameter version: the latest score,
-    the best-k checkpoints). ``iteration()`` and ``state()``: the learner's update count and its
-    checkpoint state, for a best-k checkpoint of the current parameters."""
+    the best-k checkpoints), both also drawn into ``curve`` (:mod:`surreal_redis.learner.curve`).
+    ``iteration()`` and ``state()``: the learner's update count and its checkpoint state, for a
+    best-k checkpoint of the current parameters."""
 
     def __init__(self, episodes: EpisodeReader, config: ExperimentConfig, metrics: LearnerMetrics,
-                 checkpoints: CheckpointManager, *, iteration: Callable[[], int],
+                 checkpoints: CheckpointManager, curve: CurveLog, *, iteration: Callable[[], int],
                  state: Callable[[], dict[str, Any]]) -> None:
         self._episodes, self._config, self._metrics, self._checkpoints = episodes, config, metrics, checkpoints
+        self.curve = curve
         self._iteration, self._state = iteration, state
         self.train_returns = TrainReturns(config.stop.return_window)
         self.eval_by_version: dict[int, list[float]] = {}  # scores of evals not complete yet
@@ -40,14 +44,18 @@ class Scores:
     def resume(self, version: int) -> None:
         """After a restore to parameter ``version``: skip the episodes already recorded (their
         evals were credited by the run that wrote them; train returns still count for the stop
-        window). Reads the episode stream to its end."""
+        window and the train curve's steps). Reads the episode stream to its end."""
         self.evals_from_version = version
         while records := self._episodes.read_new():
             self.train_returns.add(records)
+            self.curve.count(records)
+        self.curve.resumed()
 
     def read(self) -> None:
         """Take the episodes recorded since the last read (one XREAD per 10k records)."""
-        for record in self._episodes.read_new():
+        records = self._episodes.read_new()
+        self.curve.episodes(records)
+        for record in records:
             if record.mode == "train":
                 self.train_returns.add([record])
                 self._metrics.observe_episode(record)
@@ -68,6 +76,7 @@ class Scores:
         """A complete eval of parameter version ``version``: log it and keep the best-k."""
         self.last_eval = score
         self._metrics.observe_eval(score)
+        self.curve.evaluated(version, score)
         keep = self._config.checkpoint.keep_best
         best = self._checkpoints.best()
         if keep and (len(best) < keep or score > best[-1][0]):
@@ -81,10 +90,19 @@ class Scores:
 
 class StopRules:
     """The conditions that stop a run by itself. ``read_agents()``: the agents that heartbeat
-    (live ones), for the train-return rule's window per agent."""
+    (live ones), for the train-return rule's window per agent; ``schedule_done()``: the trainer's
+    :meth:`~surreal_redis.algos.base.Trainer.schedule_done`."""
 
-    def __init__(self, stop: StopConfig, scores: Scores, read_agents: Callable[[], Sequence[AgentStatus]]) -> None:
+    def __init__(self, stop: StopConfig, scores: Scores, read_agents: Callable[[], Sequence[AgentStatus]],
+                 schedule_done: Callable[[], str] = lambda: "") -> None:
         self._stop, self._scores, self._read_agents = stop, scores, read_agents
+        self._schedule_done = schedule_done
+
+    def update_reason(self) -> str:
+        """Why the run stops before its next update ("" if it goes on): the trainer's schedule
+        is done (a learning rate annealed to 0 learns nothing). Asked before every update; no
+        Redis call."""
+        return self._schedule_done()
 
     def limit_reason(self, env_steps: int, elapsed_s: float) -> str:
         """Why the step or time limit stops the run ("" if neither is reached); no Redis call."""

@@ -21,7 +21,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from surreal_redis.chunks import Chunk, TransitionBatch
+from surreal_redis.chunks import Chunk, SkippedSteps, TransitionBatch
 from surreal_redis.replay import ReplayConfig, make_replay
 from surreal_redis.replay.fifo import FIFOReplay, FIFOReplayConfig
 from surreal_redis.replay.nstep import NStepBatch, NStepBuilder
@@ -39,6 +39,11 @@ class OnPolicyTrainer(Protocol):
     def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
         """One update on ``chunks``, returning its stats. A trainer whose epochs adapt (APPO's
         ``min_epochs``) runs an epoch past its minimum only while ``more_epochs()`` (None: always)."""
+        ...
+
+    def skipped(self, steps: list[SkippedSteps]) -> None:
+        """The steps of chunks the feed dropped, each where it falls in its env stream among the
+        chunks of the updates (:meth:`surreal_redis.algos.base.Trainer.skipped`)."""
         ...
 
 
@@ -139,8 +144,18 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
             held = len(self.fifo) + (0 if arriving is None else arriving())
             return held < self.steps_per_update and not stop.is_set()
 
+        # the steps of dropped chunks reach the trainer in stream order around the updates
         while len(self.fifo) >= self.steps_per_update and not stop.is_set():
-            yield algo.update(self.fifo.take(self.steps_per_update), more_epochs=next_batch_short)
+            chunks = self.fifo.take(self.steps_per_update)
+            before, after = self.fifo.skipped()
+            if before:
+                algo.skipped(before)
+            yield algo.update(chunks, more_epochs=next_batch_short)
+            if after:
+                algo.skipped(after)
+        before, _ = self.fifo.skipped()  # dropped ahead of every chunk held: nothing follows them
+        if before:
+            algo.skipped(before)
 
     def on_publish(self, version: int) -> None:
         self.fifo.set_learner_version(version)  # chunks of older policies than allowed are dropped

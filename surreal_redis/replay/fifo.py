@@ -1,6 +1,9 @@
 """On-policy FIFO replay: each chunk is handed to the learner once, in arrival order. Nothing is
 dropped silently: chunks too stale for the learner's parameters, and chunks pushed out by the
-capacity bound, are counted (:meth:`FIFOReplay.stats`) and logged.
+capacity bound, are counted (:meth:`FIFOReplay.stats`) and logged. A dropped chunk leaves its
+rewards and episode ends in its place (:class:`SkippedSteps`), handed out in stream order
+(:meth:`FIFOReplay.skipped`): the learner's reward scaler continues each env stream through them
+and resets its running return at the episodes they end.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-from surreal_redis.chunks import Chunk
+from surreal_redis.chunks import Chunk, SkippedSteps
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +42,20 @@ class FIFOReplayConfig:
 
 class FIFOReplay:
     """Queue of experience chunks for PPO. Thread-safe (hub reader threads insert while the learner
-    takes); no method blocks."""
+    takes); no method blocks.
+
+    A dropped chunk stays in the queue as its :class:`SkippedSteps` (no steps held), where it was:
+    an env stream's steps come out in the order it made them. Dropping keeps that order simple:
+    a stream's chunks carry growing policy versions, so the stale ones are its oldest, as are those
+    ``drop_oldest`` pushes out; only ``drop_newest`` drops one behind chunks still queued."""
 
     def __init__(self, config: FIFOReplayConfig) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._queue: collections.deque[Chunk] = collections.deque()
+        self._queue: collections.deque[Chunk | SkippedSteps] = collections.deque()
+        self._skipped_before: list[SkippedSteps] = []  # popped: before the chunks taken with them
+        self._skipped_after: list[SkippedSteps] = []  # popped: after a chunk taken of their stream
+        self._taken_streams: set[tuple[int, int]] = set()  # (agent, env) of the chunks taken since skipped()
         self._steps = 0
         self._learner_version = 0
         self._stats = dict.fromkeys(
@@ -68,19 +79,24 @@ class FIFOReplay:
         if chunk.num_steps < 1:
             raise ValueError(f"chunk from agent {chunk.agent_id} env {chunk.env_index} has no steps")
         with self._lock:
+            # a dropped newest chunk stays last of its stream: its skipped steps go to the end
             if self._is_stale(chunk):
-                self._drop("stale", chunk)
+                self._queue.append(self._drop("stale", chunk))
                 return
             if chunk.num_steps > self.config.capacity_steps:  # could never fit
-                self._drop("full", chunk)
+                self._queue.append(self._drop("full", chunk))
                 return
+            if self._steps + chunk.num_steps > self.config.capacity_steps and self.config.when_full == "drop_newest":
+                self._queue.append(self._drop("full", chunk))
+                return
+            front: list[SkippedSteps] = []
             while self._steps + chunk.num_steps > self.config.capacity_steps:
-                if self.config.when_full == "drop_newest":
-                    self._drop("full", chunk)
-                    return
                 oldest = self._queue.popleft()
-                self._steps -= oldest.num_steps
-                self._drop("full", oldest)
+                if isinstance(oldest, Chunk):
+                    self._steps -= oldest.num_steps
+                    oldest = self._drop("full", oldest)
+                front.append(oldest)
+            self._queue.extendleft(reversed(front))  # the oldest steps stay first
             self._queue.append(chunk)
             self._steps += chunk.num_steps
             self._stats["inserted_steps"] += chunk.num_steps
@@ -93,14 +109,14 @@ class FIFOReplay:
             self._learner_version = version
             if self.config.max_policy_lag is None:
                 return
-            fresh: collections.deque[Chunk] = collections.deque()
+            kept: collections.deque[Chunk | SkippedSteps] = collections.deque()
             for chunk in self._queue:
-                if self._is_stale(chunk):
+                if isinstance(chunk, Chunk) and self._is_stale(chunk):
                     self._steps -= chunk.num_steps
-                    self._drop("stale", chunk)
+                    kept.append(self._drop("stale", chunk))
                 else:
-                    fresh.append(chunk)
-            self._queue = fresh
+                    kept.append(chunk)
+            self._queue = kept
 
     def take(self, num_steps: int) -> list[Chunk]:
         """Remove and return the fewest oldest chunks holding at least ``num_steps`` steps (up to a
@@ -114,17 +130,41 @@ class FIFOReplay:
             count = 0
             while count < num_steps:
                 chunk = self._queue.popleft()
+                if isinstance(chunk, SkippedSteps):
+                    self._pass_over(chunk)
+                    continue
                 taken.append(chunk)
+                self._taken_streams.add((chunk.agent_id, chunk.env_index))
                 count += chunk.num_steps
             self._steps -= count
             self._stats["taken_steps"] += count
             return taken
 
+    def skipped(self) -> tuple[list[SkippedSteps], list[SkippedSteps]]:
+        """The dropped chunks' steps that :meth:`take` passed over, and those at the head of the
+        queue (before every chunk held), as two lists to hand to the learner in order: ``before``
+        the last take's chunks (or now, when nothing was taken) and ``after`` them (each follows a
+        chunk of its own stream in that take; with ``drop_newest`` only). Clears both."""
+        with self._lock:
+            while self._queue and isinstance(head := self._queue[0], SkippedSteps):
+                self._queue.popleft()
+                self._pass_over(head)
+            before, after = self._skipped_before, self._skipped_after
+            self._skipped_before, self._skipped_after = [], []
+            self._taken_streams.clear()
+            return before, after
+
+    def _pass_over(self, skipped: SkippedSteps) -> None:
+        """``skipped`` leaves the queue: after the last take's chunks if one was of its stream."""
+        after = (skipped.agent_id, skipped.env_index) in self._taken_streams
+        (self._skipped_after if after else self._skipped_before).append(skipped)
+
     def _is_stale(self, chunk: Chunk) -> bool:
         lag = self.config.max_policy_lag
         return lag is not None and self._learner_version - int(chunk.policy_version.min()) > lag
 
-    def _drop(self, reason: str, chunk: Chunk) -> None:
+    def _drop(self, reason: str, chunk: Chunk) -> SkippedSteps:
+        """Count and log ``chunk``'s drop; returns what stays of it in the queue."""
         chunks = self._stats[f"dropped_{reason}_chunks"] + 1
         self._stats[f"dropped_{reason}_chunks"] = chunks
         self._stats[f"dropped_{reason}_steps"] += chunk.num_steps
@@ -134,3 +174,4 @@ class FIFOReplay:
                    "%d..%d, learner version %d); %d %s chunks dropped so far", reason, chunk.agent_id,
                    chunk.env_index, chunk.num_steps, int(chunk.policy_version.min()),
                    int(chunk.policy_version.max()), self._learner_version, chunks, reason)
+        return SkippedSteps.of(chunk)

@@ -123,8 +123,8 @@ def test_launch_status_restart_stop_then_resume(tmp_path, server):
 def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
     if find_redis_server() is None:
         pytest.skip("no redis-server")
-    done = cli("launch", SMOKE, "--agents", "2", "-o", f"experiment.root={tmp_path}", "-o", "eval.every_s=1",
-               cwd=tmp_path, timeout=300)
+    done = cli("launch", SMOKE, "--agents", "2", "-o", f"experiment.root={tmp_path}", "-o", "eval.every_s=30",
+               "-o", "eval.every_updates=5", "-o", "tracking.curve_every_env_steps=250", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "run 'smoke' finished" in done.stderr
     experiment = tmp_path / "smoke"
@@ -141,6 +141,7 @@ def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
     score = float(line.split("mean return ")[1].split()[0])
     (best_score, best_update), = json.loads((experiment / "checkpoints" / "best.json").read_text())
     assert best_update == final if best_score == pytest.approx(score, abs=0.05) else best_score > score
+    check_curves(experiment, metrics, score)
     assert not (experiment / "hub.json").exists()  # announced while the run lived only
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke"]  # children write into the run's folder only
@@ -154,6 +155,26 @@ def test_smoke_config_runs_to_completion_on_embedded_redis(tmp_path):
     best = cli("rollout", str(sorted((experiment / "checkpoints").glob("ckpt-*.pt"))[0]), "--episodes", "1",
                "--mode", "stochastic", cwd=tmp_path)
     assert best.returncode == 0, best.stderr[-2000:]
+
+
+def check_curves(experiment: Path, metrics: dict[str, list[float]], final_score: float) -> None:
+    """The data behind curves.png: the train curve from the first episodes, a point per 250 env
+    steps (of 8000, less those of the episodes the stop cut); the evals (per 5 of 31 updates, once
+    the eval process is up: the whole run is a few seconds) and the final eval last, at the final
+    env steps; the same series in the MLflow run."""
+    from surreal_redis import plots
+
+    assert (experiment / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    curves = plots.read_run(experiment)
+    train, evaluated, final = curves.series
+    assert (train.kind, evaluated.kind, final.kind, curves.window) == ("train", "eval", "final", 20)
+    assert len(train.returns) >= 20, train
+    assert train.env_steps[0] <= 500  # the first episode (a CartPole episode is at most 500 steps)
+    assert sorted(metrics["curve/train_return"]) == sorted(train.returns)
+    assert len(evaluated.returns) >= 2 and evaluated.env_steps == tuple(sorted(evaluated.env_steps)), evaluated
+    assert final.returns == (pytest.approx(final_score, abs=0.05),) == (evaluated.returns[-1],)
+    assert final.env_steps == (evaluated.env_steps[-1],) == (metrics["charts/env_steps"][-1],)
+    assert sorted(metrics["curve/eval_return"]) == sorted(evaluated.returns)
 
 
 @pytest.mark.parametrize("args, message", [

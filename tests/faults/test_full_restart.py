@@ -63,9 +63,11 @@ def test_a_learner_restarted_into_a_full_redis_frees_the_backlog_and_publishes(r
         thread.join(timeout=10)
     assert outcome == [True], "start() did not publish within 60 s"
     assert learner.param_version == 1 and real_redis.exists(RunKeys(config.run).params.blob(1))
-    # trimmed to about the cap (whole stream nodes), every dropped entry counted
+    # trimmed to about the cap, every dropped entry counted: an approximate trim removes whole stream
+    # nodes (4 KB: ~13 of these entries), so under the cap in the last node and the whole one before
+    # it may stay (188 entries left 20)
     left = real_redis.xlen(keys.exp)
-    assert left <= 16
+    assert left <= 8 + 16
     assert sender.stats().chunks == left + learner.janitor.unread_dropped_total
     assert sender.stats().chunks_dropped == 2  # the flush the full Redis refused for max_wait_s
     assert real_redis.zcard(keys.obsref) <= 3 * left  # 3 frames per kept entry; the dropped ones went too

@@ -4,12 +4,14 @@ the run: every test here plays such an agent against a real redis-server."""
 
 import numpy as np
 import pytest
+from support.acl_users import acl_clients
 
 from surreal_redis.codec import digest, encode_array
 from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.experience.wire import payload_id
 from surreal_redis.keys import DIGEST_CHARS, RunKeys, is_digest
 from surreal_redis.scripts import ScriptError, Scripts, script_source
 
@@ -44,7 +46,7 @@ def test_insert_refuses_a_chunk_that_references_a_digest_more_than_once(real_red
     blob = encode_array(np.ones((84, 84), np.uint8))
     d = digest(blob)
     with pytest.raises(ScriptError, match=f"chunk 1 references {d} more than once"):
-        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(d)],
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(d)],
                      ["e71", 1, 1, 1, 1, blob, b"7", b"0", ",".join([d] * 5000).encode(), referencing_payload()])
     assert not real_redis.exists(KEYS.inbox, KEYS.pinned, KEYS.obs(d))
 
@@ -128,11 +130,11 @@ def test_insert_and_move_refuse_digests_outside_the_grammar(real_redis):
     for text in EDGE_CASES:
         key = KEYS.obs_prefix + text
         if is_digest(text):
-            assert scripts.call("insert", [KEYS.inbox, KEYS.pinned, key],
+            assert scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, key],
                                 ["e71", 1, 1, 1, 0, b"7", b"0", text.encode(), payload]) == [b"MISSING", text.encode()]
         else:
             with pytest.raises(ScriptError, match="is not an obs key"):
-                scripts.call("insert", [KEYS.inbox, KEYS.pinned, key],
+                scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, key],
                              ["e71", 1, 1, 1, 0, b"7", b"0", text.encode(), payload])
     # an agent RPUSHes around insert.lua: the batch is set aside and its digest never reaches obsref
     real_redis.rpush(KEYS.inbox, netstrings(b"e71", b"1", b"1", b"1", b"7", b"0", b"ABCDEF0123", payload))
@@ -156,15 +158,46 @@ def test_the_janitor_removes_malformed_obsref_members_and_never_dies_on_them(rea
 
 # ---------------------------------------------------------------- 3: junk obs key names
 
-def test_the_sweep_skips_obs_keys_it_cannot_parse_and_collects_the_rest(real_redis):
+def test_the_sweep_deletes_obs_keys_whose_name_holds_no_digest_and_the_orphans(real_redis):
+    """Junk names were skipped by every gc and stayed until `gc --drop`: nothing can reach them."""
     for suffix in ("zz", "ABCDEF0123", "", "0" * 31):
         assert real_redis.setnx(KEYS.obs_prefix + suffix, b"junk")  # what an agent's SETNX allows
-    orphan = upload(real_redis, b"written around insert.lua")
+    upload(real_redis, b"written around insert.lua")
     janitor = HubJanitor(real_redis, RetentionConfig(), RUN, 1)
     stats = janitor.run_once()
-    assert stats.orphans_deleted == 1 and stats.obs_skipped == 4 and not real_redis.exists(KEYS.obs(orphan))
-    reply = Scripts(real_redis).call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs_prefix + "zz"], [])
-    assert reply == [0, 0, 1, 0]  # deleted, orphans, skipped, spared: reported, never a refusal of the call
+    assert (stats.orphans_deleted, stats.junk_deleted, stats.obs_skipped, stats.obs_deleted) == (1, 4, 0, 5)
+    assert not real_redis.keys(KEYS.obs_prefix + "*")
+    other = RunKeys(RUN).shard(1).obs_prefix + "zz"  # another shard's key: never this call's to delete
+    real_redis.set(KEYS.obs_prefix + "zz", b"junk")
+    real_redis.set(other, b"junk")
+    reply = Scripts(real_redis).call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs_prefix + "zz", other], [])
+    assert reply == [1, 0, 1, 0, 1]  # deleted, orphans, skipped, spared, junk: never a refusal of the call
+    assert real_redis.exists(other)
+
+
+def test_the_administrators_gc_collects_every_junk_obs_key_and_keeps_the_live_ones(real_redis, redis_server):
+    """`surreal-redis gc` swept one SCAN page and skipped junk names: they stayed until `gc --drop`.
+    Now it sweeps every obs key of the run once; pinned or referenced blobs of the live run stay."""
+    from click.testing import CliRunner
+
+    from surreal_redis.cli import main
+
+    run = RunKeys(RUN)
+    sender, = honest_senders(real_redis, 1)
+    add_steps(sender, 0, 5, np.random.default_rng(5), n=1)
+    move_inbox(Scripts(real_redis), KEYS)
+    pinned = f"{7:032x}"
+    real_redis.sadd(KEYS.pinned, pinned)  # a batch still queued references it
+    real_redis.set(KEYS.obs(pinned), b"pinned")
+    live = set(real_redis.keys(KEYS.obs_prefix + "*"))
+    junk = [run.shard(s).obs_prefix + f"junk{i}" for s in range(2) for i in range(30)]
+    for key in junk:
+        assert real_redis.setnx(key, b"junk")
+    result = CliRunner().invoke(main, ["gc", "--run", RUN, "--redis-url", redis_server.url, "--config", "ppo_cartpole",
+                                       "-o", "redis.num_shards=2", "-o", "hub.retention.orphan_scan_count=5"])
+    assert result.exit_code == 0, result.output
+    assert not real_redis.exists(*junk)
+    assert set(real_redis.keys(KEYS.obs_prefix + "*")) == live and len(live) > 1
 
 
 # ---------------------------------------------------------------- 4: gc progress past pinned candidates
@@ -191,7 +224,7 @@ def test_gc_reports_what_it_deleted(real_redis):
     here, gone = f"{1:032x}", f"{2:032x}"
     real_redis.set(KEYS.obs(here), b"x")
     real_redis.zadd(KEYS.obsref, {here: 0, gone: 0})
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(here), KEYS.obs(gone)], []) == [1, 0, 0, 0]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(here), KEYS.obs(gone)], []) == [1, 0, 0, 0, 0]
     assert real_redis.zcard(KEYS.obsref) == 0
 
 
@@ -202,7 +235,7 @@ def test_a_batch_with_references_its_template_never_uses_is_set_aside(real_redis
     used = upload(real_redis, encode_array(np.ones((84, 84), np.uint8)))
     dangling = upload(real_redis, encode_array(np.full((84, 84), 2, np.uint8)))
     refs = f"{used},{dangling}".encode()
-    assert scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(used), KEYS.obs(dangling)],
+    assert scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(used), KEYS.obs(dangling)],
                         ["e71", 1, 1, 1, 0, b"7", b"0", refs, referencing_payload()]) == [b"OK"]
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
     assert drain(receiver) == []
@@ -247,6 +280,44 @@ def test_no_agent_can_store_under_a_payloads_id_first(real_redis):
     assert drain(receiver) == [] and receiver.stats().dead == 0
 
 
+def test_no_agent_can_make_the_learner_train_again_on_a_stored_payload(redis_server, real_redis):
+    """An agent read another's payload id in the stream and named it in its own insert.lua call
+    (EXISTS passes, the blob is there): the learner trained on that payload once more per call.
+    An id is now bound to the (uuid, seq, position) that stored it: such an item, and an agent's
+    reuse of its own id under another seq, is set aside whole as unbound_payload."""
+
+    from surreal_redis.acl import script_sha
+
+    clients = acl_clients(redis_server, real_redis, RUN)
+    agent, learner = clients["agent"], clients["learner"]
+    receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 1)
+    receiver.start()  # loads insert.lua for the agents
+    config = SenderConfig(flush_steps=2, dedup_min_bytes=1 << 20, payload_ref_min_bytes=1)
+    add_steps(ExperienceSender(agent, config, RUN, 0, 1), 0, 3, np.random.default_rng(9), n=2)
+    honest = drain(receiver)
+    assert len(honest) == 2 and receiver.stats().dead == 0
+    entries = [fields for _, fields in agent.xrange(KEYS.exp)]  # what any agent may read
+    insert = script_sha("insert")
+
+    def name(seq: int, fields: dict, blob_id: bytes) -> list:
+        return agent.evalsha(insert, 4, KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(blob_id.decode()),
+                             "e71", seq, seq, 1, 0, fields[b"a"], fields[b"e"], fields[b"o"], blob_id)
+
+    for seq, fields in enumerate(entries, 1):  # another agent's payloads, by their ids
+        assert name(seq, fields, fields[b"p"]) == [b"OK"]
+    own = payload_id("e71", 3, 1)  # its own payload, bound to its batch 3 ...
+    assert agent.setnx(KEYS.obs(own), real_redis.get(KEYS.obs(entries[0][b"p"].decode())))
+    assert name(3, entries[0], own.encode()) == [b"OK"]
+    assert name(3, entries[0], own.encode()) == [b"DUP"]  # a resend, dropped at the door (the agent's rights suffice)
+    assert name(4, entries[0], own.encode()) == [b"OK"]  # ... named again by batch 4
+    again = drain(receiver)
+    assert len(again) == 1 and receiver.dead_by_reason == {"unbound_payload": 3}  # only batch 3 trains
+    detail = [f[b"detail"] for _, f in real_redis.xrange(KEYS.dead)]
+    assert all(b"not the id bound to its batch" in d for d in detail)
+    agent.close()
+    learner.close()
+
+
 def test_thousands_of_junk_pins_are_scored_in_bounded_pages_and_collect_nothing_else(real_redis):
     """An agent SADDs 3000 pins, some no digest: each move scores at most 1024 of them, drops the
     ones that are no digest, and gc then deletes nothing any retained entry needs."""
@@ -254,7 +325,7 @@ def test_thousands_of_junk_pins_are_scored_in_bounded_pages_and_collect_nothing_
     add_steps(sender, 0, 3, np.random.default_rng(8), n=1)
     junk = [f"{i:032x}" for i in range(2990)] + [f"not-a-digest-{i}" for i in range(10)]
     real_redis.sadd(KEYS.pinned, *junk)
-    pins = real_redis.scard(KEYS.pinned)  # the junk and the queued batch's own frames
+    pins = real_redis.scard(KEYS.pinned) - 1  # the junk and the queued batch's own frames (its door pin goes)
     scripts = Scripts(real_redis)
     first = move_inbox(scripts, KEYS)
     assert first.added == 1 and first.pins == real_redis.scard(KEYS.pinned) == pins - 1024

@@ -35,7 +35,7 @@ def referencing_payload(shape: tuple[int, ...] = (84, 84)) -> bytes:
 def insert_with_blob(scripts: Scripts, seq: int, blob: bytes, payload: bytes, agent: bytes = b"7") -> None:
     """What an agent may do with its own EVALSHA: one chunk referencing one uploaded blob."""
     d = digest(blob)
-    reply = scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(d)],
+    reply = scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(d)],
                          ["e71", seq, seq, 1, 1, blob, agent, b"0", d.encode(), payload])
     assert reply[0] == b"OK"
 
@@ -119,7 +119,7 @@ def test_observations_no_entry_references_do_not_live_forever(real_redis):
     unreferenced = encode_array(np.ones((84, 84), np.uint8))
     d = digest(unreferenced)
     with pytest.raises(ScriptError, match="referenced by no chunk"):  # an upload riding along
-        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(d)],
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(d)],
                      ["e71", 1, 1, 1, 1, unreferenced, b"7", b"0", b"", referencing_payload()])
     assert not real_redis.exists(KEYS.obs(d))
     real_redis.set(KEYS.obs(d), unreferenced)  # written around insert.lua, as an agent's ACL allows

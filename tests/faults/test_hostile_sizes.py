@@ -16,6 +16,7 @@ from surreal_redis.hub.experience.inbox import move_inbox
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import DEAD_KEEP, HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
+from surreal_redis.hub.experience.wire import payload_id
 from surreal_redis.keys import RunKeys
 from surreal_redis.scripts import ScriptError, Scripts
 
@@ -47,7 +48,7 @@ def insert_naming_blob(client, seq: int, blob_id: str, size: int) -> None:
     it, and insert (its own insert.lua call) a chunk whose payload is that id."""
     assert client.setnx(KEYS.obs(blob_id), os.urandom(size))
     client.sadd(KEYS.pinned, blob_id)
-    reply = Scripts(client).call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(blob_id)],
+    reply = Scripts(client).call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(blob_id)],
                                  ["e71", seq, seq, 1, 0, b"7", b"0", b"", blob_id.encode()])
     assert reply == [b"OK"]
 
@@ -55,7 +56,7 @@ def insert_naming_blob(client, seq: int, blob_id: str, size: int) -> None:
 def test_insert_refuses_an_inline_payload_over_its_bound_and_writes_nothing(real_redis):
     payload = referencing_payload() + b"\0" * (2 << 20)
     with pytest.raises(ScriptError, match="chunk 1 holds .* bytes, over 1048576"):
-        Scripts(real_redis).call("insert", [KEYS.inbox, KEYS.pinned], ["e71", 1, 1, 1, 0, b"7", b"0", b"", payload])
+        Scripts(real_redis).call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen], ["e71", 1, 1, 1, 0, b"7", b"0", b"", payload])
     assert not real_redis.exists(KEYS.inbox, KEYS.pinned)
 
 
@@ -96,7 +97,7 @@ def test_a_huge_payload_blob_is_set_aside_by_reference_without_being_fetched(rea
     the read, at every restart. Now the blob's size is checked in the same round trip as the read,
     and the honest chunks of the same read arrive."""
     expected = honest(real_redis, 0, 3)
-    blob_id = "ab" * 16
+    blob_id = payload_id("e71", 1, 1)  # the id move.lua accepts for chunk 1 of batch 1
     insert_naming_blob(real_redis, 1, blob_id, BIG)
     expected |= honest(real_redis, 1, 4)
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(max_payload_bytes=LIMIT), RUN, 1)
@@ -130,7 +131,7 @@ def test_a_payload_that_inflates_past_the_limit_is_set_aside_before_it_is_decode
     expected = honest(real_redis, 0, 10)
     bomb = inflating_payload(1024)  # 2 MiB decoded
     assert len(bomb) < 16 << 10
-    reply = Scripts(real_redis).call("insert", [KEYS.inbox, KEYS.pinned], ["e71", 1, 1, 1, 0, b"7", b"0", b"", bomb])
+    reply = Scripts(real_redis).call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen], ["e71", 1, 1, 1, 0, b"7", b"0", b"", bomb])
     assert reply == [b"OK"]
     expected |= honest(real_redis, 1, 11)
     decoded = []
@@ -163,7 +164,7 @@ def test_the_dead_letter_stream_stays_bounded_in_bytes_after_many_big_hostile_en
     scripts = Scripts(real_redis)
     junk = b"SRC1" + os.urandom(200 << 10)  # under the limit, moved, and then unusable
     for seq in range(1, 121):
-        reply = scripts.call("insert", [KEYS.inbox, KEYS.pinned], ["e71", seq, seq, 1, 0, b"7", b"0", b"", junk])
+        reply = scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen], ["e71", seq, seq, 1, 0, b"7", b"0", b"", junk])
         assert reply == [b"OK"]
     maxlen = 20
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(max_payload_bytes=LIMIT, dead_maxlen=maxlen), RUN, 1)

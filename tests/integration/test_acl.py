@@ -315,7 +315,8 @@ def flatten(reply) -> list[bytes]:
 
 def test_agents_cannot_read_or_write_any_senders_dedup_state(redis_server, real_redis):
     """The dedup windows live in the shard's ``seen`` hash, which only the learner's move.lua
-    writes; the agent user may not touch it, and its senders' uuids appear in nothing it may read."""
+    writes; the agent user may only HGET a window by its uuid (insert.lua's door), and its senders'
+    uuids appear in nothing it may read."""
     create_users(real_redis, RUN, PASSWORDS, num_shards=1)
     receiver = ExperienceReceiver(login(redis_server, "learner"), ReceiverConfig(), RUN, 1)
     receiver.start()
@@ -330,8 +331,8 @@ def test_agents_cannot_read_or_write_any_senders_dedup_state(redis_server, real_
     assert len(receiver.receive(100, 0)) == 4 and real_redis.xlen(exp) == 4
     assert sorted(real_redis.hkeys(seen)) == sorted(u.encode() for u in uuids)
     spy = login(redis_server, "agent")
-    for command in (("HSET", seen, uuids[0], "0:999,"), ("HGET", seen, uuids[0]), ("HKEYS", seen), ("DEL", seen),
-                    ("HDEL", seen, uuids[0])):
+    for command in (("HSET", seen, uuids[0], "0:999,"), ("HKEYS", seen), ("HGETALL", seen), ("HRANDFIELD", seen),
+                    ("HSCAN", seen, 0), ("HLEN", seen), ("DEL", seen), ("HDEL", seen, uuids[0])):
         with pytest.raises(redis.exceptions.NoPermissionError):
             spy.execute_command(*command)
     readable = b"|".join(flatten([spy.xrange(exp), spy.xinfo_groups(exp)]

@@ -45,7 +45,7 @@ def insert(scripts: Scripts, seq: int, digests: list[str], chunks: int = 1, uuid
     args = [uuid, seq, seq if floor is None else floor, chunks, len(upload), *upload.values()]
     for c in range(chunks):
         args += [b"0", str(c).encode(), ",".join(digests).encode(), b"payload"]
-    return scripts.call("insert", [KEYS.inbox, KEYS.pinned, *[KEYS.obs(d) for d in order]], args)
+    return scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, *[KEYS.obs(d) for d in order]], args)
 
 
 def move(scripts: Scripts, count: int = 64, budget: int = 4 << 20) -> list[int]:
@@ -92,7 +92,7 @@ def test_insert_script_is_all_or_nothing_and_only_queues(real_redis):
     assert real_redis.ttl(KEYS.obs(b)) == -1 and real_redis.ttl(KEYS.obs(c)) == -1
     # queued, not in the stream: the referenced digests are pinned until the learner moves it
     assert real_redis.llen(KEYS.inbox) == 1 and not real_redis.exists(KEYS.exp, KEYS.obsref, KEYS.seen)
-    assert real_redis.smembers(KEYS.pinned) == {a.encode(), b.encode(), c.encode()}
+    assert real_redis.smembers(KEYS.pinned) == {a.encode(), b.encode(), c.encode(), b"q:aa01:1"}  # and the door pin
     assert move(scripts) == [1, 2, 0, 0, 0]
     ids = [entry_id for entry_id, _ in real_redis.xrange(KEYS.exp)]
     assert real_redis.zscore(KEYS.obsref, a) == id_score(ids[1])  # newest referencing entry
@@ -101,10 +101,13 @@ def test_insert_script_is_all_or_nothing_and_only_queues(real_redis):
     assert list(entry) == [b"a", b"e", b"o", b"d", b"s"] and entry[b"o"] == f"{a},{b},{c}".encode()
     tag = sender_tag("aa01").encode()  # the uuid's SHA1: the uuid stays secret from agents reading the stream
     assert [fields[b"s"] for _, fields in real_redis.xrange(KEYS.exp)] == [tag + b":1:1:2", tag + b":1:2:2"]
-    # a resent batch is queued again and stored once, whatever it carries
-    assert insert(scripts, 1, [a, b]) == [b"OK"]
-    assert insert(scripts, 1, [a], upload={a: b"other"}) == [b"OK"]
-    assert move(scripts) == [2, 0, 2, 0, 0]
+    # a resent batch is dropped at the door (DUP: the window names it), whatever it carries; a copy
+    # queued around the door (RPUSH) is dropped by the move
+    assert insert(scripts, 1, [a, b]) == [b"DUP"]
+    assert insert(scripts, 1, [a], upload={a: b"other"}) == [b"DUP"]
+    copy = (b"aa01", b"1", b"1", b"1", b"0", b"0", a.encode(), b"payload")
+    real_redis.rpush(KEYS.inbox, b"".join(b"%d:%s" % (len(f), f) for f in copy))
+    assert move(scripts) == [1, 0, 1, 0, 0]
     assert real_redis.xlen(KEYS.exp) == 2 and real_redis.get(KEYS.obs(a)) == b"A"
     # another sender is independent
     assert insert_moved(scripts, 1, [a], uuid="bb02")[0] == b"OK"
@@ -114,20 +117,20 @@ def test_insert_script_is_all_or_nothing_and_only_queues(real_redis):
     with pytest.raises(ScriptError, match="bad uuid"):
         insert(scripts, 5, [a], uuid="not hex")
     with pytest.raises(ScriptError, match="missing from KEYS"):
-        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(a)],
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(a)],
                      ["aa01", 7, 7, 1, 0, b"0", b"0", f"{a},{b}".encode(), b"p"])
     with pytest.raises(ScriptError, match="bad upload count"):
-        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(a)],
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(a)],
                      ["aa01", 7, 7, 1, 2, b"x", b"y", b"0", b"0", a.encode(), b"p"])
     with pytest.raises(ScriptError, match="expected 10 arguments"):
-        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(a)],
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(a)],
                      ["aa01", 7, 7, 1, 1, b"0", b"0", a.encode(), b"p"])
     with pytest.raises(ScriptError, match="exceed 256"):
         insert(scripts, 8, [digest_n(i) for i in range(257)])
     with pytest.raises(ScriptError, match="referenced by no chunk"):
         insert(scripts, 9, [a], upload={digest_n(9): b"never referenced"})
     with pytest.raises(ScriptError, match="listed twice"):  # as an upload, and again as a reference
-        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.obs(c), KEYS.obs(c)],
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, KEYS.obs(c), KEYS.obs(c)],
                      ["aa01", 9, 9, 1, 1, b"C", b"0", b"0", b"", b"p"])
     for seq, floor in ((9, 10), (2000, 1), (0, 0), (2.5, 1)):
         with pytest.raises(ScriptError, match="bad uuid/seq/floor"):
@@ -154,10 +157,9 @@ def test_insert_dedup_window_stores_a_refused_batch_after_a_later_one(real_redis
     assert insert_moved(scripts, 2, [a], floor=2) == [b"DUP"]
     assert insert_moved(scripts, 1, [a], floor=1) == [b"DUP"]
     assert real_redis.xlen(KEYS.exp) == 3
-    # seqs stored out of order inside the window all count, also when queued together
-    for s in (6, 4, 5, 6, 4):
-        assert insert(scripts, s, [a], floor=4) == [b"OK"]
-    assert move(scripts) == [5, 3, 2, 0, 0]
+    # seqs stored out of order inside the window all count; a copy of a queued one is dropped at the door
+    assert [insert(scripts, s, [a], floor=4) for s in (6, 4, 5, 6, 4)] == [[b"OK"]] * 3 + [[b"DUP"]] * 2
+    assert move(scripts) == [3, 3, 0, 0, 0]
     assert seen_window(real_redis) == b"4,6,4,5,"
     with pytest.raises(ScriptError, match="bad uuid/seq/floor"):
         insert(scripts, 4 + 1024, [a], floor=4)  # beyond the window
@@ -204,12 +206,12 @@ def test_gc_spares_what_a_queued_batch_references(real_redis):
     real_redis.xtrim(KEYS.exp, maxlen=0)  # its only entry is gone: gc would take it now
     assert insert(scripts, 2, [old, fresh], upload={fresh: b"F"}) == [b"OK"]
     candidates = [KEYS.obs(old), KEYS.obs(fresh)]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2]  # deleted, orphans, skipped, spared (both pinned)
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2, 0]  # deleted, orphans, skipped, spared (both pinned)
     assert move(scripts)[1] == 1
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2]  # referenced by the entry
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [0, 0, 0, 2, 0]  # referenced by the entry
     assert real_redis.mget(*candidates) == [b"O", b"F"]
     real_redis.xtrim(KEYS.exp, maxlen=0)
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [2, 0, 0, 0]
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [2, 0, 0, 0, 0]
 
 
 def test_move_runs_in_a_full_redis_while_agents_inserts_wait(real_redis):
@@ -229,7 +231,7 @@ def test_move_runs_in_a_full_redis_while_agents_inserts_wait(real_redis):
         assert move(scripts) == [2, 2, 0, 0, 0]
         assert real_redis.xlen(KEYS.exp) == 2 and not real_redis.exists(KEYS.inbox, KEYS.pinned)
         real_redis.xtrim(KEYS.exp, maxlen=0)
-        assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(a)], []) == [1, 0, 0, 0]
+        assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, KEYS.obs(a)], []) == [1, 0, 0, 0, 0]
     finally:
         real_redis.config_set("maxmemory", 0)
 
@@ -257,13 +259,13 @@ def test_trim_and_gc_scripts(real_redis):
     ids += [insert_moved(scripts, 10 + i, [digests[5]])[1] for i in range(3)]  # nodes [4, 5] and [6, 7]
     assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 1, 1000]) == [2, 2, ids[6]]
     candidates = [KEYS.obs(d) for d in digests] + [KEYS.obs(orphan)]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [6, 1, 0, 1]  # digests 0..4 and the orphan; digest 5 spared
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [6, 1, 0, 1, 0]  # digests 0..4 and the orphan; digest 5 spared
     assert real_redis.exists(*[KEYS.obs(d) for d in digests]) == 1
     assert real_redis.zcard(KEYS.obsref) == 1 and not real_redis.exists(KEYS.obs(orphan))
     with pytest.raises(ScriptError, match="bad mode"):
         scripts.call("trim", [KEYS.exp], ["learner", "CAP", 3, 5000])
     assert scripts.call("trim", [KEYS.exp], ["learner", "CAP", 0, 1000]) == [2, 2, b""]
-    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [1, 0, 0, 0]  # empty stream: all go
+    assert scripts.call("gc", [KEYS.exp, KEYS.obsref, KEYS.pinned, *candidates], []) == [1, 0, 0, 0, 0]  # empty stream: all go
     assert real_redis.zcard(KEYS.obsref) == 0
 
 
@@ -350,8 +352,8 @@ def test_retried_insert_after_lost_reply_is_stored_once(real_redis, monkeypatch)
     monkeypatch.setattr(sender_module, "send_commands", send_then_lose_reply)
     add_steps(sender, 3, np.random.default_rng(1))
     assert lost and sender.stats().error_retries == 1
-    assert real_redis.llen(KEYS.inbox) == 2  # queued twice: the resend cannot know it was
-    assert move(Scripts(real_redis)) == [2, 2, 1, 0, 0]  # 2 chunks (one per env), the copy dropped
+    assert real_redis.llen(KEYS.inbox) == 1  # the resend was answered DUP at the door (the batch is queued)
+    assert move(Scripts(real_redis)) == [1, 2, 0, 0, 0]  # 2 chunks (one per env)
     assert real_redis.xlen(KEYS.exp) == 2
 
 

@@ -8,9 +8,9 @@ when a resend that the dedup window drops stores it again."""
 import numpy as np
 import pytest
 import redis
+from support.acl_users import acl_clients
 
 import surreal_redis.hub.experience.sender as sender_module
-from surreal_redis.acl import create_users, username
 from surreal_redis.codec import digest
 from surreal_redis.hub.experience.backlog import dedup_ratio
 from surreal_redis.hub.experience.inbox import move_inbox
@@ -18,9 +18,9 @@ from surreal_redis.hub.experience.insert import pack_command, send_commands
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
-from surreal_redis.hub.experience.wire import id_score, sender_tag
+from surreal_redis.hub.experience.wire import id_score, payload_id, sender_tag
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.keys import RunKeys
+from surreal_redis.keys import RunKeys, is_digest
 from surreal_redis.scripts import ScriptError, Scripts, script_source
 
 pytestmark = pytest.mark.integration
@@ -65,19 +65,19 @@ def insert(scripts: Scripts, seq: int, payload: bytes, obs: list[str] = (), keys
     """insert.lua with one chunk whose payload field is ``payload`` (a digest: stored apart); KEYS
     are ``keys``, by default the observations' and the payload's blobs."""
     keys = [KEYS.obs(d) for d in obs] + [KEYS.obs(payload.decode())] if keys is None else keys
-    return scripts.call("insert", [KEYS.inbox, KEYS.pinned, *keys],
+    return scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, *keys],
                         [uuid, seq, seq, 1, 0, b"0", b"0", ",".join(obs).encode(), payload])
 
 
 def test_insert_and_move_carry_a_stored_payload_by_its_digest(real_redis):
     scripts = Scripts(real_redis)
-    p, frame = digest_n(7), digest_n(8)
+    p, frame = payload_id("aa01", 1, 1), digest_n(8)  # the id bound to chunk 1 of batch 1 of sender aa01
     assert insert(scripts, 1, p.encode()) == [b"MISSING", p.encode()]
     assert not real_redis.exists(KEYS.inbox, KEYS.pinned)  # refused whole
     real_redis.set(KEYS.obs(p), b"the payload")
     real_redis.set(KEYS.obs(frame), b"a frame")
     assert insert(scripts, 1, p.encode(), obs=[frame]) == [b"OK"]
-    assert real_redis.smembers(KEYS.pinned) == {p.encode(), frame.encode()}
+    assert real_redis.smembers(KEYS.pinned) == {p.encode(), frame.encode(), b"q:aa01:1"}  # and the door pin
     assert max(len(item) for item in real_redis.lrange(KEYS.inbox, 0, -1)) < 200  # the digest, not the bytes
     assert move_inbox(scripts, KEYS)[:5] == (1, 1, 0, 0, 0)
     (entry_id, fields), = real_redis.xrange(KEYS.exp)
@@ -106,7 +106,7 @@ def test_big_payloads_travel_apart_and_arrive_exactly(real_redis):
     assert stats.bytes_sent > 4 * 6000
     # queued as digests: the batches are small, the payload blobs are pinned
     assert all(len(item) < 1000 for item in real_redis.lrange(KEYS.inbox, 0, -1))
-    pinned = real_redis.smembers(KEYS.pinned)
+    pinned = {d for d in real_redis.smembers(KEYS.pinned) if is_digest(d.decode())}  # not the door pins
     assert len(pinned) == 4 and {KEYS.obs(d.decode()).encode() for d in pinned} == blob_keys(real_redis)
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
     got = receiver.receive(100, 0)
@@ -223,8 +223,8 @@ def test_an_agent_stopped_between_its_payloads_and_its_insert_leaves_no_blob(rea
 
 def test_a_resend_dropped_as_a_copy_leaves_no_payload_blob(real_redis, monkeypatch):
     """A lost reply, and the first copy is moved, read, trimmed and collected before the resend
-    comes: the resend stores the payload again, move.lua drops the copy (dedup window), and the
-    blob is collected all the same."""
+    comes: the resend stores the payload again, insert.lua answers DUP (the dedup window names the
+    batch) and queues nothing, and the blob is collected all the same."""
     real_redis.script_load(script_source("insert"))
     sender = ExperienceSender(real_redis, SenderConfig(flush_steps=4, payload_ref_min_bytes=4096,
                                                        retry_base_s=0.01), RUN, 0, 1)
@@ -248,7 +248,7 @@ def test_a_resend_dropped_as_a_copy_leaves_no_payload_blob(real_redis, monkeypat
     assert sender.stats().payloads_stored == 2  # by the resend (the first replies were lost)
     assert len(blob_keys(real_redis)) == 2
     moved = move_inbox(Scripts(real_redis), KEYS)
-    assert (moved.taken, moved.added, moved.duplicates) == (1, 0, 1)
+    assert (moved.taken, moved.added, moved.duplicates) == (0, 0, 0)  # the copy was dropped at the door (DUP)
     janitor(real_redis, 0).run_once()  # the stream is empty
     assert not blob_keys(real_redis) and not real_redis.exists(KEYS.obsref, KEYS.pinned)
 
@@ -276,14 +276,8 @@ def test_a_refused_payload_store_is_retried_and_arrives_once(real_redis, monkeyp
 
 
 def test_the_agent_user_stores_payloads_apart_and_cannot_touch_them(redis_server, real_redis):
-    passwords = {"agent": "a-pw", "eval": "e-pw", "learner": "l-pw"}
-    create_users(real_redis, RUN, passwords, num_shards=1)
-
-    def login(role: str) -> redis.Redis:
-        return redis.Redis(unix_socket_path=str(redis_server.socket_path), username=username(RUN, role),
-                           password=passwords[role])
-
-    agent, learner = login("agent"), login("learner")
+    clients = acl_clients(redis_server, real_redis, RUN)
+    agent, learner = clients["agent"], clients["learner"]
     receiver = ExperienceReceiver(learner, ReceiverConfig(), RUN, 1)
     receiver.start()  # loads insert.lua, which the agent may not
     sender = ExperienceSender(agent, CONFIG, RUN, 0, 1)
@@ -332,8 +326,8 @@ def test_one_janitor_run_scores_every_pin_of_a_burst_and_collects_its_blobs(real
         batch = digests[start:start + 250]
         args = ["aa01", seq, 1, 1, len(batch), *[b"x" * 64] * len(batch), b"0", b"0", ",".join(batch).encode(),
                 b"SRC1 payload"]
-        assert scripts.call("insert", [KEYS.inbox, KEYS.pinned, *[KEYS.obs(d) for d in batch]], args) == [b"OK"]
-    assert real_redis.scard(KEYS.pinned) == 1300
+        assert scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, *[KEYS.obs(d) for d in batch]], args) == [b"OK"]
+    assert real_redis.scard(KEYS.pinned) == 1300 + 6  # and each queued batch's door pin, unpinned by its move
     moved = move_inbox(scripts, KEYS, max_items=256)
     assert (moved.taken, moved.left, moved.pins) == (6, 0, 1300 - 1024) and not moved.done
     assert move_inbox(scripts, KEYS).done and not real_redis.exists(KEYS.pinned)
@@ -341,7 +335,7 @@ def test_one_janitor_run_scores_every_pin_of_a_burst_and_collects_its_blobs(real
         batch = digests[start:start + 250]
         args = ["aa01", seq, 10, 1, len(batch), *[b"x" * 64] * len(batch), b"0", b"0", ",".join(batch).encode(),
                 b"SRC1 payload"]
-        scripts.call("insert", [KEYS.inbox, KEYS.pinned, *[KEYS.obs(d) for d in batch]], args)
+        scripts.call("insert", [KEYS.inbox, KEYS.pinned, KEYS.seen, *[KEYS.obs(d) for d in batch]], args)
     stats = janitor(real_redis, 0).run_once()
     assert stats.moved == 6 and stats.obs_deleted == 1300
     assert not blob_keys(real_redis) and not real_redis.exists(KEYS.pinned, KEYS.obsref)

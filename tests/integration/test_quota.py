@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from support.acl_users import acl_clients
 
 from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
 from surreal_redis.keys import ParamKeys
@@ -114,18 +115,8 @@ def test_a_wait_for_grants_sleeps_through_publishes_and_empty_grants(real_redis)
 def test_an_agent_user_waits_for_the_learner_to_load_claim_lua(redis_server, real_redis):
     """After a SCRIPT FLUSH (or a restart) an agent, which may not load scripts, gets a clear
     ClaimScriptMissing until the learner loads claim.lua again; it may listen on the channel."""
-    import redis
-
-    from surreal_redis.acl import create_users, username
-
-    passwords = {"agent": "a", "eval": "e", "learner": "l"}
-    create_users(real_redis, "qa", passwords, num_shards=1)
-
-    def login(role: str) -> redis.Redis:
-        return redis.Redis(unix_socket_path=str(redis_server.socket_path), username=username("qa", role),
-                           password=passwords[role])
-
-    agent, learner = login("agent"), login("learner")
+    clients = acl_clients(redis_server, real_redis, "qa")
+    agent, learner = clients["agent"], clients["learner"]
     live(learner, "qa", 1)
     real_redis.script_flush()
     with pytest.raises(ClaimScriptMissing, match="may not load"):

@@ -361,3 +361,53 @@ def test_agents_whose_flushes_together_outlast_max_policy_lag_are_warned_about()
     assert bigger.stale_round_advice is None
     on_grants = load_config("ppo_cartpole", ["agent.num_agents=15", "learner.on_policy_sync=lockstep"])
     assert on_grants.stale_round_advice is None  # grants bound what is produced
+
+
+def test_float16_parameters_are_no_lag_to_the_clipped_share():
+    """hub.publisher.dtype float16: agents act with rounded parameters; on data without lag the
+    share of ratios clipped at rho-bar is 0, not the rounding's (about half of them)."""
+    from surreal_redis.algos.ppo.numpy_policy import NumpyPPOPolicy
+    from surreal_redis.hub.params.wire import from_wire, param_spec, to_wire
+
+    envs = make_vector_env(EnvConfig(env_id="Pendulum-v1"), 3, seed=0)
+    spaces = envs.single_observation_space, envs.single_action_space
+    config = APPOConfig(hidden_sizes=(32, 32), device="cpu", update_epochs=1, num_minibatches=1)
+    torch.manual_seed(0)
+    trained = APPOTrainer(config, *spaces)
+    with torch.no_grad():  # weights as large as a trained network's: the rounding shows in pi/mu
+        for p in trained.net.parameters():
+            p.normal_(0.0, 0.5)
+        trained.net.actor_logstd.fill_(-2.0)
+    params = trained.actor_params()
+    policy = NumpyPPOPolicy(config, *spaces, num_envs=3, seed=0)
+    policy.load_params(from_wire(to_wire(params, "float16"), param_spec(params)), 0)  # as agents load them
+    chunks = ChunkCollector(envs, policy, seed=0).collect(64)
+
+    def clipped_share(wire_dtype: str) -> float:
+        algo = APPOTrainer(config, *spaces)
+        algo.load_state_dict(copy.deepcopy(trained.state_dict()))
+        algo.wire_dtype = wire_dtype
+        return algo.update(chunks)["rho_clipped_fraction"]
+
+    assert clipped_share("float16") == 0.0
+    assert clipped_share("float32") > 0.2  # a learner unaware of the rounding counts it as clipping
+
+
+def test_as_received_rounds_as_the_parameter_wire():
+    from surreal_redis.algos.appo.trainer import as_received
+    from surreal_redis.hub.params.wire import from_wire, param_spec, to_wire
+
+    params = {"w": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32),
+              "big": np.array([1.0, 1e6], np.float32), "steps": np.array([3], np.int64)}
+    wire = from_wire(to_wire(params, "float16"), param_spec(params))
+    for name, value in params.items():
+        received = as_received(torch.as_tensor(value), "float16").numpy()
+        assert received.dtype == value.dtype and np.array_equal(received, wire[name]), name
+    assert np.array_equal(as_received(torch.as_tensor(params["w"]), "float32").numpy(), params["w"])
+
+
+def test_the_learner_tells_its_trainer_the_parameters_wire_dtype():
+    from surreal_redis.learner.parts import LearnerParts
+
+    config = load_config("appo_cartpole", ["hub.publisher.dtype=float16", "appo.device=cpu"])
+    assert LearnerParts.of(config).algo.wire_dtype == "float16"

@@ -265,8 +265,21 @@ def test_learner_step_times_an_update_and_refuses_what_it_cannot_time(bench, cap
     assert case["steps"] == 64 and case["minibatches"] == 2 and case["epochs"] == 10 and case["device"] == "cpu"
     assert case["update_s"] > 0 and case["samples_per_s"] > 0
     assert case["minibatch_step_ms"] == pytest.approx(case["epoch_ms"] / 2, abs=0.01)
-    with pytest.raises(SystemExit, match="sac_pendulum: sac's trainer is not a PPO-family one"):
-        bench["learner_step"].main(["--configs", "sac_pendulum", "--repeats", "1", "--device", "cpu"])
+    assert case["sb3_minibatch_step_ms"] > 0  # stable-baselines3's same update, in the same run
+    assert case["ratio"] == pytest.approx(case["minibatch_step_ms"] / case["sb3_minibatch_step_ms"], abs=0.01)
     with pytest.raises(SystemExit):
         bench["learner_step"].main(["--steps", "x"])
-    assert "--steps and --minibatch take comma-separated integers, got 'x'" in capsys.readouterr().err
+    assert "--steps takes comma-separated integers, got 'x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench["learner_step"].main(["--algos", "ppo,dqn"])
+    assert "--algos takes ppo, appo, sac, ddpg, got 'ppo,dqn'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config", ["sac_pendulum", "ddpg_pendulum"])
+def test_learner_step_times_off_policy_updates_against_sb3(bench, config):
+    result = bench["learner_step"].main(["--configs", config, "--batch", "16", "--repeats", "1", "--device", "cpu"])
+    [case] = result["cases"]
+    assert case["batch"] == 16 and case["algo"] == config.split("_")[0] and case["update_ms"] > 0
+    assert case["ratio"] == pytest.approx(case["update_ms"] / case["sb3_update_ms"], abs=0.01)
+    skipped = bench["learner_step"].main(["--algos", "ppo", "--configs", config, "--no-reference"])
+    assert skipped["cases"] == []  # a config of an algorithm outside --algos

@@ -163,3 +163,19 @@ def test_json_writes_the_result_and_the_learning_curves_beside_it(solve, monkeyp
     assert tuple(lines["sac_pendulum eval"].get_xdata()) == (8.5, 12.5)
     assert time_ax.get_xlabel().startswith("seconds (ours: from launch") and steps_ax.get_title() == "SAC Pendulum-v1"
     assert solve.sb3_curves("SB3 zoo", "sac", {"steps": 0, "curve": []}) is None
+
+
+def test_quick_runs_the_quick_start_against_sb3_zoo_and_says_its_verdict(solve):
+    """--quick: `launch configs/ppo_cartpole.yaml` (2 agents) and SB3 zoo's PPO only; the verdict
+    holds its first update (<= 3 s from the command), its exit (<= 1 s from the target, final eval
+    included: no eval.final_episodes=0 override) and its whole process (<= 0.8x SB3 zoo's)."""
+    launches, settings = solve.plan(solve.parse_args(["--quick"]))
+    assert launches == {"ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2, ()),)} and settings == ("zoo",)
+    assert solve.plan(solve.parse_args(["--only", "sac"]))[0] == {"sac": solve.LAUNCHES["sac"]}
+    result = {"ppo_cartpole_s": 12.0, "ppo_cartpole_startup_s": 2.5, "ppo_cartpole_shutdown_s": 1.5,
+              "sb3_zoo_ppo_cartpole_s": 16.0}
+    solve.add_ratios(result)
+    assert solve.quick_verdict(result) == (
+        "quick start: first update 2.50 s (met: <= 3 s) after the command; exit 1.50 s (NOT met: <= 1 s) after "
+        "the target; whole process 12.0 s against SB3 zoo's 16.0 s: 0.75x (met: <= 0.8x)")
+    assert "exit ? after" in solve.quick_verdict({})

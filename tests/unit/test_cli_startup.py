@@ -1,9 +1,12 @@
 """The CLI loads without torch and gymnasium: `surreal-redis --help`, `status` and `stop` stay fast
 (torch alone takes ~1.5 s to import on 2 cores); commands import what they need when they run."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +50,24 @@ def test_launcher_and_config_load_without_torch():
     assert out.strip() == "[]"
 
 
+@pytest.mark.parametrize("config", ["configs/ppo_cartpole.yaml", "configs/sac_pendulum.yaml"])
+def test_a_trainer_builds_updates_and_checkpoints_without_torch_dynamo(config):
+    """A learner's (and a final eval's) trainer: its optimizers build, step and save their state
+    without importing torch._dynamo (~1 s of CPU on each start, networks.EagerAdam)."""
+    code = ("import sys, torch, gymnasium as gym, surreal_redis.config as c; "
+            "from surreal_redis.algos.learning import make_trainer; "
+            f"cfg = c.load_config({config!r}); env = gym.make(cfg.env.env_id); "
+            "t = make_trainer(cfg.algo_config, env.observation_space, env.action_space); "
+            "opts = [o for o in vars(t).values() if isinstance(o, torch.optim.Optimizer)]; "
+            "assert opts, vars(t); "
+            "[(o.zero_grad(), o.step(), o.load_state_dict(o.state_dict())) for o in opts]; "
+            "t.load_state_dict(t.state_dict()); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+
+
 def test_activation_names_match_the_networks():
     """Configs check activations against a torch-free list; the networks map the same names."""
     from surreal_redis.algos.network_config import ACTIVATION_NAMES
@@ -71,3 +92,17 @@ def test_agent_nice_lowers_the_priority_of_the_process_that_reads_it():
         assert "nice must be in 0..19, got 20" in str(exc)
     else:
         raise AssertionError("agent.nice=20 was accepted")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")
+def test_lower_thread_priority_lowers_the_calling_thread_only():
+    """A start-up ahead of need (the final eval's standby) runs niced in a thread
+    while the process's other threads keep their priority, which they could not raise again."""
+    code = ("import os, threading; from surreal_redis.runtime import lower_thread_priority as lower; "
+            "seen = {}\n"
+            "def work(): seen['ok'] = lower(5); seen['nice'] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n"
+            "t = threading.Thread(target=work); t.start(); t.join(); "
+            "print(seen['ok'], seen['nice'] - os.getpriority(os.PRIO_PROCESS, 0))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", str(min(5, 19 - os.getpriority(os.PRIO_PROCESS, 0)))]

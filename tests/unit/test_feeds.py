@@ -40,6 +40,7 @@ class ChunkTrainer:
 
     def __init__(self, stop: threading.Event | None = None, stop_after: int = 0) -> None:
         self.updates: list[list[Chunk]] = []
+        self.skips: list[list] = []  # each call's SkippedSteps
         self.stop, self.stop_after = stop, stop_after
 
     def update(self, chunks: list[Chunk], more_epochs=None) -> dict[str, float]:
@@ -48,6 +49,9 @@ class ChunkTrainer:
         if self.stop is not None and len(self.updates) == self.stop_after:
             self.stop.set()
         return {"steps": float(sum(c.num_steps for c in chunks))}
+
+    def skipped(self, steps) -> None:
+        self.skips.append(steps)
 
 
 class BatchTrainer:
@@ -143,6 +147,7 @@ def test_on_policy_feed_drops_chunks_too_stale_for_the_published_version():
     assert len(list(feed.train(trainer, threading.Event()))) == 1
     assert [c.env_index for c in trainer.updates[0]] == [2]
     assert feed.stats()["dropped_stale_chunks"] == 2
+    assert [[s.env_index for s in steps] for steps in trainer.skips] == [[0, 1]]  # before the update
 
 
 def test_on_policy_feed_stops_between_updates():
@@ -371,3 +376,40 @@ def test_bad_settings_name_the_value():
         ReplayConfig(selector="per")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="steps_per_update must be >= 1, got 0"):
         OnPolicyFeed(FIFOReplayConfig(), 0)
+
+
+def test_the_reward_scaler_restarts_its_return_at_an_episode_end_held_by_a_dropped_chunk():
+    """A chunk dropped for lag ended an episode: the stream's next chunk starts a new return, as
+    it would have had the chunk been trained on."""
+    import gymnasium as gym
+    import torch
+
+    from surreal_redis.algos.ppo.trainer import PPOConfig, PPOTrainer
+
+    def trainer() -> PPOTrainer:
+        box = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        return PPOTrainer(PPOConfig(normalize_reward=True, gamma=0.5, update_epochs=1, num_minibatches=1),
+                          box, gym.spaces.Discrete(2), device="cpu")
+
+    def extras(c: Chunk) -> Chunk:
+        return c._replace(actions=np.zeros(c.num_steps, np.int64), extras={"logp": np.zeros(c.num_steps, np.float32)})
+
+    first, dropped, last = (extras(c) for c in stream(0, 3, 4))
+    dropped.terminated[3] = True  # its last step ended the episode
+    dropped = dropped._replace(final_obs={3: dropped.obs[4]})
+    last = last._replace(policy_version=np.full(4, 2, np.int64))
+    feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=1), steps_per_update=4)
+    learner = trainer()
+    feed.ingest(first)
+    assert len(list(feed.train(learner, threading.Event()))) == 1
+    feed.ingest(dropped._replace(policy_version=np.zeros(4, np.int64)))
+    feed.on_publish(2)  # the learner moved on: the chunk is dropped for lag
+    feed.ingest(last)
+    assert len(list(feed.train(learner, threading.Event()))) == 1
+    assert feed.stats()["dropped_stale_chunks"] == 1
+
+    reference = trainer().reward_scaler  # the stream as it was made: first, dropped, last
+    for c in (first, dropped, last):
+        reference.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated), stream=(0, 0))
+    assert learner.reward_scaler.get_extra_state() == pytest.approx(reference.get_extra_state())
+    assert learner.reward_scaler.get_extra_state()[(0, 0)] == pytest.approx(1.875)  # 4 steps since the end

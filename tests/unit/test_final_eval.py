@@ -11,6 +11,7 @@ from surreal_redis.config import load_config
 from surreal_redis.envs import make_env
 from surreal_redis.evaluator import Deadline, checkpoint_policy, score_checkpoint
 from surreal_redis.runtime import StopFlag
+from surreal_redis.seeds import final_episode_seed, final_eval_seeds
 
 
 def smoke_config(tmp_path: Path, *overrides: str):
@@ -39,11 +40,11 @@ def test_the_final_checkpoint_is_scored_and_enters_best_k(tmp_path):
     assert result.kept and result.score == pytest.approx(sum(result.returns) / 3) and result.score >= 1
     assert manager.best() == [(result.score, 10)] and manager.resolve("best") == final
     # exactly that file's parameters: the same episodes played by hand score the same
-    env = make_env(config.env, seed=config.experiment.seed + 40_000, mode="eval")
+    env = make_env(config.env, seed=final_eval_seeds(config.experiment.seed).envs, mode="eval")
     policy, iteration, _ = checkpoint_policy(config, final, env)
     from surreal_redis.evaluator import EVAL_MODES, play_episode
 
-    again = [play_episode(env, policy, EVAL_MODES["deterministic"], config.experiment.seed + 40_000 + k)[0]
+    again = [play_episode(env, policy, EVAL_MODES["deterministic"], final_episode_seed(config.experiment.seed, k))[0]
              for k in range(3)]
     assert iteration == 10 and again == result.returns
 

@@ -1,6 +1,8 @@
 """The launcher's decisions that need no process: folders of earlier runs, settings it cannot run
 with, how a learner is restarted, restart delays. (Supervision itself: tests/e2e/test_launch.py.)"""
 
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +168,59 @@ def test_a_finished_run_ends_with_an_eval_of_its_final_checkpoint(tmp_path, fake
     summary = lines[-1].splitlines()
     assert summary[0] == f"run 'smoke' finished (reached 8000 env steps); results in {launcher.folder.path}"
     assert summary[1] == "  2560 env steps, 10 updates, mean return 30.0, last eval -1.0" and summary[3] == line
+
+
+def test_the_final_eval_started_ahead_scores_the_final_checkpoint_when_told(tmp_path, fake_redis):
+    """The standby (eval --checkpoint -, started during the run) builds first, then scores the
+    path it is given, exactly as an eval started after the stop would."""
+    launcher, manager = final_eval_launcher(tmp_path, fake_redis)
+    launcher.progress = lambda line: None
+    launcher.finale.standby()
+    try:
+        standby = launcher.finale._standby
+        assert standby is not None and standby.poll() is None
+        select.select([standby.stdout], [], [], 120)  # until it says it is ready
+        line = launcher._final_eval(fake_redis, 0)
+    finally:
+        launcher.finale.close()
+    (score, iteration), = manager.best()
+    assert iteration == 10 and line.startswith(f"  final eval of update 10 (the final checkpoint): mean return "
+                                               f"{score:.1f} over 2 of 2 episodes")
+    assert standby.returncode == 0 and launcher.finale._standby is None
+    log = (launcher.folder.path / "logs" / "final-eval.log").read_text()
+    assert log.index("final eval ready: waiting") < log.index("final eval of update 10")
+
+
+def test_a_final_eval_started_ahead_and_not_ready_at_the_stop_is_replaced(tmp_path, fake_redis, monkeypatch):
+    """A standby still building (at the lowest priority, which a busy machine may starve) is
+    ended, and a fresh eval at full priority scores the checkpoint."""
+    launcher, manager = final_eval_launcher(tmp_path, fake_redis)
+    launcher.progress = lambda line: None
+    finale = launcher.finale
+    monkeypatch.setattr(finale, "command", lambda *role: [sys.executable, "-c", "import time; time.sleep(60)"])
+    finale.standby()  # never ready
+    standby = finale._standby
+    monkeypatch.undo()
+    try:
+        line = launcher._final_eval(fake_redis, 0)
+    finally:
+        finale.close()
+    assert standby.returncode is not None and finale._standby is None
+    assert line.startswith("  final eval of update 10 (the final checkpoint)") and manager.best()[0][1] == 10
+
+
+def test_an_unused_final_eval_started_ahead_exits_when_closed(tmp_path, fake_redis):
+    launcher, manager = final_eval_launcher(tmp_path, fake_redis)
+    launcher.finale.standby()
+    standby = launcher.finale._standby
+    launcher.signalled = "signal SIGINT"
+    try:
+        assert launcher._final_eval(fake_redis, 0) == "  final eval: skipped (signal SIGINT)"
+    finally:
+        launcher.finale.close()
+    # exited at its stdin's end, or killed while still building: nothing recorded either way
+    assert standby.returncode in (0, -signal.SIGKILL) and manager.best() == [(-1.0, 5)]
+    launcher.finale.close()  # twice: nothing left to close
 
 
 @pytest.mark.parametrize("case, message", [

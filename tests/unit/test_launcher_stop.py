@@ -33,6 +33,7 @@ def test_agents_and_eval_stop_while_the_learner_finishes(tmp_path, fake_redis, m
             assert child.process.poll() is not None, child.name
             assert child.process.returncode == -15, child.name
     finally:
+        launcher.finale.close()
         for child in children:
             if child.alive:
                 child.process.kill()
@@ -58,7 +59,9 @@ def test_eval_starts_after_the_first_parameters(tmp_path, fake_redis, monkeypatc
         launcher._supervise(fake_redis)
         assert started_when_published == [[True, True, False]]
         assert children[2].process is not None  # started after the publish
+        assert launcher.finale._standby is not None  # so is the final eval's process, made ready ahead
     finally:
+        launcher.finale.close()
         for child in children:
             if child.alive:
                 child.process.kill()

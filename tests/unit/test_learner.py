@@ -580,6 +580,59 @@ def test_lag_shares_bucket_the_whole_runs_histogram():
     assert set(lag_shares(Counter()).values()) == {0.0}
 
 
+def test_the_run_stops_where_its_annealing_schedule_ends(fake_redis, tmp_path):
+    """After total_updates annealed updates the learning rate is 0: the learner stops the run
+    there rather than train on with nothing to learn."""
+    config = ppo_config(tmp_path, "ppo.anneal_lr=true", "ppo.total_updates=1")
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    send_steps(fake_redis, config, learner, 64)  # two updates' worth
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 1 and learner.feed.stats()["taken_steps"] == 64
+    assert learner.stop and "annealing schedule ended" in learner.stop.reason
+    stopping, why = RunControl(fake_redis, config.run).stopping()
+    assert stopping and "total_updates 1" in why
+
+
+def test_annealing_spans_the_run_s_step_budget_unless_given(caplog):
+    derived = load_config("ppo_cartpole", ["ppo.total_updates=0", "stop.max_env_steps=100000"])
+    assert derived.algorithm.for_run(derived).total_updates == 100000 // 256
+    appo = load_config("appo_cartpole", ["appo.total_updates=0", "stop.max_env_steps=51200"])
+    assert appo.algorithm.for_run(appo).total_updates == 200
+    shipped = load_config("ppo_cartpole")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert shipped.algorithm.for_run(shipped) is shipped.algo_config  # its schedule is its budget
+        assert not caplog.records
+        short = load_config("ppo_cartpole", ["stop.max_env_steps=2000000"])
+        assert short.algorithm.for_run(short).total_updates == 781
+    assert "ppo.total_updates 781 ends the annealing at 199936 env steps, before stop.max_env_steps 2000000" in caplog.text
+    with pytest.raises(ValueError, match=r"ppo.anneal_lr and anneal_clip need ppo.total_updates >= 1 or stop.max_env_steps"):
+        load_config("ppo_cartpole", ["ppo.total_updates=0", "stop.max_env_steps=null"])
+
+
+def test_a_stop_requested_while_the_learner_starts_is_kept(fake_redis, tmp_path):
+    """A launcher stopping the run while its restarted learner is still starting: the learner's
+    start must not write the run back to running (the launcher would wait out its stop grace)."""
+    config = ppo_config(tmp_path)
+    control = RunControl(fake_redis, config.run)
+    learner = learner_for(config, fake_redis)  # this process started before the stop below
+    control.request_stop("launcher exiting")
+    assert learner.start()
+    assert control.stopping() == (True, "launcher exiting")
+    assert learner.stop and "launcher exiting" in learner.stop.reason
+
+
+def test_a_stop_from_an_earlier_life_of_the_run_does_not_stop_a_new_learner(fake_redis, tmp_path, monkeypatch):
+    config = ppo_config(tmp_path)
+    control = RunControl(fake_redis, config.run)
+    control.request_stop("the previous launch ended")
+    monkeypatch.setattr("surreal_redis.learner.loop.process_started_at", lambda: time.time() + 1.0)
+    learner = learner_for(config, fake_redis)
+    assert learner.start()
+    assert control.stopping() == (False, "") and not learner.stop
+
+
 class RecordingQueue(PrefetchQueue):
     """An empty prefetch queue that records how long each get was allowed to wait."""
 

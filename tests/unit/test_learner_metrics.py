@@ -23,7 +23,7 @@ def test_junk_keys_malformed_references_and_refused_moves_are_metrics(fake_redis
     tracker = RecordingTracker()
     metrics = LearnerMetrics(fake_redis, ExperimentConfig(), tracker)
     metrics.observe_janitor(JanitorStats(trimmed=0, unread_dropped=0, obs_deleted=3, calls=2, obs_skipped=4,
-                                         malformed_removed=2))
+                                         malformed_removed=2, junk_deleted=3))
     metrics.observe_janitor(JanitorStats(trimmed=0, unread_dropped=0, obs_deleted=0, calls=1, obs_skipped=1))
     receiver = ReceiverStats(chunks=0, steps=0, bytes=0, dead=5, cache_hits=0, cache_misses=0, claimed=0,
                              consumers_removed=0, retained=0, retained_skipped=0, move_errors=2)
@@ -32,6 +32,7 @@ def test_junk_keys_malformed_references_and_refused_moves_are_metrics(fake_redis
     (logged, step), = tracker.logged
     assert step == 7
     assert logged["hub/obs_junk_keys_skipped_total"] == 5.0
+    assert logged["hub/obs_junk_keys_deleted_total"] == 3.0
     assert logged["hub/obsref_malformed_removed_total"] == 2.0
     assert logged["hub/move_errors_total"] == 2.0 and logged["hub/dead_entries_total"] == 5.0
     assert logged["hub/obs_deleted_total"] == 3.0

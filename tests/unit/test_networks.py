@@ -147,3 +147,28 @@ def test_every_configs_activation_literal_names_the_networks_activations(config_
     networks build from :data:`ACTIVATION_NAMES`: both must name the same activations."""
     hint = typing.get_type_hints(config_class)["activation"]
     assert typing.get_origin(hint) is typing.Literal and set(typing.get_args(hint)) == set(ACTIVATION_NAMES)
+
+
+def test_eager_adam_makes_torch_adams_updates_and_state():
+    """networks.adam (EagerAdam, which skips torch's dynamo wrappers) updates as torch's fused
+    Adam does, bit for bit, with the learning rate changed in between (PPO's annealing), and
+    their state dicts load into each other."""
+    torch.manual_seed(0)
+    ours_net, theirs_net = mlp(4, [8], 2), mlp(4, [8], 2)
+    theirs_net.load_state_dict(ours_net.state_dict())
+    ours = adam(ours_net.parameters(), lr=1e-2, eps=1e-5)
+    theirs = torch.optim.Adam(theirs_net.parameters(), lr=1e-2, eps=1e-5, weight_decay=0.0, fused=True)
+    for step in range(4):
+        x = torch.randn(16, 4)
+        for net, opt in ((ours_net, ours), (theirs_net, theirs)):
+            opt.param_groups[0]["lr"] = 1e-2 / (step + 1)
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(ours_net.parameters(), theirs_net.parameters()):
+        assert torch.equal(a, b)
+    assert str(ours.state_dict()) == str(theirs.state_dict())
+    again = torch.optim.Adam(theirs_net.parameters(), lr=1.0, fused=True)
+    again.load_state_dict(ours.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    assert str(again.state_dict()) == str(ours.state_dict())

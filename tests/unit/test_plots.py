@@ -61,7 +61,7 @@ def test_a_value_without_both_partners_of_its_flush_is_left_out():
 
 def test_a_store_without_returns_or_a_folder_without_a_store_is_refused(tmp_path):
     write_run(tmp_path / "early", "early", [(1, 64, 2.0, None, None)])
-    with pytest.raises(PlotError, match=r"of early has no return metrics yet \(charts/episode_return_mean"):
+    with pytest.raises(PlotError, match=r"of early has no return metrics yet \(curve/train_return, curve/eval_return, charts/episode_return_mean"):
         plots.read_run(tmp_path / "early")
     (tmp_path / "empty").mkdir()
     with pytest.raises(PlotError, match=r"empty: no mlflow.db \(not a run folder"):
@@ -92,7 +92,7 @@ def test_the_figure_draws_each_series_against_env_steps_and_wall_seconds():
                 assert tuple(line.get_xdata()) == getattr(series, field)
                 assert tuple(line.get_ydata()) == series.returns
         assert tuple(lines["target 475"].get_ydata()) == (475.0, 475.0)
-        assert lines["a eval"].get_linestyle() == "--" and lines["a eval"].get_drawstyle() == "steps-post"
+        assert lines["a eval"].get_linestyle() == "--" and lines["a eval"].get_marker() == "o"  # a dot per eval
         assert lines["a train"].get_linestyle() == "-"
         assert lines["a train"].get_color() == lines["a eval"].get_color() != lines["b train"].get_color()
 
@@ -170,10 +170,12 @@ def test_a_failed_draw_warns_once_and_raises_nothing(tmp_path, caplog):
 
 
 def test_a_learner_run_leaves_curves_read_from_its_store(fake_redis, tmp_path):
-    """Tracking through the child process, as launched: train and eval returns reach the store
-    and curves.png is drawn from it at the checkpoints and the stop."""
+    """Tracking through the child process, as launched: the train curve a point per episode record
+    (every 10 env steps, each episode 10 long) from the first one, averaged over the last 2, and
+    each eval where its version was published reach the store as ``curve/`` metrics (step = env
+    steps), and curves.png is drawn from it at the checkpoints and the stop."""
     config = ppo_config(tmp_path, "tracking.enabled=true", "checkpoint.min_interval_s=0", "learner.metrics_every_s=0",
-                        "eval.episodes=2")
+                        "eval.episodes=2", "tracking.curve_window=2", "tracking.curve_every_env_steps=10")
     learner = Learner.from_config(config, fake_redis, StopFlag(install_handlers=False))
     learner.start()
     episodes = EpisodeLog(fake_redis, config.run)
@@ -181,15 +183,19 @@ def test_a_learner_run_leaves_curves_read_from_its_store(fake_redis, tmp_path):
         episodes.record([episode("train", train_return, learner.param_version)])
         if round_index == 1:
             episodes.record([episode("eval", 100.0, learner.param_version)] * 2)
+            evaluated_at = learner.env_steps  # the version was published at these steps (lockstep: none since)
         send_steps(fake_redis, config, learner, 32)
         learner._next_housekeeping = 0.0  # housekeeping (episodes, the metrics flush) every round
         learner.iterate(received(learner))
     learner.iterate(PrefetchQueue(1))
     learner._finish("FINISHED")
     assert (config.experiment_dir / CURVES_FILE).read_bytes()[:4] == b"\x89PNG"
-    train, evaluated = plots.read_run(config.experiment_dir).series
-    assert train.returns[-1] == 30.0 and train.env_steps[-1] == learner.env_steps  # the mean of 10, 30, 50
-    assert set(evaluated.returns) == {100.0}
+    curves = plots.read_run(config.experiment_dir)
+    train, evaluated = curves.series
+    assert (train.env_steps, train.returns) == ((10.0, 20.0, 30.0), (10.0, 20.0, 40.0))
+    assert train.wall_s == tuple(sorted(train.wall_s)) and 0 <= train.wall_s[0] <= train.wall_s[-1] <= learner.elapsed()
+    assert (evaluated.env_steps, evaluated.returns) == ((float(evaluated_at),), (100.0,))
+    assert curves.window == 2
 
 
 def test_the_launch_summary_names_the_curves_or_says_none_were_drawn(tmp_path, fake_redis):

@@ -314,6 +314,21 @@ def test_clip_range_anneals_over_the_budget():
     assert third["clip_coef"] == 0.0 and third["clip_fraction"] == pytest.approx(1.0)
 
 
+def test_annealing_without_a_schedule_is_refused_at_the_first_update(caplog):
+    """total_updates 0 is the run's budget, which only the learner knows (AlgorithmSpec.for_run);
+    a trainer built directly needs a schedule. Past the schedule's end an update says so."""
+    algo, _, collector = setup("discrete", anneal_lr=True)
+    with pytest.raises(ValueError, match="total_updates >= 1"):
+        algo.update(collector.collect(4))
+    algo, _, collector = setup("discrete", anneal_lr=True, total_updates=1)
+    assert algo.schedule_done() == ""
+    algo.update(collector.collect(4))
+    assert "annealing schedule ended: 1 updates (total_updates 1), learning rate 0" in algo.schedule_done()
+    with caplog.at_level("WARNING"):
+        assert algo.update(collector.collect(4))["learning_rate"] == 0.0
+    assert "past the annealing schedule" in caplog.text
+
+
 def test_missing_extras_are_rejected():
     algo, _, collector = setup("continuous_adapt")
     chunk = collector.collect(4)[0]
@@ -336,8 +351,7 @@ def test_chunks_of_different_lengths_update_together():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(mode="trust"), "mode"),
-    (dict(anneal_lr=True), "total_updates"),
-    (dict(anneal_clip=True), "total_updates"),
+    (dict(total_updates=-1), "total_updates"),
     (dict(activation="gelu"), "activation"),
     (dict(kl_coef_init=1000.0), "kl_coef"),
     (dict(num_minibatches=0), "num_minibatches"),

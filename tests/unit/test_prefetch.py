@@ -12,7 +12,7 @@ import pytest
 
 from surreal_redis.chunks import Chunk
 from surreal_redis.hub.experience.receiver import ReceivedChunk
-from surreal_redis.learner.prefetch import Prefetcher, PrefetchQueue
+from surreal_redis.learner.prefetch import READ_WAIT_MS, Prefetcher, PrefetchQueue
 
 
 def item(steps: int = 4) -> ReceivedChunk:
@@ -26,10 +26,11 @@ class TrickleReceiver:
     """Hands out at most ``per_read`` chunks a read, from an endless supply; records each ask."""
 
     def __init__(self, per_read: int) -> None:
-        self.per_read, self.asked = per_read, []
+        self.per_read, self.asked, self.waits = per_read, [], []
 
-    def receive(self, max_chunks: int) -> list[ReceivedChunk]:
+    def receive(self, max_chunks: int, block_ms: int | None = None) -> list[ReceivedChunk]:
         self.asked.append(max_chunks)
+        self.waits.append(block_ms)
         time.sleep(0.001)
         return [item() for _ in range(min(self.per_read, max_chunks))]
 
@@ -76,10 +77,26 @@ def test_small_reads_fill_the_queue_to_its_capacity(per_read):
 
 def test_a_reader_error_ends_the_thread_and_is_kept():
     class Broken:
-        def receive(self, max_chunks: int) -> list:
+        def receive(self, max_chunks: int, block_ms: int | None = None) -> list:
             raise RuntimeError("decoder bug")
 
     prefetcher = Prefetcher(Broken(), PrefetchQueue(4), 4, threading.Event())  # type: ignore[arg-type]
     prefetcher.start()
     prefetcher.join(timeout=5)
     assert isinstance(prefetcher.error, RuntimeError)
+
+
+def test_reads_wait_briefly_so_a_stop_ends_the_thread_soon():
+    """Each read waits at most READ_WAIT_MS (or the wait asked for) for new entries, not
+    hub.receiver.block_ms: the stopping learner joins this thread before its final checkpoint."""
+    for wait_ms, expected in ((None, READ_WAIT_MS), (50, 50)):
+        receiver, stop = TrickleReceiver(1), threading.Event()
+        extra = {} if wait_ms is None else {"wait_ms": wait_ms}
+        prefetcher = Prefetcher(receiver, PrefetchQueue(2), 1, stop, **extra)  # type: ignore[arg-type]
+        prefetcher.start()
+        deadline = time.monotonic() + 10
+        while not receiver.waits and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stop.set()
+        prefetcher.join(timeout=5)
+        assert receiver.waits and set(receiver.waits) == {expected}

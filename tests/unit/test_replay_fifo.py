@@ -73,3 +73,41 @@ def test_bad_arguments_are_rejected():
     assert len(replay) == 0 and replay.stats()["dropped_full_steps"] == 4
     with pytest.raises(ValueError, match="num_steps must be >= 1, got 0"):
         replay.take(0)
+
+
+def ended(agent_id: int, version: int, end_at: int, steps: int = 4) -> Chunk:
+    c = chunk(agent_id, steps, version)
+    c.terminated[end_at] = True
+    return c._replace(rewards=np.arange(1, steps + 1, dtype=np.float32))
+
+
+def test_a_dropped_chunk_leaves_its_rewards_and_ends_in_stream_order():
+    replay = FIFOReplay(FIFOReplayConfig(capacity_steps=100, max_policy_lag=1))
+    replay.insert(ended(0, version=0, end_at=1))
+    replay.insert(chunk(1, version=0))
+    replay.set_learner_version(2)  # both stale: dropped in place
+    replay.insert(ended(2, version=0, end_at=3))  # stale on arrival
+    replay.insert(chunk(0, version=2))
+    assert len(replay) == 4 and replay.stats()["dropped_stale_chunks"] == 3
+    taken = replay.take(4)
+    before, after = replay.skipped()
+    assert [c.agent_id for c in taken] == [0] and after == []
+    assert [(s.agent_id, s.ends.tolist()) for s in before] == [
+        (0, [False, True, False, False]), (1, [False] * 4), (2, [False, False, False, True])]
+    assert before[0].rewards.tolist() == [1, 2, 3, 4]
+    assert replay.skipped() == ([], [])  # handed out once
+
+
+def test_skipped_steps_at_the_head_come_out_without_a_take_and_full_drops_keep_their_place():
+    oldest = FIFOReplay(FIFOReplayConfig(capacity_steps=8, max_policy_lag=None))
+    for agent in range(3):
+        oldest.insert(chunk(agent))  # the third pushes agent 0's chunk out
+    before, after = oldest.skipped()
+    assert [s.agent_id for s in before] == [0] and after == []
+    newest = FIFOReplay(FIFOReplayConfig(capacity_steps=8, max_policy_lag=None, when_full="drop_newest"))
+    for _ in range(3):
+        newest.insert(chunk(0))  # the third is rejected: it follows the two queued of its stream
+    assert newest.skipped() == ([], [])
+    assert len(newest.take(8)) == 2
+    before, after = newest.skipped()
+    assert before == [] and [s.agent_id for s in after] == [0]

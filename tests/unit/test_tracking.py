@@ -49,6 +49,12 @@ class Recorder:
     def log_artifact(self, path, artifact_path=None):
         self._record("artifact", path, artifact_path)
 
+    def log_points(self, records):
+        self._record("points", records)
+
+    def draw_curves(self, path):
+        self._record("draw", path)
+
     def finish(self, status="FINISHED"):
         self._record("finish", status)
 
@@ -68,6 +74,45 @@ def test_calls_return_at_once_and_run_in_order_in_another_thread():
     assert recorder.calls == [("params", {"a": 1}), ("metrics", {"loss": 1.0}, 3),
                               ("artifact", Path("x.pt"), "checkpoints"), ("finish", "KILLED")]
     assert recorder.threads == {"mlflow"}
+
+
+def test_a_tracker_behind_draws_once_the_latest_state_and_keeps_every_point():
+    gate = threading.Event()  # a store slower than the learner: its calls queue up
+    recorder = Recorder(gate=gate)
+    tracker = BackgroundTracker(lambda: recorder)
+    for number in range(3):
+        tracker.log_points([("curve/train_return", float(number), number, number)])
+        tracker.draw_curves(Path("curves.png"))  # at each checkpoint
+    tracker.draw_curves(Path("other.png"))
+    tracker.log_metrics({"final": 1.0}, 9)
+    tracker.draw_curves(Path("curves.png"))  # at the stop, after the final metrics
+    gate.set()
+    tracker.finish()
+    assert recorder.calls == [("points", [("curve/train_return", float(n), n, n)]) for n in range(3)] + [
+        ("draw", Path("other.png")), ("metrics", {"final": 1.0}, 9), ("draw", Path("curves.png")), ("finish", "FINISHED")]
+
+
+def test_a_deferred_tracker_opens_when_told_or_at_its_finish():
+    """The learner's tracker opens at its first update (MLflow's start-up takes none of the
+    learner's); calls made before are queued and written once it is open, and a learner that
+    stops before any update still writes its run."""
+    for told in (True, False):
+        opened: list[bool] = []
+        recorder = Recorder()
+
+        def open_tracker(recorder=recorder, opened=opened):
+            opened.append(True)
+            return recorder
+
+        tracker = BackgroundTracker(open_tracker, deferred=True)
+        tracker.log_params({"a": 1})
+        time.sleep(0.05)  # an eager tracker would have opened and written by now
+        assert opened == [] and recorder.calls == []
+        if told:
+            tracker.open()
+            tracker.open()  # once
+        tracker.finish()
+        assert opened == [True] and recorder.calls == [("params", {"a": 1}), ("finish", "FINISHED")]
 
 
 def test_a_failed_call_is_raised_by_the_next_call_and_by_finish():
@@ -126,8 +171,9 @@ def test_tracker_process_writes_the_run_and_reports_errors_by_name(tmp_path):
 
     tracker = TrackerProcess(tmp_path, "exp", "run-a", _store(tmp_path))
     assert (tmp_path / "mlflow_run_id").read_text() == tracker.run_id
-    # the lowest CPU priority: it takes only what the learner and agents leave
-    assert os.getpriority(os.PRIO_PROCESS, tracker.process.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)
+    # its calls at the learner's priority (the learner's stop waits for the last ones); its
+    # start-up ran in a thread at the lowest (runtime.lower_thread_priority)
+    assert os.getpriority(os.PRIO_PROCESS, tracker.process.pid) == os.getpriority(os.PRIO_PROCESS, 0)
     tracker.log_params({"ppo.lr": 0.0003, "env.id": "CartPole-v1"})
     tracker.log_metrics({"loss": np.float32(0.5), "skipped": None, "nan": float("nan")}, 7)
     with pytest.raises(TrackingError, match="FileNotFoundError: .*nowhere.pt"):

@@ -22,8 +22,10 @@ def _trainer(section: APPOConfig, obs_space: gym.Space, action_space: gym.Space,
 
 
 def _check(config: Any) -> None:
-    """Rules across the :class:`~surreal_redis.config.ExperimentConfig`: with ``min_epochs`` the
-    learner sees the next batch arrive in its prefetch queue, so that queue must hold one."""
+    """Rules across the :class:`~surreal_redis.config.ExperimentConfig`: PPO's, and with
+    ``min_epochs`` the learner sees the next batch arrive in its prefetch queue, so that queue must
+    hold one."""
+    PPO_SPEC.check(config)
     section: APPOConfig = config.algo_config
     if section.min_epochs is None:
         return
@@ -36,6 +38,6 @@ def _check(config: Any) -> None:
 SPEC = AlgorithmSpec(
     name="appo", config_class=APPOConfig, on_policy=True, make_trainer=_trainer,
     make_policy=PPO_SPEC.make_policy, chunk_needs=PPO_SPEC.chunk_needs,
-    numpy_unsupported=PPO_SPEC.numpy_unsupported, check=_check,
+    numpy_unsupported=PPO_SPEC.numpy_unsupported, check=_check, for_run=PPO_SPEC.for_run,
     summary="APPO: PPO's clipped surrogate on V-trace advantages, for agents that run ahead of the learner "
             "(learner.on_policy_sync: free); PPO's network and agents")

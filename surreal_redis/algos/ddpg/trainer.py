@@ -23,7 +23,7 @@ from torch import nn
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
 from surreal_redis.algos.ddpg.policy import Actor, DDPGConfig
-from surreal_redis.algos.networks import QNetwork, soft_update
+from surreal_redis.algos.networks import QNetwork, TargetAverager
 from surreal_redis.chunks import TransitionBatch
 from surreal_redis.envs.spaces import bounded_box
 
@@ -47,6 +47,8 @@ class DDPGTrainer(ActorCriticTrainer):
                          QNetwork(obs_space, action_dim, config.critic_hidden, config.activation, out_std=0.01),
                          device, critic_weight_decay=config.critic_l2)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self._average_targets = TargetAverager((self.actor_target, self.actor), (self.critic_target, self.critic))
+        self._actor_params: list[torch.Tensor] = list(self.actor.parameters())
         logger.info("DDPG on %s: actor %d, critic %d parameters", self.device,
                     sum(p.numel() for p in self.actor.parameters()),
                     sum(p.numel() for p in self.critic.parameters()))
@@ -64,34 +66,34 @@ class DDPGTrainer(ActorCriticTrainer):
         q = self.critic(obs, actions)
         td_errors = target_q - q
         critic_loss = (weights * td_errors.square()).mean()
-        self.critic_optimizer.zero_grad()
+        self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
-        critic_grad_norm = _clip_grad(self.critic, self.config.critic_max_grad_norm)
+        critic_grad_norm = _clip_grad(self._critic_params, self.config.critic_max_grad_norm)
         self.critic_optimizer.step()
 
         self.iteration += 1
-        stats: dict[str, float] = {}
+        stats: dict[str, torch.Tensor | float] = {}
         if self.iteration % self.config.policy_frequency == 0:
-            # actor: follow the critic's action gradient
-            actor_loss = -self.critic(obs, self.actor(obs)).mean()
-            self.actor_optimizer.zero_grad()
-            actor_loss.backward()
-            stats["losses/actor_grad_norm"] = _clip_grad(self.actor, self.config.actor_max_grad_norm)
+            # actor: follow the critic's action gradient (the critic's own weight gradients unused: not computed)
+            with self._critic_frozen():
+                actor_loss = -self.critic(obs, self.actor(obs)).mean()
+                self.actor_optimizer.zero_grad(set_to_none=True)
+                actor_loss.backward()
+            stats["losses/actor_grad_norm"] = _clip_grad(self._actor_params, self.config.actor_max_grad_norm)
             self.actor_optimizer.step()
-            stats["losses/actor_loss"] = actor_loss.item()
+            stats["losses/actor_loss"] = actor_loss
             if self.config.target_update == "soft":
-                soft_update(self.actor_target, self.actor, self.config.tau)
-                soft_update(self.critic_target, self.critic, self.config.tau)
+                self._average_targets(self.config.tau)
         if self.config.target_update == "hard" and self.iteration % self.config.hard_update_every == 0:
             self.actor_target.load_state_dict(self.actor.state_dict())
             self.critic_target.load_state_dict(self.critic.state_dict())
 
         stats.update({
-            "losses/critic_loss": critic_loss.item(),
-            "losses/q_values": q.mean().item(),
+            "losses/critic_loss": critic_loss,
+            "losses/q_values": q.mean(),
             "losses/critic_grad_norm": critic_grad_norm,
         })
-        return stats, td_errors.detach().cpu().numpy()
+        return self._read_stats(stats), td_errors.detach().cpu().numpy()
 
     def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), actor_target=self.actor_target.state_dict())
@@ -101,7 +103,10 @@ class DDPGTrainer(ActorCriticTrainer):
         self.actor_target.load_state_dict(state["actor_target"])
 
 
-def _clip_grad(module: nn.Module, max_norm: float | None) -> float:
-    """Clip to ``max_norm`` if set; return the gradient's global norm before clipping."""
-    limit = float("inf") if max_norm is None else max_norm
-    return float(nn.utils.clip_grad_norm_(module.parameters(), limit))
+def _clip_grad(params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
+    """Clip the gradients of ``params`` to the global norm ``max_norm`` if set; return their global
+    norm before clipping, as a 0-d tensor (no host read). Unset, only the norm is taken (clipping
+    at an infinite norm would multiply every gradient by exactly 1)."""
+    if max_norm is None:
+        return nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    return nn.utils.clip_grad_norm_(params, max_norm)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 from surreal_redis.algos.base import AgentPolicy, Trainer
-from surreal_redis.algos.ppo.config import PPOConfig, numpy_unsupported
+from surreal_redis.algos.ppo.config import PPOConfig, annealing_for_run, check_annealing, numpy_unsupported
 from surreal_redis.algos.spec import AlgorithmSpec, ChunkNeeds, PolicyRequest
 
 
@@ -38,5 +38,5 @@ def _chunk_needs(section: PPOConfig, action_space: gym.Space) -> ChunkNeeds:
 
 SPEC = AlgorithmSpec(
     name="ppo", config_class=PPOConfig, on_policy=True, make_trainer=_trainer, make_policy=_policy,
-    chunk_needs=_chunk_needs, numpy_unsupported=numpy_unsupported,
+    chunk_needs=_chunk_needs, numpy_unsupported=numpy_unsupported, check=check_annealing, for_run=annealing_for_run,
     summary="PPO: clipped surrogate (or adaptive KL) on GAE advantages; agents act in numpy without images or an LSTM")

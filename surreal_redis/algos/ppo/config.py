@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 
 from surreal_redis.algos.network_config import ACTIVATION_NAMES
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,10 @@ class PPOConfig:
     anneal_clip: bool = False
     """Decay ``clip_coef`` linearly to 0 over ``total_updates`` updates, as SB3's ``clip_range: lin_0.2``."""
     total_updates: int = 0
-    """Number of updates the run will do (the annealing budget); required (> 0) when annealing."""
+    """The annealing schedule's length in updates. 0: the run's budget, ``stop.max_env_steps //
+    learner.steps_per_update`` (as CleanRL and SB3 anneal over the run's total timesteps; annealing
+    then needs ``stop.max_env_steps``). A schedule that ends first stops the run there, since
+    nothing more is learned at learning rate or clip range 0 (the learner warns when it starts)."""
     gamma: float = 0.99
     gae_lambda: float = 0.95
     update_epochs: int = 4
@@ -72,8 +79,8 @@ class PPOConfig:
             raise ValueError(f"mode must be 'clip' or 'adapt', got {self.mode!r}")
         if self.activation not in ACTIVATION_NAMES:
             raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
-        if (self.anneal_lr or self.anneal_clip) and self.total_updates < 1:
-            raise ValueError(f"anneal_lr and anneal_clip need total_updates >= 1, got {self.total_updates}")
+        if not (isinstance(self.total_updates, int) and self.total_updates >= 0):
+            raise ValueError(f"total_updates must be an int >= 0, got {self.total_updates!r}")
         if self.update_epochs < 1 or self.num_minibatches < 1:
             raise ValueError(f"update_epochs and num_minibatches must be >= 1, got "
                              f"{self.update_epochs} and {self.num_minibatches}")
@@ -82,6 +89,36 @@ class PPOConfig:
         if not 0.0 < self.kl_coef_min <= self.kl_coef_init <= self.kl_coef_max:
             raise ValueError(f"need 0 < kl_coef_min <= kl_coef_init <= kl_coef_max, got "
                              f"{self.kl_coef_min}, {self.kl_coef_init}, {self.kl_coef_max}")
+
+
+def check_annealing(config: Any) -> None:
+    """Rules across the experiment config: annealing with ``total_updates: 0`` takes its schedule
+    from ``stop.max_env_steps``, which must be set then."""
+    section: PPOConfig = config.algo_config
+    if (section.anneal_lr or section.anneal_clip) and not section.total_updates and config.stop.max_env_steps is None:
+        raise ValueError(f"{config.algo}.anneal_lr and anneal_clip need {config.algo}.total_updates >= 1 or "
+                         f"stop.max_env_steps (the schedule then spans the run's budget), got neither")
+
+
+def annealing_for_run(config: Any) -> PPOConfig:
+    """The section with its annealing schedule for this run: ``total_updates: 0`` becomes
+    ``stop.max_env_steps // learner.steps_per_update`` (at least 1); a schedule that ends before
+    the run's step budget gets a one-line warning (the learner stops at its end)."""
+    section: PPOConfig = config.algo_config
+    if not (section.anneal_lr or section.anneal_clip):
+        return section
+    budget, per_update = config.stop.max_env_steps, config.learner.steps_per_update
+    if not section.total_updates:
+        updates = max(1, budget // per_update)
+        log.info("%s anneals over %d updates: stop.max_env_steps %d / learner.steps_per_update %d",
+                 config.algo, updates, budget, per_update)
+        return dataclasses.replace(section, total_updates=updates)
+    if budget is not None and section.total_updates < budget // per_update:
+        log.warning("%s.total_updates %d ends the annealing at %d env steps, before stop.max_env_steps %d: the "
+                    "run stops at the schedule's end (learning rate and clip range 0 learn nothing); set "
+                    "%s.total_updates: 0 to anneal over the whole budget", config.algo, section.total_updates,
+                    section.total_updates * per_update, budget, config.algo)
+    return section
 
 
 def ppo_action_space(action_space: gym.Space) -> tuple[bool, int]:

@@ -23,11 +23,13 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.
     not_terminated = 1.0 - terminated.to(rewards.dtype)
     not_done = 1.0 - (terminated | truncated).to(rewards.dtype)
     deltas = rewards + gamma * not_terminated * next_values - values
-    advantages = torch.zeros_like(rewards)
+    traces = (gamma * gae_lambda) * not_done
     last = torch.zeros_like(rewards[0])
-    for t in reversed(range(rewards.shape[0])):
-        last = deltas[t] + gamma * gae_lambda * not_done[t] * last
-        advantages[t] = last
+    backwards = []
+    for delta, trace in zip(deltas.flip(0), traces.flip(0)):  # one [B] step at a time, t = T-1 .. 0
+        last = delta + trace * last
+        backwards.append(last)
+    advantages = torch.stack(backwards[::-1]) if backwards else torch.zeros_like(rewards)
     return advantages, advantages + values
 
 

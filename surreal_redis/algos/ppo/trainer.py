@@ -46,7 +46,7 @@ from surreal_redis.algos.ppo.losses import (
     value_loss,
 )
 from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy
-from surreal_redis.chunks import INITIAL_STATE, Chunk
+from surreal_redis.chunks import INITIAL_STATE, Chunk, SkippedSteps
 from surreal_redis.codec import Tree
 from surreal_redis.trees import tree_leaves, tree_map, tree_stack
 
@@ -84,7 +84,7 @@ class _Rollout(NamedTuple):
     advantages: torch.Tensor
     returns: torch.Tensor
     values: torch.Tensor
-    ref_head: torch.Tensor  # policy head of the network at the start of the update, [T, B, A]
+    ref_head: torch.Tensor  # policy head of the network at the update's start, [T, B, A] ([T, B, 0]: unread)
     episode_start: torch.Tensor
     diagnostics: dict[str, torch.Tensor]  # Targets.diagnostics, [T, B] each
     initial_state: LSTMState | None  # [B, H] each
@@ -111,7 +111,7 @@ def _flatten_time(tree: Tree) -> Tree:
 def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
     """All steps of feed-forward rollouts as one ``[1, N]`` batch (views when there is one)."""
     def cat(*leaves: torch.Tensor) -> torch.Tensor:
-        flat = [leaf.reshape(1, -1, *leaf.shape[2:]) for leaf in leaves]
+        flat = [leaf.reshape(1, leaf.shape[0] * leaf.shape[1], *leaf.shape[2:]) for leaf in leaves]
         return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
     fields = [tree_map(cat, *(r[i] for r in rollouts)) for i in range(len(_Rollout._fields) - 1)]
     return _Rollout._make([*fields, None])  # initial_state: none, the rollouts are feed-forward
@@ -120,6 +120,10 @@ def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
 class PPOTrainer(Trainer):
     """Learner side of PPO: one :meth:`update` per batch of chunks, which carry the extras
     :class:`PPOPolicy` produces (the spec's ``chunk_needs``)."""
+
+    targets_read_logp = False
+    """Whether :meth:`_targets` reads ``target_logp``; False: the no-grad pass over a rollout skips
+    the policy head unless ``mode="adapt"`` needs it (PPO's GAE reads values only)."""
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0) -> None:
@@ -171,8 +175,11 @@ class PPOTrainer(Trainer):
             # one pass over obs[0..T]: values of every step, the chunk-end bootstrap V(obs[T])
             z, states = self.net.core(self._features_no_grad(_flatten_time(obs)), state, episode_start)
             all_values = self.net.value(z).reshape(steps + 1, batch)
-            ref_head = self.net.policy_head(z).reshape(steps + 1, batch, -1)[:steps]
-            _, target_logp = self._distribution(_flatten_time(ref_head), actions)
+            if self.config.mode == "adapt" or self.targets_read_logp:
+                ref_head = self.net.policy_head(z).reshape(steps + 1, batch, -1)[:steps]
+                target_logp = self._distribution(_flatten_time(ref_head), actions)[1].reshape(steps, batch)
+            else:  # neither the KL penalty nor the targets read the policy at the update's start
+                ref_head, target_logp = z.new_empty(steps, batch, 0), torch.empty(0)
             next_values = all_values[1:].clone()
             # episodes that ended inside the chunk: bootstrap from their true final observation,
             # continuing the LSTM from the state after step t (before the reset)
@@ -185,31 +192,42 @@ class PPOTrainer(Trainer):
                 no_start = torch.zeros(1, len(ends), dtype=torch.bool, device=dev)
                 z_final, _ = self.net.core(self.net.features(final_obs), end_state, no_start)
                 next_values[t_idx, b_idx] = self.net.value(z_final)
+            received_logp = self._received_logp(_flatten_time(obs), state, episode_start, actions, target_logp)
             targets = self._targets(reward_batch, all_values[:steps], next_values, terminated, truncated, logp,
-                                    target_logp.reshape(steps, batch))
+                                    target_logp, received_logp=received_logp)
         reference_logp = logp if targets.proximal_logp is None else targets.proximal_logp
         return _Rollout(tree_map(lambda v: v[:steps], obs), actions, reference_logp, targets.advantages, targets.returns,
                         all_values[:steps], ref_head, episode_start[:steps], targets.diagnostics, state)
 
+    def _received_logp(self, flat_obs: Tree, state: LSTMState | None, episode_start: torch.Tensor,
+                       actions: torch.Tensor, target_logp: torch.Tensor) -> torch.Tensor:
+        """Log-probs ``[T, B]`` of ``actions`` under the network as the agents receive it (its
+        parameters through the ``wire_dtype`` rounding); ``flat_obs`` ``[(T+1)*B, ...]``,
+        ``episode_start`` ``[T+1, B]``. PPO reads no log-prob in its targets: ``target_logp``."""
+        return target_logp
+
     def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                  terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
-                 target_logp: torch.Tensor) -> Targets:
+                 target_logp: torch.Tensor, received_logp: torch.Tensor | None = None) -> Targets:
         """Advantages and value targets, all ``[T, B]`` (no gradients), from the network's
         ``values``, ``next_values`` (as :func:`compute_gae` reads them) and ``target_logp`` at the
-        start of the update, and the agents' ``behaviour_logp``. PPO: GAE(lambda), which reads
-        neither log-prob."""
+        start of the update (empty unless :attr:`targets_read_logp`), and the agents'
+        ``behaviour_logp``; ``received_logp``: the same network's log-probs as the agents would
+        compute them (:meth:`_received_logp`; None: ``target_logp``), for diagnostics that compare
+        with the agents. PPO: GAE(lambda), which reads no log-prob."""
         cfg = self.config
         advantages, returns = compute_gae(rewards, values, next_values, terminated, truncated, cfg.gamma,
                                           cfg.gae_lambda)
         return Targets(advantages, returns, {})
 
-    def _features_no_grad(self, flat_obs: Tree) -> torch.Tensor:
-        """``net.features`` of ``[N, ...]`` leaves, in slices of about :data:`PASS_OBS_BYTES` of
-        observations (pixels are turned into floats a slice at a time)."""
+    def _features_no_grad(self, flat_obs: Tree, net: ActorCritic | None = None) -> torch.Tensor:
+        """``net.features`` (default: the learner's network) of ``[N, ...]`` leaves, in slices of
+        about :data:`PASS_OBS_BYTES` of observations (pixels are turned into floats a slice at a time)."""
+        net = self.net if net is None else net
         total, rows = len(tree_leaves(flat_obs)[0]), _rows_per_pass(flat_obs, 1)
         if rows >= total:
-            return self.net.features(flat_obs)
-        return torch.cat([self.net.features(tree_map(lambda v, i=i: v[i:i + rows], flat_obs))
+            return net.features(flat_obs)
+        return torch.cat([net.features(tree_map(lambda v, i=i: v[i:i + rows], flat_obs))
                           for i in range(0, total, rows)])
 
     def _distribution(self, head: torch.Tensor, actions: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
@@ -278,6 +296,17 @@ class PPOTrainer(Trainer):
                     approx_kl=approx_kl.item(), clip_fraction=clip_fraction.item())
         return loss, info
 
+    def schedule_done(self) -> str:
+        """Why the next update would learn nothing ("" while it would): ``total_updates`` updates
+        done under ``anneal_lr`` or ``anneal_clip``, whose learning rate or clip range is 0 from
+        there (a clip range of 0 clips every ratio that moves: the policy stays where it is)."""
+        cfg = self.config
+        if (cfg.anneal_lr or cfg.anneal_clip) and cfg.total_updates and self.iteration >= cfg.total_updates:
+            annealed = " and ".join(name for name, on in (("learning rate", cfg.anneal_lr),
+                                                          ("clip range", cfg.anneal_clip)) if on)
+            return f"the annealing schedule ended: {self.iteration} updates (total_updates {cfg.total_updates}), {annealed} 0"
+        return ""
+
     def min_epochs(self) -> int:
         """Epochs every update runs before :meth:`update` asks ``more_epochs``; PPO: all of them."""
         return self.config.update_epochs
@@ -304,6 +333,13 @@ class PPOTrainer(Trainer):
         if not chunks:
             raise ValueError("update needs at least one chunk")
         cfg = self.config
+        annealing = cfg.anneal_lr or cfg.anneal_clip
+        if annealing and not cfg.total_updates:
+            raise ValueError("anneal_lr and anneal_clip need total_updates >= 1 (a learner derives it from "
+                             "stop.max_env_steps: AlgorithmSpec.for_run), got 0")
+        if annealing and self.iteration == cfg.total_updates:
+            log.warning("update %d is past the annealing schedule (total_updates %d): learning rate and clip "
+                        "range 0 from here", self.iteration + 1, cfg.total_updates)
         # CleanRL's linear schedules: the fraction of the budget (total_updates) still ahead
         remaining = max(0.0, 1.0 - self.iteration / cfg.total_updates) if cfg.total_updates else 1.0
         learning_rate = cfg.learning_rate * (remaining if cfg.anneal_lr else 1.0)
@@ -315,8 +351,8 @@ class PPOTrainer(Trainer):
         if self.reward_scaler is not None:
             # G runs per (agent, env) stream, so a stream's chunk continues where its previous one
             # left off however the streams interleave; the one variance is shared, like SB3's.
-            rewards = [self.reward_scaler.scale(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
-                                                stream=(c.agent_id, c.env_index)).numpy() for c in chunks]
+            rewards = self.reward_scaler.scale_chunks(rewards, [c.terminated | c.truncated for c in chunks],
+                                                      [(c.agent_id, c.env_index) for c in chunks])
         by_length: dict[int, list[int]] = {}
         for i, chunk in enumerate(chunks):
             by_length.setdefault(chunk.num_steps, []).append(i)
@@ -371,9 +407,16 @@ class PPOTrainer(Trainer):
         without training, to warm the statistics up."""
         self._update_obs_normalizer(chunks)
         if self.reward_scaler is not None:
-            for c in chunks:
-                self.reward_scaler.update(torch.as_tensor(c.rewards), torch.as_tensor(c.terminated | c.truncated),
-                                          stream=(c.agent_id, c.env_index))
+            self.reward_scaler.scale_chunks([c.rewards for c in chunks], [c.terminated | c.truncated for c in chunks],
+                                            [(c.agent_id, c.env_index) for c in chunks])
+
+    def skipped(self, steps: list[SkippedSteps]) -> None:
+        """The reward scaler takes dropped chunks' rewards in, as those of the chunks it scales:
+        each stream's running return goes on through them and restarts at the episodes they end."""
+        if self.reward_scaler is not None:
+            for s in steps:
+                self.reward_scaler.update(torch.as_tensor(s.rewards), torch.as_tensor(s.ends),
+                                          stream=(s.agent_id, s.env_index))
 
     def actor_params(self) -> ParamDict:
         """The whole actor-critic (agents report values too) with the z-filter statistics."""

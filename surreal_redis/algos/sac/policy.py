@@ -79,6 +79,11 @@ class Actor(nn.Module):
         ``noise`` is the standard normal ``eps`` ``[B, A]`` (drawn with ``generator`` when None).
         """
         mean, log_std = self(obs)
+        return self.sample_from(mean, log_std, noise, generator)
+
+    def sample_from(self, mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor | None = None,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sample` from the Gaussian ``forward`` returned (``mean``, ``log_std`` ``[B, A]``)."""
         if noise is None:
             noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         # reparameterization, u = f(eps; s) = mean + std * eps (arXiv:1801.01290 eq. 11)

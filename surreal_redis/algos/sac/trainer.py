@@ -30,10 +30,11 @@ import numpy as np
 import torch
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
-from surreal_redis.algos.networks import adam, soft_update
+from surreal_redis.algos.networks import TargetAverager, adam
 from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
 from surreal_redis.chunks import TransitionBatch
+from surreal_redis.codec import Tree
 from surreal_redis.envs.spaces import bounded_box
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class SACTrainer(ActorCriticTrainer):
         self.alpha_optimizer = (adam([self.log_alpha], lr=config.alpha_lr) if config.autotune
                                 else None)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._average_targets = TargetAverager((self.critic_target, self.critic))
         logger.info("SAC on %s: actor %d, critics %d parameters, target entropy %g", self.device,
                     sum(p.numel() for p in self.actor.parameters()),
                     sum(p.numel() for p in self.critic.parameters()), self.target_entropy)
@@ -69,6 +71,11 @@ class SACTrainer(ActorCriticTrainer):
     def alpha(self) -> float:
         """The temperature the next update uses (``config.alpha`` when not ``autotune``)."""
         return float(self.log_alpha.exp().item()) if self.config.autotune else self.config.alpha
+
+    def _alpha(self) -> torch.Tensor | float:
+        """:attr:`alpha` without a host read: ``exp(log_alpha)`` as a ``[1]`` tensor (the same
+        float32 value) when ``autotune``, else ``config.alpha``."""
+        return self.log_alpha.detach().exp() if self.config.autotune else self.config.alpha
 
     def update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
         """One critic step on a batch of B transitions; every ``policy_frequency`` updates,
@@ -80,7 +87,7 @@ class SACTrainer(ActorCriticTrainer):
         would let opposite signs cancel: a transition both critics get wrong could rank last."""
         config = self.config
         obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
-        alpha = self.alpha
+        alpha = self._alpha()
 
         # soft target, eq. 3: the soft value of s' under the current policy, with the smaller target critic
         with torch.no_grad():
@@ -94,46 +101,66 @@ class SACTrainer(ActorCriticTrainer):
         q1_loss = (weights * td1.square()).mean()
         q2_loss = (weights * td2.square()).mean()
         critic_loss = q1_loss + q2_loss
-        self.critic_optimizer.zero_grad()
+        self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optimizer.step()
 
         self.iteration += 1
-        stats: dict[str, float] = {}
+        stats: dict[str, torch.Tensor | float] = {}
         if self.iteration % config.policy_frequency == 0:
-            # CleanRL's delayed actor: as many steps as updates were skipped, all on this batch
-            for _ in range(config.policy_frequency):
-                # actor, eq. 9: reparameterized actions against the smaller (updated) critic
-                pi, log_prob = self.actor.sample(obs, generator=self.generator)
-                q1_pi, q2_pi = self.critic(obs, pi)
-                actor_loss = (alpha * log_prob - torch.min(q1_pi, q2_pi)).mean()
-                self.actor_optimizer.zero_grad()
-                actor_loss.backward()
-                self.actor_optimizer.step()
-                stats["losses/actor_loss"] = actor_loss.item()
-                stats["losses/entropy"] = -log_prob.mean().item()
-                if self.alpha_optimizer is not None:
-                    # temperature, eq. 18: alpha grows while the entropy is below target_entropy
-                    with torch.no_grad():
-                        _, log_prob = self.actor.sample(obs, generator=self.generator)
-                    alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
-                    self.alpha_optimizer.zero_grad()
-                    alpha_loss.backward()
-                    self.alpha_optimizer.step()
-                    alpha = self.alpha
-                    stats["losses/alpha_loss"] = alpha_loss.item()
+            # the critics' weight gradients of the actor loss are never used: not computed
+            with self._critic_frozen():
+                alpha = self._actor_steps(obs, alpha, stats)
         if self.iteration % config.target_network_frequency == 0:
-            soft_update(self.critic_target, self.critic, config.tau)
+            self._average_targets(config.tau)
 
         stats.update({
-            "losses/qf1_loss": q1_loss.item(),
-            "losses/qf2_loss": q2_loss.item(),
-            "losses/critic_loss": critic_loss.item(),
-            "losses/q_values": (0.5 * (q1 + q2)).mean().item(),
+            "losses/qf1_loss": q1_loss,
+            "losses/qf2_loss": q2_loss,
+            "losses/critic_loss": critic_loss,
+            "losses/q_values": (0.5 * (q1 + q2)).mean(),
             "losses/alpha": alpha,
         })
         td_errors = torch.maximum(td1.abs(), td2.abs())
-        return stats, td_errors.detach().to(torch.float32).cpu().numpy()
+        return self._read_stats(stats), td_errors.detach().to(torch.float32).cpu().numpy()
+
+    def _actor_steps(self, obs: Tree, alpha: torch.Tensor | float,
+                     stats: dict[str, torch.Tensor | float]) -> torch.Tensor | float:
+        """CleanRL's delayed actor: ``policy_frequency`` actor (and temperature) steps on the
+        batch's observations, as many as updates were skipped. Adds their stats (tensors) to
+        ``stats``; returns the temperature after them.
+
+        The temperature's fresh sample after an actor step and the next actor step's sample come
+        from the same actor on the same observations: one forward serves both (kept with its
+        graph for the next step; the temperature's sample reads it detached)."""
+        last = self.config.policy_frequency - 1
+        heads: tuple[torch.Tensor, torch.Tensor] | None = None
+        for step in range(self.config.policy_frequency):
+            # actor, eq. 9: reparameterized actions against the smaller (updated) critic
+            mean, log_std = heads if heads is not None else self.actor(obs)
+            pi, log_prob = self.actor.sample_from(mean, log_std, generator=self.generator)
+            q1_pi, q2_pi = self.critic(obs, pi)
+            actor_loss = (alpha * log_prob - torch.min(q1_pi, q2_pi)).mean()
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            actor_loss.backward()
+            self.actor_optimizer.step()
+            stats["losses/actor_loss"] = actor_loss
+            stats["losses/entropy"] = -log_prob.detach().mean()
+            heads = None
+            if self.alpha_optimizer is not None:
+                # temperature, eq. 18: alpha grows while the entropy is below target_entropy
+                with torch.set_grad_enabled(step < last):
+                    heads = self.actor(obs)
+                with torch.no_grad():
+                    _, log_prob = self.actor.sample_from(heads[0].detach(), heads[1].detach(),
+                                                         generator=self.generator)
+                alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
+                self.alpha_optimizer.zero_grad(set_to_none=True)
+                alpha_loss.backward()
+                self.alpha_optimizer.step()
+                alpha = self._alpha()
+                stats["losses/alpha_loss"] = alpha_loss
+        return alpha
 
     def state_dict(self) -> dict[str, Any]:
         state = dict(super().state_dict(), log_alpha=self.log_alpha.detach().clone(),

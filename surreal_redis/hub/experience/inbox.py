@@ -15,7 +15,9 @@ class Moved(NamedTuple):
     """What one ``move.lua`` call did: inbox items taken, stream entries added, items dropped as
     copies of a stored batch, malformed items set aside, items left in the inbox, items set aside
     because storing them failed (the error is their dead letter's detail), and, once the inbox is
-    empty, pins left to score in obsref (a call scores 1024; gc spares a pinned blob)."""
+    empty, pins left to score in obsref (a call scores 1024; gc spares a pinned blob), and items
+    set aside because a chunk names a payload blob not bound to its batch (another agent's, or
+    one of its own batches': ``wire.payload_id``)."""
 
     taken: int
     added: int
@@ -24,6 +26,7 @@ class Moved(NamedTuple):
     left: int
     failed: int
     pins: int = 0
+    unbound: int = 0
 
     @property
     def done(self) -> bool:
@@ -33,7 +36,8 @@ class Moved(NamedTuple):
     @property
     def set_aside(self) -> dict[str, int]:
         """Dead letters this call wrote, by reason (for the receiver's counts)."""
-        return {reason: n for reason, n in (("malformed_batch", self.malformed), ("script_error", self.failed)) if n}
+        return {reason: n for reason, n in (("malformed_batch", self.malformed), ("script_error", self.failed),
+                                                    ("unbound_payload", self.unbound)) if n}
 
 
 MOVE_BYTES = 4 << 20  # a move.lua call takes no more items once it holds this many bytes

@@ -127,7 +127,7 @@ def insert_command(sha: str, keys: ShardKeys, sender: str, floor: int, batch: Ba
                    blob: Callable[[str], bytes]) -> bytes:
     """The EVALSHA of ``insert.lua`` (script ``sha``) for one batch, KEYS and ARGV as the header
     of ``lua/insert.lua`` says (``floor``: the lowest seq in flight; ``blob(d)``: an upload's bytes)."""
-    head = (keys.inbox, keys.pinned)
+    head = (keys.inbox, keys.pinned, keys.seen)
     obs_keys = keys.obs_keys(batch.keys_order())
     args: list[bytes | str | int] = [sender, batch.seq, floor, len(batch.chunks), len(batch.upload)]
     args += [blob(d) for d in batch.upload]

@@ -76,7 +76,9 @@ class JanitorStats(NamedTuple):
     ``orphans_deleted``: those no entry could reach (included in ``obs_deleted``); ``moved``:
     queued batches taken from the inboxes first; ``set_aside``: those of them written to the
     dead-letter stream instead; ``malformed_removed``: obsref members that are no digest
-    (removed); ``obs_skipped``: obs keys the sweep met whose name holds no digest (left alone);
+    (removed); ``obs_skipped``: keys the sweep met that are no obs key of the shard (left alone);
+``junk_deleted``: obs keys whose name holds no digest, which nothing can reach (deleted, included
+in ``obs_deleted``);
     ``pressure_trimmed``: entries trimmed for memory pressure (included in ``trimmed``, and their
     unread ones in ``unread_dropped``); ``dead_trimmed``: dead-letter records trimmed for memory
     pressure (before any entry)."""
@@ -92,6 +94,7 @@ class JanitorStats(NamedTuple):
     obs_skipped: int = 0
     pressure_trimmed: int = 0
     dead_trimmed: int = 0
+    junk_deleted: int = 0
 
     def as_metrics(self) -> dict[str, float]:
         """These counts as the learner's ``hub/*_total`` metrics, by name."""
@@ -101,6 +104,7 @@ class JanitorStats(NamedTuple):
             "hub/obs_deleted_total": float(self.obs_deleted),
             "hub/obs_orphans_deleted_total": float(self.orphans_deleted),
             "hub/obs_junk_keys_skipped_total": float(self.obs_skipped),
+            "hub/obs_junk_keys_deleted_total": float(self.junk_deleted),
             "hub/obsref_malformed_removed_total": float(self.malformed_removed),
             "hub/dead_trimmed_total": float(self.dead_trimmed),
         }
@@ -114,11 +118,13 @@ class HubJanitor:
     propagate (a lost trim reply would lose its count). ``dead_letters(reason, shard, count)`` is
     told of every inbox item its moves set aside (the learner passes its receiver's
     ``count_dead_letters``). A move refused as a whole is logged and the trim and gc go on.
+    ``full_sweep``: every run sweeps all obs keys of each shard (SCAN to the end, within
+    ``max_calls`` pages), as ``surreal-redis gc`` does; else one page a run, the cursor carried over.
     """
 
     def __init__(self, client: RedisClient, config: RetentionConfig, run: str, num_shards: int,
                  receiver: ReceiverConfig = ReceiverConfig(),
-                 dead_letters: Callable[[str, int, int], None] | None = None) -> None:
+                 dead_letters: Callable[[str, int, int], None] | None = None, full_sweep: bool = False) -> None:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.client, self.config = client, config
@@ -128,6 +134,7 @@ class HubJanitor:
         self._scripts = Scripts(client)
         self._scan_cursors = dict.fromkeys(range(num_shards), 0)
         self._scan_denied = False
+        self._full_sweep = full_sweep  # each run sweeps every obs key (the administrator's gc), not one page
         self._oom_noted = False
         self._info_denied = False
         self.unread_dropped_total = 0
@@ -205,9 +212,9 @@ class HubJanitor:
             head = stream_entries(self.client.xrange(keys.exp, count=1))
             first = head[0][0] if head else None
         deleted, gc_calls, malformed = self._collect(keys, first, cfg.max_calls - calls)
-        swept, orphans, skipped = self._sweep_orphans(keys)
+        swept, orphans, skipped, junk = self._sweep_orphans(keys, self._full_sweep)
         return JanitorStats(trimmed, dropped, deleted + swept, calls + gc_calls, orphans, moved, set_aside,
-                            malformed, skipped)
+                            malformed, skipped, junk_deleted=junk)
 
     def _over_high_water(self, keys: ShardKeys) -> bool:
         """Whether the server holding this shard uses more than ``memory_high_water`` of its maxmemory."""
@@ -307,12 +314,30 @@ class HubJanitor:
                     keys.shard, calls)
         return deleted, calls, malformed
 
-    def _sweep_orphans(self, keys: ShardKeys) -> tuple[int, int, int]:
-        """One SCAN page of this shard's obs keys through gc.lua, which deletes the orphans among
-        them (and any the gc above would have) and skips keys whose name holds no digest. The
-        cursor carries over to the next run. Returns (deleted, orphans among them, skipped)."""
-        if not self.config.orphan_scan_count or self._scan_denied:
-            return 0, 0, 0
+    def _sweep_orphans(self, keys: ShardKeys, to_end: bool = False) -> tuple[int, int, int, int]:
+        """SCAN pages of this shard's obs keys through gc.lua, which deletes the orphans among them
+        (and any the gc above would have) and the junk, keys whose name holds no digest: one page,
+        the cursor carried over to the next run, or with ``to_end`` every page to the end of the
+        keyspace (at most ``max_calls`` pages). Returns (deleted, orphans among them, skipped, junk
+        among them)."""
+        totals = [0, 0, 0, 0]
+        for _ in range(self.config.max_calls if to_end else 1):
+            if not self.config.orphan_scan_count or self._scan_denied:
+                break
+            totals = [a + b for a, b in zip(totals, self._sweep_page(keys))]
+            if to_end and self._scan_cursors[keys.shard] == 0:
+                break
+        deleted, orphans, skipped, junk = totals
+        if orphans:
+            log.warning("shard %d: deleted %d observation keys no entry references (written around "
+                        "insert.lua)", keys.shard, orphans)
+        if junk:
+            log.warning("shard %d: deleted %d obs keys whose name holds no digest (written around insert.lua)",
+                        keys.shard, junk)
+        return deleted, orphans, skipped, junk
+
+    def _sweep_page(self, keys: ShardKeys) -> tuple[int, int, int, int]:
+        """One SCAN page of :meth:`_sweep_orphans` (SCAN refused: the sweep is turned off)."""
         try:
             # the shard's keys share one slot: SCAN the server that owns it (a cluster's SCAN spans nodes)
             cursor, names = node_client(self.client, keys.exp).scan(
@@ -320,16 +345,11 @@ class HubJanitor:
         except redis.exceptions.NoPermissionError as exc:  # SCAN would list other runs' key names
             self._scan_denied = True
             log.warning("orphan sweep off: %s (only insert.lua's own uploads are guaranteed referenced)", exc)
-            return 0, 0, 0
+            return 0, 0, 0, 0
         self._scan_cursors[keys.shard] = cursor
-        deleted = orphans = skipped = 0
+        deleted = orphans = skipped = junk = 0
         batch = self.config.gc_batch
         for start in range(0, len(names), batch):
             reply = self._scripts.call("gc", [keys.exp, keys.obsref, keys.pinned, *names[start:start + batch]], [])
-            deleted, orphans, skipped = deleted + reply[0], orphans + reply[1], skipped + reply[2]
-        if orphans:
-            log.warning("shard %d: deleted %d observation keys no entry references (written around "
-                        "insert.lua)", keys.shard, orphans)
-        if skipped:
-            log.warning("shard %d: %d obs keys hold no digest in their name (left alone)", keys.shard, skipped)
-        return deleted, orphans, skipped
+            deleted, orphans, skipped, junk = deleted + reply[0], orphans + reply[1], skipped + reply[2], junk + reply[4]
+        return deleted, orphans, skipped, junk

@@ -3,7 +3,8 @@
 Every ``flush_steps`` steps all envs' chunks go out in one pipeline of ``insert.lua`` calls, each
 carrying the observation blobs not known stored and writing them with the batch, all-or-nothing,
 into the shard's inbox; a payload of at least ``payload_ref_min_bytes`` is stored apart by the
-sender's own SETNX under a random id. The entry format is in
+sender's own SETNX under an id bound to its batch (:func:`~surreal_redis.hub.experience.wire.payload_id`).
+The entry format is in
 :mod:`surreal_redis.hub.experience.wire`; docs/concepts.md tells the whole path.
 """
 
@@ -38,7 +39,7 @@ from surreal_redis.hub.experience.insert import (
     split_replies,
 )
 from surreal_redis.hub.experience.ledger import Ledger
-from surreal_redis.hub.experience.wire import sender_tag
+from surreal_redis.hub.experience.wire import payload_id, sender_tag
 from surreal_redis.keys import DIGEST_CHARS, RunKeys
 from surreal_redis.outage import Waiter
 from surreal_redis.redis_cluster import node_name
@@ -69,11 +70,13 @@ class SenderConfig:
     referenced observations) this big or bigger is stored apart by the sender's own SETNX and
     only its id passes through the scripts, since Lua copies each byte several times; a blob
     costs ~200 B of Redis memory and the learner a round trip, so the default (16 KiB) keeps that
-    under 1.5% (docs/benchmarks.md, Hub). None: inline up to 1 MiB, the bound of ``insert.lua``. ``wait_replica_ms`` > 0: an insert
+    under 1.5% (docs/benchmarks.md, Hub). None: inline up to 1 MiB, the bound of ``insert.lua``.
+    ``wait_replica_ms`` > 0: an insert
     counts as stored only once a replica has it (``WAIT 1 <ms>`` per pipeline, else the batches
-    are sent again under the same seqs, answered DUP by a primary that has them), so a failover
-    loses nothing reported stored, for one replication round trip per flush; senders stall while
-    the primary has no replica (up to ``max_wait_s``). 0: the primary's ack suffices, and that
+    are sent again under the same seqs, without the blobs the primary has: a primary that has them
+    answers DUP and queues nothing, a promoted replica that lost them asks for their blobs), so a
+    failover loses nothing reported stored, for one replication round trip per flush; senders
+    stall while the primary has no replica (up to ``max_wait_s``). 0: the primary's ack suffices, and that
     tail is lost if it dies before replicating (docs/reliability.md).
     """
 
@@ -260,12 +263,10 @@ class ExperienceSender:
         self._backpressure.wait()
 
     def _store_apart(self, chunk: EncodedChunk) -> EncodedChunk:
-        """The chunk with its payload replaced by a fresh blob id when it is at least
+        """The chunk with its payload replaced by a placeholder blob id when it is at least
         ``payload_ref_min_bytes``, or its fields more than ``MAX_INLINE_BYTES`` (the blob waits in
-        ``_payloads``); else the chunk itself.
-
-        The id is 128 random bits, not the payload's digest: no agent can store anything under it
-        first (it is seen only once the blob exists), and neither side pays for hashing the payload."""
+        ``_payloads``); else the chunk itself. :meth:`_bind_payloads` gives it its real id once its
+        batch and position are known."""
         limit = self.config.payload_ref_min_bytes
         agent, env, refs, payload = chunk.fields
         if (limit is None or len(payload) < limit) and sum(map(len, chunk.fields)) <= MAX_INLINE_BYTES:
@@ -278,8 +279,9 @@ class ExperienceSender:
         """Insert all chunks (one pipeline per attempt); retries until stored or max_wait_s.
 
         A refused batch, and every batch of a pipeline whose replies were lost, is resent under the
-        same seq (move.lua drops a copy queued twice). At most ``SEQ_WINDOW`` seqs past the floor,
-        the lowest unsettled seq, are in flight.
+        same seq (insert.lua answers DUP for a batch queued or stored before; move.lua drops a copy
+        queued around it). At most ``SEQ_WINDOW`` seqs past the floor, the lowest unsettled seq,
+        are in flight.
         """
         cfg = self.config
         known, blob, payloads = self._known, self._buffer.blob, self._payloads
@@ -295,6 +297,7 @@ class ExperienceSender:
         pending = split_batches([(c.fields, c.digests) for c in chunks], cfg.max_chunks_per_insert,
                                 cfg.max_obs_per_insert, cfg.max_insert_bytes, upload_size, self._next_seq)
         for batch in pending:
+            self._bind_payloads(batch)
             batch.direct = [d for d in batch.digests if d in payloads]
         backoff = Backoff(cfg.retry_base_s, cfg.retry_cap_s)
         deadline = None
@@ -327,6 +330,25 @@ class ExperienceSender:
                 else:
                     self.stop.wait(backoff.next_delay())  # a stop ends the wait: retried, then capped
 
+    def _bind_payloads(self, batch: Batch) -> None:
+        """Rename the placeholder id of each payload stored apart in ``batch`` to its bound id,
+        :func:`~surreal_redis.hub.experience.wire.payload_id` of (uuid, seq, position), which
+        ``move.lua`` checks: no other agent can name that blob (it never learns the uuid), and
+        neither side pays for hashing the payload."""
+        payloads = self._payloads
+        renamed: dict[str, str] = {}
+        for position, fields in enumerate(batch.chunks, 1):
+            agent, env, refs, payload = fields
+            placeholder = payload.decode("latin-1") if len(payload) == DIGEST_CHARS else ""
+            if placeholder not in payloads:
+                continue
+            bound = payload_id(self.uuid, batch.seq, position)
+            renamed[placeholder] = bound
+            payloads[bound] = payloads.pop(placeholder)
+            batch.chunks[position - 1] = (agent, env, refs, bound.encode())
+            self._unsent[id(batch.chunks[position - 1])] = self._unsent.pop(id(fields))
+        batch.digests = [renamed.get(d, d) for d in batch.digests]
+
     def _attempt(self, batches: list[Batch], floor: int) -> tuple[list[tuple[Batch, Outcome]], BaseException | None]:
         """One pipeline of inserts (:func:`insert_pipeline`); returns the batches to retry and why."""
         payloads, wait_ms = self._payloads, self.config.wait_replica_ms
@@ -336,7 +358,7 @@ class ExperienceSender:
         try:
             replies = send_commands(self.client, commands, self.keys.exp)
         except CONNECTION_ERRORS as exc:
-            # Unknown outcome: resend the same seqs; move.lua drops whatever is queued twice.
+            # Unknown outcome: resend the same seqs; insert.lua answers DUP for those it has.
             self._counts["error_retries"] += 1
             log.warning("shard %d: insert pipeline failed (%s); retrying", self.shard, exc)
             return [(b, Outcome.BACKOFF) for b in batches], exc
@@ -358,11 +380,22 @@ class ExperienceSender:
             self._counts["unreplicated_retries"] += 1
             error = RuntimeError(f"no replica acknowledged the insert within {wait_ms} ms ({replies[-1]!r})")
             log.info("shard %d: %s; sending it again", self.shard, error)
+            for batch in stored_now:
+                self._strip_blobs(batch)
             retry += [(batch, Outcome.BACKOFF) for batch in stored_now]
             stored_now = []
         for batch in stored_now:
             self._count_stored(batch, node)
         return retry, error
+
+    def _strip_blobs(self, batch: Batch) -> None:
+        """Ready a batch the primary stored, but no replica acknowledged, for its resend: without
+        its uploads and payloads stored apart, which the primary has (counted uploaded now). The
+        resend is answered DUP at the door (nothing queued twice) and its WAIT covers the batch; a
+        promoted replica that lost them answers MISSING, and they travel again."""
+        self._counts["obs_uploaded"] += len(batch.upload)
+        batch.nbytes -= sum(len(self._buffer.blob(d)) for d in batch.upload)
+        batch.upload, batch.direct = [], []
 
     def _stored_apart(self, batch: Batch, replies: list[Any]) -> None:
         """Count the payloads of ``batch`` that its SETNX replies say are stored (1: now, 0: it was

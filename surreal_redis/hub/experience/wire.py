@@ -10,8 +10,8 @@ the fields in this fixed order (so Redis stores field names once per stream node
   template's referenced leaves use every one of them (an entry naming a digest its template never
   uses, which would keep that blob alive for nothing, is refused);
 - ``d``: the payload, :mod:`surreal_redis.hub.experience.payload` (a per-sender template, then the arrays);
-  or, instead of ``d``, ``p``: the id (128 random bits in the grammar of digests) of the blob
-  ``obs:<p>`` holding the payload, which the agent stored itself with SETNX; the blob is collected
+  or, instead of ``d``, ``p``: the id (:func:`payload_id`, in the grammar of digests, bound to the batch) of
+  the blob ``obs:<p>`` holding the payload, which the agent stored itself with SETNX; the blob is collected
   like an observation once its entry is trimmed;
 - ``s`` (written by ``move.lua``; optional): the chunk's origin,
   ``<sender tag>:<batch seq>:<index>:<count>`` (:class:`Origin`; the tag, :func:`sender_tag`, keeps
@@ -33,7 +33,7 @@ import numpy as np
 
 from surreal_redis.chunks import INITIAL_STATE, Chunk
 from surreal_redis.hub.experience import payload as pl
-from surreal_redis.keys import is_digest
+from surreal_redis.keys import DIGEST_CHARS, is_digest
 
 FIELDS = (b"a", b"e", b"o", b"d")
 PAYLOAD_FIELD = b"p"  # instead of d: the id of the blob holding the payload
@@ -73,6 +73,14 @@ def id_score(entry_id: bytes | str) -> int:
 def sender_tag(uuid: str) -> str:
     """The sender name ``move.lua`` writes into an entry's origin: ``redis.sha1hex`` of the uuid."""
     return hashlib.sha1(uuid.encode()).hexdigest()
+
+
+def payload_id(uuid: str, seq: int, position: int) -> str:
+    """The blob id of the payload that chunk ``position`` (1-based) of batch ``seq`` of sender
+    ``uuid`` stores apart: the first ``DIGEST_CHARS`` hex digits of SHA1 of ``"<uuid>:<seq>:<position>"``,
+    which ``move.lua`` checks. Only the sender knows its uuid, so no other agent can name (or store
+    first) the blob of that chunk, and an agent cannot reuse a blob under another batch."""
+    return hashlib.sha1(f"{uuid}:{seq}:{position}".encode()).hexdigest()[:DIGEST_CHARS]
 
 
 class Origin(NamedTuple):

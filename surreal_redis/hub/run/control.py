@@ -28,11 +28,22 @@ class RunControl:
         self.client, self.run = client, run
         self.keys = RunKeys(run)
 
-    def start(self) -> None:
+    def start(self, unless_stopped_since: float | None = None) -> bool:
+        """Mark the run running; True when written. With ``unless_stopped_since`` (a wall-clock
+        time, e.g. when this process started), a stop requested since then is kept and False
+        returned: a learner restarted while its launcher stops the run must not undo the stop
+        request it could not have read yet (an older one is from an earlier life of the run). The
+        check and the write are two calls: a stop landing in the milliseconds between is lost."""
+        if unless_stopped_since is not None:
+            state, at = self.client.hmget(self.keys.control, ["state", "at"])
+            if state == STOPPING.encode() and at is not None and float(at) >= unless_stopped_since:
+                return False
         self.client.hset(self.keys.control, mapping={"state": RUNNING, "reason": ""})
+        return True
 
     def request_stop(self, reason: str) -> None:
-        self.client.hset(self.keys.control, mapping={"state": STOPPING, "reason": reason})
+        """Ask every process of the run to stop, for ``reason``; ``at`` records when (wall clock)."""
+        self.client.hset(self.keys.control, mapping={"state": STOPPING, "reason": reason, "at": repr(time.time())})
 
     def stopping(self) -> tuple[bool, str]:
         """(whether a stop was requested, its reason)."""
