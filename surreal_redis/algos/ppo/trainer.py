@@ -108,6 +108,18 @@ def _flatten_time(tree: Tree) -> Tree:
     return tree_map(lambda v: v.reshape(-1, *v.shape[2:]), tree)
 
 
+def _read_infos(infos: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """The mean of each loss term over an epoch's minibatch steps (their scalar tensors read in
+    one transfer, one host sync on a GPU), as ``np.mean`` of the floats. Raises FloatingPointError
+    on a NaN term (the distributions skip torch's per-step argument checks that caught NaNs)."""
+    keys = list(infos[0])
+    values = torch.stack([info[key] for info in infos for key in keys]).tolist()
+    stats = {key: float(np.mean(values[i::len(keys)])) for i, key in enumerate(keys)}
+    if bad := [key for key, value in stats.items() if math.isnan(value)]:
+        raise FloatingPointError(f"the update's {', '.join(bad)} is NaN: the network or its inputs hold NaNs")
+    return stats
+
+
 def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
     """All steps of feed-forward rollouts as one ``[1, N]`` batch (views when there is one)."""
     def cat(*leaves: torch.Tensor) -> torch.Tensor:
@@ -233,12 +245,13 @@ class PPOTrainer(Trainer):
     def _distribution(self, head: torch.Tensor, actions: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         """The action distribution of policy-head outputs ``[N, A]`` (with the current log-std)
         and its log-probs ``[N]`` of ``actions`` ``[T, B, ...]`` (N = T*B)."""
-        dist = self.net.distribution(head)
+        dist = self.net.distribution(head, validate=False)  # no host sync: NaNs show in the stats (_read_infos)
         return dist, dist.log_prob(_flatten_time(actions))
 
     def _minibatch_step(self, rollout: _Rollout, idx: torch.Tensor, ref_log_std: torch.Tensor | None,
-                        clip_coef: float) -> dict[str, float]:
-        """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms.
+                        clip_coef: float) -> dict[str, torch.Tensor]:
+        """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms as
+        float64 scalar tensors, not read: no host sync inside the step (:func:`_read_infos`).
 
         The minibatch goes through the network in passes of about :data:`PASS_OBS_BYTES` of
         observations, each pass's loss weighted by its share of the rows: every loss term is a
@@ -251,21 +264,23 @@ class PPOTrainer(Trainer):
         steps = rollout.logp.shape[0]  # sequence length (1 without an LSTM)
         passes = math.ceil(len(idx) * steps / _rows_per_pass(rollout.obs, 2))
         self.optimizer.zero_grad()
-        info: dict[str, float] = {}
+        info: dict[str, torch.Tensor] = {}
         for part in idx.tensor_split(min(passes, len(idx))):
             weight = len(part) / len(idx)
             loss, part_info = self._minibatch_loss(rollout.select(part), ref_log_std, clip_coef, adv_stats)
             (loss * weight).backward()
             for key, value in part_info.items():
-                info[key] = info.get(key, 0.0) + weight * value
+                # float64 as the Python floats these were: 0.0 + weight * value, the same rounding
+                info[key] = info.get(key, 0.0) + weight * value.double()
         nn.utils.clip_grad_norm_(self.net.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return info
 
     def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None, clip_coef: float,
-                        adv_stats: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, dict]:
-        """Loss of ``mb`` (means over its rows) and its terms; ``adv_stats`` (mean, std) normalize
-        the advantages (None: used as they are)."""
+                        adv_stats: tuple[torch.Tensor, torch.Tensor] | None,
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Loss of ``mb`` (means over its rows) and its terms (detached scalar tensors, not read);
+        ``adv_stats`` (mean, std) normalize the advantages (None: used as they are)."""
         cfg = self.config
         z, _ = self.net.core(self.net.features(_flatten_time(mb.obs)), mb.initial_state, mb.episode_start)
         dist, new_logp = self._distribution(self.net.policy_head(z), mb.actions)
@@ -285,15 +300,15 @@ class PPOTrainer(Trainer):
         if cfg.mode == "clip":
             pg_loss = clipped_surrogate_loss(logratio, advantages, clip_coef)
         else:
-            ref_dist = self.net.distribution(_flatten_time(mb.ref_head), ref_log_std)
+            ref_dist = self.net.distribution(_flatten_time(mb.ref_head), ref_log_std, validate=False)
             kl = kl_divergence(ref_dist, dist)
             pg_loss = kl_penalty_loss(logratio, advantages, kl, self.kl_coef)
-            info["kl"] = kl.mean().item()
+            info["kl"] = kl.detach().mean()
         v_clip = clip_coef if cfg.mode == "clip" and cfg.clip_vloss else None
         v_loss = value_loss(new_values, mb.returns.reshape(-1), mb.values.reshape(-1), v_clip)
         loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-        info.update(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=entropy.item(),
-                    approx_kl=approx_kl.item(), clip_fraction=clip_fraction.item())
+        info.update(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy.detach(),
+                    approx_kl=approx_kl, clip_fraction=clip_fraction)
         return loss, info
 
     def schedule_done(self) -> str:
@@ -365,7 +380,7 @@ class PPOTrainer(Trainer):
 
         epochs = 0
         for _ in range(cfg.update_epochs):
-            epoch_info: list[dict] = []
+            epoch_info: list[dict[str, torch.Tensor]] = []
             for rollout in rollouts:
                 batch = rollout.logp.shape[1]
                 order = torch.randperm(batch, generator=self._generator).to(self.device)
@@ -375,12 +390,13 @@ class PPOTrainer(Trainer):
             # asked only between epochs that may or may not run: never with a fixed number (PPO)
             if self.min_epochs() <= epochs < cfg.update_epochs and more_epochs is not None and not more_epochs():
                 break
-            if cfg.target_kl is not None and epoch_info[-1]["approx_kl"] > cfg.target_kl:
+            # one host read per epoch, only with target_kl
+            if cfg.target_kl is not None and (last_kl := epoch_info[-1]["approx_kl"].item()) > cfg.target_kl:
                 log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",
-                          self.iteration, epochs, epoch_info[-1]["approx_kl"], cfg.target_kl)
+                          self.iteration, epochs, last_kl, cfg.target_kl)
                 break
 
-        stats = {key: float(np.mean([info[key] for info in epoch_info])) for key in epoch_info[0]}
+        stats = _read_infos(epoch_info)
         returns = torch.cat([r.returns.reshape(-1) for r in rollouts])
         stats["explained_variance"] = explained_variance(torch.cat([r.values.reshape(-1) for r in rollouts]), returns)
         stats["return_mean"] = returns.mean().item()
