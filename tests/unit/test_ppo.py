@@ -529,3 +529,14 @@ def test_minibatch_steps_read_nothing_to_the_host(name, monkeypatch):
     assert reads == []
     for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
         assert isinstance(stats[key], float) and math.isfinite(stats[key]), key
+
+
+def test_a_nan_loss_term_raises_when_the_update_reads_its_stats():
+    """Without torch's per-step distribution checks, a NaN network still fails loudly: at the
+    update's one read of its loss terms, naming them."""
+    from surreal_redis.algos.ppo.losses import mean_loss_terms
+
+    terms = [{"policy_loss": torch.tensor(1.0, dtype=torch.float64), "entropy": torch.tensor(2.0)}] * 2
+    assert mean_loss_terms(terms) == {"policy_loss": 1.0, "entropy": 2.0}
+    with pytest.raises(FloatingPointError, match="policy_loss is NaN"):
+        mean_loss_terms([*terms, {"policy_loss": torch.tensor(math.nan), "entropy": torch.tensor(2.0)}])

@@ -43,6 +43,7 @@ from surreal_redis.algos.ppo.losses import (
     compute_gae,
     explained_variance,
     kl_penalty_loss,
+    mean_loss_terms,
     value_loss,
 )
 from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy
@@ -106,18 +107,6 @@ def _rows_per_pass(obs: Tree, row_dims: int) -> int:
 def _flatten_time(tree: Tree) -> Tree:
     """Leaves ``[T, B, ...]`` -> ``[T*B, ...]``."""
     return tree_map(lambda v: v.reshape(-1, *v.shape[2:]), tree)
-
-
-def _read_infos(infos: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """The mean of each loss term over an epoch's minibatch steps (their scalar tensors read in
-    one transfer, one host sync on a GPU), as ``np.mean`` of the floats. Raises FloatingPointError
-    on a NaN term (the distributions skip torch's per-step argument checks that caught NaNs)."""
-    keys = list(infos[0])
-    values = torch.stack([info[key] for info in infos for key in keys]).tolist()
-    stats = {key: float(np.mean(values[i::len(keys)])) for i, key in enumerate(keys)}
-    if bad := [key for key, value in stats.items() if math.isnan(value)]:
-        raise FloatingPointError(f"the update's {', '.join(bad)} is NaN: the network or its inputs hold NaNs")
-    return stats
 
 
 def _merge_steps(rollouts: list[_Rollout]) -> _Rollout:
@@ -245,13 +234,13 @@ class PPOTrainer(Trainer):
     def _distribution(self, head: torch.Tensor, actions: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         """The action distribution of policy-head outputs ``[N, A]`` (with the current log-std)
         and its log-probs ``[N]`` of ``actions`` ``[T, B, ...]`` (N = T*B)."""
-        dist = self.net.distribution(head, validate=False)  # no host sync: NaNs show in the stats (_read_infos)
+        dist = self.net.distribution(head, validate=False)  # no host sync: NaNs show in mean_loss_terms
         return dist, dist.log_prob(_flatten_time(actions))
 
     def _minibatch_step(self, rollout: _Rollout, idx: torch.Tensor, ref_log_std: torch.Tensor | None,
                         clip_coef: float) -> dict[str, torch.Tensor]:
         """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms as
-        float64 scalar tensors, not read: no host sync inside the step (:func:`_read_infos`).
+        float64 scalar tensors, not read: no host sync inside the step (:func:`.losses.mean_loss_terms`).
 
         The minibatch goes through the network in passes of about :data:`PASS_OBS_BYTES` of
         observations, each pass's loss weighted by its share of the rows: every loss term is a
@@ -396,7 +385,7 @@ class PPOTrainer(Trainer):
                           self.iteration, epochs, last_kl, cfg.target_kl)
                 break
 
-        stats = _read_infos(epoch_info)
+        stats = mean_loss_terms(epoch_info)
         returns = torch.cat([r.returns.reshape(-1) for r in rollouts])
         stats["explained_variance"] = explained_variance(torch.cat([r.values.reshape(-1) for r in rollouts]), returns)
         stats["return_mean"] = returns.mean().item()
