@@ -1,6 +1,7 @@
 """Run as a script by test_capture.py (its own process: torch._dynamo stays out of the test
-process): N SAC updates eager and captured (torch.compile, the backend in argv[1]) from the same
-seed and data; prints one JSON line with the largest weight and stat differences."""
+process): N SAC updates (argv[3] ``sac``) or PPO updates (``ppo``) eager and captured
+(torch.compile, the backend in argv[1]) from the same seed and data; prints one JSON line with the
+largest weight and stat differences."""
 
 from __future__ import annotations
 
@@ -40,9 +41,51 @@ def run(compile_: bool, backend: str, updates: int, **overrides):
     return algo, results, moved
 
 
+def ppo_report(backend: str, updates: int) -> dict:
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_ppo import VARIANTS, setup  # noqa: PLC0415 - the PPO tests' envs and configs
+
+    from surreal_redis.algos.ppo.trainer import PPOTrainer
+
+    report = {}
+    for name in ("discrete", "continuous_adapt"):
+        runs = []
+        for compile_ in (False, True):
+            eager, _, collector = setup(name, update_epochs=2, num_minibatches=3, anneal_clip=True,
+                                        total_updates=10)
+            config = type(VARIANTS[name][0])(**{**eager.config.__dict__, "compile": compile_})
+            torch.manual_seed(0)
+            algo = PPOTrainer(config, collector.envs.single_observation_space,
+                              collector.envs.single_action_space, seed=0, compile_backend=backend)
+            algo.load_state_dict(eager.state_dict())
+            initial = [p.detach().clone() for p in algo.net.parameters()]
+            chunks = collector.collect(12)
+            stats = [algo.update(chunks) for _ in range(updates)]
+            moved = max(float((a - b.detach()).abs().max()) for a, b in zip(initial, algo.net.parameters()))
+            runs.append((algo, stats, moved))
+        (eager, eager_stats, moved), (captured, captured_stats, _) = runs
+        report[name] = {
+            "weights": max(float((a - b).abs().max()) for a, b in zip(eager.net.state_dict().values(),
+                                                                   captured.net.state_dict().values())),
+            "stats": max(abs(a[k] - b[k]) for a, b in zip(eager_stats, captured_stats) for k in a),
+            "same_keys": all(a.keys() == b.keys() for a, b in zip(eager_stats, captured_stats)),
+            "active": captured._capture.active, "moved": moved}
+    return report
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     backend, updates = sys.argv[1], int(sys.argv[2])
+    report = ppo_report(backend, updates) if sys.argv[3:] == ["ppo"] else sac_report(backend, updates)
+    from torch._dynamo.utils import counters  # loaded by the captured runs
+
+    report["graphs"] = counters["stats"]["unique_graphs"]
+    print(json.dumps(report))
+
+
+def sac_report(backend: str, updates: int) -> dict:
     report = {}
     for name, overrides in (("autotune", {}), ("fixed_alpha", {"autotune": False, "policy_frequency": 1})):
         eager, eager_results, moved = run(False, backend, updates, **overrides)
@@ -57,10 +100,7 @@ def main() -> None:
         td = max(float(np.abs(a[1] - b[1]).max()) for a, b in zip(eager_results, captured_results))
         report[name] = {"weights": weights, "stats": stats, "td": td, "same_keys": same_keys,
                         "active": captured._capture.active, "moved": moved}
-    from torch._dynamo.utils import counters  # loaded by the captured runs
-
-    report["graphs"] = counters["stats"]["unique_graphs"]
-    print(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":

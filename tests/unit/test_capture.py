@@ -1,5 +1,6 @@
-"""The captured SAC update (``sac.compile``) against the eager one, and the setting itself. The
-compile runs in a child process (capture_check.py): torch._dynamo stays out of this one."""
+"""The captured SAC update and PPO minibatch loss (``compile``) against the eager ones, and the
+setting. The compiles run in a child process (capture_check.py): torch._dynamo stays out of this
+one, except in the fallback test."""
 
 from __future__ import annotations
 
@@ -22,24 +23,43 @@ from surreal_redis.chunks import TransitionBatch
 from surreal_redis.configtools import ConfigError, from_dict
 
 
-@pytest.mark.slow
-def test_captured_sac_update_makes_the_eager_updates():
-    """Six updates compiled (backend aot_eager: the capture's graphs, without inductor's minutes
-    of C++ compiling) give the eager updates' weights, stats and TD errors, with and without a
-    learned temperature, and the compiled functions did run (graphs made, no fallback)."""
+def check(algo: str, updates: int) -> dict:
+    """capture_check.py's report for ``algo`` with backend aot_eager (the capture's graphs without
+    inductor's tens of seconds of C++ compiling), in a child process."""
     script = Path(__file__).with_name("capture_check.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
                                                                      os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, str(script), "aot_eager", "6"], capture_output=True, text=True,
-                          timeout=240, env=env, check=False)
+    done = subprocess.run([sys.executable, str(script), "aot_eager", str(updates), algo], capture_output=True,
+                          text=True, timeout=240, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_captured_sac_update_makes_the_eager_updates():
+    """Six updates compiled give the eager updates' weights, stats and TD errors, with and without
+    a learned temperature, and the compiled functions did run (graphs made, no fallback)."""
+    report = check("sac", 6)
     assert report["graphs"] >= 5  # critic, actor and temperature losses; critic and actor without
     for case in ("autotune", "fixed_alpha"):
         result = report[case]
         assert result["active"] and result["same_keys"], result
         assert result["moved"] > 1e-4, result  # the updates did change the weights
         assert result["weights"] <= 1e-6 and result["stats"] <= 1e-6 and result["td"] <= 1e-6, result
+
+
+@pytest.mark.slow
+def test_captured_ppo_minibatch_loss_makes_the_eager_updates():
+    """Three PPO updates (2 epochs of 3 minibatches, the clip range annealed) with the minibatch
+    loss compiled give the eager weights and stats, discrete (clip) and continuous (adapt: the KL
+    coefficient moves): one graph each, the moving coefficients passed as tensors."""
+    report = check("ppo", 3)
+    assert report["graphs"] == 2, report  # no recompile as the clip range and KL coefficient move
+    for case in ("discrete", "continuous_adapt"):
+        result = report[case]
+        assert result["active"] and result["same_keys"], result
+        assert result["moved"] > 1e-4, result
+        assert result["weights"] <= 1e-6 and result["stats"] <= 1e-6, result
 
 
 def test_compile_setting_reads_yaml_off_on_and_auto():
