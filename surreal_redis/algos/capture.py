@@ -24,7 +24,8 @@ CompileSetting = bool | Literal["auto"]
 def capture_wanted(setting: CompileSetting, device: torch.device) -> bool:
     """Whether an algorithm's ``compile`` setting captures its update on ``device``: true or false
     as set; ``auto`` on CUDA only (on one CPU thread the compiled SAC update measured no faster
-    than the eager one, and costs tens of seconds of start-up: docs/benchmarks.md)."""
+    than the eager one, PPO's minibatch step 0.8x of it, each after 5-40 s of compiling at start:
+    docs/benchmarks.md)."""
     if setting == "auto":
         return device.type == "cuda"
     if not isinstance(setting, bool):

@@ -76,8 +76,9 @@ class PPOConfig:
     compile: bool | Literal["auto"] = False
     """Capture the minibatch loss (forward and backward) with ``torch.compile``: on CUDA
     ``mode="reduce-overhead"`` (CUDA graphs), on CPU inductor's default; the same update up to
-    float rounding. ``off``/false: eager; ``auto``: on CUDA only. A compiler failure logs one
-    warning and runs eagerly. Off by default: not yet measured on a GPU."""
+    float rounding. ``off``/false: eager; ``auto``: on CUDA only (on one CPU thread a minibatch
+    step measured 0.8x eager's after ~18 s of compiling at start: docs/benchmarks.md). A compiler
+    failure logs one warning and runs eagerly. Off by default: not yet measured on a GPU."""
 
     def __post_init__(self) -> None:
         if self.compile not in (True, False, "auto"):
