@@ -64,6 +64,13 @@ class Capture:
         """The compiled function ``name``, or the eager one after a fallback."""
         return self.compiled[name] if self.active else self.eager[name]
 
+    def scalars(self, *values: float) -> tuple[Any, ...]:
+        """``values`` as 0-d float32 tensors on the device while the capture is active (a Python
+        float would be compiled in as a constant, and recompiled each time it moves), else as is."""
+        if not self.active:
+            return values
+        return tuple(torch.tensor(value, dtype=torch.float32, device=self.device) for value in values)
+
     def step_begin(self) -> None:
         """Marks a new update (CUDA graphs may then reuse the previous update's output memory: read
         an update's outputs before the next one starts)."""

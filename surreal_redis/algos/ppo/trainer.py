@@ -245,7 +245,7 @@ class PPOTrainer(Trainer):
                         coefs: tuple[Any, Any]) -> dict[str, torch.Tensor]:
         """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms as
         float64 scalar tensors, not read: no host sync inside the step (:func:`.losses.mean_loss_terms`).
-        ``coefs``: this update's clip range and KL coefficient (:meth:`_loss_coefs`).
+        ``coefs``: this update's clip range and KL coefficient (floats, or tensors when captured).
 
         The minibatch goes through the network in passes of about :data:`PASS_OBS_BYTES` of
         observations, each pass's loss weighted by its share of the rows: every loss term is a
@@ -278,14 +278,6 @@ class PPOTrainer(Trainer):
         nn.utils.clip_grad_norm_(self.net.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return info
-
-    def _loss_coefs(self, clip_coef: float) -> tuple[Any, Any]:
-        """``(clip_coef, kl_coef)`` for :meth:`_minibatch_loss`: floats, or 0-d tensors on the device
-        for the captured loss (a float would be compiled in as a constant, recompiled as it moves)."""
-        if self._capture is None or not self._capture.active:
-            return clip_coef, self.kl_coef
-        return tuple(torch.tensor(value, dtype=torch.float32, device=self.device)
-                     for value in (clip_coef, self.kl_coef))  # type: ignore[return-value]
 
     def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None, coefs: tuple[Any, Any],
                         adv_stats: tuple[torch.Tensor, torch.Tensor] | None,
@@ -388,7 +380,7 @@ class PPOTrainer(Trainer):
         if self.net.lstm is None:
             rollouts = [_merge_steps(rollouts)]
         ref_log_std = self.net.actor_logstd.detach().clone() if self.net.continuous else None
-        coefs = self._loss_coefs(clip_coef)
+        coefs = (clip_coef, self.kl_coef) if self._capture is None else self._capture.scalars(clip_coef, self.kl_coef)
 
         epochs = 0
         for _ in range(cfg.update_epochs):
