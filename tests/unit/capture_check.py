@@ -1,7 +1,8 @@
 """Run as a script by test_capture.py (its own process: torch._dynamo stays out of the test
-process): N SAC updates (argv[3] ``sac``) or PPO updates (``ppo``) eager and captured
-(torch.compile, the backend in argv[1]) from the same seed and data; prints one JSON line with the
-largest weight and stat differences."""
+process): argv[2] SAC updates (argv[3] ``sac``) or PPO updates (``ppo``) eager and captured
+(torch.compile, the backend in argv[1]) from the same seed and data, on the device argv[4] (default
+cpu; on a GPU: ``inductor 20 sac cuda``); prints one JSON line with the largest weight and stat
+differences."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def batch(rng: np.random.Generator, size: int = 32) -> TransitionBatch:
                            weights=rng.uniform(0.5, 1, size).astype(np.float32), indices=np.arange(size))
 
 
-def run(compile_: bool, backend: str, updates: int, **overrides):
+def run(compile_: bool, backend: str, updates: int, device: str, **overrides):
     torch.manual_seed(3)
-    config = SACConfig(actor_hidden=(16,), critic_hidden=(16,), compile=compile_, device="cpu", **overrides)
+    config = SACConfig(actor_hidden=(16,), critic_hidden=(16,), compile=compile_, device=device, **overrides)
     algo = SACTrainer(config, OBS_SPACE, ACTION_SPACE, seed=5, compile_backend=backend)
     initial = [p.detach().clone() for p in algo.actor.parameters()]
     rng = np.random.default_rng(0)
@@ -41,7 +42,7 @@ def run(compile_: bool, backend: str, updates: int, **overrides):
     return algo, results, moved
 
 
-def ppo_report(backend: str, updates: int) -> dict:
+def ppo_report(backend: str, updates: int, device: str) -> dict:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -55,7 +56,7 @@ def ppo_report(backend: str, updates: int) -> dict:
         for compile_ in (False, True):
             eager, _, collector = setup(name, update_epochs=2, num_minibatches=3, anneal_clip=True,
                                         total_updates=10)
-            config = type(VARIANTS[name][0])(**{**eager.config.__dict__, "compile": compile_})
+            config = type(VARIANTS[name][0])(**{**eager.config.__dict__, "compile": compile_, "device": device})
             torch.manual_seed(0)
             algo = PPOTrainer(config, collector.envs.single_observation_space,
                               collector.envs.single_action_space, seed=0, compile_backend=backend)
@@ -78,18 +79,19 @@ def ppo_report(backend: str, updates: int) -> dict:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     backend, updates = sys.argv[1], int(sys.argv[2])
-    report = ppo_report(backend, updates) if sys.argv[3:] == ["ppo"] else sac_report(backend, updates)
+    algo, device = (sys.argv[3:] + ["sac", "cpu"][len(sys.argv[3:]):])[:2]
+    report = (ppo_report if algo == "ppo" else sac_report)(backend, updates, device)
     from torch._dynamo.utils import counters  # loaded by the captured runs
 
     report["graphs"] = counters["stats"]["unique_graphs"]
     print(json.dumps(report))
 
 
-def sac_report(backend: str, updates: int) -> dict:
+def sac_report(backend: str, updates: int, device: str) -> dict:
     report = {}
     for name, overrides in (("autotune", {}), ("fixed_alpha", {"autotune": False, "policy_frequency": 1})):
-        eager, eager_results, moved = run(False, backend, updates, **overrides)
-        captured, captured_results, _ = run(True, backend, updates, **overrides)
+        eager, eager_results, moved = run(False, backend, updates, device, **overrides)
+        captured, captured_results, _ = run(True, backend, updates, device, **overrides)
         weights = max(float((a - b).abs().max()) for a, b in zip(
             [*eager.state_dict()["actor"].values(), *eager.state_dict()["critic"].values(),
              *eager.state_dict()["critic_target"].values(), eager.log_alpha.detach()],
