@@ -159,7 +159,12 @@ class EagerAdam(torch.optim.Adam):
         return _eager(torch.optim.Optimizer.state_dict)(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads ``state_dict`` but keeps this optimizer's ``capturable`` (the device's choice,
+        :func:`adam`): a CPU learner's checkpoint resumes capturable on CUDA, and back."""
+        capturable = [group["capturable"] for group in self.param_groups]
         _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+        for group, keep in zip(self.param_groups, capturable):
+            group["capturable"] = keep
 
 
 def _eager(method: Any) -> Any:
@@ -170,8 +175,11 @@ def _eager(method: Any) -> Any:
 def adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8, weight_decay: float = 0.0) -> torch.optim.Adam:
     """Adam with torch's fused kernel (all parameters in one kernel, on CPU and CUDA): the update of
     torch's default per-tensor loop, up to float rounding, at a lower cost per step. Without
-    importing ``torch._dynamo`` (:class:`EagerAdam`)."""
-    return EagerAdam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True)
+    importing ``torch._dynamo`` (:class:`EagerAdam`). On CUDA also ``capturable`` (its step count
+    on the device: no host sync, and the step may run inside a CUDA graph)."""
+    params = list(params)
+    capturable = any(param.is_cuda for param in params)
+    return EagerAdam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True, capturable=capturable)
 
 
 def layer_init(layer: Layer, std: float = float(np.sqrt(2)), bias: float = 0.0) -> Layer:

@@ -172,3 +172,19 @@ def test_eager_adam_makes_torch_adams_updates_and_state():
     again.load_state_dict(ours.state_dict())
     ours.load_state_dict(theirs.state_dict())
     assert str(again.state_dict()) == str(ours.state_dict())
+
+
+def test_adam_keeps_its_own_capturable_when_loading_a_checkpoint():
+    """adam() makes CUDA optimizers ``capturable`` (step count on the device) and CPU ones not; a
+    checkpoint saved on the other kind of device loads without changing that choice."""
+    net = mlp(4, [8], 2)
+    opt = adam(net.parameters(), lr=1e-2)
+    assert opt.param_groups[0]["capturable"] is False and opt.param_groups[0]["fused"] is True
+    net(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    state = opt.state_dict()
+    state["param_groups"][0]["capturable"] = True  # as a CUDA learner saves it
+    again = adam(net.parameters(), lr=1e-2)
+    again.load_state_dict(state)
+    assert again.param_groups[0]["capturable"] is False
+    again.step()

@@ -494,3 +494,49 @@ def test_minibatches_in_passes_make_the_same_update(name, monkeypatch):
         assert passes_stats[key] == pytest.approx(whole_stats[key], rel=1e-4, abs=1e-6), key
     for key in whole_net:
         torch.testing.assert_close(passes_net[key], whole_net[key], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["discrete", "continuous_adapt"])
+def test_minibatch_steps_read_nothing_to_the_host(name, monkeypatch):
+    """A minibatch step returns its loss terms as tensors, read once when the update ends: no
+    ``.item()`` (a host sync on a GPU) inside the step, and the stats are the same floats."""
+    algo, _, collector = setup(name, update_epochs=2, num_minibatches=2)
+    chunks = collector.collect(12)
+    reads: list[str] = []
+    inside = [False]
+    step = algo._minibatch_step
+
+    def counted_step(*args, **kwargs):
+        inside[0] = True
+        try:
+            return step(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    def counting(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if inside[0]:
+                reads.append(name)
+            return original(self, *args, **kwargs)
+        return read
+
+    for method in ("item", "tolist", "__float__", "__bool__", "numpy"):
+        monkeypatch.setattr(torch.Tensor, method, counting(method))
+    monkeypatch.setattr(algo, "_minibatch_step", counted_step)
+    stats = algo.update(chunks)
+    assert reads == []
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
+        assert isinstance(stats[key], float) and math.isfinite(stats[key]), key
+
+
+def test_a_nan_loss_term_raises_when_the_update_reads_its_stats():
+    """Without torch's per-step distribution checks, a NaN network still fails loudly: at the
+    update's one read of its loss terms, naming them."""
+    from surreal_redis.algos.ppo.losses import mean_loss_terms
+
+    terms = [{"policy_loss": torch.tensor(1.0, dtype=torch.float64), "entropy": torch.tensor(2.0)}] * 2
+    assert mean_loss_terms(terms) == {"policy_loss": 1.0, "entropy": 2.0}
+    with pytest.raises(FloatingPointError, match="policy_loss is NaN"):
+        mean_loss_terms([*terms, {"policy_loss": torch.tensor(math.nan), "entropy": torch.tensor(2.0)}])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 
@@ -73,3 +76,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     if var_returns == 0:
         return float("nan")
     return float(1.0 - (returns - values).var(unbiased=False) / var_returns)
+
+
+def mean_loss_terms(infos: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """The mean of each loss term over an epoch's minibatch steps (their scalar tensors read in
+    one transfer, one host sync on a GPU), as ``np.mean`` of the floats. Raises FloatingPointError
+    on a NaN term (the distributions skip torch's per-step argument checks that caught NaNs)."""
+    keys = list(infos[0])
+    values = torch.stack([info[key] for info in infos for key in keys]).tolist()
+    stats = {key: float(np.mean(values[i::len(keys)])) for i, key in enumerate(keys)}
+    if bad := [key for key, value in stats.items() if math.isnan(value)]:
+        raise FloatingPointError(f"the update's {', '.join(bad)} is NaN: the network or its inputs hold NaNs")
+    return stats

@@ -79,13 +79,16 @@ class ActorCritic(nn.Module):
         """Logits (Discrete) or means (Box), ``[N, A]``."""
         return self.actor(z)
 
-    def distribution(self, head: torch.Tensor, log_std: torch.Tensor | None = None) -> Distribution:
+    def distribution(self, head: torch.Tensor, log_std: torch.Tensor | None = None,
+                     validate: bool | None = None) -> Distribution:
         """The action distribution of :meth:`policy_head` outputs ``[N, A]`` (``log_std`` ``[A]``
-        defaults to the current one). Its ``log_prob`` and ``entropy`` are ``[N]``."""
+        defaults to the current one). Its ``log_prob`` and ``entropy`` are ``[N]``. ``validate``:
+        torch's argument checks (None: torch's default, on), each a host sync on a GPU."""
         if not self.continuous:
-            return Categorical(logits=head)
+            return Categorical(logits=head, validate_args=validate)
         log_std = self.actor_logstd if log_std is None else log_std
-        return Independent(Normal(head, log_std.exp().expand_as(head)), 1)
+        return Independent(Normal(head, log_std.exp().expand_as(head), validate_args=validate), 1,
+                           validate_args=validate)
 
     def value(self, z: torch.Tensor) -> torch.Tensor:
         """State values ``[N]``."""

@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributions import Distribution, kl_divergence
 
 from surreal_redis.algos.base import ParamDict, Trainer
+from surreal_redis.algos.capture import Capture, capture_wanted
 from surreal_redis.algos.networks import adam, module_params, obs_to_tensor, resolve_device
 from surreal_redis.algos.normalizer import RewardScaler
 from surreal_redis.algos.ppo.config import PPOConfig
@@ -43,6 +44,7 @@ from surreal_redis.algos.ppo.losses import (
     compute_gae,
     explained_variance,
     kl_penalty_loss,
+    mean_loss_terms,
     value_loss,
 )
 from surreal_redis.algos.ppo.policy import ActorCritic, LSTMState, PPOPolicy
@@ -126,7 +128,8 @@ class PPOTrainer(Trainer):
     the policy head unless ``mode="adapt"`` needs it (PPO's GAE reads values only)."""
 
     def __init__(self, config: PPOConfig, obs_space: gym.Space, action_space: gym.Space,
-                 device: str | torch.device | None = None, seed: int = 0) -> None:
+                 device: str | torch.device | None = None, seed: int = 0,
+                 compile_backend: str | Callable[..., Any] = "inductor") -> None:
         self.config = config
         self.device = resolve_device(config.device if device is None else device)
         self.net = ActorCritic(config, obs_space, action_space).to(self.device)
@@ -135,6 +138,8 @@ class PPOTrainer(Trainer):
                               if config.normalize_reward else None)
         self._action_start = int(action_space.start) if isinstance(action_space, gym.spaces.Discrete) else 0
         self.kl_coef = config.kl_coef_init
+        self._capture = (Capture({"loss": self._minibatch_loss}, self.device, compile_backend)
+                         if capture_wanted(config.compile, self.device) else None)
         self.iteration = 0
         self._generator = torch.Generator().manual_seed(seed)  # minibatch shuffling
         log.info("PPO (%s mode) on %s: %d parameters", config.mode, self.device,
@@ -233,12 +238,14 @@ class PPOTrainer(Trainer):
     def _distribution(self, head: torch.Tensor, actions: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         """The action distribution of policy-head outputs ``[N, A]`` (with the current log-std)
         and its log-probs ``[N]`` of ``actions`` ``[T, B, ...]`` (N = T*B)."""
-        dist = self.net.distribution(head)
+        dist = self.net.distribution(head, validate=False)  # no host sync: NaNs show in mean_loss_terms
         return dist, dist.log_prob(_flatten_time(actions))
 
     def _minibatch_step(self, rollout: _Rollout, idx: torch.Tensor, ref_log_std: torch.Tensor | None,
-                        clip_coef: float) -> dict[str, float]:
-        """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms.
+                        coefs: tuple[Any, Any]) -> dict[str, torch.Tensor]:
+        """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms as
+        float64 scalar tensors, not read: no host sync inside the step (:func:`.losses.mean_loss_terms`).
+        ``coefs``: this update's clip range and KL coefficient (floats, or tensors when captured).
 
         The minibatch goes through the network in passes of about :data:`PASS_OBS_BYTES` of
         observations, each pass's loss weighted by its share of the rows: every loss term is a
@@ -250,23 +257,34 @@ class PPOTrainer(Trainer):
             adv_stats = advantages.mean(), advantages.std()
         steps = rollout.logp.shape[0]  # sequence length (1 without an LSTM)
         passes = math.ceil(len(idx) * steps / _rows_per_pass(rollout.obs, 2))
+        parts = idx.tensor_split(min(passes, len(idx)))
+        loss_fn = self._minibatch_loss
+        if self._capture is not None:
+            capture = self._capture
+            capture.warm_up(lambda: capture["loss"](rollout.select(parts[0]), ref_log_std, coefs, adv_stats)[0]
+                            .backward(), self.optimizer.zero_grad)
+            loss_fn = capture["loss"]
         self.optimizer.zero_grad()
-        info: dict[str, float] = {}
-        for part in idx.tensor_split(min(passes, len(idx))):
+        info: dict[str, torch.Tensor] = {}
+        for part in parts:
             weight = len(part) / len(idx)
-            loss, part_info = self._minibatch_loss(rollout.select(part), ref_log_std, clip_coef, adv_stats)
+            if self._capture is not None:
+                self._capture.step_begin()
+            loss, part_info = loss_fn(rollout.select(part), ref_log_std, coefs, adv_stats)
             (loss * weight).backward()
             for key, value in part_info.items():
-                info[key] = info.get(key, 0.0) + weight * value
+                # float64 as the Python floats these were: 0.0 + weight * value, the same rounding
+                info[key] = info.get(key, 0.0) + weight * value.double()
         nn.utils.clip_grad_norm_(self.net.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return info
 
-    def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None, clip_coef: float,
-                        adv_stats: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, dict]:
-        """Loss of ``mb`` (means over its rows) and its terms; ``adv_stats`` (mean, std) normalize
-        the advantages (None: used as they are)."""
-        cfg = self.config
+    def _minibatch_loss(self, mb: _Rollout, ref_log_std: torch.Tensor | None, coefs: tuple[Any, Any],
+                        adv_stats: tuple[torch.Tensor, torch.Tensor] | None,
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Loss of ``mb`` (means over its rows) and its terms (detached scalar tensors, not read);
+        ``adv_stats`` (mean, std) normalize the advantages (None: used as they are)."""
+        cfg, (clip_coef, kl_coef) = self.config, coefs
         z, _ = self.net.core(self.net.features(_flatten_time(mb.obs)), mb.initial_state, mb.episode_start)
         dist, new_logp = self._distribution(self.net.policy_head(z), mb.actions)
         entropy = dist.entropy().mean()
@@ -285,15 +303,15 @@ class PPOTrainer(Trainer):
         if cfg.mode == "clip":
             pg_loss = clipped_surrogate_loss(logratio, advantages, clip_coef)
         else:
-            ref_dist = self.net.distribution(_flatten_time(mb.ref_head), ref_log_std)
+            ref_dist = self.net.distribution(_flatten_time(mb.ref_head), ref_log_std, validate=False)
             kl = kl_divergence(ref_dist, dist)
-            pg_loss = kl_penalty_loss(logratio, advantages, kl, self.kl_coef)
-            info["kl"] = kl.mean().item()
+            pg_loss = kl_penalty_loss(logratio, advantages, kl, kl_coef)
+            info["kl"] = kl.detach().mean()
         v_clip = clip_coef if cfg.mode == "clip" and cfg.clip_vloss else None
         v_loss = value_loss(new_values, mb.returns.reshape(-1), mb.values.reshape(-1), v_clip)
         loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-        info.update(policy_loss=pg_loss.item(), value_loss=v_loss.item(), entropy=entropy.item(),
-                    approx_kl=approx_kl.item(), clip_fraction=clip_fraction.item())
+        info.update(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy.detach(),
+                    approx_kl=approx_kl, clip_fraction=clip_fraction)
         return loss, info
 
     def schedule_done(self) -> str:
@@ -362,25 +380,27 @@ class PPOTrainer(Trainer):
         if self.net.lstm is None:
             rollouts = [_merge_steps(rollouts)]
         ref_log_std = self.net.actor_logstd.detach().clone() if self.net.continuous else None
+        coefs = (clip_coef, self.kl_coef) if self._capture is None else self._capture.scalars(clip_coef, self.kl_coef)
 
         epochs = 0
         for _ in range(cfg.update_epochs):
-            epoch_info: list[dict] = []
+            epoch_info: list[dict[str, torch.Tensor]] = []
             for rollout in rollouts:
                 batch = rollout.logp.shape[1]
                 order = torch.randperm(batch, generator=self._generator).to(self.device)
                 for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
-                    epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, clip_coef))
+                    epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, coefs))
             epochs += 1
             # asked only between epochs that may or may not run: never with a fixed number (PPO)
             if self.min_epochs() <= epochs < cfg.update_epochs and more_epochs is not None and not more_epochs():
                 break
-            if cfg.target_kl is not None and epoch_info[-1]["approx_kl"] > cfg.target_kl:
+            # one host read per epoch, only with target_kl
+            if cfg.target_kl is not None and (last_kl := epoch_info[-1]["approx_kl"].item()) > cfg.target_kl:
                 log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",
-                          self.iteration, epochs, epoch_info[-1]["approx_kl"], cfg.target_kl)
+                          self.iteration, epochs, last_kl, cfg.target_kl)
                 break
 
-        stats = {key: float(np.mean([info[key] for info in epoch_info])) for key in epoch_info[0]}
+        stats = mean_loss_terms(epoch_info)
         returns = torch.cat([r.returns.reshape(-1) for r in rollouts])
         stats["explained_variance"] = explained_variance(torch.cat([r.values.reshape(-1) for r in rollouts]), returns)
         stats["return_mean"] = returns.mean().item()

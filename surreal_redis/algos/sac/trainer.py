@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
+from surreal_redis.algos.capture import Capture, capture_wanted
 from surreal_redis.algos.networks import TargetAverager, adam
 from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.policy import Actor, TwinCritic
@@ -43,14 +45,17 @@ logger = logging.getLogger(__name__)
 class SACTrainer(ActorCriticTrainer):
     """Learner-side SAC: the parts of :class:`ActorCriticTrainer` (whose arguments it takes, on a
     bounded 1-d Box action space) with twin critics, plus the temperature ``log_alpha`` and its
-    optimizer. ``seed`` seeds the update's own sampling noise (``generator``, on the device)."""
+    optimizer. ``seed`` seeds the update's own sampling noise (``generator``, on the device).
+    ``compile_backend``: torch.compile's backend when ``config.compile`` captures the update
+    (``inductor``; tests check the mechanism with ``aot_eager``)."""
 
     config: SACConfig
     actor: Actor
     critic: TwinCritic
 
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space,
-                 device: str | torch.device | None = None, seed: int = 0) -> None:
+                 device: str | torch.device | None = None, seed: int = 0,
+                 compile_backend: str | Callable[..., Any] = "inductor") -> None:
         self.config = config
         box = bounded_box(action_space, "SAC")
         super().__init__(config, obs_space, Actor(config, obs_space, action_space),
@@ -63,6 +68,9 @@ class SACTrainer(ActorCriticTrainer):
                                 else None)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._average_targets = TargetAverager((self.critic_target, self.critic))
+        self._capture = (Capture({"critic": self._critic_losses, "actor": self._actor_loss,
+                                  "alpha": self._alpha_loss}, self.device, compile_backend)
+                         if capture_wanted(config.compile, self.device) else None)
         logger.info("SAC on %s: actor %d, critics %d parameters, target entropy %g", self.device,
                     sum(p.numel() for p in self.actor.parameters()),
                     sum(p.numel() for p in self.critic.parameters()), self.target_entropy)
@@ -85,6 +93,8 @@ class SACTrainer(ActorCriticTrainer):
         error (Schaul et al. 2016, arXiv:1511.05952); with twin critics, TD7 (Fujimoto et al. 2023,
         arXiv:2306.02451, ``sfujim/TD7``) takes the larger one. Averaging the signed errors first
         would let opposite signs cancel: a transition both critics get wrong could rank last."""
+        if self._capture is not None and self._capture.active:
+            return self._captured_update(batch)
         config = self.config
         obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
         alpha = self._alpha()
@@ -161,6 +171,101 @@ class SACTrainer(ActorCriticTrainer):
                 alpha = self._alpha()
                 stats["losses/alpha_loss"] = alpha_loss
         return alpha
+
+    def _noise(self, like: torch.Tensor) -> torch.Tensor:
+        """Standard normal noise shaped as ``like`` ``[B, A]`` from :attr:`generator`: the draw
+        ``Actor.sample_from`` makes in the eager update, in the same order."""
+        return torch.randn(like.shape, generator=self.generator, device=like.device, dtype=like.dtype)
+
+    def _critic_losses(self, obs: Tree, next_obs: Tree, actions: torch.Tensor, rewards: torch.Tensor,
+                       discounts: torch.Tensor, weights: torch.Tensor, alpha: torch.Tensor | float,
+                       next_noise: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The critic loss of :meth:`update` (eq. 3 and 5) as a pure function for the capture:
+        ``(critic_loss, qf1_loss, qf2_loss, q_values, td_errors [B])``, all but the first detached."""
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor.sample(next_obs, noise=next_noise)
+            next_q1, next_q2 = self.critic_target(next_obs, next_actions)
+            target_q = rewards + discounts * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+        q1, q2 = self.critic(obs, actions)
+        td1, td2 = target_q - q1, target_q - q2
+        q1_loss = (weights * td1.square()).mean()
+        q2_loss = (weights * td2.square()).mean()
+        return (q1_loss + q2_loss, q1_loss.detach(), q2_loss.detach(), (0.5 * (q1 + q2)).mean().detach(),
+                torch.maximum(td1.abs(), td2.abs()).detach())
+
+    def _actor_loss(self, obs: Tree, alpha: torch.Tensor | float,
+                    noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor loss of eq. 9 and the policy's entropy estimate (detached), for the capture."""
+        mean, log_std = self.actor(obs)
+        pi, log_prob = self.actor.sample_from(mean, log_std, noise)
+        q1_pi, q2_pi = self.critic(obs, pi)
+        return (alpha * log_prob - torch.min(q1_pi, q2_pi)).mean(), -log_prob.detach().mean()
+
+    def _alpha_loss(self, obs: Tree, noise: torch.Tensor) -> torch.Tensor:
+        """The temperature loss of eq. 18 on a fresh sample of the actor, for the capture."""
+        with torch.no_grad():
+            _, log_prob = self.actor.sample(obs, noise=noise)
+        return -(self.log_alpha * (log_prob + self.target_entropy)).mean()
+
+    def _captured_update(self, batch: TransitionBatch) -> tuple[dict[str, float], np.ndarray]:
+        """:meth:`update` through the compiled step functions (``config.compile``): the same noise
+        draws in the same order, so the same update up to float rounding; the actor's forward for
+        the temperature is not reused by the next actor step (each compiled function is whole)."""
+        assert self._capture is not None
+        capture, config = self._capture, self.config
+        obs, next_obs, actions, rewards, discounts, weights = self._tensors(batch)
+        self._warm_up(obs, next_obs, actions, rewards, discounts, weights)
+        capture.step_begin()
+        alpha = self._alpha()
+        critic_loss, q1_loss, q2_loss, q_values, td_errors = capture["critic"](
+            obs, next_obs, actions, rewards, discounts, weights, alpha, self._noise(actions))
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optimizer.step()
+        self.iteration += 1
+        stats: dict[str, torch.Tensor | float] = {}
+        if self.iteration % config.policy_frequency == 0:
+            with self._critic_frozen():
+                for _ in range(config.policy_frequency):
+                    actor_loss, stats["losses/entropy"] = capture["actor"](obs, alpha, self._noise(actions))
+                    self.actor_optimizer.zero_grad(set_to_none=True)
+                    actor_loss.backward()
+                    self.actor_optimizer.step()
+                    stats["losses/actor_loss"] = actor_loss.detach()
+                    if self.alpha_optimizer is not None:
+                        alpha_loss = capture["alpha"](obs, self._noise(actions))
+                        self.alpha_optimizer.zero_grad(set_to_none=True)
+                        alpha_loss.backward()
+                        self.alpha_optimizer.step()
+                        alpha, stats["losses/alpha_loss"] = self._alpha(), alpha_loss.detach()
+        if self.iteration % config.target_network_frequency == 0:
+            self._average_targets(config.tau)
+        stats.update({"losses/qf1_loss": q1_loss, "losses/qf2_loss": q2_loss,
+                      "losses/critic_loss": critic_loss.detach(), "losses/q_values": q_values,
+                      "losses/alpha": alpha})
+        return self._read_stats(stats), td_errors.to(torch.float32).cpu().numpy()
+
+    def _warm_up(self, obs: Tree, next_obs: Tree, actions: torch.Tensor, rewards: torch.Tensor,
+                 discounts: torch.Tensor, weights: torch.Tensor) -> None:
+        """Compiles the step functions on the first batch (zero noise, no generator draw, the
+        gradients dropped, no optimizer step): a compiler failure falls back to eager here."""
+        assert self._capture is not None
+        capture, noise, alpha = self._capture, torch.zeros_like(actions), self._alpha()
+        optimizers = [self.critic_optimizer, self.actor_optimizer, self.alpha_optimizer]
+
+        def run() -> None:
+            capture["critic"](obs, next_obs, actions, rewards, discounts, weights, alpha, noise)[0].backward()
+            with self._critic_frozen():
+                capture["actor"](obs, alpha, noise)[0].backward()
+                if self.alpha_optimizer is not None:
+                    capture["alpha"](obs, noise).backward()
+
+        def undo() -> None:
+            for optimizer in optimizers:
+                if optimizer is not None:
+                    optimizer.zero_grad(set_to_none=True)
+
+        capture.warm_up(run, undo)
 
     def state_dict(self) -> dict[str, Any]:
         state = dict(super().state_dict(), log_alpha=self.log_alpha.detach().clone(),
