@@ -34,7 +34,7 @@ from surreal_redis.hub.run.heartbeat import read_agents
 from surreal_redis.hub.run.lease import LeaseHeld, LeaseKeeper, RunLease, describe
 from surreal_redis.launcher.children import Child, log_tail, reap
 from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
-from surreal_redis.learner.metrics import fmt_number, use_summary
+from surreal_redis.learner.metrics import progress_line
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import EarlierRun, FolderLive, FolderLock, RunFolder
 from surreal_redis.runtime import INTERRUPTED_EXIT, StopFlag
@@ -410,12 +410,7 @@ class Launcher:
         self._last_status = status
         agents = read_agents(client, self.config.run, self.config.agent.heartbeat_ttl_s, include_stale=False)
         restarting = "learner restarting | " if learner.restart_at is not None else ""
-        if not status:
-            return f"{restarting}waiting for the learner... agents {len(agents)}/{self.config.agent.num_agents}"
-        return (f"{restarting}env steps {status['env_steps']} ({status['steps_per_s']:.0f}/s) | updates "
-                f"{status['iteration']} ({status['updates_per_s']:.1f}/s) | params v{status['version']} | return "
-                f"{fmt_number(status['mean_return'])} | eval {fmt_number(status['eval_return'])} | agents "
-                f"{len(agents)}/{self.config.agent.num_agents} | {use_summary(status)} | {status['elapsed_s']:.0f}s")
+        return restarting + progress_line(status, len(agents), self.config.agent.num_agents)
 
     # ---------------------------------------------------------------- stopping
     def _shutdown(self, client: RedisClient) -> None:

@@ -402,6 +402,17 @@ def _percent(value: float | None) -> str:
     return fmt_number(value, ".0f", 100, "%")
 
 
+def progress_line(status: dict[str, Any], agents: int, num_agents: int) -> str:
+    """A launch's progress line from the learner's last report ``status`` ({} before the first)
+    and the ``agents`` alive of the ``num_agents`` configured."""
+    if not status:
+        return f"waiting for the learner... agents {agents}/{num_agents}"
+    return (f"env steps {status['env_steps']} ({status['steps_per_s']:.0f}/s) | updates "
+            f"{status['iteration']} ({status['updates_per_s']:.1f}/s) | params v{status['version']} | return "
+            f"{fmt_number(status['mean_return'])} | eval {fmt_number(status['eval_return'])} | agents "
+            f"{agents}/{num_agents} | {use_summary(status)} | {status['elapsed_s']:.0f}s")
+
+
 def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
     """One line on how a learner status (:meth:`LearnerMetrics.maybe_flush`) says the run uses its
     experience and time: the used fraction, policy lag p90, learner busy, agents idle. Fields an
