@@ -345,8 +345,8 @@ def test_the_shipped_configs_are_ppos_with_free_production():
     """configs/appo_*.yaml keep their PPO counterpart's network and PPO settings (but those their
     comment says why they change), produce freely, and bound both the staleness the learner
     accepts and the backlog agents may build."""
-    # CartPole: zoo's 20 epochs and a 300k-step anneal, with which every seed of 1-10 solved
-    changed = {"cartpole": {"update_epochs", "total_updates"}}
+    # CartPole: a 300k-step anneal (APPO needs more env steps than lockstep)
+    changed = {"cartpole": {"total_updates"}}
     for task in ("cartpole", "halfcheetah", "pong"):
         appo, ppo = load_config(f"appo_{task}"), load_config(f"ppo_{task}")
         assert appo.algo == "appo" and appo.learner.on_policy_sync == "free"
@@ -356,6 +356,7 @@ def test_the_shipped_configs_are_ppos_with_free_production():
         assert appo.replay.fifo.max_policy_lag is not None and 1 <= appo.replay.fifo.max_policy_lag <= 8
         assert appo.hub.sender.max_lag is not None and appo.hub.sender.max_lag >= 1
         assert appo.agent.nice > 0
+        assert appo.algo_config.clip_against == ("proximal" if task == "halfcheetah" else "behaviour")
         assert appo.stale_round_advice is None  # one flush of every agent is well within max_policy_lag
 
 

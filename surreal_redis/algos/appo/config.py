@@ -42,9 +42,12 @@ class APPOConfig(PPOConfig):
     clip_against: Literal["behaviour", "proximal"] = "behaviour"
     """What the clipped surrogate's ratio is taken against: ``behaviour``, the agents' mu (Sample
     Factory's APPO), or ``proximal``, the learner's own policy at the start of the update
-    (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641), the lag's weight rho being in the
-    advantages already, so lagged samples keep their gradient (on HalfCheetah ``behaviour`` learned
-    better: docs/benchmarks.md)."""
+    (decoupled PPO, Hilton et al. 2021, arXiv:2110.00641, eq. 2; IMPACT's clipping against a
+    target network, Luo et al. 2020, arXiv:1912.00167, with the target refreshed every update),
+    the lag's weight rho being in the advantages already, so lagged samples keep their gradient.
+    With every sample in all ``update_epochs`` passes, ``proximal`` learned HalfCheetah far better
+    (the shipped configs set it; docs/benchmarks.md, 2026-12-05); with the former adaptive epochs
+    ``behaviour`` had."""
     pg_advantage: Literal["one_step", "lambda"] = "lambda"
     """The policy-gradient advantage under the clipped surrogate: ``one_step``, the paper's
     rho_s (r_s + gamma v_{s+1} - V(x_s)) (Espeholt et al. 2018, section 4.2; Sample Factory's and
