@@ -6,8 +6,9 @@
 - **Race** (HalfCheetah-v5): per seed (``experiment.seed`` 1..``--seeds``), ``configs/ppo_halfcheetah.yaml``
   (lockstep, its default) and ``configs/appo_halfcheetah.yaml`` for ``--race-s`` learner seconds
   each, one after the other (:func:`halfcheetah.run_ours`: training window of 10 episodes, the
-  eval of the final checkpoint); ``appo_fixed_epochs`` (APPO with all 20 epochs per update, as
-  lockstep) separates the lag's effect from that of fewer epochs. Per mode: the eval and training returns (mean, min, max over
+  eval of the final checkpoint); both run all 20 epochs per update (since 2026-12-05 APPO's
+  epochs no longer follow the agents' speed), so at equal env steps only the lag and V-trace
+  differ. Per mode: the eval and training returns (mean, min, max over
   seeds), env steps and updates; ``appo_minus_lockstep_eval`` (equal wall-clock) and, at equal env
   steps, APPO's training return when its env steps first reached lockstep's final count
   (``appo_train_at_lockstep_steps``) against lockstep's final training return.
@@ -44,10 +45,8 @@ import utilization  # noqa: E402
 from surreal_redis import plots  # noqa: E402
 
 log = logging.getLogger("bench.appo")
-RACE = {"lockstep": ("ppo_halfcheetah.yaml", []), "appo": ("appo_halfcheetah.yaml", []),
-        "appo_fixed_epochs": ("appo_halfcheetah.yaml", ["appo.min_epochs=null"])}
-"""Race modes: config and overrides. ``appo_fixed_epochs`` runs all 20 epochs per update as
-lockstep does, so against lockstep at equal env steps only the lag (and V-trace) differs."""
+RACE = {"lockstep": ("ppo_halfcheetah.yaml", []), "appo": ("appo_halfcheetah.yaml", [])}
+"""Race modes: config and overrides."""
 WINDOW = 10
 CARTPOLE = {"lockstep": ("ppo_cartpole.yaml", ("learner.on_policy_sync=lockstep",)), "appo": ("appo_cartpole.yaml", ())}
 """CartPole race modes: config and overrides (ppo_cartpole.yaml ships overlap; lockstep is the

@@ -15,8 +15,9 @@ Per env and mode, ``surreal-redis launch`` of the shipped config (PPO: ``ppo_<en
 - ``updates``, ``env_steps``, ``mean_return`` (the last ``stop.return_window`` training
   episodes), and from the learner's whole-run status: ``used`` (the fraction of env steps that
   reached an update), ``policy_lag_p90``, ``rho_clipped`` (APPO: samples whose importance weight
-  V-trace clipped, last update), ``epochs_per_update`` (APPO with ``min_epochs``: the whole run's
-  mean), ``learner_busy``, ``agents_idle``;
+  V-trace clipped, last update), ``epochs_per_update`` (on-policy: the whole run's
+  mean, the gradient passes per sample), ``kl_per_update`` (on-policy: ``losses/approx_kl``, last
+  flush window), ``learner_busy``, ``agents_idle``;
 - ratios against lockstep in the same run: ``updates_vs_lockstep``, ``env_steps_vs_lockstep``.
 
 ``--solve`` adds CartPole time to the 475 target (whole process, ``stop.max_seconds`` 300) for
@@ -52,7 +53,8 @@ MODES = ("lockstep", "overlap", "free", "appo")
 TOTALS = re.compile(r"(?P<steps>\d+) env steps, (?P<updates>\d+) updates, mean return (?P<mean>\S+), "
                     r"last eval (?P<eval>\S+)")
 USE = re.compile(r"experience used (?P<used>[\d.]+|-)%?.*?, policy lag p90 (?P<lag>[\d.]+|-)[^,]*"
-                 r"(?:, rho clipped (?P<rho>[\d.]+|-)%)?(?:, epochs/update (?P<epochs>[\d.]+))?, learner busy (?P<busy>[\d.]+|-)%?, agents idle (?P<idle>[\d.]+|-)%?")
+                 r"(?:, rho clipped (?P<rho>[\d.]+|-)%)?(?:, passes/sample (?P<epochs>[\d.]+))?(?:, kl/update (?P<kl>[^,]+))?"
+                 r", learner busy (?P<busy>[\d.]+|-)%?, agents idle (?P<idle>[\d.]+|-)%?")
 SOLVED = re.compile(r"learner stopped \((?P<reason>[^)]*)\)")
 PANELS = {"env_steps": "env steps", "updates": "updates", "machine_used": "machine used",
           "used": "experience used", "learner_busy": "learner busy", "agents_idle": "agents idle"}
@@ -80,7 +82,8 @@ def parse_summary(stderr: str) -> dict[str, float | None]:
     return {"env_steps": int(totals["steps"]), "updates": int(totals["updates"]), "mean_return": _number(totals["mean"]),
             "used": percent["used"], "policy_lag_p90": _number(use["lag"]), "learner_busy": percent["busy"],
             "agents_idle": percent["idle"], "rho_clipped": None if use["rho"] is None else _number(use["rho"]) / 100,
-            "epochs_per_update": None if use["epochs"] is None else float(use["epochs"])}
+            "epochs_per_update": None if use["epochs"] is None else float(use["epochs"]),
+            "kl_per_update": None if use["kl"] is None else float(use["kl"])}
 
 
 ROLES = ("learner", "agent", "eval", "redis", "mlflow", "launch")

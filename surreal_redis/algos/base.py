@@ -70,7 +70,7 @@ class Trainer(abc.ABC):
     ``charts/alpha``) as it is.
 
     Its ``update`` is the one of the algorithm's regime, as the learner's feed calls it
-    (:mod:`surreal_redis.replay.feeds`): on-policy ``update(chunks, more_epochs=None) -> stats``,
+    (:mod:`surreal_redis.replay.feeds`): on-policy ``update(chunks) -> stats``,
     off-policy ``update(batch) -> (stats, td_errors [B])``.
     """
 
@@ -80,12 +80,6 @@ class Trainer(abc.ABC):
     """What the float32 parameters of :meth:`actor_params` travel to the agents as
     (``hub.publisher.dtype``, set by the learner): a trainer that compares its outputs with the
     agents' (APPO's ``rho_clipped_fraction``) takes the rounding into account."""
-
-    @property
-    def adaptive_epochs(self) -> bool:
-        """Whether the number of epochs an on-policy update runs depends on its ``more_epochs``
-        argument (APPO's ``min_epochs``); False for a fixed number, and off-policy."""
-        return False
 
     def observe_inserted(self, obs: Tree) -> None:  # noqa: B027  (only a trainer with statistics cares)
         """Off-policy: the observations (leaves ``[B, ...]``) of B transitions just inserted into

@@ -72,7 +72,7 @@ class Learner:
                                   dead_letters=self.receiver.count_dead_letters)
         self.control = RunControl(client, cfg.run)
         self.checkpoints = RunFolder(cfg.experiment_dir).checkpoints(cfg.checkpoint)
-        self.metrics = LearnerMetrics(client, cfg, tracker, adaptive_epochs=self.algo.adaptive_epochs)
+        self.metrics = LearnerMetrics(client, cfg, tracker)
         self.env_steps = 0
         self.param_version = 0  # the last version this learner published
         self.started = time.monotonic()
@@ -251,7 +251,7 @@ class Learner:
                 items = batches.get(timeout=0.0 if self.feed.has_updates() else 0.2)
         if items:
             self._ingest(items)
-        updates = self.feed.train(self.algo, self.stop, arriving=batches.steps)
+        updates = self.feed.train(self.algo, self.stop)
         while True:
             if done := self.rules.update_reason():  # e.g. a learning rate annealed to 0: nothing more to learn
                 self._stop_run(done)

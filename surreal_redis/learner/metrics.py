@@ -10,14 +10,18 @@ learner-step axis) and the learner status hash that ``launch`` and ``status`` di
   ``hub/policy_lag_share_<bucket>``: the share of steps per :data:`LAG_BUCKETS` bucket.
 - ``losses/rho_clipped_fraction`` (APPO's V-trace): the share of an update's samples whose
   importance weight was clipped at rho-bar (pi as the agents receive it: float16 parameters'
-  rounding is no lag); ``losses/epochs``: epochs per update (window mean;
-  they vary with APPO's ``min_epochs``).
+  rounding is no lag); ``losses/epochs``: epochs per update (window mean), the reuse per sample:
+  each sample takes part in one gradient pass per epoch (``update_epochs`` unless ``target_kl``
+  stops an update early); ``losses/approx_kl``: the KL between the policy that the update's ratio
+  is taken against (PPO: the agents'; APPO: ``clip_against``) and the updated one, on the last
+  epoch's minibatches (window mean).
 - ``system/learner_busy_fraction``: seconds inside gradient updates / wall seconds (window).
 - ``hub/agent_idle_fraction``: seconds agents waited (claims, backpressure) / seconds their env
   loops ran, summed over agents, from their heartbeats (window; the whole run's when no agent ran
   in it).
 
-The status hash carries them too, busy, idle and epochs per update also over the whole run.
+The status hash carries them too, busy, idle and epochs per update also over the whole run;
+``use_summary`` shows the lag, the clipped share, the passes per sample and the KL per update.
 """
 
 from __future__ import annotations
@@ -134,9 +138,8 @@ class LearnerMetrics:
     """Accumulates between flushes; :meth:`maybe_flush` writes every ``learner.metrics_every_s``."""
 
     def __init__(self, client: RedisClient, config: ExperimentConfig,
-                 tracker: Tracker | BackgroundTracker | None, adaptive_epochs: bool = False) -> None:
+                 tracker: Tracker | BackgroundTracker | None) -> None:
         self.client, self.config, self.tracker = client, config, tracker
-        self.adaptive_epochs = adaptive_epochs  # the trainer's: its epochs per update vary
         self.control = RunControl(client, config.run)
         self.losses: dict[str, list[float]] = defaultdict(list)
         self.staleness: deque[int] = deque(maxlen=10_000)
@@ -154,7 +157,7 @@ class LearnerMetrics:
         self.unusable_steps = 0
         self.unused_at_stop: int | None = None
         self.busy_s = self.busy_total_s = 0.0
-        self.epochs_total = self.epoch_updates = 0  # APPO's adaptive epochs: the whole run's mean per update
+        self.epochs_total = self.epoch_updates = 0  # on-policy: the whole run's mean epochs per update
         self.started = time.monotonic()
         self.agent_clocks = AgentClocks()
         self._last_flush = time.monotonic()
@@ -380,7 +383,7 @@ class LearnerMetrics:
                 "agent_idle": metrics.get("hub/agent_idle_fraction"), "agent_idle_total": self.agent_clocks.total(),
                 "epochs_per_update": metrics.get("losses/epochs", self._reported.get("epochs_per_update")),
                 "epochs_per_update_total": self.epochs_total / self.epoch_updates if self.epoch_updates else None,
-                "adaptive_epochs": self.adaptive_epochs,
+                "kl_per_update": metrics.get("losses/approx_kl", self._reported.get("kl_per_update")),
                 "dead_entries": receiver.dead, "pending_trimmed": receiver.pending_trimmed,
                 "unread_trimmed": self.janitor_totals.unread_dropped,
                 "agent_chunks_dropped": metrics.get("hub/agent_chunks_dropped_total")}
@@ -415,7 +418,8 @@ def progress_line(status: dict[str, Any], agents: int, num_agents: int) -> str:
 
 def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
     """One line on how a learner status (:meth:`LearnerMetrics.maybe_flush`) says the run uses its
-    experience and time: the used fraction, policy lag p90, learner busy, agents idle. Fields an
+    experience and time: the used fraction, policy lag p90 (its shares, V-trace's clipped share),
+    on-policy the passes per sample and the KL per update, learner busy, agents idle. Fields an
     older learner did not report show as ``-``. ``whole_run``: busy and idle over the whole run
     (else over the last flush window), and the steps left unused at the stop."""
     used = status.get("experience_used_fraction")
@@ -431,6 +435,8 @@ def use_summary(status: dict[str, Any], whole_run: bool = False) -> str:
     clipped = status.get("rho_clipped_fraction")
     rho = "" if clipped is None else f", rho clipped {_percent(clipped)}"
     epochs = status.get("epochs_per_update_total" if whole_run else "epochs_per_update")
-    adaptive = f", epochs/update {epochs:.1f}" if status.get("adaptive_epochs") and epochs is not None else ""
-    return (f"{line}, policy lag p90 {fmt_number(lag, '.0f')}{histogram}{rho}{adaptive}, "
+    reuse = "" if epochs is None else f", passes/sample {epochs:.1f}"  # one gradient pass per epoch
+    kl = status.get("kl_per_update")
+    reuse += "" if kl is None else f", kl/update {kl:.2g}"
+    return (f"{line}, policy lag p90 {fmt_number(lag, '.0f')}{histogram}{rho}{reuse}, "
             f"learner busy {_percent(busy)}, agents idle {_percent(idle)}{sync}")

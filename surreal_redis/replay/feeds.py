@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -36,9 +36,9 @@ class StopSignal(Protocol):
 
 
 class OnPolicyTrainer(Protocol):
-    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
-        """One update on ``chunks``, returning its stats. A trainer whose epochs adapt (APPO's
-        ``min_epochs``) runs an epoch past its minimum only while ``more_epochs()`` (None: always)."""
+    def update(self, chunks: list[Chunk]) -> dict[str, float]:
+        """One update on ``chunks``, returning its stats: its fixed number of epochs (PPO's and
+        APPO's ``update_epochs``), however soon the next batch arrives."""
         ...
 
     def skipped(self, steps: list[SkippedSteps]) -> None:
@@ -82,12 +82,9 @@ class Feed(abc.ABC, Generic[TrainerT]):
         """Whether the learner should read more experience before training again."""
 
     @abc.abstractmethod
-    def train(self, algo: TrainerT, stop: StopSignal, arriving: Callable[[], int] | None = None
-              ) -> Iterator[dict[str, float]]:
+    def train(self, algo: TrainerT, stop: StopSignal) -> Iterator[dict[str, float]]:
         """Run the updates the data in hand allows, yielding each update's stats (the caller may
-        publish between them); ends early once ``stop`` is set. CPU/GPU-bound, no I/O.
-        ``arriving()``: env steps read and not ingested yet; while the next batch is short the
-        on-policy feed lets an update go on with more epochs."""
+        publish between them); ends early once ``stop`` is set. CPU/GPU-bound, no I/O."""
 
     def has_updates(self) -> bool:
         """Whether an update can run on the data in hand now: the learner then reads more without
@@ -124,7 +121,13 @@ class Feed(abc.ABC, Generic[TrainerT]):
 
 
 class OnPolicyFeed(Feed[OnPolicyTrainer]):
-    """One update per ``steps_per_update`` env steps, each chunk used once, in order."""
+    """One update per ``steps_per_update`` env steps, each chunk used by one update, in order.
+
+    Sample reuse does not depend on arrival: each update runs the trainer's fixed number of
+    epochs, so each sample takes part in that many gradient passes however fast the agents
+    produce; an update starts as soon as one batch is held (it never waits for more data than it
+    uses), and the agents' lead is bounded by backpressure (``hub.sender.max_lag``) and the FIFO's
+    ``max_policy_lag``."""
 
     def __init__(self, fifo: FIFOReplayConfig, steps_per_update: int) -> None:
         if steps_per_update < 1:
@@ -138,19 +141,14 @@ class OnPolicyFeed(Feed[OnPolicyTrainer]):
     def wants_data(self) -> bool:
         return True
 
-    def train(self, algo: OnPolicyTrainer, stop: StopSignal, arriving: Callable[[], int] | None = None
-              ) -> Iterator[dict[str, float]]:
-        def next_batch_short() -> bool:  # asked between epochs: False ends the update
-            held = len(self.fifo) + (0 if arriving is None else arriving())
-            return held < self.steps_per_update and not stop.is_set()
-
+    def train(self, algo: OnPolicyTrainer, stop: StopSignal) -> Iterator[dict[str, float]]:
         # the steps of dropped chunks reach the trainer in stream order around the updates
         while len(self.fifo) >= self.steps_per_update and not stop.is_set():
             chunks = self.fifo.take(self.steps_per_update)
             before, after = self.fifo.skipped()
             if before:
                 algo.skipped(before)
-            yield algo.update(chunks, more_epochs=next_batch_short)
+            yield algo.update(chunks)
             if after:
                 algo.skipped(after)
         before, _ = self.fifo.skipped()  # dropped ahead of every chunk held: nothing follows them
@@ -298,8 +296,7 @@ class OffPolicyFeed(Feed[OffPolicyTrainer]):
         return (self.config.max_train_s != 0 and self.owed_updates() > 0
                 and self.limiter.can_sample(self.config.batch_size))
 
-    def train(self, algo: OffPolicyTrainer, stop: StopSignal, arriving: Callable[[], int] | None = None
-              ) -> Iterator[dict[str, float]]:
+    def train(self, algo: OffPolicyTrainer, stop: StopSignal) -> Iterator[dict[str, float]]:
         observed, self._observed = self._observed, []
         for obs in observed:  # each inserted transition once, before any update samples it
             algo.observe_inserted(obs)

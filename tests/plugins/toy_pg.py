@@ -9,7 +9,6 @@ checkpoints it and publishes its weights; agents and eval act with :class:`ToyPo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +46,10 @@ class ToyPGTrainer(Trainer):
         self.weights = np.zeros((obs_space.shape[0] + 1, action_space.n), np.float32)
         self.iteration = 0
 
-    def update(self, chunks: list, more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
+    def update(self, chunks: list) -> dict[str, float]:
         """One gradient ascent step on sum_t G_t * log pi(a_t | s_t), G_t the discounted reward to
         go inside each chunk (cut at episode ends and at the chunk's end: a toy, biased there).
-        One epoch always, so ``more_epochs`` (the learner asking whether to go on) is not asked."""
+        One epoch: each sample takes part in one gradient pass."""
         grad = np.zeros_like(self.weights)
         steps = 0
         for chunk in chunks:

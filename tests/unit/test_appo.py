@@ -9,6 +9,8 @@ import dataclasses
 import math
 import subprocess
 import sys
+import threading
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -26,6 +28,8 @@ from surreal_redis.cli import main
 from surreal_redis.config import load_config
 from surreal_redis.configtools import ConfigError, from_dict
 from surreal_redis.envs import EnvConfig, make_vector_env
+from surreal_redis.replay.feeds import OnPolicyFeed
+from surreal_redis.replay.fifo import FIFOReplayConfig
 from surreal_redis.testing.local_loop import ChunkCollector
 
 T, B = 7, 5
@@ -248,33 +252,49 @@ def test_clip_against_proximal_clips_around_the_learners_policy_not_the_agents()
     assert ppo_stats["approx_kl"] > 1e-4 and appo_stats["rho_mean"] < 1.0
 
 
-def never_asked() -> bool:
-    raise AssertionError("a trainer with a fixed number of epochs asked more_epochs()")
+class PassCounter:
+    """Wraps a trainer's ``_minibatch_step``: per update, how many gradient passes each of its
+    samples (the index of a step in the update's batch) took part in."""
+
+    def __init__(self, trainer: PPOTrainer) -> None:
+        self.trainer, self.step = trainer, trainer._minibatch_step
+        self.passes: list[Counter[int]] = []
+        trainer._minibatch_step = self._counted  # type: ignore[method-assign]
+
+    def _counted(self, rollout, idx, ref_log_std, clip_coef):
+        if len(self.passes) < self.trainer.iteration + 1:
+            self.passes.append(Counter())
+        self.passes[-1].update(idx.tolist())
+        return self.step(rollout, idx, ref_log_std, clip_coef)
 
 
-def test_min_epochs_end_an_update_once_the_next_batch_is_in():
-    """Past min_epochs an update runs another epoch only while ``more_epochs()`` says the next
-    batch has not arrived, up to update_epochs; PPO (and APPO without min_epochs) runs them all."""
-    config = dict(SMALL, update_epochs=5)
-    adaptive, _, collector = cartpole(APPOConfig(min_epochs=2, **config), APPOTrainer)
-    chunks = collector.collect(16)
-    asked = []
-
-    def arrives_after(epochs: int):
-        def more_epochs() -> bool:
-            asked.append(True)
-            return len(asked) < epochs
-        return more_epochs
-
-    assert adaptive.adaptive_epochs
-    assert adaptive.update(chunks, more_epochs=lambda: False)["epochs"] == 2  # in already: the minimum
-    assert adaptive.update(chunks, more_epochs=arrives_after(2))["epochs"] == 3
-    assert adaptive.update(chunks, more_epochs=lambda: True)["epochs"] == 5  # never in: the maximum
-    assert adaptive.update(chunks)["epochs"] == 5
-    for fixed in (cartpole(APPOConfig(**config), APPOTrainer)[0], cartpole(PPOConfig(**config), PPOTrainer)[0]):
-        assert not fixed.adaptive_epochs
-        # the feed passes more_epochs to every trainer: a fixed one never asks
-        assert fixed.update(chunks, more_epochs=never_asked)["epochs"] == 5
+@pytest.mark.parametrize("arrival", ["slow", "fast"])
+def test_each_sample_takes_the_configs_passes_however_fast_the_agents(arrival):
+    """With the shipped APPO config (appo_cartpole.yaml, smaller network), every sample of every
+    update takes part in exactly ``update_epochs`` gradient passes, whether each batch arrives
+    after the previous update ended (slow agents) or the next batches are in the feed already
+    (fast agents: until 2026-12-05 those updates stopped after min_epochs 1); and the feed
+    trains as soon as it holds one batch, waiting for no data it does not use."""
+    shipped = load_config("appo_cartpole").algo_config
+    config = dataclasses.replace(shipped, hidden_sizes=(16, 16), device="cpu", num_minibatches=4)
+    algo, _, collector = cartpole(config, APPOTrainer)
+    counter = PassCounter(algo)
+    feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=None), steps_per_update=3 * 16)
+    batches = [collector.collect(16) for _ in range(3)]  # 3 envs x 16 steps: one update each
+    stop = threading.Event()
+    if arrival == "slow":
+        for batch in batches:
+            for chunk in batch:
+                feed.ingest(chunk)
+            assert len(list(feed.train(algo, stop))) == 1  # one batch held: it trains at once
+    else:
+        for chunk in [c for batch in batches for c in batch]:
+            feed.ingest(chunk)
+        assert len(list(feed.train(algo, stop))) == 3
+    assert algo.iteration == 3 and len(counter.passes) == 3
+    for passes in counter.passes:
+        assert sorted(passes) == list(range(48))  # every sample of the batch
+        assert set(passes.values()) == {shipped.update_epochs}
 
 
 # ---------------------------------------------------------------- config and declaration
@@ -285,8 +305,6 @@ def test_min_epochs_end_an_update_once_the_next_batch_is_in():
     (dict(vtrace_c_bar=float("nan")), "vtrace_c_bar must be > 0"),
     (dict(vtrace_c_bar=2.0), r"vtrace_c_bar must be <= vtrace_rho_bar, got 2.0 > 1.0"),
     (dict(gae_lambda=1.5), "gae_lambda"),  # PPO's checks still run
-    (dict(min_epochs=0), r"min_epochs must be an int in 1..update_epochs \(4\) or None, got 0"),
-    (dict(min_epochs=5), "min_epochs must be .* got 5"),
     (dict(clip_against="mu"), "clip_against must be 'behaviour' or 'proximal', got 'mu'"),
     (dict(pg_advantage="gae"), "pg_advantage must be 'one_step' or 'lambda', got 'gae'"),
 ])
@@ -327,8 +345,8 @@ def test_the_shipped_configs_are_ppos_with_free_production():
     """configs/appo_*.yaml keep their PPO counterpart's network and PPO settings (but those their
     comment says why they change), produce freely, and bound both the staleness the learner
     accepts and the backlog agents may build."""
-    # CartPole: zoo's 20 epochs and a 300k-step anneal, with which every seed of 1-10 solved
-    changed = {"cartpole": {"update_epochs", "total_updates"}}
+    # CartPole: a 300k-step anneal (APPO needs more env steps than lockstep)
+    changed = {"cartpole": {"total_updates"}}
     for task in ("cartpole", "halfcheetah", "pong"):
         appo, ppo = load_config(f"appo_{task}"), load_config(f"ppo_{task}")
         assert appo.algo == "appo" and appo.learner.on_policy_sync == "free"
@@ -337,17 +355,20 @@ def test_the_shipped_configs_are_ppos_with_free_production():
         assert appo.learner.steps_per_update == ppo.learner.steps_per_update
         assert appo.replay.fifo.max_policy_lag is not None and 1 <= appo.replay.fifo.max_policy_lag <= 8
         assert appo.hub.sender.max_lag is not None and appo.hub.sender.max_lag >= 1
-        assert appo.algo_config.min_epochs == 1 and appo.agent.nice > 0
+        assert appo.agent.nice > 0
+        assert appo.algo_config.clip_against == ("proximal" if task == "halfcheetah" else "behaviour")
         assert appo.stale_round_advice is None  # one flush of every agent is well within max_policy_lag
 
 
-def test_min_epochs_need_a_prefetch_queue_that_holds_the_next_batch():
-    with pytest.raises(ConfigError, match=r"appo.min_epochs needs learner.prefetch_chunks >= 8 .*got 4"):
-        load_config(None, ["algo=appo", "appo.min_epochs=1", "learner.steps_per_update=256",
-                           "hub.sender.flush_steps=32", "learner.prefetch_chunks=4"])
-    config = load_config(None, ["algo=appo", "appo.min_epochs=1", "learner.steps_per_update=256",
-                                "hub.sender.flush_steps=32", "learner.prefetch_chunks=8"])
-    assert config.algo_config.min_epochs == 1
+def test_a_config_with_the_removed_min_epochs_fails_naming_it(tmp_path):
+    """Configs from before 2026-12-05 load with a one-line error naming the removed key."""
+    with pytest.raises(ConfigError, match=r"config key 'appo.min_epochs' was removed on 2026-12-05: every update "
+                                          r"runs all update_epochs epochs.*delete the key$"):
+        load_config(None, ["algo=appo", "appo.min_epochs=1"])
+    old = tmp_path / "old.yaml"
+    old.write_text("algo: appo\nappo:\n  min_epochs: null\n")
+    with pytest.raises(ConfigError, match="'appo.min_epochs' was removed"):
+        load_config(str(old))
 
 
 def test_agents_whose_flushes_together_outlast_max_policy_lag_are_warned_about():

@@ -32,13 +32,17 @@ def test_the_summary_the_launcher_prints_is_parsed(utilization):
     parsed = utilization.parse_summary(text)
     assert parsed == {"env_steps": 5120, "updates": 20, "mean_return": 41.5, "used": pytest.approx(0.987),
                       "policy_lag_p90": 3.0, "learner_busy": pytest.approx(0.81), "agents_idle": pytest.approx(0.07),
-                      "rho_clipped": pytest.approx(0.12), "epochs_per_update": None}
+                      "rho_clipped": pytest.approx(0.12), "epochs_per_update": None, "kl_per_update": None}
     assert "policy lag p90 3 (0:50% 1:25% 2:25%), rho clipped 12%, learner busy 81%" in text
-    adaptive = dict(status, adaptive_epochs=True, epochs_per_update_total=3.25, epochs_per_update=2.0)
-    text = text.replace(use_summary(status, whole_run=True), use_summary(adaptive, whole_run=True))
-    assert "rho clipped 12%, epochs/update 3.2, learner busy 81%" in text  # the whole run's mean
-    assert utilization.parse_summary(text)["epochs_per_update"] == 3.2
-    assert ", epochs/update 2.0," in use_summary(adaptive)  # the last flush window's
+    on_policy = dict(status, epochs_per_update_total=19.75, epochs_per_update=20.0, kl_per_update=0.0123)
+    text = text.replace(use_summary(status, whole_run=True), use_summary(on_policy, whole_run=True))
+    # the reuse per sample (the whole run's mean) and the KL per update
+    assert "rho clipped 12%, passes/sample 19.8, kl/update 0.012, learner busy 81%" in text
+    parsed = utilization.parse_summary(text)
+    assert parsed["epochs_per_update"] == 19.8 and parsed["kl_per_update"] == pytest.approx(0.012)
+    assert ", passes/sample 20.0, kl/update 0.012," in use_summary(on_policy)  # the last flush window's
+    small = utilization.parse_summary(text.replace("kl/update 0.012", "kl/update 5.4e-05"))
+    assert small["kl_per_update"] == pytest.approx(5.4e-5)
     unknown = utilization.parse_summary("  0 env steps, 0 updates, mean return -, last eval -\n  "
                                         + use_summary({}, whole_run=True))
     assert unknown["used"] is None and unknown["learner_busy"] is None and unknown["mean_return"] is None

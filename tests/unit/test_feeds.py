@@ -43,8 +43,7 @@ class ChunkTrainer:
         self.skips: list[list] = []  # each call's SkippedSteps
         self.stop, self.stop_after = stop, stop_after
 
-    def update(self, chunks: list[Chunk], more_epochs=None) -> dict[str, float]:
-        """A fixed number of epochs: ``more_epochs`` is not asked."""
+    def update(self, chunks: list[Chunk]) -> dict[str, float]:
         self.updates.append(chunks)
         if self.stop is not None and len(self.updates) == self.stop_after:
             self.stop.set()
@@ -91,50 +90,6 @@ def test_on_policy_feed_updates_once_per_steps_per_update_in_arrival_order():
     assert feed.stats()["size"] == 4 and feed.stats()["taken_steps"] == 16
     assert list(feed.train(trainer, threading.Event())) == []  # 4 steps wait for 4 more
     assert feed.wants_data()
-
-
-class AdaptiveTrainer(ChunkTrainer):
-    """An on-policy trainer with adaptive epochs: records what ``more_epochs()`` said after each update's first epoch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.answers: list[bool] = []
-
-    def update(self, chunks: list[Chunk], more_epochs=None) -> dict[str, float]:
-        self.answers.append(more_epochs())
-        return super().update(chunks)
-
-
-def test_on_policy_feed_tells_an_adaptive_trainer_whether_the_next_batch_is_in():
-    """``more_epochs()`` is true while the feed and the steps still arriving (the learner's
-    prefetch queue) hold less than the next update; false once they hold it, or once stopped.
-    A trainer with a fixed number of epochs gets it too, and does not ask."""
-    feed = OnPolicyFeed(FIFOReplayConfig(max_policy_lag=None), steps_per_update=8)
-    trainer, arriving = AdaptiveTrainer(), [0]
-    for env in range(4):
-        feed.ingest(chunk(env, 0, 4))  # 16 steps: two updates
-    assert len(list(feed.train(trainer, threading.Event(), arriving=lambda: arriving[0]))) == 2
-    assert trainer.answers == [False, True]  # the second batch was in the feed during the first update
-    for queued, expected in [(7, True), (8, False)]:
-        feed.ingest(chunk(0, 4, 4))
-        feed.ingest(chunk(1, 4, 4))
-        arriving[0] = queued
-        list(feed.train(trainer, threading.Event(), arriving=lambda: arriving[0]))
-        assert trainer.answers[-1] is expected
-    for env in range(2):
-        feed.ingest(chunk(env, 8, 4))
-    list(feed.train(trainer, threading.Event()))  # no prefetch queue: short until the feed holds it
-    assert trainer.answers[-1] is True
-    stop = threading.Event()
-    feed.ingest(chunk(0, 12, 4))
-    feed.ingest(chunk(1, 12, 4))
-    updates = feed.train(trainer, stop, arriving=lambda: 0)
-    trainer.update = lambda chunks, more_epochs: (stop.set(), {"more": more_epochs()})[1]  # a stop mid-update
-    assert list(updates) == [{"more": False}]  # a stopping learner ends the update at its minimum
-    plain = ChunkTrainer()
-    feed.ingest(chunk(0, 16, 4))
-    feed.ingest(chunk(1, 16, 4))
-    assert list(feed.train(plain, threading.Event(), arriving=lambda: 100)) == [{"steps": 8.0}]
 
 
 def test_on_policy_feed_drops_chunks_too_stale_for_the_published_version():

@@ -369,9 +369,9 @@ def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_
     claims = []
     train = learner.algo.update
 
-    def update_while_an_agent_claims(chunks, more_epochs=None):
+    def update_while_an_agent_claims(chunks):
         claims.append(quota.claim(1, 48))  # an agent asks for more while the learner trains
-        return train(chunks, more_epochs)
+        return train(chunks)
 
     learner.algo.update = update_while_an_agent_claims
     learner.iterate(received(learner))
@@ -410,8 +410,10 @@ def test_learner_reports_experience_use_lag_busy_and_idle(fake_redis, tmp_path):
     status = RunControl(fake_redis, config.run).learner_status()
     assert status["experience_unused_at_stop"] == 16 and status["state"] == "stopped"
     summary = use_summary(status, whole_run=True)
+    epochs = learner.algo.config.update_epochs  # each sample's gradient passes
     assert summary.startswith("experience used 66.7% (+16 steps unused at the stop), policy lag p90 0 (0:100%), "
-                              "learner busy ")
+                              f"passes/sample {epochs:.1f}, kl/update ")
+    assert status["kl_per_update"] is not None and ", learner busy " in summary
     assert status["policy_lag_shares"] == {"0": 1.0, "1": 0.0, "2": 0.0, "3-4": 0.0, "5-8": 0.0, "9+": 0.0}
     assert summary.endswith("agents idle 50% [lockstep]")
 

@@ -4,9 +4,6 @@ pause (``learner.on_policy_sync: free``) and the learner corrects for their lag 
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import gymnasium as gym
 
 from surreal_redis.algos.appo.config import APPOConfig
@@ -21,23 +18,9 @@ def _trainer(section: APPOConfig, obs_space: gym.Space, action_space: gym.Space,
     return APPOTrainer(section, obs_space, action_space, seed=seed)
 
 
-def _check(config: Any) -> None:
-    """Rules across the :class:`~surreal_redis.config.ExperimentConfig`: PPO's, and with
-    ``min_epochs`` the learner sees the next batch arrive in its prefetch queue, so that queue must
-    hold one."""
-    PPO_SPEC.check(config)
-    section: APPOConfig = config.algo_config
-    if section.min_epochs is None:
-        return
-    needed = math.ceil(config.learner.steps_per_update / config.hub.sender.flush_steps)
-    if config.learner.prefetch_chunks < needed:
-        raise ValueError(f"{config.algo}.min_epochs needs learner.prefetch_chunks >= {needed} (the chunks of one "
-                         f"update: steps_per_update / hub.sender.flush_steps), got {config.learner.prefetch_chunks}")
-
-
 SPEC = AlgorithmSpec(
     name="appo", config_class=APPOConfig, on_policy=True, make_trainer=_trainer,
     make_policy=PPO_SPEC.make_policy, chunk_needs=PPO_SPEC.chunk_needs,
-    numpy_unsupported=PPO_SPEC.numpy_unsupported, check=_check, for_run=PPO_SPEC.for_run,
+    numpy_unsupported=PPO_SPEC.numpy_unsupported, check=PPO_SPEC.check, for_run=PPO_SPEC.for_run,
     summary="APPO: PPO's clipped surrogate on V-trace advantages, for agents that run ahead of the learner "
             "(learner.on_policy_sync: free); PPO's network and agents")

@@ -125,11 +125,6 @@ class APPOTrainer(PPOTrainer):
             logp = net.distribution(head.reshape(steps * batch, -1)).log_prob(actions.reshape(steps * batch, *actions.shape[2:]))
         return logp.reshape(steps, batch)
 
-    def min_epochs(self) -> int:
-        """``min_epochs``, or all of ``update_epochs`` when it is None."""
-        cfg = self.config
-        return cfg.update_epochs if cfg.min_epochs is None else cfg.min_epochs
-
     def _targets(self, rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
                  terminated: torch.Tensor, truncated: torch.Tensor, behaviour_logp: torch.Tensor,
                  target_logp: torch.Tensor, received_logp: torch.Tensor | None = None) -> Targets:

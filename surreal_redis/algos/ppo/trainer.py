@@ -325,21 +325,14 @@ class PPOTrainer(Trainer):
             return f"the annealing schedule ended: {self.iteration} updates (total_updates {cfg.total_updates}), {annealed} 0"
         return ""
 
-    def min_epochs(self) -> int:
-        """Epochs every update runs before :meth:`update` asks ``more_epochs``; PPO: all of them."""
-        return self.config.update_epochs
-
-    @property
-    def adaptive_epochs(self) -> bool:
-        return self.min_epochs() < self.config.update_epochs
-
-    def update(self, chunks: list[Chunk], more_epochs: Callable[[], bool] | None = None) -> dict[str, float]:
+    def update(self, chunks: list[Chunk]) -> dict[str, float]:
         """One PPO iteration on ``chunks``: the reward scaler takes their rewards in and scales
         them, the gradient steps run, then the z-filter takes their observations in.
 
-        The epochs: ``update_epochs`` at most (fewer after a ``target_kl`` early stop); past
-        :meth:`min_epochs`, another only while ``more_epochs()`` is true (None: always; APPO: while
-        the next batch has not arrived).
+        The epochs: ``update_epochs`` (fewer only after a ``target_kl`` early stop), whatever the
+        agents' speed: each sample takes part in ``update_epochs`` gradient passes, one per epoch
+        (its minibatch's), as in synchronous PPO (Schulman et al. 2017, arXiv:1707.06347,
+        Algorithm 1: K epochs of minibatch SGD on each batch).
 
         Returns the means over the last epoch's minibatches of ``policy_loss``, ``value_loss``,
         ``entropy``, ``approx_kl``, ``clip_fraction`` (and ``kl``, ``kl_coef`` in adapt mode, the
@@ -391,9 +384,6 @@ class PPOTrainer(Trainer):
                 for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
                     epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, coefs))
             epochs += 1
-            # asked only between epochs that may or may not run: never with a fixed number (PPO)
-            if self.min_epochs() <= epochs < cfg.update_epochs and more_epochs is not None and not more_epochs():
-                break
             # one host read per epoch, only with target_kl
             if cfg.target_kl is not None and (last_kl := epoch_info[-1]["approx_kl"].item()) > cfg.target_kl:
                 log.debug("update %d: early stop after %d epochs (approx_kl %.4f > %.4f)",
