@@ -63,8 +63,9 @@ class FinalEval:
 
     def prepare(self) -> None:
         """Start loading MLflow for the final eval's record now (seconds of CPU, in a process of
-        its own: :class:`FinalCurve`), e.g. as soon as the run stops, if a final eval is due.
-        :meth:`line` does it otherwise, and ends it in any case."""
+        its own: :class:`FinalCurve`), if a final eval is due and the learner's MLflow run exists
+        (else nothing: call again later). The supervisor calls it during the run, so that the
+        stop does not wait for it; :meth:`line` does it otherwise, and ends it in any case."""
         if self.curve is None and self.due:
             self.curve = FinalCurve.start(self.config, self.folder)
 

@@ -309,12 +309,14 @@ class Launcher:
                 if stopping:
                     self.ending = reason or "stop requested"
                     log.info("run stopping: %s", self.ending)
+                    self.finale.prepare()  # the final eval's MLflow record loads while the learner finishes
                     for child in others:  # nothing left for them to do: they stop while the learner finishes
                         if child.alive:
                             child.started.terminate()
                     return self._wait_learner(learner)
                 if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + 2.0
+                    self.finale.prepare()  # once the learner's MLflow run exists: loaded before the stop
                     line = self._progress_line(client, learner)
                     if line != last_line:  # the learner reports every learner.metrics_every_s
                         self.progress(line)
