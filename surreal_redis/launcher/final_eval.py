@@ -60,6 +60,7 @@ class FinalEval:
         self.curve: FinalCurve | None = None  # its record in MLflow and curves.png, once prepared
         self._status: dict = {}  # the learner's last report, of the final checkpoint
         self._standby: subprocess.Popen | None = None  # the eval's process started ahead
+        self._begun: tuple[subprocess.Popen, int, Path] | None = None  # the eval playing: process, update, log
 
     def prepare(self) -> None:
         """Start loading MLflow for the final eval's record now (seconds of CPU, in a process of
@@ -86,9 +87,40 @@ class FinalEval:
         except OSError as exc:
             log.warning("the final eval's process did not start ahead (%s); it starts after the stop", exc)
 
+    def begin(self, client: RedisClient) -> None:
+        """Start the final eval once the learner reported its stop at its final checkpoint (before
+        its process exits: it closes its MLflow run meanwhile); nothing when none is due, it began
+        already, or the learner has not reported yet (call again). Not blocking; a Redis error is
+        raised (the eval then starts in :meth:`line`)."""
+        if self._begun is not None or not self.due:
+            return
+        if RunControl(client, self.config.run).learner_status().get("state") != "stopped":
+            return
+        try:
+            path, iteration, self._status = self._final_checkpoint(client)
+        except _Skipped:  # line() says why
+            return
+        self._begin(path, iteration)
+
+    def _begin(self, path: Path, iteration: int) -> None:
+        """Announce the final eval of ``path`` and start it: the standby's process, else a new one."""
+        cfg = self.config.eval
+        self.prepare()  # MLflow loads while the eval plays
+        self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
+                      f"(Ctrl-C skips it)")
+        log_path = self.folder.log_file("final-eval")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        process = self._told(path) or self._start([str(path)], log_path, stdin=subprocess.DEVNULL)
+        self._begun = (process, iteration, log_path)
+
     def close(self) -> None:
         """End a standby process that no eval used: its stdin closed, one waiting for it exits at
-        once; one still building is killed after :data:`STANDBY_CLOSE_S` (it wrote nothing)."""
+        once; one still building is killed after :data:`STANDBY_CLOSE_S` (it wrote nothing). An
+        eval begun but not waited for (the run failed or was signalled since) is stopped."""
+        begun, self._begun = self._begun, None
+        if begun is not None:
+            begun[0].terminate()
+            begun[0].communicate()
         process, self._standby = self._standby, None
         if process is None:
             return
@@ -156,19 +188,17 @@ class FinalEval:
     def _line(self, client: RedisClient, code: int, signalled: str) -> str:
         cfg = self.config.eval
         if not cfg.enabled or cfg.final_episodes == 0 or code != 0:
-            return ""
+            return ""  # an eval begun is stopped by close()
         if signalled:
             return f"  final eval: skipped ({signalled})"
-        try:
-            path, iteration, self._status = self._final_checkpoint(client)
-        except _Skipped as skipped:
-            return str(skipped)
-        self.prepare()  # MLflow loads while the eval plays
-        self.progress(f"final eval of update {iteration}: {cfg.final_episodes} episodes, at most {cfg.final_max_s:.0f}s "
-                      f"(Ctrl-C skips it)")
-        log_path = self.folder.log_file("final-eval")
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        process = self._told(path) or self._start([str(path)], log_path, stdin=subprocess.DEVNULL)
+        if self._begun is None:
+            try:
+                path, iteration, self._status = self._final_checkpoint(client)
+            except _Skipped as skipped:
+                return str(skipped)
+            self._begin(path, iteration)
+        assert self._begun is not None
+        (process, iteration, log_path), self._begun = self._begun, None
         terminated, killed = self._wait(process)
         return self._result(process, iteration, log_path, terminated, killed)
 

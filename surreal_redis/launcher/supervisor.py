@@ -15,6 +15,7 @@ which updates were not saved.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import subprocess
@@ -31,23 +32,20 @@ from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
-from surreal_redis.hub.run.lease import LeaseHeld, LeaseKeeper, RunLease, describe
 from surreal_redis.launcher.children import Child, log_tail, reap
+from surreal_redis.launcher.claim import LaunchError, RunClaim, live_run
 from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
 from surreal_redis.learner.metrics import progress_line
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
-from surreal_redis.run_folder import EarlierRun, FolderLive, FolderLock, RunFolder
+from surreal_redis.run_folder import EarlierRun, RunFolder
 from surreal_redis.runtime import INTERRUPTED_EXIT, StopFlag
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 60.0  # the learner writes a final checkpoint and closes its MLflow run, which opens in the
 # background and may still be opening when a run stops early (tens of seconds on a busy 2-core machine)
-SUPERVISE_EVERY_S = 0.5
-
-
-class LaunchError(RuntimeError):
-    """A launch refused before any process started; the message says what to do instead."""
+SUPERVISE_EVERY_S = 0.1  # a stop request is seen this long after the learner wrote it, at the most
+STOPPING_POLL_S = 0.05  # how often a stopping learner's report is read for its final checkpoint
 
 
 class Launcher:
@@ -76,8 +74,7 @@ class Launcher:
         self.ending = ""  # why the run ended, for the summary
         self.signalled = ""  # the signal that ended the run (not one that came during the final eval)
         self.final_eval = ""  # the summary's line on it
-        self._lock: FolderLock | None = None  # held while this launcher lives
-        self._lease: LeaseKeeper | None = None  # the run's lease in Redis, renewed while this launcher lives
+        self.claim = RunClaim(config, self.folder)  # the folder's lock and the run's lease
         self._last_status: dict = {}  # the learner's last report the progress line read
         # made now, as its process starts during the run (progress: whatever self.progress is then)
         self.finale = FinalEval(config, self.folder, stop, lambda line: self.progress(line), self._command)
@@ -87,54 +84,10 @@ class Launcher:
         return [sys.executable, "-m", "surreal_redis.cli", "--log-level", self.log_level, *role,
                 "--config", str(self.folder.config_file), "--redis-url", self.url]
 
-    def _live(self, who: str) -> LaunchError:
-        run = self.config.run
-        return LaunchError(f"run {run!r} is live: {who}; nothing was moved or deleted. Stop it first "
-                           f"(surreal-redis stop --run {run}, or Ctrl-C its launch), or choose another "
-                           f"experiment.name (-o experiment.name=NEW)")
-
-    def _lock_folder(self) -> None:
-        """Hold the experiment folder's lock (creating both) for this launcher's life
-        (:meth:`RunFolder.lock`); LaunchError when a live launcher holds the folder."""
-        try:
-            lock = self.folder.lock()
-        except FolderLive as live:
-            raise self._live(live.who) from None
-        self._unlock()  # the lock of the folder --fresh moved aside
-        self._lock = lock
-
-    def _unlock(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    def _take_lease(self, client: RedisClient) -> None:
-        """Own the run in Redis for this launcher's life (renewed on a thread); LaunchError when
-        another launch holds its lease, before anything is moved or deleted."""
-        lease = RunLease(client, self.config.run, folder=str(self.folder.path))
-        try:
-            lease.acquire()
-        except LeaseHeld as held:
-            raise self._live(f"{describe(held.holder)} holds the run's lease on {self.url} (free {lease.ttl_s:.0f}s "
-                             f"after that launcher dies; {held.ttl_s:.0f}s left now)") from None
-        except redis.RedisError as exc:
-            raise LaunchError(f"cannot take run {self.config.run!r}'s lease on {self.url}: {exc}") from exc
-        self._lease = LeaseKeeper(lease).start()
-
-    def _release_lease(self) -> None:
-        if self._lease is not None:
-            self._lease.stop()
-            self._lease = None
-
-    @property
-    def _lease_lost(self) -> bool:
-        """Another launch took the run over (this launcher's lease expired): touch none of its keys."""
-        return self._lease is not None and self._lease.lost.is_set()
-
     def _refuse_live_learner(self, client: RedisClient) -> None:
         alive = RunControl(client, self.config.run).learner_alive()
         if alive:
-            raise self._live(f"its learner (pid {alive.get('pid')}) reported {time.time() - float(alive['time']):.0f}s "
+            raise live_run(self.config, f"its learner (pid {alive.get('pid')}) reported {time.time() - float(alive['time']):.0f}s "
                              f"ago on {self.url}")
 
     def _connect(self) -> RedisClient:
@@ -162,16 +115,16 @@ class Launcher:
         # A live run first (this host: the folder's lock; any host: the run's lease, or a learner
         # not started by a launch, in a shared Redis), before --fresh moves its folder or the
         # run's keys are dropped.
-        self._lock_folder()
+        self.claim.lock_folder()
         client = None
         if cfg.redis.url:
             self.url = cfg.redis.url
             client = self._connect()
-            self._take_lease(client)
+            self.claim.take_lease(client, self.url)
             self._refuse_live_learner(client)
         self._claim_folder()
         if not self.folder.path.exists():  # moved aside: lock the new folder (the old lock went with it)
-            self._lock_folder()
+            self.claim.lock_folder()
         # Children run in logs/: every path they get must be absolute.
         absolute = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment,
                                                                            root=str(self.folder.path.parent)))
@@ -180,7 +133,7 @@ class Launcher:
             self.server = EmbeddedRedis(maxmemory=cfg.redis.maxmemory).start()
             self.url = self.server.url
             client = self._connect()
-            self._take_lease(client)  # a fresh server: free, held for `status` and `--run` processes to see
+            self.claim.take_lease(client, self.url)  # a fresh server: free, held for `status` and `--run` processes to see
         control = RunControl(client, cfg.run)
         self._refuse_live_learner(client)  # one that started since the first look
         if self.resume is None:
@@ -224,9 +177,9 @@ class Launcher:
         try:
             client = self._prepare()
         except BaseException:
-            self._release_lease()
+            self.claim.release_lease()
             self._stop_server()
-            self._unlock()
+            self.claim.release()
             raise
         self.config.algorithm.for_run(self.config)  # its warnings (the learner's log has them too) on the console
         self.stop.on_second_signal(lambda name: not_saved(self.config, self.folder, self._learner_report()))
@@ -242,9 +195,9 @@ class Launcher:
         finally:
             self.finale.close()
             self.folder.withdraw()
-            self._release_lease()
+            self.claim.release_lease()
             self._stop_server()
-            self._unlock()
+            self.claim.release()
         return INTERRUPTED_EXIT if code == 0 and self.signalled else code
 
     def _learner_report(self) -> dict:
@@ -282,7 +235,7 @@ class Launcher:
         next_progress = 0.0
         last_line = ""
         while not self.stop.wait(SUPERVISE_EVERY_S):
-            if self._lease_lost:
+            if self.claim.lost:
                 self.ending = "another launch took the run over (this launcher's lease had expired)"
                 return 1
             code = self._check_learner(client, learner)
@@ -313,7 +266,7 @@ class Launcher:
                     for child in others:  # nothing left for them to do: they stop while the learner finishes
                         if child.alive:
                             child.started.terminate()
-                    return self._wait_learner(learner)
+                    return self._wait_learner(client, learner)
                 if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + 2.0
                     self.finale.prepare()  # once the learner's MLflow run exists: loaded before the stop
@@ -396,15 +349,24 @@ class Launcher:
         except OUTAGE_ERRORS:
             return False, ""
 
-    def _wait_learner(self, learner: Child) -> int:
-        """After a stop request: the learner's exit code once it stopped (0 when it is not running)."""
+    def _wait_learner(self, client: RedisClient, learner: Child) -> int:
+        """After a stop request: the learner's exit code once it stopped (0 when it is not running).
+        The final eval starts as soon as the learner reports its final checkpoint, while the
+        learner closes its MLflow run (:meth:`FinalEval.begin`)."""
         if not learner.alive:
             return 0 if learner.process is None or learner.process.returncode in (0, None) else 1
-        try:
-            learner.started.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            log.warning("learner still running %.0fs after the stop request", STOP_GRACE_S)
-            return 0
+        deadline = time.monotonic() + STOP_GRACE_S
+        while learner.started.poll() is None:
+            if time.monotonic() >= deadline:
+                log.warning("learner still running %.0fs after the stop request", STOP_GRACE_S)
+                return 0
+            if not self.stop:  # a signal since: no final eval
+                try:
+                    self.finale.begin(client)
+                except OUTAGE_ERRORS as exc:  # the eval starts after the learner's exit instead
+                    log.debug("the learner's stop report is unreadable for now: %s", exc)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                learner.started.wait(timeout=STOPPING_POLL_S)
         return 0 if learner.started.returncode == 0 else 1
 
     def _progress_line(self, client: RedisClient, learner: Child) -> str:
@@ -422,13 +384,13 @@ class Launcher:
         alive = [c for c in self.children if c.alive]
         for child in alive:
             child.started.terminate()
-        if not self._lease_lost:  # else the run is another launch's now
+        if not self.claim.lost:  # else the run is another launch's now
             try:
                 RunControl(client, self.config.run).request_stop(self.ending or self.stop.reason or "launcher exiting")
             except redis.RedisError as exc:
                 log.warning("could not write the stop request (%s)", exc)
         reap(alive, STOP_GRACE_S)
-        if self.children and not self._lease_lost:
+        if self.children and not self.claim.lost:
             self._note_learner_exit(client, self.children[0])
 
     # ---------------------------------------------------------------- the end

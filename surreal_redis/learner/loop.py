@@ -185,6 +185,7 @@ class Learner:
             raise
         finally:
             stop_prefetch.set()
+            self._save_final()  # while the prefetcher's read ends
             prefetcher.join(timeout=5)
             self._finish(status, unread_steps=batches.steps())
         return 0
@@ -383,14 +384,22 @@ class Learner:
         paths = [self.checkpoints.path_for(i) for i in sorted(iterations)] + [best_json]
         return [path for path in paths if path.exists()]
 
-    def _finish(self, status: str, unread_steps: int = 0) -> None:
-        """Final checkpoint, parameters and metrics (best effort when Redis is gone).
-        ``unread_steps``: env steps read from the hub but not taken into the feed; with those the
-        feed holds, they are reported as left unused at the stop."""
+    def _save_final(self) -> None:
+        """The final checkpoint and parameters, once the learner made an update (the parameters
+        best effort when Redis is gone)."""
+        if self.algo.iteration == 0:
+            return
         try:
-            if self.algo.iteration > 0:
-                self.checkpoints.save(self._state(), self.algo.iteration)
-                self._publish(force=True)
+            self.checkpoints.save(self._state(), self.algo.iteration)
+            self._publish(force=True)
+        except (*RETRY_ERRORS, OSError) as exc:
+            log.warning("learner: final checkpoint/publish incomplete (%s)", exc)
+
+    def _finish(self, status: str, unread_steps: int = 0) -> None:
+        """Final metrics and the stop report, after :meth:`_save_final` (best effort when Redis
+        is gone). ``unread_steps``: env steps read from the hub but not taken into the feed; with
+        those the feed holds, they are reported as left unused at the stop."""
+        try:
             self.scores.read()
             self.curve.flush(force=True)
             use = self.feed.use()

@@ -16,12 +16,13 @@ from collections import deque
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.outage import OutageGuard
 
-ROOM_WAIT_S = 0.2
+ROOM_WAIT_S = 0.05
 """How long the prefetcher waits for room before it looks at its stop event again."""
-READ_WAIT_MS = 200
+READ_WAIT_MS = 50
 """How long a read waits at most for new entries (less when ``hub.receiver.block_ms`` is less)
 before the prefetcher looks at its stop event again: a stopping learner joins the thread before
-its final checkpoint, and once waited out a whole ``block_ms`` (1 s) there."""
+it reports its stop (the final eval waits for that report), and once waited out a whole
+``block_ms`` (1 s) there. An idle learner reads 20 times a second."""
 
 
 class PrefetchQueue:

@@ -335,7 +335,7 @@ def test_a_launcher_holds_its_folder_for_its_life_and_a_fresh_one_takes_the_new_
     assert first.run() == 0
     assert len(refusals) == 1 and "is live" in refusals[0]
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("smoke.")]) == 1  # only the first one's move
-    make_launcher(tmp_path, resume="latest")._lock_folder()  # released when it ended
+    make_launcher(tmp_path, resume="latest").claim.lock_folder()  # released when it ended
 
 
 # ---------------------------------------------------------------- the run's lease in a shared Redis
@@ -398,8 +398,8 @@ def test_a_launch_that_lost_its_lease_writes_nothing_to_the_run(tmp_path, fake_r
     from surreal_redis.hub.run.lease import LeaseKeeper, RunLease
 
     launcher = make_launcher(tmp_path)
-    launcher._lease = LeaseKeeper(RunLease(fake_redis, "smoke"))
-    launcher._lease.lost.set()
+    launcher.claim._lease = LeaseKeeper(RunLease(fake_redis, "smoke"))
+    launcher.claim._lease.lost.set()
     RunControl(fake_redis, "smoke").start()  # the new owner's run
     launcher._shutdown(fake_redis)
     assert RunControl(fake_redis, "smoke").stopping() == (False, "")

@@ -3,8 +3,11 @@ writes its final checkpoint and MLflow run, instead of after the learner exited:
 eval.every_s between evals and would otherwise hold the launch open. Eval starts after the
 learner's first publish."""
 
+import subprocess
 import sys
 import time
+
+import pytest
 
 from surreal_redis.config import load_config
 from surreal_redis.hub.run.control import RunControl
@@ -66,6 +69,57 @@ def test_eval_starts_after_the_first_parameters(tmp_path, fake_redis, monkeypatc
             if child.alive:
                 child.process.kill()
                 child.process.wait()
+
+
+def test_the_final_eval_begins_once_the_learner_reports_its_stop_not_at_its_exit(tmp_path, fake_redis, monkeypatch):
+    """The learner reports "stopped" at its final checkpoint, then closes its MLflow run (a
+    tenth of a second to seconds): the final eval plays meanwhile, not after the learner's exit."""
+    from tests.unit.test_final_eval import write_checkpoint
+
+    config = load_config("smoke", [f"experiment.root={tmp_path}"])
+    launcher = Launcher(config, StopFlag(install_handlers=False), progress=lambda line: None)
+    children = [sleeper(tmp_path, "learner", 3), sleeper(tmp_path, "agent-0", 60)]
+    monkeypatch.setattr(launcher, "_children", lambda: children)
+    monkeypatch.setattr(launcher, "_wait_for_parameters", lambda client, learner: True)
+    monkeypatch.setattr(launcher.finale, "standby", lambda: None)
+    begun: list[tuple[int, bool]] = []
+
+    def begin(path, iteration):
+        begun.append((iteration, children[0].alive))
+        process = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)
+        launcher.finale._begun = (process, iteration, tmp_path / "final-eval.log")
+
+    monkeypatch.setattr(launcher.finale, "_begin", begin)
+    write_checkpoint(config, 7)
+    control = RunControl(fake_redis, config.run)
+    control.write_learner_status({"state": "running", "iteration": 6}, ttl_s=60)
+    control.request_stop("target reached")
+    try:
+        launcher.stop.wait(0.3)
+        assert begun == []  # no final checkpoint reported yet
+        control.write_learner_status({"state": "stopped", "iteration": 7}, ttl_s=60)
+        assert launcher._supervise(fake_redis) == 0
+        assert begun == [(7, True)]  # once, while the learner still ran
+    finally:
+        launcher.finale.close()
+        for child in children:
+            if child.alive:
+                child.process.kill()
+                child.process.wait()
+
+
+def test_no_final_eval_begins_after_a_signal(tmp_path, fake_redis, monkeypatch):
+    from tests.unit.test_final_eval import write_checkpoint
+
+    config = load_config("smoke", [f"experiment.root={tmp_path}"])
+    launcher = Launcher(config, StopFlag(install_handlers=False), progress=lambda line: None)
+    learner = sleeper(tmp_path, "learner", 1)
+    monkeypatch.setattr(launcher.finale, "_begin", lambda path, iteration: pytest.fail("began after a signal"))
+    write_checkpoint(config, 7)
+    RunControl(fake_redis, config.run).write_learner_status({"state": "stopped", "iteration": 7}, ttl_s=60)
+    learner.start()
+    launcher.stop.set("signal SIGINT")
+    assert launcher._wait_learner(fake_redis, learner) == 0
 
 
 # ---------------------------------------------------------------- exit codes and a second signal
