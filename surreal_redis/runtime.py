@@ -58,6 +58,22 @@ INTERRUPTED_EXIT = 130
 SIGTERM alike, so scripts tell an interrupted run from a finished one (0) or a failed one (1)."""
 
 
+# glibc keeps freed memory in per-thread arenas and above its trim threshold, costing hundreds of
+# MiB with torch in every process. A fixed trim threshold also fixes glibc's mmap threshold at
+# 128 KiB, so every larger temporary (an Atari frame stack, a learner batch) would be mapped and
+# unmapped per call, at the cost of page faults; at 16 MiB they come from the heap and are reused.
+# A user's own setting wins.
+CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576",
+                "MALLOC_MMAP_THRESHOLD_": "16777216"}
+
+
+def child_env(actor: bool = False) -> dict[str, str]:
+    """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC` and
+    for agents and evals (``actor``) one BLAS thread (``runtime.ONE_BLAS_THREAD``); a user's own
+    setting wins."""
+    return {**CHILD_MALLOC, **(ONE_BLAS_THREAD if actor else {}), **os.environ}
+
+
 class StopFlag:
     """Set by the first SIGINT/SIGTERM (or by code); the second signal exits immediately with
     code :data:`INTERRUPTED_EXIT`, after logging one line that ends with what the callback given

@@ -66,17 +66,24 @@ def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: 
       1    failed, or the launch was refused
       2    bad command-line usage
       130  interrupted (Ctrl-C or SIGTERM)"""
-    from surreal_redis.launcher import Launcher, LaunchError
+    from surreal_redis.launcher.preload import Preloaded
 
-    extra = [f"agent.num_agents={agents}"] if agents is not None else []
-    config = _load(config_path, tuple(overrides) + tuple(extra), redis_url or resolve_url(None))
+    learner = Preloaded.start("learner")  # torch imports while the rest of the launch gets ready
     try:
-        launcher = Launcher(config, StopFlag(), resume=resume, resume_from=resume_from,
-                            progress=lambda line: click.echo(line, err=True), log_level=ctx.obj["log_level"],
-                            fresh=fresh)
-        code = launcher.run()
-    except (LaunchError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        from surreal_redis.launcher import Launcher, LaunchError
+
+        extra = [f"agent.num_agents={agents}"] if agents is not None else []
+        config = _load(config_path, tuple(overrides) + tuple(extra), redis_url or resolve_url(None))
+        try:
+            launcher = Launcher(config, StopFlag(), resume=resume, resume_from=resume_from,
+                                progress=lambda line: click.echo(line, err=True), log_level=ctx.obj["log_level"],
+                                fresh=fresh, preloaded=learner)
+            code = launcher.run()
+        except (LaunchError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+    finally:
+        if learner is not None:
+            learner.discard()  # unless the learner's first start took it over
     sys.exit(code)
 
 

@@ -5,36 +5,22 @@ that says why it ended."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from surreal_redis.embedded import die_with_parent
-from surreal_redis.runtime import ONE_BLAS_THREAD
+from surreal_redis.launcher.preload import Preloaded
+from surreal_redis.runtime import child_env
 
 log = logging.getLogger(__name__)
 
+CLI = [sys.executable, "-m", "surreal_redis.cli"]  # how every child's command line starts
 RESTART_DELAY_S = 1.0  # before the first restart of a child; doubles with each restart
 RESTART_DELAY_CAP_S = 30.0
-
-# glibc keeps freed memory in per-thread arenas and above its trim threshold, costing hundreds of
-# MiB with torch in every process. A fixed trim threshold also fixes glibc's mmap threshold at
-# 128 KiB, so every larger temporary (an Atari frame stack, a learner batch) would be mapped and
-# unmapped per call, at the cost of page faults; at 16 MiB they come from the heap and are reused.
-# A user's own setting wins.
-CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576",
-                "MALLOC_MMAP_THRESHOLD_": "16777216"}
-
-
-def child_env(actor: bool = False) -> dict[str, str]:
-    """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC` and
-    for agents and evals (``actor``) one BLAS thread (``runtime.ONE_BLAS_THREAD``); a user's own
-    setting wins."""
-    return {**CHILD_MALLOC, **(ONE_BLAS_THREAD if actor else {}), **os.environ}
-
 
 def restart_delay(restart: int) -> float:
     """Seconds to wait before restart number ``restart`` (1, 2, ...) of a child: 1, 2, 4, ... 30."""
@@ -52,7 +38,8 @@ def log_tail(path: Path, lines: int = 15) -> str:
 @dataclass
 class Child:
     """One child process of the launch and how to (re)start it. ``restart_at``: monotonic time
-    of a scheduled restart (None: none scheduled)."""
+    of a scheduled restart (None: none scheduled); ``preloaded``: a process started ahead that
+    its first start takes over (:mod:`.preload`)."""
 
     name: str
     args: list[str]
@@ -61,10 +48,19 @@ class Child:
     process: subprocess.Popen | None = None
     restarts: int = 0
     restart_at: float | None = None
+    preloaded: Preloaded | None = None
 
     def start(self) -> None:
         """Start the process (not blocking), appending its output to ``log_path``, in that folder."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        preloaded, self.preloaded = self.preloaded, None
+        if preloaded is not None and self.args[:len(CLI)] == CLI:
+            self.process = preloaded.hand_over(self.args[len(CLI):], self.log_path, self.log_path.parent)
+            if self.process is not None:
+                self.restart_at = None
+                return
+        elif preloaded is not None:
+            preloaded.discard()
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             cwd=self.log_path.parent, preexec_fn=die_with_parent,

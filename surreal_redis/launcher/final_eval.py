@@ -21,11 +21,11 @@ from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import RedisClient
 from surreal_redis.embedded import die_with_parent
 from surreal_redis.hub.run.control import RunControl
-from surreal_redis.launcher.children import child_env, log_tail
+from surreal_redis.launcher.children import log_tail
 from surreal_redis.launcher.final_curve import FinalCurve
 from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.run_folder import RunFolder
-from surreal_redis.runtime import StopFlag
+from surreal_redis.runtime import StopFlag, child_env
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import logging
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,9 +31,10 @@ from surreal_redis.embedded import EmbeddedRedis
 from surreal_redis.hub.params import ParameterClient
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.heartbeat import read_agents
-from surreal_redis.launcher.children import Child, log_tail, reap
+from surreal_redis.launcher.children import CLI, Child, log_tail, reap
 from surreal_redis.launcher.claim import LaunchError, RunClaim, live_run
 from surreal_redis.launcher.final_eval import FinalEval, headline, not_saved, summary
+from surreal_redis.launcher.preload import Preloaded
 from surreal_redis.learner.metrics import progress_line
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import EarlierRun, RunFolder
@@ -59,7 +59,7 @@ class Launcher:
 
     def __init__(self, config: ExperimentConfig, stop: StopFlag, resume: str | None = None,
                  resume_from: Path | None = None, progress: Callable[[str], None] | None = None,
-                 log_level: str = "INFO", fresh: bool = False) -> None:
+                 log_level: str = "INFO", fresh: bool = False, preloaded: Preloaded | None = None) -> None:
         if config.agent.num_agents < 1:
             raise ValueError(f"launch needs at least one agent, got agent.num_agents={config.agent.num_agents}")
         if fresh and resume is not None:
@@ -67,6 +67,7 @@ class Launcher:
         self.config, self.stop, self.resume, self.resume_from, self.fresh = config, stop, resume, resume_from, fresh
         self.progress = progress or (lambda line: log.info("%s", line))
         self.log_level = log_level
+        self.preloaded = preloaded  # the learner's process, started ahead (``launch``)
         self.folder = RunFolder(config.experiment_dir.resolve())
         self.server: EmbeddedRedis | None = None
         self.children: list[Child] = []
@@ -81,7 +82,7 @@ class Launcher:
 
     # ---------------------------------------------------------------- set-up
     def _command(self, *role: str) -> list[str]:
-        return [sys.executable, "-m", "surreal_redis.cli", "--log-level", self.log_level, *role,
+        return [*CLI, "--log-level", self.log_level, *role,
                 "--config", str(self.folder.config_file), "--redis-url", self.url]
 
     def _refuse_live_learner(self, client: RedisClient) -> None:
@@ -163,7 +164,8 @@ class Launcher:
 
     def _children(self) -> list[Child]:
         log_file = self.folder.log_file
-        children = [Child("learner", self._learner_command(), log_file("learner"), self.config.learner.max_restarts)]
+        children = [Child("learner", self._learner_command(), log_file("learner"), self.config.learner.max_restarts,
+                          preloaded=self.preloaded)]
         agent_restarts = self.config.agent.max_restarts if self.config.agent.restart_on_crash else 0
         for agent_id in range(self.config.agent.num_agents):
             children.append(Child(f"agent-{agent_id}", self._command("agent", "--id", str(agent_id)),
@@ -177,6 +179,8 @@ class Launcher:
         try:
             client = self._prepare()
         except BaseException:
+            if self.preloaded is not None:
+                self.preloaded.discard()
             self.claim.release_lease()
             self._stop_server()
             self.claim.release()
@@ -194,6 +198,8 @@ class Launcher:
             self._summary(client, code)
         finally:
             self.finale.close()
+            if self.preloaded is not None:  # unused when the learner never started
+                self.preloaded.discard()
             self.folder.withdraw()
             self.claim.release_lease()
             self._stop_server()

@@ -91,7 +91,7 @@ def test_restart_delays_double_up_to_a_cap():
 
 
 def test_children_get_the_malloc_limits_unless_the_user_set_them(monkeypatch):
-    from surreal_redis.launcher.children import child_env
+    from surreal_redis.runtime import child_env
 
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
@@ -101,7 +101,7 @@ def test_children_get_the_malloc_limits_unless_the_user_set_them(monkeypatch):
 
 
 def test_agents_and_evals_get_one_blas_thread_unless_the_user_set_it(monkeypatch):
-    from surreal_redis.launcher.children import child_env
+    from surreal_redis.runtime import child_env
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")

@@ -1,0 +1,105 @@
+"""The learner's process started ahead of the rest of a launch.
+
+The learner's first update waits for its imports (torch and the rest: 2-3 s of CPU on 2 cores),
+which used to start only once the launcher had loaded itself, claimed the folder and started
+Redis (about 0.9 s). ``launch`` now starts ``python -m surreal_redis.launcher.preload learner``
+first thing: it imports what the learner needs and blocks on one line of stdin, the JSON object
+``{"argv", "log", "cwd"}`` that :meth:`Preloaded.hand_over` writes once the run is ready; it then
+writes to ``log``, runs in ``cwd`` and is ``surreal-redis ARGV`` from there. Stdin ending first
+(the launch was refused or failed) ends it with nothing done.
+
+A preloaded process is used once, for the learner's first start; a restart starts afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from surreal_redis.embedded import die_with_parent
+from surreal_redis.runtime import child_env
+
+log = logging.getLogger(__name__)
+
+PRELOADS = {"learner": "surreal_redis.learner.loop"}
+"""role -> the module whose import makes its start quick."""
+
+
+class Preloaded:
+    """The launcher's side: a process importing one role's modules, waiting for its command."""
+
+    def __init__(self, role: str, process: subprocess.Popen) -> None:
+        self.role, self.process = role, process
+        self.used = False  # handed over: the process is the role's now
+
+    @classmethod
+    def start(cls, role: str) -> Preloaded | None:
+        """Start a process preloading ``role`` (not blocking); None (logged) when it cannot start."""
+        try:
+            process = subprocess.Popen([sys.executable, "-m", __name__, role], stdin=subprocess.PIPE,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       preexec_fn=die_with_parent, env=child_env(actor=False))
+        except OSError as exc:
+            log.warning("the %s's process was not started ahead (%s); it starts with the run", role, exc)
+            return None
+        return cls(role, process)
+
+    def hand_over(self, argv: list[str], log_path: Path, cwd: Path) -> subprocess.Popen | None:
+        """Tell the process to run ``surreal-redis ARGV``, logging to ``log_path`` in ``cwd``;
+        returns it, or None when it is gone (the caller starts the role afresh; its log says why)."""
+        assert self.process.stdin is not None and not self.used
+        told = json.dumps({"argv": argv, "log": str(log_path), "cwd": str(cwd)})
+        try:
+            if self.process.poll() is not None:
+                raise BrokenPipeError(f"exit code {self.process.returncode}")
+            self.process.stdin.write(f"{told}\n".encode())
+            self.process.stdin.close()
+        except OSError as exc:
+            log.warning("the %s's process started ahead is gone (%s); starting another", self.role, exc)
+            self.discard()
+            return None
+        self.used = True
+        return self.process
+
+    def discard(self) -> None:
+        """End it unless it was handed over (killed: it has done nothing but import)."""
+        if self.used:
+            return
+        with contextlib.suppress(OSError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        self.process.kill()
+        self.process.wait()
+
+
+def main(argv: list[str]) -> int:
+    """The preloaded process: import ``argv[0]``'s modules, wait for the command (module docstring)."""
+    if len(argv) != 1 or argv[0] not in PRELOADS:
+        print(f"usage: python -m {__name__} {{{','.join(PRELOADS)}}}", file=sys.stderr)
+        return 2
+    importlib.import_module(PRELOADS[argv[0]])
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    told = json.loads(line)
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(told["log"], "ab"))  # noqa: SIM115 -- both fds point at it from now
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        null = files.enter_context(open(os.devnull, "rb"))
+        os.dup2(null.fileno(), 0)
+    os.chdir(told["cwd"])
+    from surreal_redis.cli import main as cli_main
+
+    cli_main(args=told["argv"], prog_name="surreal-redis")  # exits with the command's code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
