@@ -50,6 +50,7 @@ OUTAGE_ERRORS = (*REDIS_OUTAGE_ERRORS, HubUnavailableError)
 WRITE_SKIP_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError)
 EPISODE_BUFFER = 1000  # episode records kept while Redis refuses them; beyond that the oldest are lost
 EPISODE_BATCH = 64  # episode records waiting that are sent without waiting for a flush or heartbeat
+FIRST_PARAMS_POLL_CAP_S = 0.1  # the longest wait between looks for the learner's first parameters
 
 
 def with_final_rows(obs: Tree, final_obs: dict[int, Tree]) -> Tree | None:
@@ -126,8 +127,10 @@ class Agent:
         return True
 
     def _wait_for_first_params(self) -> bool:
-        """Block until the learner has published once (or a stop); True when loaded."""
-        backoff = Backoff(0.05, 1.0)
+        """Block until the learner has published once (or a stop); True when loaded. Polls every
+        0.02-0.1 s: the run's first update waits for this (with a 1 s cap, agents that started a
+        second before the learner's first publish saw it 0.4 s late on average)."""
+        backoff = Backoff(0.02, FIRST_PARAMS_POLL_CAP_S)
         while not self.stop:
             if self._check_control():
                 return False

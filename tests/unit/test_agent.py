@@ -364,3 +364,16 @@ def test_a_stop_during_an_outage_ends_the_senders_retries(tmp_path, monkeypatch)
     thread.join(10)
     assert not thread.is_alive() and len(errors) == 1 and "stopping" in str(errors[0])
     assert sender.stats().chunks_dropped == 2 and sender.stats().steps_dropped == 4
+
+
+def test_an_agent_waiting_for_its_first_parameters_looks_at_least_every_tenth_of_a_second(fake_redis, monkeypatch):
+    """The run's first update waits for the agents to see the learner's first parameters: a
+    backoff growing to seconds made that wait up to a second longer than the publish."""
+    config = load_config("smoke", ["learner.on_policy_sync=free"])
+    agent = Agent(config, fake_redis, 0, StopFlag(install_handlers=False))
+    pulls = iter([False] * 40 + [True])
+    waits: list[float] = []
+    monkeypatch.setattr(agent, "_pull_params", lambda: next(pulls))
+    monkeypatch.setattr(agent.stop, "wait", lambda seconds: waits.append(seconds) or False)
+    assert agent._wait_for_first_params()
+    assert len(waits) == 40 and 0 < max(waits) <= 0.1
