@@ -17,8 +17,9 @@ import numpy as np
 
 # the role, the first element of each spawn key
 AGENT, EVALUATOR, FINAL_EVAL = 0, 1, 2
-# the use, the last element: envs, the policy's random generator, eval episodes (then their number)
-ENVS, POLICY, EPISODES = 0, 1, 2
+# the use, the last element: envs, the policy's random generator, eval episodes (then their number),
+# an agent's random warm-up actions (off_policy.random_steps)
+ENVS, POLICY, EPISODES, WARMUP = 0, 1, 2, 3
 SEED_RANGE = 2**31 - 2**16  # env + i stays below 2**31 for up to 65536 envs
 
 
@@ -42,6 +43,12 @@ class ProcessSeeds(NamedTuple):
 def agent_seeds(base_seed: int, agent_id: int) -> ProcessSeeds:
     """Agent ``agent_id``'s seeds."""
     return ProcessSeeds(stream_seed(base_seed, AGENT, agent_id, ENVS), stream_seed(base_seed, AGENT, agent_id, POLICY))
+
+
+def agent_warmup_seed(base_seed: int, agent_id: int) -> int:
+    """Agent ``agent_id``'s random warm-up actions (``off_policy.random_steps``): a stream of its
+    own, so the policy's draws are those of a run without warm-up."""
+    return stream_seed(base_seed, AGENT, agent_id, WARMUP)
 
 
 def evaluator_seeds(base_seed: int, eval_id: int) -> ProcessSeeds:

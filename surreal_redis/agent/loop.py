@@ -1,7 +1,8 @@
 """The agent process: a stateless env loop that acts with the latest parameters and sends its
 experience to the hub.
 
-Per vector step: act -> step -> ``sender.add`` (which flushes a chunk every ``flush_steps``);
+Per vector step: act (uniformly at random during an off-policy agent's warm-up, :mod:`.warmup`)
+-> step -> ``sender.add`` (which flushes a chunk every ``flush_steps``);
 a heartbeat and a look at the run's control state every ``agent.heartbeat_every_s``. Finished
 episodes go to the episodes stream in batches. Parameters follow ``learner.on_policy_sync``
 (docs/concepts.md, "On-policy production"): on grants (``lockstep``, ``overlap``) each flush is
@@ -24,7 +25,8 @@ import numpy as np
 import redis
 
 from surreal_redis.agent.claims import Claimer
-from surreal_redis.algos.base import ActMode, AgentPolicy
+from surreal_redis.agent.warmup import agent_warmup
+from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy
 from surreal_redis.algos.policies import make_policy
 from surreal_redis.codec import Tree
 from surreal_redis.config import ExperimentConfig
@@ -82,6 +84,7 @@ class Agent:
         self.policy: AgentPolicy = make_policy(config.algo_config, self.envs.single_observation_space,
                                                self.envs.single_action_space, self.num_envs, agent_id,
                                                config.agent.num_agents, seeds.policy, config.agent.inference)
+        self.warmup = agent_warmup(config, agent_id, self.envs.single_action_space, self.num_envs)
         self.control = RunControl(client, config.run)
         self.stop_watch = StopWatch(stop, self.control)
         self.sender = ExperienceSender(client, config.hub.sender, config.run, agent_id, config.redis.num_shards,
@@ -122,6 +125,7 @@ class Agent:
         if params is None:
             return False
         self.policy.load_params(params, info.version)
+        self.warmup.loaded(info.iteration)
         log.debug("agent %d: loaded parameters v%d (%.2fs after publish)", self.agent_id, info.version,
                   time.time() - info.time)
         return True
@@ -171,9 +175,7 @@ class Agent:
         while not self.stop:
             if self.lockstep and flush_step == 0 and not self.claimer.claim_flush():
                 break
-            self.policy.before_act(obs, ActMode.TRAINING)
-            output = self.policy.act(obs, ActMode.TRAINING)
-            self.policy.after_act(obs, output, ActMode.TRAINING)
+            output = self.warmup.act() if self.warmup.left else self._act(obs)
             step = step_vector_env(self.envs, output.actions)
             # Blocks while Redis is out of memory or unreachable (up to sender.max_wait_s);
             # after that the chunks are dropped and counted, and the env loop goes on.
@@ -202,6 +204,12 @@ class Agent:
                 next_episode_poll = self.num_episodes + (cfg.fetch_every_episodes or 0)
                 self._pull_params()  # never raises: an outage leaves the current parameters
             self._beat_if_due()
+
+    def _act(self, obs: Tree) -> ActionOutput:
+        self.policy.before_act(obs, ActMode.TRAINING)
+        output = self.policy.act(obs, ActMode.TRAINING)
+        self.policy.after_act(obs, output, ActMode.TRAINING)
+        return output
 
     def _send(self, send, *args) -> None:
         try:

@@ -183,6 +183,13 @@ class OffPolicyConfig:
     """rewards summed before bootstrapping (see :mod:`surreal_redis.replay.nstep`)."""
     learning_starts: int = 1000
     """transitions in replay before the first update."""
+    random_steps: int | None = None
+    """env steps (all agents together) that agents act uniformly at random within the action
+    bounds before acting with the policy, as SB3's and CleanRL's ``learning_starts`` warm-up; null
+    means ``learning_starts``, 0 none. Each agent acts at random for its first
+    ``ceil(random_steps / agent.num_agents)`` env steps (whole vector steps), and never once it
+    holds parameters from a learner that has updated (a restarted agent, a resumed learner).
+    Evals never act at random."""
     updates_per_step: float | None = None
     """updates owed per transition inserted once the replay can be sampled (the replay ratio);
     null means 1.0, or the rate limiter's ratio when ``rate_limiter.samples_per_insert`` is set
@@ -204,6 +211,8 @@ class OffPolicyConfig:
         if self.batch_size < 1 or self.n_step < 1 or self.learning_starts < 0 or self.pause_reading_at < 1:
             raise ValueError(f"need batch_size >= 1, n_step >= 1, learning_starts >= 0 and pause_reading_at >= 1, "
                              f"got {self.batch_size}, {self.n_step}, {self.learning_starts}, {self.pause_reading_at}")
+        if self.random_steps is not None and self.random_steps < 0:
+            raise ValueError(f"random_steps must be >= 0 or null (null: learning_starts), got {self.random_steps}")
         if self.updates_per_step is not None and not self.updates_per_step > 0:
             raise ValueError(f"updates_per_step must be > 0 or null, got {self.updates_per_step}")
         if self.updates_per_step is not None and self.rate_limiter.samples_per_insert is not None:
@@ -211,6 +220,11 @@ class OffPolicyConfig:
                              f"({self.rate_limiter.samples_per_insert}) both set the replay ratio: set one")
         if self.max_train_s is not None and self.max_train_s < 0:
             raise ValueError(f"max_train_s must be >= 0 or null, got {self.max_train_s}")
+
+    @property
+    def warmup_steps(self) -> int:
+        """``random_steps``, or ``learning_starts`` where it is null."""
+        return self.learning_starts if self.random_steps is None else self.random_steps
 
     @property
     def limiter_sets_ratio(self) -> bool:

@@ -4,7 +4,8 @@ learner's :class:`~surreal_redis.replay.feeds.OffPolicyFeed` -> ``algo.update`` 
 
 Updates run between chunks, and the policy gets the new parameters after each chunk's updates: as
 in the distributed run, transitions reach the replay a chunk late and the policy acts with
-parameters up to a chunk old.
+parameters up to a chunk old. Unlike the run's agents, the policy acts from the first step:
+``off_policy.random_steps`` (the agents' random warm-up) does not apply here.
 """
 
 from __future__ import annotations

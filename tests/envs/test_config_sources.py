@@ -156,6 +156,7 @@ _SURREAL_DDPG = {
     "off_policy.batch_size": 512,
     "off_policy.n_step": 3,
     "off_policy.learning_starts": 9000,  # sampling_start_size 3000 per shard x replay_shards 3
+    "off_policy.random_steps": 0,  # agent/ddpg_agent.py: the actor and its noise from the first step
     "off_policy.replay.capacity": 1_000_000,  # memory_size int(1e6 / 3) x 3 shards (999,999)
     "off_policy.replay.selector": "uniform",  # UniformReplay
     "hub.sender.flush_steps": 100,  # sender.flush_iteration

@@ -10,6 +10,7 @@ from surreal_redis.evaluator import Evaluator
 from surreal_redis.runtime import StopFlag
 from surreal_redis.seeds import (
     agent_seeds,
+    agent_warmup_seed,
     eval_episode_seed,
     evaluator_seeds,
     final_episode_seed,
@@ -71,8 +72,11 @@ def test_the_streams_are_seedsequence_children():
     child = agent_3.spawn(4)[3].spawn(2)
     assert agent_seeds(7, 3).envs == int(child[0].generate_state(1, np.uint64)[0] % (2**31 - 2**16))
     assert agent_seeds(7, 3).policy == int(child[1].generate_state(1, np.uint64)[0] % (2**31 - 2**16))
-    seeds = {*agent_seeds(7, 3), *evaluator_seeds(7, 3), eval_episode_seed(7, 3, 0), final_episode_seed(7, 0)}
-    assert len(seeds) == 6 and all(0 <= s < 2**31 for s in seeds)
+    warmup = np.random.SeedSequence(7).spawn(1)[0].spawn(4)[3].spawn(4)[3]  # spawn key (0, 3, 3)
+    assert agent_warmup_seed(7, 3) == int(warmup.generate_state(1, np.uint64)[0] % (2**31 - 2**16))
+    seeds = {*agent_seeds(7, 3), agent_warmup_seed(7, 3), *evaluator_seeds(7, 3), eval_episode_seed(7, 3, 0),
+             final_episode_seed(7, 0)}
+    assert len(seeds) == 7 and all(0 <= s < 2**31 for s in seeds)
     assert stream_seed(-1, 0) == stream_seed(2**64 - 1, 0)  # a negative seed is taken modulo 2**64
     with pytest.raises(ValueError, match="spawn key"):
         stream_seed(0, -1)
