@@ -47,9 +47,12 @@ after an update, past start-up and ``learning_starts``, to the last), against th
 ``result["loop"]`` per config has ``launch_updates_per_s``, ``bare_updates_per_s`` (1 / the bare
 case's seconds per update), ``loop_efficiency`` (their ratio; target >= 0.9 for SAC, DDPG, PPO)
 and ``learner_busy`` (seconds inside updates / wall seconds over that window, from the same lines:
-1% resolution). On-policy, the launch's rate includes the learner waiting for the agents to
-produce each batch (``learner_busy`` shows how much); off-policy, waiting on the replay's rate
-limit (``updates_per_step``) when the agents are slower than the learner.
+1% resolution). What the ratio measures is the learner's work around its updates (receiving and
+decoding chunks, replay inserts and sampling, publishing parameters, checkpoints, metrics), the
+cores it shares with the agents and the eval (the bare update has the machine), and its waits:
+on-policy, the launch's rate includes the learner waiting for the agents to produce
+each batch (``learner_busy`` shows how much); off-policy, waiting on the replay's rate limit
+(``updates_per_step``) when the agents are slower than the learner.
 
 Progress goes to stderr; the last line of stdout is one JSON object; ``--json PATH`` also writes it.
 """
