@@ -45,13 +45,16 @@ bench at the config's own sizes (no reference; ``--steps``, ``--minibatch``, ``-
 stay 0). The learner's rate over its steady window, from its log's metrics lines (from the first
 after an update, past start-up and ``learning_starts``, to the last), against the bare one:
 ``result["loop"]`` per config has ``launch_updates_per_s``, ``bare_updates_per_s`` (1 / the bare
-case's seconds per update), ``loop_efficiency`` (their ratio; target >= 0.9 for SAC, DDPG, PPO)
-and ``learner_busy`` (seconds inside updates / wall seconds over that window, from the same lines:
-1% resolution). What the ratio measures is the learner's work around its updates (receiving and
-decoding chunks, replay inserts and sampling, publishing parameters, checkpoints, metrics), the
-cores it shares with the agents and the eval (the bare update has the machine), and its waits:
-on-policy, the launch's rate includes the learner waiting for the agents to produce
-each batch (``learner_busy`` shows how much); off-policy, waiting on the replay's rate limit
+case's seconds per update), ``loop_efficiency`` (their ratio; target >= 0.9 for SAC, DDPG, PPO),
+``learner_busy`` (seconds inside updates / wall seconds over that window, from the same lines:
+1% resolution) and ``launch_update_s`` = busy / updates per second, one update's seconds in the
+launch as the learner's busy clock counts them (the feed's part included: the replay's sampling).
+loop_efficiency = learner_busy x bare seconds / launch_update_s: time outside the updates apart
+from updates slowed down. The ratio measures the learner's work around its updates (receiving
+and decoding chunks, replay inserts and sampling, publishing parameters, checkpoints, metrics),
+the cores it shares with the agents and the eval (the bare update has the machine), and its
+waits: on-policy, the launch's rate includes the learner waiting for the agents to produce each
+batch (``learner_busy`` shows how much); off-policy, waiting on the replay's rate limit
 (``updates_per_step``) when the agents are slower than the learner.
 
 Progress goes to stderr; the last line of stdout is one JSON object; ``--json PATH`` also writes it.
@@ -268,6 +271,13 @@ def loop_efficiency(launch_updates_per_s: float | None, bare_update_s: float) ->
     return None if launch_updates_per_s is None else launch_updates_per_s * bare_update_s
 
 
+def launch_update_s(rate: LoopRate) -> float | None:
+    """Seconds per update inside the launch: busy seconds per update over the steady window."""
+    if rate.updates_per_s is None or rate.learner_busy is None:
+        return None
+    return round(rate.learner_busy / rate.updates_per_s, 5)
+
+
 LOOP_OVERRIDES = ("stop.target_return=null",)
 """A loop launch runs its ``--loop`` seconds (or to the config's ``max_env_steps``) on any return."""
 
@@ -294,6 +304,7 @@ def time_loop(name: str, config, seconds: float, repeats: int, device: str, phas
             "steady_window_s": round(rate.window_s, 1), "steady_updates": rate.updates,
             "launch_updates_per_s": None if rate.updates_per_s is None else round(rate.updates_per_s, 3),
             "learner_busy": None if rate.learner_busy is None else round(rate.learner_busy, 3),
+            "launch_update_s": launch_update_s(rate),
             "bare_updates_per_s": round(1 / bare_s, 3),
             "loop_efficiency": None if efficiency is None else round(efficiency, 3)}
     log.info("loop: %s", case)

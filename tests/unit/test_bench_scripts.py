@@ -392,6 +392,7 @@ def test_learner_step_loop_launches_then_times_the_bare_update(bench, monkeypatc
     [bare], [loop] = result["cases"], result["loop"]
     assert bare["steps"] == 256 and "sb3_minibatch_step_ms" not in bare  # the config's sizes, no reference
     assert loop["launch_updates_per_s"] == 3.0 and loop["learner_busy"] == pytest.approx(0.825, abs=1e-3)
+    assert loop["launch_update_s"] == pytest.approx(0.825 / 3.0, abs=1e-4)  # busy seconds per update
     assert loop["bare_updates_per_s"] == pytest.approx(1 / bare["update_s"], rel=1e-2)
     assert loop["loop_efficiency"] == pytest.approx(3.0 * bare["update_s"], rel=1e-2)
     with pytest.raises(SystemExit):
