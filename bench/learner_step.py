@@ -1,7 +1,7 @@
 """One learner update of each algorithm, timed on this machine's learner device against
 stable-baselines3's same update: ``python bench/learner_step.py [--algos ppo,appo,sac,ddpg]
 [--configs NAME,...] [--steps 0] [--minibatch 0] [--batch 0] [--repeats 7] [--device auto]
-[--no-reference] [--json PATH]``.
+[--no-reference] [--phases] [--loop SECONDS] [--json PATH]``.
 
 Per config (``--configs``, else the shipped ones of each of ``--algos``: ppo_cartpole and
 ppo_halfcheetah, appo_halfcheetah, sac_halfcheetah, ddpg_halfcheetah), its network and settings
@@ -26,6 +26,37 @@ ours is followed by one of stable-baselines3's same update on the same sizes, th
 (``sb3_*``) and ``ratio`` = ours / theirs (below 1: ours is faster). One untimed warm-up of each
 side first (allocations, kernel selection); CUDA work is synchronized before each clock read.
 
+``--phases`` (on-policy): after the plain repeats, ``--repeats`` more updates with each phase
+timed by :class:`update_phases.PhaseClock`, which wraps the trainer's methods on that instance
+only (its behaviour unchanged; on CUDA it synchronizes around each phase, so these repeats run
+apart from the plain ones). The case adds ``phase_s`` (seconds per update) and ``phase_share``
+(of the update) of ``reward_scale`` (the reward scaler), ``decode`` (chunks stacked into
+tensors), ``no_grad_pass`` (the no-grad pass over the batch: values, bootstraps, APPO's
+log-probs), ``targets`` (GAE, V-trace), ``gradient`` (the minibatch steps: forward, backward,
+clipping, optimizer), ``z_filter`` and ``other`` (the rest: merging, shuffling, stats); and
+``non_gradient_share`` = 1 - gradient's share, ``no_grad_pass_share``. Issue 29's target:
+non-gradient work <= 15% of the update at the config's batch and at 8192 steps
+(``--steps 0,8192``).
+
+``--loop SECONDS`` (0: off): the loop efficiency. Per config (a shipped name), ``launch`` of it as
+shipped (its agents, eval and tracking; ``stop.target_return`` off, so it runs ``SECONDS`` or to
+its ``max_env_steps``; :func:`solve.run_launch`), then, in the same run, the bare update of this
+bench at the config's own sizes (no reference; ``--steps``, ``--minibatch``, ``--batch`` must
+stay 0). The learner's rate over its steady window, from its log's metrics lines (from the first
+after an update, past start-up and ``learning_starts``, to the last), against the bare one:
+``result["loop"]`` per config has ``launch_updates_per_s``, ``bare_updates_per_s`` (1 / the bare
+case's seconds per update), ``loop_efficiency`` (their ratio; target >= 0.9 for SAC, DDPG, PPO),
+``learner_busy`` (seconds inside updates / wall seconds over that window, from the same lines:
+1% resolution) and ``launch_update_s`` = busy / updates per second, one update's seconds in the
+launch as the learner's busy clock counts them (the feed's part included: the replay's sampling).
+loop_efficiency = learner_busy x bare seconds / launch_update_s: time outside the updates apart
+from updates slowed down. The ratio measures the learner's work around its updates (receiving
+and decoding chunks, replay inserts and sampling, publishing parameters, checkpoints, metrics),
+the cores it shares with the agents and the eval (the bare update has the machine), and its
+waits: on-policy, the launch's rate includes the learner waiting for the agents to produce each
+batch (``learner_busy`` shows how much); off-policy, waiting on the replay's rate limit
+(``updates_per_step``) when the agents are slower than the learner.
+
 Progress goes to stderr; the last line of stdout is one JSON object; ``--json PATH`` also writes it.
 """
 
@@ -38,10 +69,14 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -56,6 +91,10 @@ from surreal_redis.config import load_config
 from surreal_redis.envs import make_vector_env
 from surreal_redis.testing.local_loop import ChunkCollector
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from solve import STAMP, launch_name, log_time, run_launch  # noqa: E402  (bench/ is not a package)
+from update_phases import synchronize, time_phases  # noqa: E402
+
 log = logging.getLogger("bench.learner_step")
 
 DEFAULT_CONFIGS = {"ppo": ["ppo_cartpole", "ppo_halfcheetah"], "appo": ["appo_halfcheetah"],
@@ -63,11 +102,6 @@ DEFAULT_CONFIGS = {"ppo": ["ppo_cartpole", "ppo_halfcheetah"], "appo": ["appo_ha
 BLOCK_UPDATES = 20
 """Off-policy updates per timed block (even: SAC's and DDPG's actor steps come every second update)."""
 RANDOM_BATCHES = 8
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_interleaved(ours: Callable[[], None], theirs: Callable[[], None] | None, repeats: int,
@@ -78,10 +112,10 @@ def time_interleaved(ours: Callable[[], None], theirs: Callable[[], None] | None
     seconds: list[list[float]] = [[], []]
     for attempt in range(repeats + 1):
         for side, call in enumerate(sides):
-            _synchronize(device)
+            synchronize(device)
             started = time.perf_counter()
             call()
-            _synchronize(device)
+            synchronize(device)
             if attempt:
                 seconds[side].append(time.perf_counter() - started)
     return seconds[0], seconds[1]
@@ -148,7 +182,7 @@ def time_off_policy(name: str, config, batch_options: list[int], repeats: int, d
 
 
 def time_on_policy(name: str, config, steps_options: list[int], minibatch_options: list[int], repeats: int,
-                   device: str, reference: bool) -> list[dict]:
+                   device: str, reference: bool, phases: bool = False) -> list[dict]:
     """The cases of one shipped PPO or APPO config; see the module docstring."""
     import sb3_reference
 
@@ -195,10 +229,86 @@ def time_on_policy(name: str, config, steps_options: list[int], minibatch_option
             if sb3:
                 case["sb3_minibatch_step_ms"] = round(1000 * statistics.median(sb3) / steps_per_update, 3)
                 case["ratio"] = round(case["minibatch_step_ms"] / case["sb3_minibatch_step_ms"], 3)
+            if phases:
+                case.update(time_phases(algo, chunks, repeats))
             log.info("%s", case)
             cases.append(case)
     envs.close()
     return cases
+
+
+METRICS_LINE = re.compile(STAMP + r"surreal_redis\.learner\.metrics: update (?P<updates>\d+) \|.*"
+                          r"learner busy (?P<busy>[\d.]+|-)%?", re.MULTILINE)
+"""The learner's metrics line (:meth:`surreal_redis.learner.metrics.LearnerMetrics._log_line`)."""
+
+
+class LoopRate(NamedTuple):
+    """A launch's learner over its steady window: from the first metrics line after an update to
+    the last line (so start-up and ``learning_starts`` stay out)."""
+
+    updates_per_s: float | None  # None: fewer than two such lines
+    learner_busy: float | None  # seconds inside updates / wall seconds, the lines' windows weighted by length
+    window_s: float
+    updates: int
+
+
+def steady_rate(learner_log: str) -> LoopRate:
+    """:class:`LoopRate` from the metrics lines of a learner's log."""
+    points = [(log_time(m), int(m["updates"]), None if m["busy"] == "-" else float(m["busy"]) / 100)
+              for m in METRICS_LINE.finditer(learner_log)]
+    points = [point for point in points if point[1] > 0]
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return LoopRate(None, None, 0.0, 0)
+    (t0, u0, _), (t1, u1, _) = points[0], points[-1]
+    windows = [(t - before, busy) for (before, _, _), (t, _, busy) in zip(points, points[1:])]
+    known = [(dt, b) for dt, b in windows if b is not None]
+    busy = sum(dt * b for dt, b in known) / (t1 - t0) if len(known) == len(windows) else None
+    return LoopRate((u1 - u0) / (t1 - t0), busy, t1 - t0, u1 - u0)
+
+
+def loop_efficiency(launch_updates_per_s: float | None, bare_update_s: float) -> float | None:
+    """A launch's updates per second over the bare update's rate (``1 / bare_update_s``)."""
+    return None if launch_updates_per_s is None else launch_updates_per_s * bare_update_s
+
+
+def launch_update_s(rate: LoopRate) -> float | None:
+    """Seconds per update inside the launch: busy seconds per update over the steady window."""
+    if rate.updates_per_s is None or rate.learner_busy is None:
+        return None
+    return round(rate.learner_busy / rate.updates_per_s, 5)
+
+
+LOOP_OVERRIDES = ("stop.target_return=null",)
+"""A loop launch runs its ``--loop`` seconds (or to the config's ``max_env_steps``) on any return."""
+
+
+def time_loop(name: str, config, seconds: float, repeats: int, device: str, phases: bool) -> tuple[dict, list[dict]]:
+    """One launch of shipped config ``name`` for ``seconds``, then its bare update at the config's
+    sizes without the reference; the loop case and the bare one."""
+    config_file = f"{name}.yaml"
+    agents = config.agent.num_agents
+    with tempfile.TemporaryDirectory(prefix="learner-loop-") as workdir:
+        _, steps, _ = run_launch(config_file, agents, seconds, Path(workdir), LOOP_OVERRIDES)
+        if steps is None:
+            raise SystemExit(f"{name}: the launch failed (its log above)")
+        learner_log = Path(workdir, launch_name(config_file, agents, LOOP_OVERRIDES), "logs", "learner.log")
+        rate = steady_rate(learner_log.read_text(errors="replace"))
+    if config.algo in ("sac", "ddpg"):
+        [bare] = time_off_policy(name, config, [0], repeats, device, False)
+        bare_s = bare["update_ms"] / 1000
+    else:
+        [bare] = time_on_policy(name, config, [0], [0], repeats, device, False, phases)
+        bare_s = bare["update_s"]
+    efficiency = loop_efficiency(rate.updates_per_s, bare_s)
+    case = {"config": name, "algo": config.algo, "agents": agents, "launch_s": seconds,
+            "steady_window_s": round(rate.window_s, 1), "steady_updates": rate.updates,
+            "launch_updates_per_s": None if rate.updates_per_s is None else round(rate.updates_per_s, 3),
+            "learner_busy": None if rate.learner_busy is None else round(rate.learner_busy, 3),
+            "launch_update_s": launch_update_s(rate),
+            "bare_updates_per_s": round(1 / bare_s, 3),
+            "loop_efficiency": None if efficiency is None else round(efficiency, 3)}
+    log.info("loop: %s", case)
+    return case, [bare]
 
 
 def _counts(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
@@ -222,6 +332,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, ...")
     parser.add_argument("--no-reference", action="store_true", help="time ours only (no stable-baselines3)")
+    parser.add_argument("--phases", action="store_true", help="on-policy: also the update's time by phase")
+    parser.add_argument("--loop", type=float, default=0.0, metavar="SECONDS",
+                        help="launch each config for SECONDS, then its bare update: the loop efficiency (0: off)")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args(argv)
     steps = _counts(options.steps, "--steps", parser)
@@ -233,10 +346,14 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--algos takes {', '.join(DEFAULT_CONFIGS)}, got {options.algos!r}")
     if options.repeats < 1:
         parser.error(f"--repeats needs >= 1, got {options.repeats}")
+    if options.loop < 0:
+        parser.error(f"--loop needs seconds > 0 (0: off), got {options.loop}")
+    if options.loop and max(steps + minibatches + batches) > 0:
+        parser.error("--loop times each config's own sizes: leave --steps, --minibatch and --batch at 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result: dict[str, object] = {"cores": os.cpu_count(), "torch": torch.__version__,
                                  "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                                 "cases": []}
+                                 "cases": [], **({"loop": []} if options.loop else {})}
     names = [n for n in options.configs.split(",") if n] or [n for a in algos for n in DEFAULT_CONFIGS[a]]
     for name in names:
         config = load_config(name)
@@ -245,10 +362,14 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         torch.set_num_threads(config.learner.torch_threads)
         device = str(resolve_device(options.device))
-        if config.algo in ("sac", "ddpg"):
+        if options.loop:
+            loop_case, cases = time_loop(name, config, options.loop, options.repeats, device, options.phases)
+            result["loop"].append(loop_case)  # type: ignore[attr-defined]
+        elif config.algo in ("sac", "ddpg"):
             cases = time_off_policy(name, config, batches, options.repeats, device, not options.no_reference)
         else:
-            cases = time_on_policy(name, config, steps, minibatches, options.repeats, device, not options.no_reference)
+            cases = time_on_policy(name, config, steps, minibatches, options.repeats, device, not options.no_reference,
+                                   options.phases)
         result["cases"] += cases  # type: ignore[operator]
     print(json.dumps(result))
     if options.json:

@@ -75,11 +75,16 @@ class Phases(NamedTuple):
     shutdown_s: float | None
 
 
+def log_time(match: re.Match) -> float:
+    """The ``time.time()`` of a log line matched with :data:`STAMP` (its local time, in ms)."""
+    return datetime.strptime(match.group("time"), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 def phases(learner_log: str, started: float, ended: float) -> Phases:
     """From the learner log's local-time stamps (ms) and the launch's ``time.time()`` bounds."""
     def at(pattern: re.Pattern) -> float | None:
         match = pattern.search(learner_log)
-        return datetime.strptime(match.group("time"), "%Y-%m-%d %H:%M:%S,%f").timestamp() if match else None
+        return log_time(match) if match else None
 
     first, stop = at(FIRST_UPDATE), at(STOPPING)
     return Phases(None if first is None else first - started, None if stop is None else ended - stop)

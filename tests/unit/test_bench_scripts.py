@@ -23,7 +23,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def bench(request):
     sys.path.insert(0, str(BENCH))
     request.addfinalizer(lambda: sys.path.remove(str(BENCH)))
-    return {name: importlib.import_module(name) for name in ("memory", "throughput", "halfcheetah", "appo", "utilization", "learner_step")}
+    names = ("memory", "throughput", "halfcheetah", "appo", "utilization", "learner_step", "update_phases")
+    return {name: importlib.import_module(name) for name in names}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -282,3 +283,118 @@ def test_learner_step_times_off_policy_updates_against_sb3(bench, config):
     assert case["ratio"] == pytest.approx(case["update_ms"] / case["sb3_update_ms"], abs=0.01)
     skipped = bench["learner_step"].main(["--algos", "ppo", "--configs", config, "--no-reference"])
     assert skipped["cases"] == []  # a config of an algorithm outside --algos
+
+
+@pytest.mark.parametrize("config", ["ppo_cartpole", "appo_cartpole"])
+def test_learner_step_phases_split_an_update_and_leave_the_trainer_as_it_was(bench, config, monkeypatch):
+    from surreal_redis.algos.ppo.trainer import PPOTrainer
+
+    installed = []
+    real_time_phases = bench["learner_step"].time_phases
+
+    def spy(algo, chunks, repeats):
+        out = real_time_phases(algo, chunks, repeats)
+        installed.append({name for name in vars(algo) if name.startswith("_") and callable(vars(algo)[name])})
+        return out
+
+    monkeypatch.setattr(bench["learner_step"], "time_phases", spy)
+    result = bench["learner_step"].main(["--configs", config, "--steps", "64", "--minibatch", "32", "--repeats", "1",
+                                         "--device", "cpu", "--no-reference", "--phases"])
+    [case] = result["cases"]
+    shares, seconds = case["phase_share"], case["phase_s"]
+    assert set(shares) == set(seconds) == {*bench["update_phases"].PHASES, "other"}
+    assert seconds["gradient"] > 0 and seconds["decode"] > 0 and seconds["no_grad_pass"] > 0 and seconds["targets"] > 0
+    assert seconds["reward_scale"] == 0 and seconds["z_filter"] >= 0  # CartPole's configs scale no reward
+    assert sum(shares.values()) == pytest.approx(1, abs=0.01)
+    assert case["non_gradient_share"] == pytest.approx(1 - shares["gradient"], abs=1e-3)
+    assert case["no_grad_pass_share"] == shares["no_grad_pass"]
+    assert installed == [set()]  # the clock's wrappers are gone: the class's methods again
+    assert "_minibatch_step" in vars(PPOTrainer)
+
+
+def test_update_phase_clock_attributes_each_phase(bench):
+    """Fake trainer methods that advance a fake clock: each phase gets its own seconds."""
+    phases = bench["update_phases"]
+    now = [0.0]
+
+    class Fake:
+        device = __import__("torch").device("cpu")
+        reward_scaler = None
+
+        def _rollout(self):
+            now[0] += 1.0  # decode
+            self._features_no_grad()
+            now[0] += 2.0  # the rest of the pass
+            self._targets()
+
+        def _features_no_grad(self):
+            now[0] += 4.0
+
+        def _targets(self):
+            now[0] += 8.0
+
+        def _minibatch_step(self):
+            now[0] += 16.0
+
+        def _update_obs_normalizer(self):
+            now[0] += 32.0
+
+    algo = Fake()
+    clock = phases.PhaseClock(algo)
+    clock.now = lambda: now[0]
+    with clock:
+        algo._rollout()
+        algo._minibatch_step()
+        algo._update_obs_normalizer()
+    assert clock.seconds == {"reward_scale": 0.0, "decode": 1.0, "no_grad_pass": 14.0, "targets": 8.0,
+                             "gradient": 16.0, "z_filter": 32.0}
+    shares = clock.shares(64.0)
+    assert shares["phase_s"]["no_grad_pass"] == 6.0 and shares["phase_s"]["other"] == 1.0
+    assert shares["non_gradient_share"] == 0.75 and shares["no_grad_pass_share"] == round(6 / 64, 4)
+    assert "_rollout" not in vars(algo)
+
+
+LEARNER_LOG = """\
+2026-12-05 06:27:20,000 INFO MainProcess surreal_redis.learner.loop: first update done (0.2s after the learner was built)
+2026-12-05 06:27:22,500 INFO MainProcess surreal_redis.learner.metrics: update 0 | v1 | 3072 env steps (0/s) | 0.0 updates/s | return - | eval - | experience used -, policy lag p90 -, learner busy 0%, agents idle 91%
+2026-12-05 06:27:28,000 INFO MainProcess surreal_redis.learner.metrics: update 6 | v7 | 3072 env steps (0/s) | 0.0 updates/s | return - | eval 0.4 | experience used 100.0%, policy lag p90 0 (0:100%), passes/sample 20.0, kl/update 0.0043, learner busy 85%, agents idle 91% [lockstep]
+2026-12-05 06:27:31,000 INFO MainProcess surreal_redis.checkpoint: checkpoint /x/ckpt-0000000010.pt written
+2026-12-05 06:27:34,000 INFO MainProcess surreal_redis.learner.metrics: update 14 | v15 | 7168 env steps (707/s) | 1.4 updates/s | return -1.3 | eval 0.4 | experience used 100.0%, policy lag p90 0 (0:100%), passes/sample 20.0, kl/update 0.0048, learner busy 80%, agents idle 88% [lockstep]
+2026-12-05 06:27:36,000 INFO MainProcess surreal_redis.learner.metrics: update 30 | v31 | 15360 env steps (732/s) | 1.4 updates/s | return 42.0 | eval 0.4 | experience used 100.0%, policy lag p90 0 (0:100%), passes/sample 20.0, kl/update 0.0072, learner busy 90%, agents idle 90% [lockstep]
+"""
+
+
+def test_learner_step_loop_reads_the_learners_steady_rate_and_busy_fraction(bench):
+    """From the first metrics line after an update (06:27:28, update 6) to the last: 24 updates
+    in 8 s; busy 80% over 6 s and 90% over 2 s."""
+    learner_step = bench["learner_step"]
+    rate = learner_step.steady_rate(LEARNER_LOG)
+    assert rate.updates_per_s == pytest.approx(3.0) and rate.window_s == pytest.approx(8.0) and rate.updates == 24
+    assert rate.learner_busy == pytest.approx((0.8 * 6 + 0.9 * 2) / 8)
+    assert learner_step.steady_rate(LEARNER_LOG.splitlines()[2]).updates_per_s is None  # one line: no window
+    assert learner_step.loop_efficiency(3.0, 0.3) == pytest.approx(0.9)
+    assert learner_step.loop_efficiency(None, 0.3) is None
+
+
+def test_learner_step_loop_launches_then_times_the_bare_update(bench, monkeypatch, tmp_path, capsys):
+    learner_step, launched = bench["learner_step"], []
+
+    def fake_launch(config, agents, budget_s, workdir, overrides=()):
+        launched.append((config, agents, budget_s, overrides))
+        logs = workdir / learner_step.launch_name(config, agents, overrides) / "logs"
+        logs.mkdir(parents=True)
+        (logs / "learner.log").write_text(LEARNER_LOG)
+        return None, 15360, None
+
+    monkeypatch.setattr(learner_step, "run_launch", fake_launch)
+    result = learner_step.main(["--configs", "ppo_cartpole", "--loop", "30", "--repeats", "1", "--device", "cpu"])
+    assert launched == [("ppo_cartpole.yaml", 2, 30.0, ("stop.target_return=null",))]
+    [bare], [loop] = result["cases"], result["loop"]
+    assert bare["steps"] == 256 and "sb3_minibatch_step_ms" not in bare  # the config's sizes, no reference
+    assert loop["launch_updates_per_s"] == 3.0 and loop["learner_busy"] == pytest.approx(0.825, abs=1e-3)
+    assert loop["launch_update_s"] == pytest.approx(0.825 / 3.0, abs=1e-4)  # busy seconds per update
+    assert loop["bare_updates_per_s"] == pytest.approx(1 / bare["update_s"], rel=1e-2)
+    assert loop["loop_efficiency"] == pytest.approx(3.0 * bare["update_s"], rel=1e-2)
+    with pytest.raises(SystemExit):
+        learner_step.main(["--loop", "30", "--steps", "8192"])
+    assert "--loop times each config's own sizes" in capsys.readouterr().err
