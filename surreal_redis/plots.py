@@ -18,7 +18,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from surreal_redis.run_folder import RunFolder
 
@@ -187,7 +187,8 @@ def run_labels(run_dirs: Sequence[Path]) -> list[str]:
 
 
 # ---------------------------------------------------------------- drawing
-def _figure(panels: int, width: float = 5.0, height: float = 3.6, layout: str | None = "constrained") -> Figure:
+def _figure(panels: int, width: float = 5.0, height: float = 3.6,
+            layout: Literal["constrained"] | None = "constrained") -> Figure:
     """An Agg figure ``panels`` panels wide; ``layout`` None: margins set by the caller."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
