@@ -14,9 +14,9 @@ class CrossQConfig(SoftActorCriticConfig):
     """CrossQ hyperparameters (Bhatt et al., "CrossQ: Batch Normalization in Deep Reinforcement
     Learning for Greater Sample Efficiency and Simplicity", ICLR 2024): SAC's actor, twin critics
     and temperature, without target networks, the critics batch-normalized. Defaults are the
-    paper's (its appendix's hyperparameter table; SB3-contrib's ``CrossQ`` the same) but for the
-    critics' width, chosen for CPU learners. The batch (the paper's 256), n-step returns (1),
-    replay and replay ratio (UTD 1) are the shared ``off_policy`` section's."""
+    paper's (its appendix's hyperparameter table) but for the critics' width, chosen for CPU
+    learners. The batch (the paper's 256), n-step returns (1), replay and replay ratio (UTD 1)
+    are the shared ``off_policy`` section's."""
 
     actor_lr: float = 1e-3
     """Adam learning rate of the actor (the paper's 1e-3 for every network)."""
