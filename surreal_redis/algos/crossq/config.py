@@ -24,10 +24,11 @@ class CrossQConfig(SoftActorCriticConfig):
     """Adam learning rate of the twin critics (the paper's 1e-3)."""
     alpha_lr: float = 1e-3
     """Adam learning rate of ``log_alpha`` with ``autotune`` (the paper's 1e-3)."""
-    critic_hidden: tuple[int, ...] = (512, 512)
+    critic_hidden: tuple[int, ...] = (256, 256)
     """Hidden layer sizes of each of the two critics. The paper widens its critics to 2048
-    (SB3-contrib's default: 1024); 512 keeps a CPU learner's update affordable
-    (docs/benchmarks.md). On a GPU, ``[2048, 2048]`` is the paper's."""
+    (SB3-contrib's default: 1024); 256 costs a CPU learner what SAC's update with its 256-wide
+    critics and their targets costs, 512 twice that (docs/benchmarks.md). On a GPU,
+    ``[2048, 2048]`` is the paper's."""
     policy_frequency: int = 3
     """Every this many critic updates, one actor (and temperature) step: the paper's policy delay
     3 (TD3's delayed policy update; SB3-contrib's ``policy_delay``). Unlike SAC's setting, the

@@ -16,7 +16,7 @@ against CrossQ's batch-normalized critic and joint forward):
 
 with the paper's hyperparameters (its appendix table): Adam beta1 0.5, learning rates 1e-3,
 policy delay 3, one update per env step (UTD 1), critics 2048 wide (``crossq.critic_hidden``
-defaults to 512 for CPU learners).
+defaults to 256 for CPU learners).
 
 One update, top to bottom (R and discount from nstep.py: the n-step reward sum and gamma^m, 0
 after a termination so a truncation bootstraps; w: importance weights; eq. numbers are SAC's,
