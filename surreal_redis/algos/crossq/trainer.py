@@ -55,7 +55,6 @@ from torch import nn
 from surreal_redis.algos.crossq.config import CrossQConfig
 from surreal_redis.algos.networks import adam
 from surreal_redis.algos.sac.base import SoftActorCritic
-from surreal_redis.algos.sac.policy import TwinCritic
 from surreal_redis.chunks import TransitionBatch
 from surreal_redis.trees import tree_map
 
@@ -76,8 +75,7 @@ class CrossQTrainer(SoftActorCritic):
     def __init__(self, config: CrossQConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0) -> None:
         norm = functools.partial(nn.BatchNorm1d, momentum=config.bn_momentum, eps=BN_EPS)
-        super().__init__(config, obs_space, action_space, TwinCritic(config, obs_space, action_space, norm),
-                         device, seed)
+        super().__init__(config, obs_space, action_space, device, seed, critic_norm=norm)
         # the paper's Adam (beta1 0.5), over the same parameters before any step
         betas = (config.adam_beta1, ADAM_BETA2)
         self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr, betas=betas)

@@ -7,6 +7,7 @@ CrossQ (:mod:`surreal_redis.algos.crossq.trainer`) both take; each computes its 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -25,9 +26,10 @@ Stats = dict[str, torch.Tensor | float]
 
 class SoftActorCritic(ActorCriticBase):
     """:class:`ActorCriticBase` (whose arguments it takes, on a bounded 1-d Box action space) with
-    SAC's :class:`~surreal_redis.algos.sac.policy.Actor`, the twin ``critic``, the temperature
-    ``log_alpha`` and its optimizer. ``seed`` seeds the update's own sampling noise
-    (``generator``, on the device). A subclass that adds a target critic lists
+    SAC's :class:`~surreal_redis.algos.sac.policy.Actor` and :class:`TwinCritic` (built in that
+    order from the torch seed; ``critic_norm`` as its ``norm``), the temperature ``log_alpha`` and
+    its optimizer. ``seed`` seeds the update's own sampling noise (``generator``, on the device).
+    A subclass that adds a target critic lists
     :class:`~surreal_redis.algos.actor_critic.ActorCriticTrainer` after this class (SAC)."""
 
     config: SoftActorCriticConfig
@@ -35,10 +37,12 @@ class SoftActorCritic(ActorCriticBase):
     critic: TwinCritic
 
     def __init__(self, config: SoftActorCriticConfig, obs_space: gym.Space, action_space: gym.Space,
-                 critic: nn.Module, device: str | torch.device | None = None, seed: int = 0) -> None:
+                 device: str | torch.device | None = None, seed: int = 0,
+                 critic_norm: Callable[[int], nn.Module] | None = None) -> None:
         self.config = config
         box = bounded_box(action_space, "SAC")
-        super().__init__(config, obs_space, Actor(config, obs_space, action_space), critic, device)
+        super().__init__(config, obs_space, Actor(config, obs_space, action_space),
+                         TwinCritic(config, obs_space, action_space, critic_norm), device)
         self.target_entropy = (-float(box.shape[0]) if config.target_entropy is None
                                else float(config.target_entropy))
         initial = config.init_alpha if config.autotune else max(config.alpha, 1e-30)

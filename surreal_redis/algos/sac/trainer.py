@@ -34,7 +34,6 @@ from surreal_redis.algos.capture import Capture, capture_wanted
 from surreal_redis.algos.networks import TargetAverager
 from surreal_redis.algos.sac.base import SoftActorCritic
 from surreal_redis.algos.sac.config import SACConfig
-from surreal_redis.algos.sac.policy import TwinCritic
 from surreal_redis.chunks import TransitionBatch
 from surreal_redis.codec import Tree
 
@@ -43,8 +42,8 @@ logger = logging.getLogger(__name__)
 
 class SACTrainer(SoftActorCritic, ActorCriticTrainer):
     """Learner-side SAC: :class:`~surreal_redis.algos.sac.base.SoftActorCritic` (whose arguments
-    it takes) with :class:`TwinCritic` and their Polyak-averaged target critics
-    (:class:`ActorCriticTrainer`'s ``critic_target``). ``compile_backend``: torch.compile's
+    it takes) with the Polyak-averaged targets of its twin critics (:class:`ActorCriticTrainer`'s
+    ``critic_target``). ``compile_backend``: torch.compile's
     backend when ``config.compile`` captures the update (``inductor``; tests check the mechanism
     with ``aot_eager``)."""
 
@@ -53,7 +52,7 @@ class SACTrainer(SoftActorCritic, ActorCriticTrainer):
     def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space,
                  device: str | torch.device | None = None, seed: int = 0,
                  compile_backend: str | Callable[..., Any] = "inductor") -> None:
-        super().__init__(config, obs_space, action_space, TwinCritic(config, obs_space, action_space), device, seed)
+        super().__init__(config, obs_space, action_space, device, seed)
         self._average_targets = TargetAverager((self.critic_target, self.critic))
         self._capture = (Capture({"critic": self._critic_losses, "actor": self._actor_loss,
                                   "alpha": self._alpha_loss}, self.device, compile_backend)
