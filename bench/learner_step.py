@@ -1,10 +1,11 @@
 """One learner update of each algorithm, timed on this machine's learner device against
-stable-baselines3's same update: ``python bench/learner_step.py [--algos ppo,appo,sac,ddpg]
+stable-baselines3's same update: ``python bench/learner_step.py [--algos ppo,appo,sac,ddpg,crossq]
 [--configs NAME,...] [--steps 0] [--minibatch 0] [--batch 0] [--repeats 7] [--device auto]
 [--no-reference] [--phases] [--loop SECONDS] [--json PATH]``.
 
 Per config (``--configs``, else the shipped ones of each of ``--algos``: ppo_cartpole and
-ppo_halfcheetah, appo_halfcheetah, sac_halfcheetah, ddpg_halfcheetah), its network and settings
+ppo_halfcheetah, appo_halfcheetah, sac_halfcheetah, ddpg_halfcheetah, crossq_halfcheetah), its
+network and settings
 from the shipped YAML, and the learner's torch threads (``learner.torch_threads``), as in a launch:
 
 - On-policy (PPO, APPO): chunks collected by its own policy on its own env
@@ -14,7 +15,7 @@ from the shipped YAML, and the learner's torch threads (``learner.torch_threads`
   ``--repeats`` timed updates of ``update_epochs`` epochs on the same chunks (the weights move,
   the shapes do not). Reported: the median update's seconds, ms per epoch and per minibatch step
   (all of the update's work / minibatch steps), samples through gradient steps per second.
-- Off-policy (SAC, DDPG): per batch size (``--batch``; 0: the config's ``off_policy.batch_size``),
+- Off-policy (SAC, DDPG, CrossQ): per batch size (``--batch``; 0: the config's ``off_policy.batch_size``),
   ``--repeats`` timed blocks of 20 updates, each on one of 8 batches of random transitions of the
   env's observation and action shapes (no env is stepped: the cost depends on shapes only; the
   batch is ready, the replay's sampling is timed by ``bench/replay.py``). Reported: the median
@@ -23,7 +24,8 @@ from the shipped YAML, and the learner's torch threads (``learner.torch_threads`
 With the reference (unless ``--no-reference``; needs the ``bench`` extra), each timed repeat of
 ours is followed by one of stable-baselines3's same update on the same sizes, threads and device
 (see ``bench/sb3_reference.py`` for what each is and what it includes), and the case adds theirs
-(``sb3_*``) and ``ratio`` = ours / theirs (below 1: ours is faster). One untimed warm-up of each
+(``sb3_*``) and ``ratio`` = ours / theirs (below 1: ours is faster). CrossQ has none
+(stable-baselines3 has no CrossQ; sb3-contrib's is not installed): it is timed alone. One untimed warm-up of each
 side first (allocations, kernel selection); CUDA work is synchronized before each clock read.
 
 ``--phases`` (on-policy): after the plain repeats, ``--repeats`` more updates with each phase
@@ -98,9 +100,10 @@ from update_phases import synchronize, time_phases  # noqa: E402
 log = logging.getLogger("bench.learner_step")
 
 DEFAULT_CONFIGS = {"ppo": ["ppo_cartpole", "ppo_halfcheetah"], "appo": ["appo_halfcheetah"],
-                   "sac": ["sac_halfcheetah"], "ddpg": ["ddpg_halfcheetah"]}
-BLOCK_UPDATES = 20
-"""Off-policy updates per timed block (even: SAC's and DDPG's actor steps come every second update)."""
+                   "sac": ["sac_halfcheetah"], "ddpg": ["ddpg_halfcheetah"], "crossq": ["crossq_halfcheetah"]}
+BLOCK_UPDATES = 24
+"""Off-policy updates per timed block (a multiple of 2 and 3: SAC's and DDPG's actor steps come
+every second update, CrossQ's every third, so each block holds as many)."""
 RANDOM_BATCHES = 8
 
 
@@ -151,7 +154,7 @@ def _block(update: Callable[[TransitionBatch], object], batches: list[Transition
 
 def time_off_policy(name: str, config, batch_options: list[int], repeats: int, device: str,
                     reference: bool) -> list[dict]:
-    """The cases of one shipped SAC or DDPG config; see the module docstring."""
+    """The cases of one shipped off-policy config; see the module docstring."""
     import sb3_reference
 
     section = dataclasses.replace(config.algo_config, device=device)
@@ -164,8 +167,10 @@ def time_off_policy(name: str, config, batch_options: list[int], repeats: int, d
         batches = random_batches(obs_space, action_space, batch, config.experiment.seed)
 
         theirs = None
-        if reference:
-            maker = sb3_reference.sac_update if config.algo == "sac" else sb3_reference.ddpg_update
+        maker = {"sac": sb3_reference.sac_update, "ddpg": sb3_reference.ddpg_update}.get(config.algo)
+        if reference and maker is None:
+            log.info("%s: no stable-baselines3 reference for %s; ours alone", name, config.algo)
+        elif reference:
             one = maker(section, obs_space, action_space, batch, str(algo.device), config.experiment.seed)
             theirs = functools.partial(_block, one, batches)
             torch.set_num_threads(config.learner.torch_threads)
@@ -293,7 +298,7 @@ def time_loop(name: str, config, seconds: float, repeats: int, device: str, phas
             raise SystemExit(f"{name}: the launch failed (its log above)")
         learner_log = Path(workdir, launch_name(config_file, agents, LOOP_OVERRIDES), "logs", "learner.log")
         rate = steady_rate(learner_log.read_text(errors="replace"))
-    if config.algo in ("sac", "ddpg"):
+    if not config.algorithm.on_policy:
         [bare] = time_off_policy(name, config, [0], repeats, device, False)
         bare_s = bare["update_ms"] / 1000
     else:
@@ -323,7 +328,7 @@ def _counts(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algos", default="ppo,appo,sac,ddpg", help="comma-separated: ppo, appo, sac, ddpg")
+    parser.add_argument("--algos", default=",".join(DEFAULT_CONFIGS), help=f"comma-separated: {', '.join(DEFAULT_CONFIGS)}")
     parser.add_argument("--configs", default="", help="shipped configs, comma-separated (default: per algorithm)")
     parser.add_argument("--steps", default="0", help="on-policy env steps per update, comma-separated (0: the config's)")
     parser.add_argument("--minibatch", default="0",
@@ -365,7 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
         if options.loop:
             loop_case, cases = time_loop(name, config, options.loop, options.repeats, device, options.phases)
             result["loop"].append(loop_case)  # type: ignore[attr-defined]
-        elif config.algo in ("sac", "ddpg"):
+        elif not config.algorithm.on_policy:
             cases = time_off_policy(name, config, batches, options.repeats, device, not options.no_reference)
         else:
             cases = time_on_policy(name, config, steps, minibatches, options.repeats, device, not options.no_reference,

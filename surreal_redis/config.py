@@ -280,7 +280,7 @@ class ExperimentConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: str = "ppo"
-    """The algorithm: ppo, ddpg, sac, appo, or one a plugin registers."""
+    """The algorithm: ppo, ddpg, sac, appo, crossq, or one a plugin registers."""
     algo_config: Any = None
     """The algorithm's section (YAML key: the algorithm's name); None takes its defaults."""
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)

@@ -1,5 +1,5 @@
 """``surreal-redis default-config ALGO``: the full default config of one algorithm (ppo, appo, ddpg,
-sac, or a plug-in's) as commented YAML.
+sac, crossq, or a plug-in's) as commented YAML.
 
 The comments come from the config dataclasses themselves (attribute docstrings, ``#`` comments on
 or above a field), so they cannot drift from the code.

@@ -1,5 +1,6 @@
-"""What the learners of DDPG and SAC share: actor, critic and target critic, the z-filter, their
-optimizers, a sampled batch as tensors, their parameters and checkpointed state."""
+"""What the learners of DDPG, SAC and CrossQ share: actor, critic (and a target critic, but for
+CrossQ's), the z-filter, their optimizers, a sampled batch as tensors, their parameters and
+checkpointed state."""
 
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ class BatchTensors(NamedTuple):
     weights: torch.Tensor
 
 
-class ActorCriticTrainer(Trainer):
-    """An off-policy actor-critic learner's parts (the ``update`` is the algorithm's own), from the
-    freshly built ``actor`` and ``critic``; ``device`` overrides ``config.device`` (None: the
-    config's), ``critic_weight_decay`` is Adam's L2 penalty on the critic (DDPG's ``critic_l2``).
+class ActorCriticBase(Trainer):
+    """An off-policy actor-critic learner's parts without a target critic (the ``update`` is the
+    algorithm's own), from the freshly built ``actor`` and ``critic``; ``device`` overrides
+    ``config.device`` (None: the config's), ``critic_weight_decay`` is Adam's L2 penalty on the
+    critic (DDPG's ``critic_l2``).
     """
 
     def __init__(self, config: ActorCriticSection, obs_space: gym.Space, actor: nn.Module, critic: nn.Module,
@@ -58,7 +60,6 @@ class ActorCriticTrainer(Trainer):
         self.device = resolve_device(config.device if device is None else device)
         self.actor = actor.to(self.device)
         self.critic = critic.to(self.device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.obs_normalizer = (ObservationNormalizer(obs_space, config.obs_clip).to(self.device)
                                if config.normalize_obs else None)
         self.actor_optimizer = adam(self.actor.parameters(), lr=config.actor_lr)
@@ -115,7 +116,6 @@ class ActorCriticTrainer(Trainer):
         state = {
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
             "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "iteration": self.iteration,
@@ -127,9 +127,25 @@ class ActorCriticTrainer(Trainer):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.actor.load_state_dict(state["actor"])
         self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         if self.obs_normalizer is not None:
             self.obs_normalizer.load_state_dict(state["obs_normalizer"])
         self.iteration = int(state["iteration"])
+
+
+class ActorCriticTrainer(ActorCriticBase):
+    """:class:`ActorCriticBase` with a target critic ``critic_target``, a frozen copy of the critic
+    the algorithm moves toward it (DDPG, SAC); it travels in the checkpoint."""
+
+    def __init__(self, config: ActorCriticSection, obs_space: gym.Space, actor: nn.Module, critic: nn.Module,
+                 device: str | torch.device | None = None, critic_weight_decay: float = 0.0) -> None:
+        super().__init__(config, obs_space, actor, critic, device, critic_weight_decay)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(super().state_dict(), critic_target=self.critic_target.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.critic_target.load_state_dict(state["critic_target"])

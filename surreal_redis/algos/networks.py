@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import gymnasium as gym
@@ -172,14 +172,16 @@ def _eager(method: Any) -> Any:
     return method if _dynamo_loaded() else inspect.unwrap(method)
 
 
-def adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8, weight_decay: float = 0.0) -> torch.optim.Adam:
+def adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8, weight_decay: float = 0.0,
+         betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Adam:
     """Adam with torch's fused kernel (all parameters in one kernel, on CPU and CUDA): the update of
     torch's default per-tensor loop, up to float rounding, at a lower cost per step. Without
     importing ``torch._dynamo`` (:class:`EagerAdam`). On CUDA also ``capturable`` (its step count
     on the device: no host sync, and the step may run inside a CUDA graph)."""
     params = list(params)
     capturable = any(param.is_cuda for param in params)
-    return EagerAdam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True, capturable=capturable)
+    return EagerAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True,
+                     capturable=capturable)
 
 
 def layer_init(layer: Layer, std: float = float(np.sqrt(2)), bias: float = 0.0) -> Layer:
@@ -191,17 +193,19 @@ def layer_init(layer: Layer, std: float = float(np.sqrt(2)), bias: float = 0.0) 
 
 
 def mlp(in_dim: int, hidden: Sequence[int], out_dim: int | None = None, activation: str = "tanh",
-        out_std: float = 1.0) -> nn.Sequential:
-    """``in_dim -> hidden... -> out_dim`` with orthogonal init; no activation after the output."""
+        out_std: float = 1.0, norm: Callable[[int], nn.Module] | None = None) -> nn.Sequential:
+    """``in_dim -> hidden... -> out_dim`` with orthogonal init; no activation after the output.
+    ``norm``: a layer of the given width before every Linear, on the input and after each hidden
+    activation (CrossQ's BatchNorm); None: none."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r} (known: {', '.join(ACTIVATIONS)})")
     layers: list[nn.Module] = []
     last = in_dim
     for size in hidden:
-        layers += [layer_init(nn.Linear(last, size)), ACTIVATIONS[activation]()]
+        layers += [*([norm(last)] if norm else []), layer_init(nn.Linear(last, size)), ACTIVATIONS[activation]()]
         last = size
     if out_dim is not None:
-        layers.append(layer_init(nn.Linear(last, out_dim), std=out_std))
+        layers += [*([norm(last)] if norm else []), layer_init(nn.Linear(last, out_dim), std=out_std)]
     return nn.Sequential(*layers)
 
 
@@ -316,13 +320,14 @@ class ObservationEncoder(nn.Module):
 
 class QNetwork(nn.Module):
     """``Q(s, a)``: an MLP on the features of observations (leaves ``[B, ...]``, normalized) and on
-    actions ``[B, A]`` -> ``[B]`` (DDPG's critic, each of SAC's twins)."""
+    actions ``[B, A]`` -> ``[B]`` (DDPG's critic, each of SAC's and CrossQ's twins; ``norm`` as
+    :func:`mlp`'s)."""
 
     def __init__(self, obs_space: gym.Space, action_dim: int, hidden: Sequence[int], activation: str,
-                 out_std: float = 1.0) -> None:
+                 out_std: float = 1.0, norm: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         self.encoder = ObservationEncoder(obs_space)
-        self.mlp = mlp(self.encoder.out_dim + action_dim, hidden, 1, activation, out_std=out_std)
+        self.mlp = mlp(self.encoder.out_dim + action_dim, hidden, 1, activation, out_std=out_std, norm=norm)
 
     def forward(self, obs: Tree, actions: torch.Tensor) -> torch.Tensor:
         return self.mlp(torch.cat([self.encoder(obs), actions.float()], dim=-1)).squeeze(-1)

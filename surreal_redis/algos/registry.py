@@ -23,7 +23,7 @@ from surreal_redis.plugins import Registry
 
 ENTRY_POINT_GROUP = "surreal_redis.algorithms"
 BUILTIN_MODULES = ("surreal_redis.algos.ppo", "surreal_redis.algos.ddpg", "surreal_redis.algos.sac",
-                   "surreal_redis.algos.appo")
+                   "surreal_redis.algos.appo", "surreal_redis.algos.crossq")
 
 def _builtins() -> list[tuple[str, AlgorithmSpec]]:
     specs = [importlib.import_module(module).SPEC for module in BUILTIN_MODULES]

@@ -37,7 +37,7 @@ def redis_cmd(maxmemory: str, port: int, appendonly: bool) -> None:
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="Import this module first (it registers ALGO); repeatable.")
 def default_config(algo: str, plugins: tuple[str, ...]) -> None:
-    """Print a full, commented default config for ALGO (ppo, ddpg, sac, appo, or a plugin's)."""
+    """Print a full, commented default config for ALGO (ppo, ddpg, sac, appo, crossq, or a plugin's)."""
     from surreal_redis.config_doc import commented_default_config
 
     try:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from surreal_redis.algos.sac.config import SACConfig
+from surreal_redis.algos.sac.base import SoftActorCritic
+from surreal_redis.algos.sac.config import SACConfig, SoftActorCriticConfig
 from surreal_redis.algos.sac.numpy_policy import NumpySACPolicy
 from surreal_redis.algos.sac.trainer import SACTrainer
 from surreal_redis.envs import EnvConfig, make_vector_env
@@ -35,26 +36,31 @@ TOTAL_STEPS = 10_000
 EVAL_EPISODES = 20
 
 
-@pytest.mark.slow
-def test_sac_solves_pendulum():
-    seed = 0
+def solve_pendulum(trainer_class: type[SoftActorCritic], config: SoftActorCriticConfig, seed: int = 0) -> None:
+    """Trains ``trainer_class`` for :data:`TOTAL_STEPS` Pendulum steps with SAC's numpy policy
+    acting, then asserts a deterministic eval mean of -200 or better."""
     torch.manual_seed(seed)
     env_config = EnvConfig(env_id="Pendulum-v1")
     envs = make_vector_env(env_config, 1, seed=seed)
-    algo = SACTrainer(PENDULUM, envs.single_observation_space, envs.single_action_space, seed=seed)
-    policy = NumpySACPolicy(PENDULUM, envs.single_observation_space, envs.single_action_space, 1, seed=seed)
+    algo = trainer_class(config, envs.single_observation_space, envs.single_action_space, seed=seed)
+    policy = NumpySACPolicy(config, envs.single_observation_space, envs.single_action_space, 1, seed=seed)
     loop = OffPolicyLoopConfig(total_steps=TOTAL_STEPS, seed=seed, off_policy=OFF_POLICY)
-    result = run_offpolicy(algo, policy, envs, loop, PENDULUM.gamma)
+    result = run_offpolicy(algo, policy, envs, loop, config.gamma)
     envs.close()
 
     eval_envs = make_vector_env(env_config, EVAL_EPISODES, seed=seed + 1000, mode="eval")
-    eval_policy = NumpySACPolicy(PENDULUM, eval_envs.single_observation_space, eval_envs.single_action_space,
+    eval_policy = NumpySACPolicy(config, eval_envs.single_observation_space, eval_envs.single_action_space,
                                  EVAL_EPISODES)
     eval_policy.load_params(algo.actor_params(), result.updates)
     returns = evaluate(eval_policy, eval_envs, seed=seed + 1000)
     eval_envs.close()
-    log.info("Pendulum: %d steps, %d updates, %.0f s; last 10 training episodes %.1f; alpha %.3f; "
-             "%d deterministic eval episodes %.1f +- %.1f", result.steps, result.updates, result.wall_s,
-             result.mean_return, algo.alpha, EVAL_EPISODES, np.mean(returns), np.std(returns))
+    log.info("Pendulum (%s): %d steps, %d updates, %.0f s; last 10 training episodes %.1f; alpha %.3f; "
+             "%d deterministic eval episodes %.1f +- %.1f", trainer_class.__name__, result.steps, result.updates,
+             result.wall_s, result.mean_return, algo.alpha, EVAL_EPISODES, np.mean(returns), np.std(returns))
     assert len(returns) == EVAL_EPISODES
     assert np.mean(returns) >= -200.0, f"eval returns {np.round(returns)} after {result.steps} steps"
+
+
+@pytest.mark.slow
+def test_sac_solves_pendulum():
+    solve_pendulum(SACTrainer, PENDULUM)

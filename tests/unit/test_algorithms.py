@@ -25,8 +25,8 @@ PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 def test_the_built_in_algorithms_are_registered_with_their_sections():
     names = registry.algorithm_names()
-    assert {"ppo", "ddpg", "sac"} <= set(names)
-    for name in ("ppo", "ddpg", "sac"):
+    assert {"ppo", "ddpg", "sac", "appo", "crossq"} <= set(names)
+    for name in ("ppo", "ddpg", "sac", "appo", "crossq"):
         spec = registry.algorithm(name)
         config = load_config(None, [f"algo={name}"])
         assert type(config.algo_config) is spec.config_class and config.algorithm is spec
@@ -136,8 +136,8 @@ def test_nothing_outside_an_algorithms_folder_names_one():
     """The package's modules reach algorithms only through their declarations: no module outside
     every ``algos/<name>/`` folder of a registered algorithm names an algorithm's config class or
     compares ``algo`` with a name. Algorithm packages may build on each other (APPO's section
-    subclasses PPOConfig)."""
-    builtins = ("ppo", "ddpg", "sac", "appo")
+    subclasses PPOConfig, CrossQ's builds on SAC's)."""
+    builtins = ("ppo", "ddpg", "sac", "appo", "crossq")
     assert set(builtins) <= set(registry.algorithm_names())
     class_names = {registry.algorithm(name).config_class.__name__ for name in builtins}
     folders = [PACKAGE / "algos" / name for name in registry.algorithm_names()]

@@ -272,7 +272,7 @@ def test_learner_step_times_an_update_and_refuses_what_it_cannot_time(bench, cap
     assert "--steps takes comma-separated integers, got 'x'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench["learner_step"].main(["--algos", "ppo,dqn"])
-    assert "--algos takes ppo, appo, sac, ddpg, got 'ppo,dqn'" in capsys.readouterr().err
+    assert "--algos takes ppo, appo, sac, ddpg, crossq, got 'ppo,dqn'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("config", ["sac_pendulum", "ddpg_pendulum"])
@@ -398,3 +398,16 @@ def test_learner_step_loop_launches_then_times_the_bare_update(bench, monkeypatc
     with pytest.raises(SystemExit):
         learner_step.main(["--loop", "30", "--steps", "8192"])
     assert "--loop times each config's own sizes" in capsys.readouterr().err
+
+
+def test_learner_step_times_crossq_alone(bench, monkeypatch):
+    """No stable-baselines3 CrossQ: its case has no reference, with or without --no-reference.
+    Pendulum's spaces in place of HalfCheetah's (MuJoCo is an extra)."""
+    module = bench["learner_step"]
+    load = module.load_config
+    monkeypatch.setattr(module, "load_config",
+                        lambda name: load(name, ["env.env_id=Pendulum-v1", "crossq.critic_hidden=[16, 16]"]))
+    result = module.main(["--configs", "crossq_halfcheetah", "--batch", "16", "--repeats", "1", "--device", "cpu"])
+    [case] = result["cases"]
+    assert case["algo"] == "crossq" and case["batch"] == 16 and case["update_ms"] > 0 and "ratio" not in case
+    assert case["updates_per_block"] % 3 == 0

@@ -97,7 +97,7 @@ def test_yaml_written_reads_back_unchanged_strings_that_look_like_numbers_includ
     assert from_dict(type(config), parse_yaml(config.to_yaml())) == config
 
 
-@pytest.mark.parametrize("algo", ["ppo", "ddpg", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "ddpg", "sac", "crossq"])
 def test_the_commented_default_config_round_trips(tmp_path, algo):
     from surreal_redis.config import load_config
     from surreal_redis.config_doc import commented_default_config

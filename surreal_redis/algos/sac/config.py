@@ -10,15 +10,12 @@ from surreal_redis.algos.network_config import ACTIVATION_NAMES
 
 
 @dataclass(frozen=True)
-class SACConfig:
-    """SAC hyperparameters (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905); names and
-    defaults follow CleanRL's ``sac_continuous_action.py``, the one learning rate SB3's ``SAC``. The
-    batch, n-step returns, replay and replay ratio are the shared ``off_policy`` section's."""
+class SoftActorCriticConfig:
+    """The settings of a squashed Gaussian actor, twin critics and a learned temperature that SAC
+    and the algorithms built on it (CrossQ) share; see :class:`SACConfig`."""
 
     gamma: float = 0.99
     """Discount of the soft Bellman target (and of the n-step returns)."""
-    tau: float = 0.005
-    """Polyak factor of the critic targets: ``target <- (1 - tau) target + tau online``."""
     actor_lr: float = 3e-4
     """Adam learning rate of the actor (CleanRL's ``policy_lr``, SB3's ``learning_rate``)."""
     critic_lr: float = 3e-4
@@ -35,8 +32,6 @@ class SACConfig:
     """Every this many critic updates, this many actor (and temperature) steps on the same batch:
     CleanRL's delayed actor update that compensates the delay; 1 steps the actor with every critic
     step, as the paper and SB3 do."""
-    target_network_frequency: int = 1
-    """Critic updates between Polyak steps of the target critics (CleanRL; SB3's ``target_update_interval``)."""
     autotune: bool = True
     """Learn the temperature alpha toward ``target_entropy`` (arXiv:1812.05905, section 5); false
     keeps ``alpha`` fixed."""
@@ -59,28 +54,19 @@ class SACConfig:
     """Clip whitened observations to ``[-obs_clip, obs_clip]``."""
     device: str = "auto"
     """Learner device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
-    compile: bool | Literal["auto"] = False
-    """Capture the update with ``torch.compile``: on CUDA ``mode="reduce-overhead"`` (CUDA graphs),
-    on CPU inductor's default; the same update up to float rounding (the same noise draws).
-    ``off``/false: eager. ``auto``: on CUDA only (on one CPU thread the compiled update measured
-    no faster, and compiling costs tens of seconds of start-up: docs/benchmarks.md). A compiler
-    failure logs one warning and runs eagerly. Off by default: not yet measured on a GPU."""
 
     def __post_init__(self) -> None:
-        if self.compile not in (True, False, "auto"):
-            raise ValueError(f"compile must be true, false or 'auto', got {self.compile!r}")
         if self.activation not in ACTIVATION_NAMES:
             raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"need gamma in [0, 1] and tau in (0, 1], got {self.gamma} and {self.tau}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"need gamma in [0, 1], got {self.gamma}")
         for name in ("actor_lr", "critic_lr", "alpha_lr", "init_alpha", "obs_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
-        for name in ("policy_frequency", "target_network_frequency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.policy_frequency < 1:
+            raise ValueError(f"policy_frequency must be >= 1, got {self.policy_frequency}")
         for name in ("actor_hidden", "critic_hidden"):
             if any(size < 1 for size in getattr(self, name)):
                 raise ValueError(f"{name} sizes must be >= 1, got {list(getattr(self, name))}")
@@ -92,6 +78,33 @@ class SACConfig:
                              f"{self.log_std_min} and {self.log_std_max}")
 
 
-def numpy_unsupported(section: SACConfig) -> str | None:
+@dataclass(frozen=True)
+class SACConfig(SoftActorCriticConfig):
+    """SAC hyperparameters (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905); names and
+    defaults follow CleanRL's ``sac_continuous_action.py``, the one learning rate SB3's ``SAC``. The
+    batch, n-step returns, replay and replay ratio are the shared ``off_policy`` section's."""
+
+    tau: float = 0.005
+    """Polyak factor of the critic targets: ``target <- (1 - tau) target + tau online``."""
+    target_network_frequency: int = 1
+    """Critic updates between Polyak steps of the target critics (CleanRL; SB3's ``target_update_interval``)."""
+    compile: bool | Literal["auto"] = False
+    """Capture the update with ``torch.compile``: on CUDA ``mode="reduce-overhead"`` (CUDA graphs),
+    on CPU inductor's default; the same update up to float rounding (the same noise draws).
+    ``off``/false: eager. ``auto``: on CUDA only (on one CPU thread the compiled update measured
+    no faster, and compiling costs tens of seconds of start-up: docs/benchmarks.md). A compiler
+    failure logs one warning and runs eagerly. Off by default: not yet measured on a GPU."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be true, false or 'auto', got {self.compile!r}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"need tau in (0, 1], got {self.tau}")
+        if self.target_network_frequency < 1:
+            raise ValueError(f"target_network_frequency must be >= 1, got {self.target_network_frequency}")
+
+
+def numpy_unsupported(section: SoftActorCriticConfig) -> str | None:
     """None: the numpy actor runs every setting here and every observation the encoders take."""
     return None

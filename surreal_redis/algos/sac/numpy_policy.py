@@ -11,7 +11,7 @@ import numpy as np
 
 from surreal_redis.algos.base import ActionOutput, ActMode, AgentPolicy, ParamDict
 from surreal_redis.algos.numpy_nets import MLP, Encoder, Linear, Normalizer, take
-from surreal_redis.algos.sac.config import SACConfig
+from surreal_redis.algos.sac.config import SoftActorCriticConfig
 from surreal_redis.codec import Tree
 from surreal_redis.envs.spaces import bounded_box
 
@@ -22,7 +22,7 @@ TANH_EPS = np.float32(1e-6)  # policy.TANH_EPS (that module imports torch)
 class NumpyActor:
     """:class:`~surreal_redis.algos.sac.policy.Actor`'s forward pass and sampling in float32 numpy."""
 
-    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+    def __init__(self, config: SoftActorCriticConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         box = bounded_box(action_space, "SAC")
         self.action_dim = box.shape[0]
         self.encoder = Encoder(obs_space)
@@ -70,7 +70,7 @@ class NumpySACPolicy(AgentPolicy):
     :class:`~surreal_redis.algos.numpy_nets.ParamsMismatch` naming a missing or misshapen parameter.
     """
 
-    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int = 1,
+    def __init__(self, config: SoftActorCriticConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int = 1,
                  seed: int | None = None) -> None:
         self.action_space = bounded_box(action_space, "SAC")
         self.normalizer = Normalizer(obs_space, config.obs_clip) if config.normalize_obs else None

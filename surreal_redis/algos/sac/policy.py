@@ -9,6 +9,7 @@ observation features and the action, all MLPs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -25,7 +26,7 @@ from surreal_redis.algos.networks import (
     normalized_obs,
 )
 from surreal_redis.algos.normalizer import ObservationNormalizer
-from surreal_redis.algos.sac.config import SACConfig
+from surreal_redis.algos.sac.config import SoftActorCriticConfig
 from surreal_redis.codec import Tree
 from surreal_redis.envs.spaces import bounded_box
 
@@ -46,7 +47,7 @@ class Actor(nn.Module):
     action_scale: torch.Tensor
     action_bias: torch.Tensor
 
-    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+    def __init__(self, config: SoftActorCriticConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
         box = bounded_box(action_space, "SAC")
         action_dim = box.shape[0]
@@ -97,13 +98,15 @@ class Actor(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """Two independent critics ``q1``, ``q2`` (clipped double Q, arXiv:1812.05905 section 5)."""
+    """Two independent critics ``q1``, ``q2`` (clipped double Q, arXiv:1812.05905 section 5);
+    ``norm`` as :func:`~surreal_redis.algos.networks.mlp`'s (CrossQ's BatchNorm)."""
 
-    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space) -> None:
+    def __init__(self, config: SoftActorCriticConfig, obs_space: gym.Space, action_space: gym.Space,
+                 norm: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         action_dim = bounded_box(action_space, "SAC").shape[0]
-        self.q1 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
-        self.q2 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation)
+        self.q1 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation, norm=norm)
+        self.q2 = QNetwork(obs_space, action_dim, config.critic_hidden, config.activation, norm=norm)
 
     def forward(self, obs: Tree, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q1(obs, actions), self.q2(obs, actions)
@@ -115,7 +118,7 @@ class SACPolicy(AgentPolicy):
     ``tanh(mean) * scale + bias``; no extras. ``seed`` seeds the sampling (None: fresh entropy).
     """
 
-    def __init__(self, config: SACConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
+    def __init__(self, config: SoftActorCriticConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
                  seed: int | None = None) -> None:
         self.action_space = bounded_box(action_space, "SAC")
         self.device = torch.device("cpu")
