@@ -33,10 +33,17 @@ def process_started_at() -> float:
         return time.time()
 
 
+NICE_APPLIED = "SURREAL_REDIS_NICE_APPLIED"
+"""Set by ``launch`` in the environment of a child it started already this much nicer (its
+imports then yield to the learner's from the start): :func:`lower_priority` takes it off."""
+
+
 def lower_priority(increment: int) -> None:
-    """Make this process ``increment`` nicer (0: unchanged); the scheduler then favours the
-    processes that kept priority 0 (the learner) when every core is busy."""
-    if increment:
+    """Make this process ``increment`` nicer (0: unchanged), less what ``launch`` applied when it
+    started it (:data:`NICE_APPLIED`); the scheduler then favours the processes that kept
+    priority 0 (the learner) when every core is busy."""
+    increment -= int(os.environ.pop(NICE_APPLIED, "0") or 0)
+    if increment > 0:
         os.nice(increment)
         log.info("CPU priority lowered by %d (nice %d)", increment, os.getpriority(os.PRIO_PROCESS, 0))
 
@@ -67,11 +74,23 @@ CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576",
                 "MALLOC_MMAP_THRESHOLD_": "16777216"}
 
 
-def child_env(actor: bool = False) -> dict[str, str]:
+def child_env(actor: bool = False, nice: int = 0) -> dict[str, str]:
     """The environment of the launcher's children: this process's, plus :data:`CHILD_MALLOC` and
     for agents and evals (``actor``) one BLAS thread (``runtime.ONE_BLAS_THREAD``); a user's own
-    setting wins."""
-    return {**CHILD_MALLOC, **(ONE_BLAS_THREAD if actor else {}), **os.environ}
+    setting wins. ``nice``: what :func:`niced` applies at the child's start (:data:`NICE_APPLIED`)."""
+    applied = {NICE_APPLIED: str(nice)} if nice else {}
+    return {**CHILD_MALLOC, **(ONE_BLAS_THREAD if actor else {}), **os.environ, **applied}
+
+
+def niced(nice: int, preexec: Callable[[], None]) -> Callable[[], None]:
+    """A ``preexec_fn`` running ``preexec`` and then making the child ``nice`` nicer."""
+
+    def start() -> None:
+        preexec()
+        if nice:
+            os.nice(nice)
+
+    return start
 
 
 class StopFlag:

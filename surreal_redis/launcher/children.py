@@ -14,7 +14,7 @@ from pathlib import Path
 
 from surreal_redis.embedded import die_with_parent
 from surreal_redis.launcher.preload import Preloaded
-from surreal_redis.runtime import child_env
+from surreal_redis.runtime import child_env, niced
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class Child:
     restarts: int = 0
     restart_at: float | None = None
     preloaded: Preloaded | None = None
+    nice: int = 0  # started this much nicer (agents, evals: agent.nice; their imports yield to the learner's)
 
     def start(self) -> None:
         """Start the process (not blocking), appending its output to ``log_path``, in that folder."""
@@ -63,8 +64,8 @@ class Child:
             preloaded.discard()
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=self.log_path.parent, preexec_fn=die_with_parent,
-                                            env=child_env(actor=self.name != "learner"))
+                                            cwd=self.log_path.parent, preexec_fn=niced(self.nice, die_with_parent),
+                                            env=child_env(actor=self.name != "learner", nice=self.nice))
         self.restart_at = None
 
     @property

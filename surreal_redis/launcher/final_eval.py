@@ -25,7 +25,7 @@ from surreal_redis.launcher.children import log_tail
 from surreal_redis.launcher.final_curve import FinalCurve
 from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.run_folder import RunFolder
-from surreal_redis.runtime import StopFlag, child_env
+from surreal_redis.runtime import StopFlag, child_env, niced
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,9 @@ class FinalEval:
         # only, which passes on one SIGTERM (a second signal would end the child without its result).
         with open(log_path, "ab") as err:
             return subprocess.Popen(self.command("eval", "--checkpoint", *checkpoint), stdout=subprocess.PIPE,
-                                    stderr=err, stdin=stdin, cwd=log_path.parent, preexec_fn=die_with_parent,
-                                    env=child_env(actor=True))
+                                    stderr=err, stdin=stdin, cwd=log_path.parent,
+                                    preexec_fn=niced(self.config.agent.nice, die_with_parent),
+                                    env=child_env(actor=True, nice=self.config.agent.nice))
 
     def _told(self, path: Path) -> subprocess.Popen | None:
         """The standby process, given ``path``, when it said it is ready (:data:`STANDBY_READY`);

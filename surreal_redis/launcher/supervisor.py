@@ -167,11 +167,12 @@ class Launcher:
         children = [Child("learner", self._learner_command(), log_file("learner"), self.config.learner.max_restarts,
                           preloaded=self.preloaded)]
         agent_restarts = self.config.agent.max_restarts if self.config.agent.restart_on_crash else 0
+        nice = self.config.agent.nice
         for agent_id in range(self.config.agent.num_agents):
             children.append(Child(f"agent-{agent_id}", self._command("agent", "--id", str(agent_id)),
-                                  log_file(f"agent-{agent_id}"), agent_restarts))
+                                  log_file(f"agent-{agent_id}"), agent_restarts, nice=nice))
         if self.config.eval.enabled:
-            children.append(Child("eval-0", self._command("eval"), log_file("eval-0"), agent_restarts))
+            children.append(Child("eval-0", self._command("eval"), log_file("eval-0"), agent_restarts, nice=nice))
         return children
 
     # ---------------------------------------------------------------- running

@@ -106,3 +106,17 @@ def test_lower_thread_priority_lowers_the_calling_thread_only():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", str(min(5, 19 - os.getpriority(os.PRIO_PROCESS, 0)))]
+
+
+def test_a_child_the_launcher_starts_niced_is_not_made_nicer_twice(tmp_path):
+    """Agents and evals start agent.nice nicer (their imports yield to the learner's from the
+    first instruction); their own lower_priority(agent.nice) then changes nothing."""
+    from surreal_redis.launcher.children import Child
+
+    code = ("import os; from surreal_redis.runtime import lower_priority; at_start = os.getpriority(os.PRIO_PROCESS, 0); "
+            "lower_priority(7); print(at_start, os.getpriority(os.PRIO_PROCESS, 0))")
+    child = Child("agent-0", [sys.executable, "-c", code], tmp_path / "agent-0.log", 0, nice=7)
+    child.start()
+    assert child.process.wait(timeout=60) == 0
+    at_start, after = map(int, child.log_path.read_text().split())
+    assert at_start - os.getpriority(os.PRIO_PROCESS, 0) == 7 and after == at_start
