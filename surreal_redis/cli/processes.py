@@ -121,16 +121,19 @@ def agent(agent_id: int, config_path: str | None, run_name: str | None, redis_ur
 @url_option
 @override_option
 @resume_options
+@click.option("--final-curves-by-launch", "launch_draws", is_flag=True, hidden=True,
+              help="Leave the final curves.png to launch, whose final eval redraws it.")
 @_fail_cleanly
 def learner(config_path: str | None, run_name: str | None, redis_url: str | None, overrides: tuple[str, ...],
-            resume: str | None, resume_from: Path | None) -> None:
+            resume: str | None, resume_from: Path | None, launch_draws: bool) -> None:
     """Run the learner (CUDA when available, else CPU)."""
     from surreal_redis.learner.loop import Learner
 
     config = _load(config_path, overrides, redis_url, run_name)
     stop = StopFlag()
     client = _waiting_client(config, stop, "learner")
-    _exit_process(Learner.from_config(config, client, stop, resume=resume, resume_from=resume_from).run())
+    _exit_process(Learner.from_config(config, client, stop, resume=resume, resume_from=resume_from,
+                                      final_draw=not launch_draws).run())
 
 
 @click.command("eval")

@@ -51,15 +51,16 @@ class FinalCurve:
 
     def end(self, score: float | None, status: Mapping[str, Any]) -> None:
         """Log ``score`` (None: the eval gave none, nothing logged) at the env steps and seconds of
-        the learner's last report ``status`` (its final checkpoint's), redraw the curves and end
-        the tracking process; blocks up to :data:`WRITE_TIMEOUT_S`."""
+        the learner's last report ``status`` (its final checkpoint's), redraw the curves (always:
+        the learner leaves its final draw to this) and end the tracking process; blocks up to
+        :data:`WRITE_TIMEOUT_S`."""
         try:
             if score is not None:
                 point = CurvePoint(int(status["env_steps"]), float(status["elapsed_s"]), float(score))
                 now_ms = int(time.time() * 1000)  # after every point the learner logged: the last eval
                 self._tracker.log_points(point_records(point, EVAL_CURVE, EVAL_CURVE_S, now_ms)
                                          + [(FINAL_EVAL, point.value, point.env_steps, now_ms)])
-                self._tracker.draw_curves(self.folder.curves)
+            self._tracker.draw_curves(self.folder.curves)
             if not self._tracker.close(WRITE_TIMEOUT_S):
                 log.warning("the final eval's MLflow record and curves were not written within %.0fs (see %s)",
                             WRITE_TIMEOUT_S, self.folder.log_file("final-eval"))

@@ -183,6 +183,7 @@ class FinalEval:
         try:
             return self._line(client, code, signalled)
         finally:
+            self.prepare()  # the learner left the final curves.png to this (--final-curves-by-launch)
             if self.curve is not None:
                 self.curve.end(self.score, self._status)  # the last eval point, in MLflow and curves.png
 

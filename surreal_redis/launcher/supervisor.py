@@ -154,6 +154,8 @@ class Launcher:
         """The learner, resumed from this run's latest checkpoint once there is one (a restart),
         else as the launch was asked to start it."""
         command = self._command("learner")
+        if self.finale.due and self.config.tracking.enabled:
+            command.append("--final-curves-by-launch")  # the final eval's redraw is the last
         if self.folder.checkpoints(self.config.checkpoint).iterations():
             return command + ["--resume", "latest"]
         if self.resume is not None:

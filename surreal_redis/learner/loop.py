@@ -60,10 +60,13 @@ class Learner:
     a signal, and returns the exit code. :meth:`from_config` builds the process's learner."""
 
     def __init__(self, config: ExperimentConfig, client: RedisClient, stop: StopFlag, parts: LearnerParts,
-                 tracker: Tracker | BackgroundTracker | None = None) -> None:
-        """``tracker``: MLflow tracking (:meth:`start` logs the config to it), None for none."""
+                 tracker: Tracker | BackgroundTracker | None = None, final_draw: bool = True) -> None:
+        """``tracker``: MLflow tracking (:meth:`start` logs the config to it), None for none.
+        ``final_draw`` False: the stop leaves ``curves.png`` to ``launch``, whose final eval redraws
+        it (the launch's exit waits for that draw, not two)."""
         cfg = self.config = config
         self.client, self.stop, self.tracker = client, stop, tracker
+        self.final_draw = final_draw
         self.algo, self.feed, self.chunk_check = parts
         self.publisher = ParameterPublisher(client, cfg.run, cfg.hub.publisher)
         self.receiver = ExperienceReceiver(client, cfg.hub.receiver, cfg.run, cfg.redis.num_shards,
@@ -94,7 +97,7 @@ class Learner:
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, client: RedisClient, stop: StopFlag, resume: str | None = None,
-                    resume_from: Path | None = None) -> Learner:
+                    resume_from: Path | None = None, final_draw: bool = True) -> Learner:
         """The parts ``config`` names (:meth:`LearnerParts.of`), MLflow tracking if enabled, and
         with ``resume`` ('latest', 'best' or an iteration) the state of that checkpoint (of
         ``resume_from``'s experiment folder when given)."""
@@ -112,7 +115,7 @@ class Learner:
             log.warning("%s", advice)
         torch.set_num_threads(config.learner.torch_threads)
         torch.manual_seed(config.experiment.seed)
-        built = cls(config, client, stop, LearnerParts.of(config), tracker=tracker)
+        built = cls(config, client, stop, LearnerParts.of(config), tracker=tracker, final_draw=final_draw)
         if resume is not None:
             built.restore(resume, resume_from)
         return built
@@ -412,7 +415,8 @@ class Learner:
         if self.tracker is not None:
             for path in self._checkpoints_to_keep():
                 self.tracker.log_artifact(path, "checkpoints")
-            self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)  # with the final metrics
+            if self.final_draw:
+                self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)  # with the final metrics
             self.tracker.finish("KILLED" if status == "FINISHED" and self.stop.reason.startswith("signal") else status)
         log.info("learner stopped (%s): %d updates, %d env steps, %.0fs, pid %d", self.stop.reason or status,
                  self.algo.iteration, self.env_steps, self.elapsed(), os.getpid())

@@ -403,3 +403,11 @@ def test_a_launch_that_lost_its_lease_writes_nothing_to_the_run(tmp_path, fake_r
     RunControl(fake_redis, "smoke").start()  # the new owner's run
     launcher._shutdown(fake_redis)
     assert RunControl(fake_redis, "smoke").stopping() == (False, "")
+
+
+def test_the_learner_leaves_the_final_curves_to_the_launch_only_when_its_final_eval_redraws_them(tmp_path):
+    flag = "--final-curves-by-launch"
+    assert flag in make_launcher(tmp_path, "tracking.enabled=true", "eval.final_episodes=3")._learner_command()
+    assert flag not in make_launcher(tmp_path, "tracking.enabled=true", "eval.final_episodes=0")._learner_command()
+    assert flag not in make_launcher(tmp_path, "tracking.enabled=true", "eval.enabled=false")._learner_command()
+    assert flag not in make_launcher(tmp_path, "tracking.enabled=false")._learner_command()

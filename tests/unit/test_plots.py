@@ -210,3 +210,28 @@ def test_the_launch_summary_names_the_curves_or_says_none_were_drawn(tmp_path, f
     plots.save_figure(plots.draw_curves(two_runs()[:1]), config.experiment_dir / CURVES_FILE)
     launcher._summary(fake_redis, 0)
     assert f"  curves: {config.experiment_dir / CURVES_FILE}" in lines[-1].splitlines()
+
+
+def test_a_launched_learner_leaves_its_final_curves_to_the_launch(fake_redis, tmp_path):
+    """``learner --final-curves-by-launch`` (launch's learner, when a final eval is due): its stop
+    logs and closes the MLflow run but does not redraw curves.png, which the final eval redraws
+    with its point; a learner on its own redraws it."""
+    from surreal_redis.learner.parts import LearnerParts
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def __getattr__(self, name: str):
+            return lambda *args, **kwargs: self.calls.append(name)
+
+    config = ppo_config(tmp_path)
+    calls = {}
+    for final_draw in (True, False):
+        tracker = Recorder()
+        learner = Learner(config, fake_redis, StopFlag(install_handlers=False), LearnerParts.of(config),
+                          tracker=tracker, final_draw=final_draw)  # type: ignore[arg-type]
+        learner._finish("FINISHED")
+        calls[final_draw] = tracker.calls
+    assert calls[True].count("draw_curves") == 1 and calls[True][-1] == "finish"
+    assert "draw_curves" not in calls[False] and calls[False][-1] == "finish"
