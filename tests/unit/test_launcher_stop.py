@@ -20,6 +20,15 @@ def sleeper(tmp_path, name: str, seconds: float) -> Child:
     return Child(name, [sys.executable, "-c", f"import time; time.sleep({seconds})"], tmp_path / f"{name}.log", 0)
 
 
+def end_all(launcher: Launcher, children: list[Child]) -> None:
+    """What a test's launcher left running: its final eval's processes and its children."""
+    launcher.finale.close()
+    for child in children:
+        if child.alive:
+            child.process.kill()
+            child.process.wait()
+
+
 def test_agents_and_eval_stop_while_the_learner_finishes(tmp_path, fake_redis, monkeypatch):
     config = load_config("smoke", [f"experiment.root={tmp_path}"])
     launcher = Launcher(config, StopFlag(install_handlers=False))
@@ -36,11 +45,7 @@ def test_agents_and_eval_stop_while_the_learner_finishes(tmp_path, fake_redis, m
             assert child.process.poll() is not None, child.name
             assert child.process.returncode == -15, child.name
     finally:
-        launcher.finale.close()
-        for child in children:
-            if child.alive:
-                child.process.kill()
-                child.process.wait()
+        end_all(launcher, children)
 
 
 def test_eval_starts_after_the_first_parameters(tmp_path, fake_redis, monkeypatch):
@@ -64,11 +69,7 @@ def test_eval_starts_after_the_first_parameters(tmp_path, fake_redis, monkeypatc
         assert children[2].process is not None  # started after the publish
         assert launcher.finale._standby is not None  # so is the final eval's process, made ready ahead
     finally:
-        launcher.finale.close()
-        for child in children:
-            if child.alive:
-                child.process.kill()
-                child.process.wait()
+        end_all(launcher, children)
 
 
 def test_the_final_eval_begins_once_the_learner_reports_its_stop_not_at_its_exit(tmp_path, fake_redis, monkeypatch):
@@ -101,11 +102,7 @@ def test_the_final_eval_begins_once_the_learner_reports_its_stop_not_at_its_exit
         assert launcher._supervise(fake_redis) == 0
         assert begun == [(7, True)]  # once, while the learner still ran
     finally:
-        launcher.finale.close()
-        for child in children:
-            if child.alive:
-                child.process.kill()
-                child.process.wait()
+        end_all(launcher, children)
 
 
 def test_no_final_eval_begins_after_a_signal(tmp_path, fake_redis, monkeypatch):
