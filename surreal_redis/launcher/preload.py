@@ -2,11 +2,12 @@
 
 The learner's first update waits for its imports (torch and the rest: 2-3 s of CPU on 2 cores),
 which used to start only once the launcher had loaded itself, claimed the folder and started
-Redis (about 0.9 s). ``launch`` now starts ``python -m surreal_redis.launcher.preload learner``
-first thing: it imports what the learner needs and blocks on one line of stdin, the JSON object
-``{"argv", "log", "cwd"}`` that :meth:`Preloaded.hand_over` writes once the run is ready; it then
-writes to ``log``, runs in ``cwd`` and is ``surreal-redis ARGV`` from there. Stdin ending first
-(the launch was refused or failed) ends it with nothing done.
+Redis (about 0.9 s). ``launch`` now starts ``python -m surreal_redis.cli.preload learner``
+first thing (:mod:`surreal_redis.cli.preload`, the child's side): it imports what the learner
+needs and blocks on one line of stdin, the JSON object ``{"argv", "log", "cwd"}`` that
+:meth:`Preloaded.hand_over` writes once the run is ready; it then writes to ``log``, runs in
+``cwd`` and is ``surreal-redis ARGV`` from there. Stdin ending first (the launch was refused or
+failed) ends it with nothing done.
 
 A preloaded process is used once, for the learner's first start; a restart starts afresh.
 """
@@ -14,10 +15,8 @@ A preloaded process is used once, for the learner's first start; a restart start
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +26,7 @@ from surreal_redis.runtime import child_env
 
 log = logging.getLogger(__name__)
 
-PRELOADS = {"learner": "surreal_redis.learner.loop"}
-"""role -> the module whose import makes its start quick."""
+CHILD = "surreal_redis.cli.preload"  # the preloaded process's module (``python -m``)
 
 
 class Preloaded:
@@ -42,7 +40,7 @@ class Preloaded:
     def start(cls, role: str) -> Preloaded | None:
         """Start a process preloading ``role`` (not blocking); None (logged) when it cannot start."""
         try:
-            process = subprocess.Popen([sys.executable, "-m", __name__, role], stdin=subprocess.PIPE,
+            process = subprocess.Popen([sys.executable, "-m", CHILD, role], stdin=subprocess.PIPE,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        preexec_fn=die_with_parent, env=child_env(actor=False))
         except OSError as exc:
@@ -76,30 +74,3 @@ class Preloaded:
             self.process.stdin.close()
         self.process.kill()
         self.process.wait()
-
-
-def main(argv: list[str]) -> int:
-    """The preloaded process: import ``argv[0]``'s modules, wait for the command (module docstring)."""
-    if len(argv) != 1 or argv[0] not in PRELOADS:
-        print(f"usage: python -m {__name__} {{{','.join(PRELOADS)}}}", file=sys.stderr)
-        return 2
-    importlib.import_module(PRELOADS[argv[0]])
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0
-    told = json.loads(line)
-    with contextlib.ExitStack() as files:
-        out = files.enter_context(open(told["log"], "ab"))  # noqa: SIM115 -- both fds point at it from now
-        os.dup2(out.fileno(), 1)
-        os.dup2(out.fileno(), 2)
-        null = files.enter_context(open(os.devnull, "rb"))
-        os.dup2(null.fileno(), 0)
-    os.chdir(told["cwd"])
-    from surreal_redis.cli import main as cli_main
-
-    cli_main(args=told["argv"], prog_name="surreal-redis")  # exits with the command's code
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

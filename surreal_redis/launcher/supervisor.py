@@ -67,7 +67,7 @@ class Launcher:
         self.config, self.stop, self.resume, self.resume_from, self.fresh = config, stop, resume, resume_from, fresh
         self.progress = progress or (lambda line: log.info("%s", line))
         self.log_level = log_level
-        self.preloaded = preloaded  # the learner's process, started ahead (``launch``)
+        self.preloaded = preloaded  # the learner's process, started ahead; ``launch`` discards it unused
         self.folder = RunFolder(config.experiment_dir.resolve())
         self.server: EmbeddedRedis | None = None
         self.children: list[Child] = []
@@ -182,8 +182,6 @@ class Launcher:
         try:
             client = self._prepare()
         except BaseException:
-            if self.preloaded is not None:
-                self.preloaded.discard()
             self.claim.release_lease()
             self._stop_server()
             self.claim.release()
@@ -201,8 +199,6 @@ class Launcher:
             self._summary(client, code)
         finally:
             self.finale.close()
-            if self.preloaded is not None:  # unused when the learner never started
-                self.preloaded.discard()
             self.folder.withdraw()
             self.claim.release_lease()
             self._stop_server()

@@ -42,6 +42,6 @@ def test_a_child_whose_preloaded_process_died_starts_afresh(tmp_path):
 
 
 def test_an_unknown_role_is_refused():
-    done = subprocess.run([sys.executable, "-m", "surreal_redis.launcher.preload", "agent"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "surreal_redis.cli.preload", "agent"], capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, timeout=60)
     assert done.returncode == 2 and "usage:" in done.stderr
