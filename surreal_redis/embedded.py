@@ -1,10 +1,9 @@
-"""A private ``redis-server`` for runs given no Redis URL (:class:`EmbeddedRedis`), Redis versions,
-and :func:`die_with_parent` for the child processes this package starts."""
+"""A private ``redis-server`` for runs given no Redis URL (:class:`EmbeddedRedis`), and Redis
+versions."""
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import functools
 import logging
 import os
@@ -18,6 +17,7 @@ from pathlib import Path
 import redis
 
 from surreal_redis.connection import RedisClient
+from surreal_redis.runtime import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +86,6 @@ def find_redis_server() -> str | None:
         if newest is None or version > newest[0]:
             newest = (version, binary)
     return newest[1] if newest else None
-
-
-def die_with_parent() -> None:
-    """preexec_fn for child processes: Linux sends the child SIGTERM when the process that started
-    it dies, and the child gets its own process group, so a terminal's Ctrl-C reaches only the
-    parent, which stops its children in order."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # no glibc (not Linux): children are still stopped by the parent's orderly shutdown
-    os.setpgrp()
 
 
 # redis-server runs under a tiny sh that passes SIGTERM on and then deletes the server's directory,

@@ -1,9 +1,11 @@
 """What every long-running process shares: signal handling (the first SIGINT/SIGTERM asks for a
-clean stop, the second exits at once) and logging setup. The run's state in Redis is in
+clean stop, the second exits at once), logging setup, and how children start (priority,
+environment, :func:`die_with_parent`). The run's state in Redis is in
 :mod:`surreal_redis.hub.run.control`."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -72,6 +74,18 @@ SIGTERM alike, so scripts tell an interrupted run from a finished one (0) or a f
 # A user's own setting wins.
 CHILD_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "1048576",
                 "MALLOC_MMAP_THRESHOLD_": "16777216"}
+
+
+def die_with_parent() -> None:
+    """preexec_fn for child processes: Linux sends the child SIGTERM when the process that started
+    it dies, and the child gets its own process group, so a terminal's Ctrl-C reaches only the
+    parent, which stops its children in order."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # no glibc (not Linux): children are still stopped by the parent's orderly shutdown
+    os.setpgrp()
 
 
 def child_env(actor: bool = False, nice: int = 0) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """``python -m surreal_redis.cli``: the same command line as ``surreal-redis``."""
 
-from surreal_redis.cli import main
+from surreal_redis.cli import run
 
-main()
+run()

@@ -68,7 +68,9 @@ def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: 
       130  interrupted (Ctrl-C or SIGTERM)"""
     from surreal_redis.launcher.preload import Preloaded
 
-    learner = Preloaded.start("learner")  # torch imports while the rest of the launch gets ready
+    # torch imports while the rest of the launch gets ready: started by the console script's entry
+    # before click loaded (surreal_redis.cli.run), else here
+    learner = ctx.obj.pop("preloaded", None) or Preloaded.start("learner")
     try:
         from surreal_redis.launcher import Launcher, LaunchError
 

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from surreal_redis.embedded import die_with_parent
 from surreal_redis.launcher.preload import Preloaded
-from surreal_redis.runtime import child_env, niced
+from surreal_redis.runtime import child_env, die_with_parent, niced
 
 log = logging.getLogger(__name__)
 

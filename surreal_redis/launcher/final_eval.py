@@ -19,13 +19,12 @@ import redis
 from surreal_redis.checkpoint import CheckpointError
 from surreal_redis.config import ExperimentConfig
 from surreal_redis.connection import RedisClient
-from surreal_redis.embedded import die_with_parent
 from surreal_redis.hub.run.control import RunControl
 from surreal_redis.launcher.children import log_tail
 from surreal_redis.launcher.final_curve import FinalCurve
 from surreal_redis.learner.metrics import fmt_number, use_summary
 from surreal_redis.run_folder import RunFolder
-from surreal_redis.runtime import StopFlag, child_env, niced
+from surreal_redis.runtime import StopFlag, child_env, die_with_parent, niced
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from surreal_redis.embedded import die_with_parent
-from surreal_redis.runtime import child_env
+from surreal_redis.runtime import child_env, die_with_parent
 
 log = logging.getLogger(__name__)
 

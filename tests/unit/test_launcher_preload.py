@@ -6,6 +6,9 @@ normal start."""
 import subprocess
 import sys
 
+import pytest
+
+from surreal_redis.cli import command_of
 from surreal_redis.launcher.children import CLI, Child
 from surreal_redis.launcher.preload import Preloaded
 
@@ -45,3 +48,35 @@ def test_an_unknown_role_is_refused():
     done = subprocess.run([sys.executable, "-m", "surreal_redis.cli.preload", "agent"], capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, timeout=60)
     assert done.returncode == 2 and "usage:" in done.stderr
+
+
+def test_the_console_script_starts_the_learner_ahead_before_it_loads_click_and_redis(tmp_path):
+    """``surreal-redis launch`` (:func:`surreal_redis.cli.run`) starts the preload first, and
+    ``launch`` takes that process over (here a bad config: the launch refuses, it is discarded)."""
+    code = ("import sys\n"
+            "from surreal_redis.launcher import preload\n"
+            "class Probe:\n"
+            "    def discard(self): print('discarded')\n"
+            "def start(role):\n"
+            "    print(role, sorted(m for m in ('click', 'redis', 'torch') if m in sys.modules))\n"
+            "    return Probe()\n"
+            "preload.Preloaded.start = staticmethod(start)\n"
+            "from surreal_redis.cli import run\n"
+            "run(sys.argv[1:])\n")
+    done = subprocess.run([sys.executable, "-c", code, "--log-level", "WARNING", "launch", str(tmp_path / "no.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "no.yaml" in done.stderr
+    assert done.stdout.splitlines() == ["learner []", "discarded"]  # once: launch used the entry's
+
+
+@pytest.mark.parametrize(("args", "command"), [
+    (["launch", "c.yaml"], "launch"),
+    (["--log-level", "DEBUG", "launch", "c.yaml"], "launch"),
+    (["--log-level=DEBUG", "launch"], "launch"),
+    (["launch", "--help"], None),
+    (["--version"], None),
+    (["status", "--run", "launch"], "status"),
+    ([], None),
+])
+def test_the_entry_reads_which_command_runs_past_the_group_options(args, command):
+    assert command_of(args) == command
