@@ -173,7 +173,7 @@ def time_off_policy(name: str, config, batch_options: list[int], repeats: int, d
         elif reference:
             one = maker(section, obs_space, action_space, batch, str(algo.device), config.experiment.seed)
             theirs = functools.partial(_block, one, batches)
-            torch.set_num_threads(config.learner.torch_threads)
+        torch.set_num_threads(config.learner.torch_threads)  # the reference's maker may have set its own
         mine, sb3 = time_interleaved(functools.partial(_block, algo.update, batches), theirs, repeats, algo.device)
         case = {"config": name, "algo": config.algo, "device": str(algo.device),
                 "torch_threads": torch.get_num_threads(), "batch": batch, "updates_per_block": BLOCK_UPDATES,
