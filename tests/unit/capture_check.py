@@ -1,8 +1,8 @@
 """Run as a script by test_capture.py (its own process: torch._dynamo stays out of the test
-process): argv[2] SAC updates (argv[3] ``sac``) or PPO updates (``ppo``) eager and captured
-(torch.compile, the backend in argv[1]) from the same seed and data, on the device argv[4] (default
-cpu; on a GPU: ``inductor 20 sac cuda``); prints one JSON line with the largest weight and stat
-differences."""
+process): argv[2] SAC updates (argv[3] ``sac``), DDPG updates (``ddpg``) or PPO updates (``ppo``)
+eager and captured (torch.compile, the backend in argv[1]) from the same seed and data, on the
+device argv[4] (default cpu; on a GPU: ``inductor 20 sac cuda``); prints one JSON line with the
+largest weight and stat differences."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from surreal_redis.algos.ddpg.config import DDPGConfig
+from surreal_redis.algos.ddpg.trainer import DDPGTrainer
 from surreal_redis.algos.sac.config import SACConfig
 from surreal_redis.algos.sac.trainer import SACTrainer
 from surreal_redis.chunks import TransitionBatch
@@ -80,7 +82,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     backend, updates = sys.argv[1], int(sys.argv[2])
     algo, device = (sys.argv[3:] + ["sac", "cpu"][len(sys.argv[3:]):])[:2]
-    report = (ppo_report if algo == "ppo" else sac_report)(backend, updates, device)
+    report = {"ppo": ppo_report, "ddpg": ddpg_report}.get(algo, sac_report)(backend, updates, device)
     from torch._dynamo.utils import counters  # loaded by the captured runs
 
     report["graphs"] = counters["stats"]["unique_graphs"]
@@ -102,6 +104,36 @@ def sac_report(backend: str, updates: int, device: str) -> dict:
         td = max(float(np.abs(a[1] - b[1]).max()) for a, b in zip(eager_results, captured_results))
         report[name] = {"weights": weights, "stats": stats, "td": td, "same_keys": same_keys,
                         "active": captured._capture.active, "moved": moved}
+    return report
+
+
+def ddpg_run(compile_: bool, backend: str, updates: int, device: str, **overrides):
+    torch.manual_seed(3)
+    config = DDPGConfig(actor_hidden=(16,), critic_hidden=(16,), compile=compile_, device=device, **overrides)
+    algo = DDPGTrainer(config, OBS_SPACE, ACTION_SPACE, compile_backend=backend)
+    initial = [p.detach().clone() for p in algo.actor.parameters()]
+    rng = np.random.default_rng(0)
+    results = [algo.update(batch(rng)) for _ in range(updates)]
+    moved = max(float((a - b.detach()).abs().max()) for a, b in zip(initial, algo.actor.parameters()))
+    return algo, results, moved
+
+
+def ddpg_report(backend: str, updates: int, device: str) -> dict:
+    report = {}
+    for name, overrides in (("delayed_soft", {}),
+                            ("clipped_hard", {"policy_frequency": 1, "target_update": "hard", "hard_update_every": 2,
+                                              "actor_max_grad_norm": 0.1, "critic_max_grad_norm": 0.1,
+                                              "critic_l2": 0.01})):
+        (eager, eager_results, moved), (captured, captured_results, _) = (
+            ddpg_run(compile_, backend, updates, device, **overrides) for compile_ in (False, True))
+        states = [[value for key in ("actor", "critic", "actor_target", "critic_target")
+                   for value in algo.state_dict()[key].values()] for algo in (eager, captured)]
+        report[name] = {
+            "weights": max(float((a - b).abs().max()) for a, b in zip(*states)),
+            "stats": max(abs(a[0][k] - b[0][k]) for a, b in zip(eager_results, captured_results) for k in a[0]),
+            "td": max(float(np.abs(a[1] - b[1]).max()) for a, b in zip(eager_results, captured_results)),
+            "same_keys": all(a[0].keys() == b[0].keys() for a, b in zip(eager_results, captured_results)),
+            "active": captured._capture.active, "moved": moved}
     return report
 
 

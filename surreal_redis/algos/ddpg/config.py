@@ -77,8 +77,15 @@ class DDPGConfig:
     obs_clip: float = 10.0
     device: str = "auto"
     """Learner device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
+    compile: bool | Literal["auto"] = False
+    """Capture the critic and actor losses (forward and backward) with ``torch.compile``, as
+    ``sac.compile`` does: on CUDA ``mode="reduce-overhead"`` (CUDA graphs), on CPU inductor's
+    default; the same update up to float rounding. ``off``/false: eager. ``auto``: on CUDA only. A
+    compiler failure logs one warning and runs eagerly. Off by default: not yet measured."""
 
     def __post_init__(self) -> None:
+        if self.compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be true, false or 'auto', got {self.compile!r}")
         if self.activation not in ACTIVATION_NAMES:
             raise ValueError(f"activation must be one of {list(ACTIVATION_NAMES)}, got {self.activation!r}")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
