@@ -132,7 +132,7 @@ def learner_has_checkpoint(args: Sequence[str]) -> bool:
     import click
 
     from surreal_redis.checkpoint import CheckpointManager
-    from surreal_redis.cli import learner
+    from surreal_redis.cli.processes import learner
     from surreal_redis.config import load_config
 
     try:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_cli_module_imports_neither_torch_nor_gymnasium():
     """Nor numpy: an agent started by hand sets its BLAS threads before numpy reads them."""
-    code = ("import sys, surreal_redis.cli; "
+    code = ("import sys, surreal_redis.cli.group; "
             "print(sorted(m for m in ('torch', 'gymnasium', 'mlflow', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

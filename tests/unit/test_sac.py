@@ -385,7 +385,7 @@ def test_agents_act_in_numpy_by_default_and_torch_for_images():
 
 def test_an_agent_or_eval_acting_with_numpy_never_imports_torch():
     """The agent and eval commands' whole import chain, and a Pendulum SAC policy built and acting."""
-    code = ("import sys; import surreal_redis.cli, surreal_redis.agent, surreal_redis.evaluator\n"
+    code = ("import sys; import surreal_redis.cli.group, surreal_redis.agent, surreal_redis.evaluator\n"
             "from surreal_redis.algos.policies import make_policy\n"
             "from surreal_redis.config import load_config\n"
             "from surreal_redis.envs import make_vector_env\n"
