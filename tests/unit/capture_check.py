@@ -33,15 +33,19 @@ def batch(rng: np.random.Generator, size: int = 32) -> TransitionBatch:
                            weights=rng.uniform(0.5, 1, size).astype(np.float32), indices=np.arange(size))
 
 
-def run(compile_: bool, backend: str, updates: int, device: str, **overrides):
-    torch.manual_seed(3)
-    config = SACConfig(actor_hidden=(16,), critic_hidden=(16,), compile=compile_, device=device, **overrides)
-    algo = SACTrainer(config, OBS_SPACE, ACTION_SPACE, seed=5, compile_backend=backend)
+def updated(algo, updates: int):
+    """``algo`` after ``updates`` updates on seeded batches: (algo, their results, how far its actor moved)."""
     initial = [p.detach().clone() for p in algo.actor.parameters()]
     rng = np.random.default_rng(0)
     results = [algo.update(batch(rng)) for _ in range(updates)]
     moved = max(float((a - b.detach()).abs().max()) for a, b in zip(initial, algo.actor.parameters()))
     return algo, results, moved
+
+
+def run(compile_: bool, backend: str, updates: int, device: str, **overrides):
+    torch.manual_seed(3)
+    config = SACConfig(actor_hidden=(16,), critic_hidden=(16,), compile=compile_, device=device, **overrides)
+    return updated(SACTrainer(config, OBS_SPACE, ACTION_SPACE, seed=5, compile_backend=backend), updates)
 
 
 def ppo_report(backend: str, updates: int, device: str) -> dict:
@@ -110,12 +114,7 @@ def sac_report(backend: str, updates: int, device: str) -> dict:
 def ddpg_run(compile_: bool, backend: str, updates: int, device: str, **overrides):
     torch.manual_seed(3)
     config = DDPGConfig(actor_hidden=(16,), critic_hidden=(16,), compile=compile_, device=device, **overrides)
-    algo = DDPGTrainer(config, OBS_SPACE, ACTION_SPACE, compile_backend=backend)
-    initial = [p.detach().clone() for p in algo.actor.parameters()]
-    rng = np.random.default_rng(0)
-    results = [algo.update(batch(rng)) for _ in range(updates)]
-    moved = max(float((a - b.detach()).abs().max()) for a, b in zip(initial, algo.actor.parameters()))
-    return algo, results, moved
+    return updated(DDPGTrainer(config, OBS_SPACE, ACTION_SPACE, compile_backend=backend), updates)
 
 
 def ddpg_report(backend: str, updates: int, device: str) -> dict:
