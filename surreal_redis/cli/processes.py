@@ -69,8 +69,8 @@ def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: 
     from surreal_redis.launcher.preload import Preloaded
 
     # torch imports while the rest of the launch gets ready: started by the console script's entry
-    # before click loaded (surreal_redis.cli.run), else here
-    learner = ctx.obj.pop("preloaded", None) or Preloaded.start("learner")
+    # before click loaded (surreal_redis.cli.run; None when it could not start), else here
+    learner = ctx.obj.pop("preloaded") if "preloaded" in ctx.obj else Preloaded.start("learner")
     try:
         from surreal_redis.launcher import Launcher, LaunchError
 

@@ -80,3 +80,11 @@ def test_the_console_script_starts_the_learner_ahead_before_it_loads_click_and_r
 ])
 def test_the_entry_reads_which_command_runs_past_the_group_options(args, command):
     assert command_of(args) == command
+
+
+def test_the_entry_knows_every_group_option_that_takes_a_value():
+    """:data:`GROUP_OPTIONS_WITH_VALUE` is the group's, copied so the entry needs no click."""
+    from surreal_redis.cli import GROUP_OPTIONS_WITH_VALUE, main
+
+    taking = {opt for param in main.params if not getattr(param, "is_flag", False) for opt in param.opts}
+    assert set(GROUP_OPTIONS_WITH_VALUE) == taking
