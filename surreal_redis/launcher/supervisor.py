@@ -76,6 +76,7 @@ class Launcher:
         self.signalled = ""  # the signal that ended the run (not one that came during the final eval)
         self.final_eval = ""  # the summary's line on it
         self.claim = RunClaim(config, self.folder)  # the folder's lock and the run's lease
+        self.outage = OutageGuard("launcher", stop)  # the supervising loop's view of Redis
         self._last_status: dict = {}  # the learner's last report the progress line read
         # made now, as its process starts during the run (progress: whatever self.progress is then)
         self.finale = FinalEval(config, self.folder, stop, lambda line: self.progress(line), self._command)
@@ -236,7 +237,6 @@ class Launcher:
         for child in evals:
             child.start()
         self.finale.standby()  # the final eval's process, ready by the stop
-        guard = OutageGuard("launcher", self.stop)
         next_progress = 0.0
         last_line = ""
         while not self.stop.wait(SUPERVISE_EVERY_S):
@@ -259,11 +259,7 @@ class Launcher:
                 return 1
             try:
                 stopping, reason = control.stopping()
-                if guard.failing:  # back after an outage, possibly empty: the run's state again
-                    if control.stored_config() is None:
-                        log.warning("Redis came back without the run's keys; writing its config and state again")
-                        self._write_run_state(control)
-                    guard.succeeded()
+                self._reachable(control)
                 if stopping:
                     self.ending = reason or "stop requested"
                     log.info("run stopping: %s", self.ending)
@@ -280,7 +276,7 @@ class Launcher:
                         self.progress(line)
                         last_line = line
             except OUTAGE_ERRORS as exc:
-                guard.failed(exc)
+                self.outage.failed(exc)
         self.ending = self.stop.reason or "launcher stopped"
         return 0
 
@@ -346,13 +342,25 @@ class Launcher:
         except redis.RedisError as exc:
             log.debug("could not mark the learner as exited: %s", exc)
 
-    @staticmethod
-    def _stopping(control: RunControl) -> tuple[bool, str]:
+    def _stopping(self, control: RunControl) -> tuple[bool, str]:
         """``control.stopping()``, or not stopping while Redis is away."""
         try:
-            return control.stopping()
+            answer = control.stopping()
+            self._reachable(control)
         except OUTAGE_ERRORS:
             return False, ""
+        return answer
+
+    def _reachable(self, control: RunControl) -> None:
+        """Redis answered. After an outage: said once, and the run's config and state written again
+        when the server came back without them. Whichever call notices first does this, so a
+        learner that finishes before the loop's next backed-off round does not hide the return."""
+        if not self.outage.failing:
+            return
+        if control.stored_config() is None:
+            log.warning("Redis came back without the run's keys; writing its config and state again")
+            self._write_run_state(control)
+        self.outage.succeeded()
 
     def _wait_learner(self, client: RedisClient, learner: Child) -> int:
         """After a stop request: the learner's exit code once it stopped (0 when it is not running).

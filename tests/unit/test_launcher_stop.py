@@ -119,6 +119,45 @@ def test_no_final_eval_begins_after_a_signal(tmp_path, fake_redis, monkeypatch):
     assert launcher._wait_learner(fake_redis, learner) == 0
 
 
+def test_a_learner_finishing_before_the_launchers_next_try_still_shows_redis_came_back(
+        tmp_path, fake_redis, monkeypatch, caplog):
+    """The path between an outage and the end: Redis returns (empty) and the learner finishes while
+    the launcher's backoff still waits. The first call that answers says Redis is back and writes
+    the run's state again; no later round of the loop has to."""
+    import redis
+
+    config = load_config("smoke", [f"experiment.root={tmp_path}"])
+    launcher = Launcher(config, StopFlag(install_handlers=False), progress=lambda line: None)
+    done = tmp_path / "learner-may-finish"
+    learner = Child("learner", [sys.executable, "-c", "import os, time\n"
+                                f"while not os.path.exists({str(done)!r}): time.sleep(0.02)"],
+                    tmp_path / "learner.log", 0)
+    children = [learner, sleeper(tmp_path, "agent-0", 60)]
+    monkeypatch.setattr(launcher, "_children", lambda: children)
+    monkeypatch.setattr(launcher, "_wait_for_parameters", lambda client, learner: True)
+    real_stopping, failures = RunControl.stopping, []
+
+    def stopping(control):
+        if len(failures) < 3:  # three failed rounds; on the last the learner exits, Redis back empty
+            failures.append(1)
+            if len(failures) == 3:
+                done.touch()
+                learner.process.wait(30)
+                fake_redis.flushall()
+            raise redis.ConnectionError("down")
+        return real_stopping(control)
+
+    monkeypatch.setattr(RunControl, "stopping", stopping)
+    try:
+        with caplog.at_level("INFO"):
+            assert launcher._supervise(fake_redis) == 0
+        assert launcher.ending == "the learner finished"
+        assert "launcher: Redis reachable again" in caplog.text
+        assert RunControl(fake_redis, config.run).stored_config() is not None  # written again
+    finally:
+        end_all(launcher, children)
+
+
 # ---------------------------------------------------------------- exit codes and a second signal
 
 def test_an_interrupted_run_exits_130_and_a_requested_stop_0(tmp_path, fake_redis, monkeypatch):
