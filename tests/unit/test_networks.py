@@ -12,7 +12,15 @@ import torch
 
 from surreal_redis.algos.ddpg.config import DDPGConfig
 from surreal_redis.algos.network_config import ACTIVATION_NAMES
-from surreal_redis.algos.networks import NatureCNN, ObservationEncoder, SmallCNN, adam, channels_first, mlp
+from surreal_redis.algos.networks import (
+    NatureCNN,
+    ObservationEncoder,
+    SmallCNN,
+    adam,
+    channels_first,
+    clip_grad_norm,
+    mlp,
+)
 from surreal_redis.algos.normalizer import ObservationNormalizer
 from surreal_redis.algos.ppo.policy import ActorCritic, PPOConfig, PPOPolicy
 from surreal_redis.algos.sac.config import SACConfig
@@ -139,6 +147,25 @@ def test_fused_adam_takes_the_steps_of_torchs_loop():
     restored = adam(nets[1].parameters(), lr=1e-2)
     restored.load_state_dict(loop.state_dict())  # checkpoints written before the fused kernel load
     assert restored.state_dict()["state"][0]["exp_avg"].equal(loop.state_dict()["state"][0]["exp_avg"])
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 100.0], ids=["under", "near", "over"])
+def test_clip_grad_norm_gives_torchs_gradients_and_norm_to_the_bit(scale):
+    """Under, near and over the limit; a parameter without a gradient is left alone, as torch does."""
+    torch.manual_seed(0)
+    nets = [mlp(4, (64, 64), 2) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    extra = [torch.nn.Parameter(torch.ones(3)) for _ in range(2)]  # no gradient
+    x = torch.randn(256, 4)
+    for net in nets:
+        (scale * net(x).pow(2).mean()).backward()
+    ours = clip_grad_norm([*nets[0].parameters(), extra[0]], 0.5)
+    theirs = torch.nn.utils.clip_grad_norm_([*nets[1].parameters(), extra[1]], 0.5)
+    assert torch.equal(ours, theirs)
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert extra[0].grad is None
+    assert clip_grad_norm([extra[0]], 0.5).item() == 0.0
 
 
 @pytest.mark.parametrize("config_class", [PPOConfig, DDPGConfig, SACConfig])
