@@ -19,6 +19,7 @@ from surreal_redis.algos.networks import (
     adam,
     channels_first,
     clip_grad_norm,
+    grad_norm,
     mlp,
 )
 from surreal_redis.algos.normalizer import ObservationNormalizer
@@ -150,7 +151,7 @@ def test_fused_adam_takes_the_steps_of_torchs_loop():
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 100.0], ids=["under", "near", "over"])
-def test_clip_grad_norm_gives_torchs_gradients_and_norm_to_the_bit(scale):
+def test_clip_grad_norm_and_grad_norm_give_torchs_gradients_and_norm_to_the_bit(scale):
     """Under, near and over the limit; a parameter without a gradient is left alone, as torch does."""
     torch.manual_seed(0)
     nets = [mlp(4, (64, 64), 2) for _ in range(2)]
@@ -162,6 +163,8 @@ def test_clip_grad_norm_gives_torchs_gradients_and_norm_to_the_bit(scale):
     ours = clip_grad_norm([*nets[0].parameters(), extra[0]], 0.5)
     theirs = torch.nn.utils.clip_grad_norm_([*nets[1].parameters(), extra[1]], 0.5)
     assert torch.equal(ours, theirs)
+    assert torch.equal(grad_norm(list(nets[0].parameters())),
+                       torch.nn.utils.get_total_norm([p.grad for p in nets[0].parameters()]))
     for a, b in zip(nets[0].parameters(), nets[1].parameters()):
         assert torch.equal(a.grad, b.grad)
     assert extra[0].grad is None

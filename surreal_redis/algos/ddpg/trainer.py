@@ -23,12 +23,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from surreal_redis.algos.actor_critic import ActorCriticTrainer
 from surreal_redis.algos.capture import Capture, capture_wanted
 from surreal_redis.algos.ddpg.policy import Actor, DDPGConfig
-from surreal_redis.algos.networks import QNetwork, TargetAverager, clip_grad_norm
+from surreal_redis.algos.networks import QNetwork, TargetAverager, clip_grad_norm, grad_norm
 from surreal_redis.chunks import TransitionBatch
 from surreal_redis.codec import Tree
 from surreal_redis.envs.spaces import bounded_box
@@ -155,5 +154,5 @@ def _clip_grad(params: list[torch.Tensor], max_norm: float | None) -> torch.Tens
     norm before clipping, as a 0-d tensor (no host read). Unset, only the norm is taken (clipping
     at an infinite norm would multiply every gradient by exactly 1)."""
     if max_norm is None:
-        return nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        return grad_norm(params)
     return clip_grad_norm(params, max_norm)
