@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from surreal_redis.run_folder import RunFolder
+from surreal_redis.runtime import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -195,12 +196,6 @@ class TrackingError(RuntimeError):
     :class:`TrackerProcess` failed (the cause is chained, or named in the message)."""
 
 
-def _tracker_child() -> None:
-    from surreal_redis.embedded import die_with_parent
-
-    die_with_parent()
-
-
 class TrackerProcess:
     """A :class:`Tracker` in a child process (``python -m surreal_redis.tracking``), with the same
     calls: each one blocks until the child has written it. MLflow's heavy import and store set-up
@@ -221,7 +216,7 @@ class TrackerProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "surreal_redis.tracking", str(experiment_dir), experiment_name, run_name,
              tracking_uri or "", "attach" if attach else ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=stderr, preexec_fn=_tracker_child)
+            stderr=stderr, preexec_fn=die_with_parent)
         self.run_id: str = self._reply()
 
     def _reply(self) -> Any:
