@@ -81,7 +81,8 @@ class DDPGConfig:
     """Capture the critic and actor losses (forward and backward) with ``torch.compile``, as
     ``sac.compile`` does: on CUDA ``mode="reduce-overhead"`` (CUDA graphs), on CPU inductor's
     default; the same update up to float rounding. ``off``/false: eager. ``auto``: on CUDA only. A
-    compiler failure logs one warning and runs eagerly. Off by default: not yet measured."""
+    compiler failure logs one warning and runs eagerly. Off by default: on CPU it measured no faster
+    (docs/benchmarks.md); on a GPU it has not been measured yet."""
 
     def __post_init__(self) -> None:
         if self.compile not in (True, False, "auto"):
