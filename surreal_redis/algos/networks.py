@@ -184,15 +184,17 @@ def adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8, weight_de
                      capturable=capturable)
 
 
+def _norm_of(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of the per-tensor 2-norms of ``grads`` (0 for none), a 0-d tensor."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+
+
 @torch.no_grad()
 def grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """The global 2-norm of the gradients of ``params`` (one device and dtype: a network's), as
     ``torch.nn.utils.get_total_norm`` takes it (the 2-norm of the per-tensor norms), without its
     regrouping of the tensors by device on every call; a 0-d tensor, not read (no host sync)."""
-    grads = [param.grad for param in params if param.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return _norm_of([param.grad for param in params if param.grad is not None])
 
 
 @torch.no_grad()
@@ -201,8 +203,8 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     network's): the same arithmetic (:func:`grad_norm`, then every gradient times
     ``min(max_norm / (norm + 1e-6), 1)``) at about half its cost (~80 against ~150 us for PPO's
     CartPole network on CPU, a tenth of a minibatch step). Returns the norm before clipping."""
-    total = grad_norm(params)
     grads = [param.grad for param in params if param.grad is not None]
+    total = _norm_of(grads)
     if grads:
         torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
     return total

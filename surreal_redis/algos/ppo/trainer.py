@@ -225,11 +225,11 @@ class PPOTrainer(Trainer):
             if len(parts) == 1:  # the usual case: no weighting, fewer small ops per step
                 loss.backward()
                 info = {key: value.double() for key, value in part_info.items()}
-                continue
-            (loss * weight).backward()
-            for key, value in part_info.items():
-                # float64 as the Python floats these were: 0.0 + weight * value, the same rounding
-                info[key] = info.get(key, 0.0) + weight * value.double()
+            else:
+                (loss * weight).backward()
+                for key, value in part_info.items():
+                    # float64 as the Python floats these were: 0.0 + weight * value, the same rounding
+                    info[key] = info.get(key, 0.0) + weight * value.double()
         clip_grad_norm(self._params, self.config.max_grad_norm)
         self.optimizer.step()
         return info
