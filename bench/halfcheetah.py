@@ -1,9 +1,11 @@
-"""Wall-clock learning race on HalfCheetah-v5, PPO or SAC: ``python bench/halfcheetah.py
-[--algo ppo|sac] [--budget-s 600] [--agents N] [--skip-sb3] [--keep DIR] [--json PATH] [-o key=value ...]``.
+"""Wall-clock learning race on HalfCheetah-v5 (or another MuJoCo task), PPO, SAC or CrossQ:
+``python bench/halfcheetah.py [--algo ppo|sac|crossq] [--env-id ID] [--seed N] [--budget-s 600]
+[--agents N] [--skip-sb3] [--keep DIR] [--json PATH] [-o key=value ...]``.
 
 Both sides get the same wall-clock budget, as whole processes (start-up and imports count):
 
-- ours: ``surreal-redis launch configs/<algo>_halfcheetah.yaml`` with ``stop.max_seconds`` =
+- ours: ``surreal-redis launch configs/<algo>_halfcheetah.yaml`` (``env.env_id`` and
+  ``experiment.seed`` set from ``--env-id`` and ``--seed``, nothing else changed) with ``stop.max_seconds`` =
   budget (its clock starts with the learner, so the launch's start-up comes on top: ``wall_s``
   says how much); scores from the launch summary: the mean of the last ``--window`` training
   episodes (raw rewards) and the last eval (deterministic, ``eval.episodes``, at most
@@ -16,9 +18,13 @@ Both sides get the same wall-clock budget, as whole processes (start-up and impo
     0.98), MlpPolicy pi/vf [256, 256] ReLU, log_std_init -2, no orthogonal init, n_steps 512,
     batch 64, 20 epochs, lr 2.0633e-05, gamma 0.98, gae_lambda 0.92, clip 0.1, ent 0.000401762,
     vf 0.58096, max_grad_norm 0.8;
-  - ``--algo sac`` (``hyperparams/sac.yml``): learning_starts 10000, otherwise SB3 SAC's defaults
-    (MlpPolicy [256, 256], lr 3e-4, batch 256, buffer 1e6, tau 0.005, gamma 0.99, one gradient
-    step per env step, ent_coef 'auto'); no normalization.
+  - ``--algo sac`` and ``--algo crossq`` (``hyperparams/sac.yml``; SB3 has no CrossQ, so ours
+    races SB3 SAC, the reference the off-policy targets name): learning_starts 10000, otherwise
+    SB3 SAC's defaults (MlpPolicy [256, 256], lr 3e-4, batch 256, buffer 1e6, tau 0.005, gamma
+    0.99, one gradient step per env step, ent_coef 'auto'); no normalization. The zoo's entries
+    for Hopper, Walker2d and Ant are the same, so ``--env-id`` races them with these settings.
+
+  Both sides take ``--seed``: ours as ``experiment.seed``, SB3 for its model and env.
 
   It trains until the budget (counted from its interpreter's start) runs out; scores: the mean
   of its last ``--window`` training episodes (Monitor, raw rewards) and ``--eval-episodes``
@@ -65,17 +71,20 @@ ZOO_HALFCHEETAH = {
     "sac": dict(learning_starts=10_000),
 }
 N_TIMESTEPS = 1_000_000
-CONFIGS = {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml"}
+CONFIGS = {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml", "crossq": "crossq_halfcheetah.yaml"}
+SB3_ALGO = {"ppo": "ppo", "sac": "sac", "crossq": "sac"}  # the SB3 algorithm each of ours races
 
 
 def _number(text: str) -> float | None:
     return None if text.strip(",") == "-" else float(text.strip(","))
 
 
-def run_ours(config: str, budget_s: float, window: int, agents: int | None, overrides: list[str], workdir: Path) -> dict:
-    """One launch of ``configs/<config>`` for ``budget_s`` learner seconds; its summary's numbers."""
+def run_ours(config: str, env_id: str, seed: int, budget_s: float, window: int, agents: int | None,
+             overrides: list[str], workdir: Path) -> dict:
+    """One launch of ``configs/<config>`` on ``env_id`` for ``budget_s`` learner seconds; its summary's numbers."""
     args = [sys.executable, "-m", "surreal_redis.cli", "launch", str(ROOT / "configs" / config),
-            "-o", f"experiment.root={workdir}", "-o", f"stop.max_seconds={budget_s}", "-o", f"stop.return_window={window}"]
+            "-o", f"experiment.root={workdir}", "-o", f"stop.max_seconds={budget_s}", "-o", f"stop.return_window={window}",
+            "-o", f"env.env_id={env_id}", "-o", f"experiment.seed={seed}"]
     if agents is not None:
         args += ["--agents", str(agents)]
     for override in overrides:
@@ -117,27 +126,28 @@ def sb3_curves(result: dict) -> plots.RunCurves | None:
     return plots.RunCurves("SB3 zoo", tuple(series), None)
 
 
-def race_figure(algo: str, budget_s: float, curves: list[plots.RunCurves]):
+def race_figure(algo: str, env_id: str, budget_s: float, curves: list[plots.RunCurves]):
     """The ``--json`` figure: both sides' curves, a panel per x axis."""
-    return plots.draw_curve_rows([(f"{algo.upper()} HalfCheetah-v5, {budget_s:.0f} s each", curves)],
+    versus = "" if SB3_ALGO[algo] == algo else f" against SB3 {SB3_ALGO[algo].upper()}"
+    return plots.draw_curve_rows([(f"{algo.upper()}{versus} {env_id}, {budget_s:.0f} s each", curves)],
                                  xlabels={"time": "seconds (ours: learner clock; SB3: from its process start)"})
 
 
-def sb3_model(algo: str):
-    """SB3 PPO or SAC with the zoo's settings on HalfCheetah-v5, and the observation transform its
+def sb3_model(algo: str, env_id: str, seed: int):
+    """SB3 PPO or SAC with the zoo's settings on ``env_id``, and the observation transform its
     deterministic eval applies (PPO's VecNormalize, frozen; none for SAC)."""
     import torch
     from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    env = make_vec_env("HalfCheetah-v5", n_envs=1, seed=1)
+    env = make_vec_env(env_id, n_envs=1, seed=seed)
     if algo == "sac":
-        return SAC("MlpPolicy", env, seed=1, **ZOO_HALFCHEETAH["sac"]), lambda obs: obs
+        return SAC("MlpPolicy", env, seed=seed, **ZOO_HALFCHEETAH["sac"]), lambda obs: obs
     env = VecNormalize(env, gamma=ZOO_HALFCHEETAH["ppo"]["gamma"])
     policy_kwargs = dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
                          net_arch=dict(pi=[256, 256], vf=[256, 256]))
-    model = PPO("MlpPolicy", env, seed=1, policy_kwargs=policy_kwargs, **ZOO_HALFCHEETAH["ppo"])
+    model = PPO("MlpPolicy", env, seed=seed, policy_kwargs=policy_kwargs, **ZOO_HALFCHEETAH["ppo"])
 
     def normalized(obs):
         env.training, env.norm_reward = False, False
@@ -146,8 +156,9 @@ def sb3_model(algo: str):
     return model, normalized
 
 
-def sb3_case(algo: str, budget_s: float, window: int, eval_episodes: int, started: float) -> dict:
-    """SB3 ``algo`` with the zoo's settings until ``budget_s`` seconds after ``started``."""
+def sb3_case(algo: str, env_id: str, seed: int, budget_s: float, window: int, eval_episodes: int,
+             started: float) -> dict:
+    """SB3 ``algo`` with the zoo's settings on ``env_id`` until ``budget_s`` seconds after ``started``."""
     import gymnasium as gym
     import numpy as np
     import torch
@@ -169,12 +180,12 @@ def sb3_case(algo: str, budget_s: float, window: int, eval_episodes: int, starte
                                    float(np.mean(episodes[-window:]))))
             return time.monotonic() - started < budget_s
 
-    model, transform = sb3_model(algo)
+    model, transform = sb3_model(algo, env_id, seed)
     budget = Budget()
     model.learn(total_timesteps=N_TIMESTEPS, callback=budget)  # the zoo's n_timesteps
     wall = time.monotonic() - started
     episodes = [info["r"] for info in list(model.ep_info_buffer)[-window:]]
-    eval_env = gym.make("HalfCheetah-v5")
+    eval_env = gym.make(env_id)
     returns = []
     for episode in range(eval_episodes):
         obs, _ = eval_env.reset(seed=10_000 + episode)
@@ -189,13 +200,14 @@ def sb3_case(algo: str, budget_s: float, window: int, eval_episodes: int, starte
             "eval_return": float(np.mean(returns)) if returns else None, "curve": budget.curve}
 
 
-def run_sb3(algo: str, budget_s: float, window: int, eval_episodes: int) -> dict | None:
+def run_sb3(algo: str, env_id: str, seed: int, budget_s: float, window: int, eval_episodes: int) -> dict | None:
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
         log.warning("stable-baselines3 is not installed (pip install -e '.[bench]'): skipping SB3")
         return None
-    args = [sys.executable, __file__, "--sb3-case", "--algo", algo, "--budget-s", str(budget_s),
+    args = [sys.executable, __file__, "--sb3-case", "--algo", algo, "--env-id", env_id, "--seed", str(seed),
+            "--budget-s", str(budget_s),
             "--window", str(window), "--eval-episodes", str(eval_episodes)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=budget_s + 600)
     if done.returncode != 0:
@@ -208,7 +220,9 @@ def run_sb3(algo: str, budget_s: float, window: int, eval_episodes: int) -> dict
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algo", choices=list(CONFIGS), default="ppo", help="configs/<algo>_halfcheetah.yaml "
-                        "against SB3's <algo> with the zoo's settings")
+                        "against SB3's <algo> (SAC for crossq) with the zoo's settings")
+    parser.add_argument("--env-id", default="HalfCheetah-v5", help="the MuJoCo task both sides train on")
+    parser.add_argument("--seed", type=int, default=1, help="both sides' seed")
     parser.add_argument("--budget-s", type=float, default=600.0, help="wall seconds for each side")
     parser.add_argument("--agents", type=int, default=None, help="agents for ours (default: the config's)")
     parser.add_argument("--window", type=int, default=10, help="training episodes averaged on each side")
@@ -237,18 +251,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     options = parse_args(argv)
     if options.sb3_case:
-        result = sb3_case(options.algo, options.budget_s, options.window, options.eval_episodes, PROCESS_STARTED)
+        result = sb3_case(options.algo, options.env_id, options.seed, options.budget_s, options.window,
+                          options.eval_episodes, PROCESS_STARTED)
         print(json.dumps(result))
         return result
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    result: dict[str, object] = {"algo": options.algo, "cores": os.cpu_count(), "budget_s": options.budget_s}
+    result: dict[str, object] = {"algo": options.algo, "env_id": options.env_id, "seed": options.seed,
+                                 "cores": os.cpu_count(), "budget_s": options.budget_s}
     curves: list[plots.RunCurves | None] = []
     with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-halfcheetah-")) as tmp:
-        result["ours"] = run_ours(CONFIGS[options.algo], options.budget_s, options.window, options.agents, options.override, Path(tmp))
+        result["ours"] = run_ours(CONFIGS[options.algo], options.env_id, options.seed, options.budget_s, options.window,
+                                  options.agents, options.override, Path(tmp))
         if options.json:
             curves.append(our_curves(Path(tmp)))
     if not options.skip_sb3:
-        result["sb3_zoo"] = sb3 = run_sb3(options.algo, options.budget_s, options.window, options.eval_episodes)
+        result["sb3_zoo"] = sb3 = run_sb3(SB3_ALGO[options.algo], options.env_id, options.seed, options.budget_s,
+                                          options.window, options.eval_episodes)
         if sb3 is not None:
             curves.append(sb3_curves(sb3))
             sb3.pop("curve", None)  # the figure's, not the JSON's
@@ -263,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
         options.json.write_text(json.dumps(result, indent=1) + "\n")
         drawn = [c for c in curves if c is not None]
         if drawn:
-            log.info("curves: %s", plots.save_beside(race_figure(options.algo, options.budget_s, drawn), options.json))
+            log.info("curves: %s", plots.save_beside(race_figure(options.algo, options.env_id, options.budget_s, drawn),
+                                                             options.json))
     return result
 
 

@@ -67,7 +67,9 @@ def test_halfcheetah_defaults_are_the_issue_budget(bench):
 def test_halfcheetah_algo_picks_our_config_and_refuses_others(bench, capsys):
     halfcheetah = bench["halfcheetah"]
     assert halfcheetah.parse_args(["--algo", "sac"]).algo == "sac"
-    assert halfcheetah.CONFIGS == {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml"}
+    assert halfcheetah.CONFIGS == {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml",
+                                   "crossq": "crossq_halfcheetah.yaml"}
+    assert halfcheetah.SB3_ALGO == {"ppo": "ppo", "sac": "sac", "crossq": "sac"}  # SB3 has no CrossQ
     assert all((BENCH.parent / "configs" / config).is_file() for config in halfcheetah.CONFIGS.values())
     with pytest.raises(SystemExit):
         halfcheetah.parse_args(["--algo", "ddpg"])
@@ -86,7 +88,7 @@ def test_halfcheetah_sb3_settings_are_the_zoos(bench):
 def test_halfcheetah_sb3_sac_model_is_sb3s_defaults_but_learning_starts(bench):
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("mujoco")
-    model, transform = bench["halfcheetah"].sb3_model("sac")
+    model, transform = bench["halfcheetah"].sb3_model("sac", "HalfCheetah-v5", 1)
     assert type(model).__name__ == "SAC" and transform("obs") == "obs"  # no normalization
     assert (model.learning_starts, model.learning_rate, model.batch_size, model.buffer_size) == (10_000, 3e-4, 256, 1_000_000)
     assert (model.gamma, model.tau, model.ent_coef, model.gradient_steps) == (0.99, 0.005, "auto", 1)
@@ -96,22 +98,29 @@ def test_halfcheetah_sb3_sac_model_is_sb3s_defaults_but_learning_starts(bench):
 def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_scores(bench, monkeypatch, capsys):
     halfcheetah, calls = bench["halfcheetah"], []
 
-    def fake_ours(config, budget_s, window, agents, overrides, workdir):
-        calls.append(("ours", config, budget_s))
+    def fake_ours(config, env_id, seed, budget_s, window, agents, overrides, workdir):
+        calls.append(("ours", config, env_id, seed, budget_s))
         return {"wall_s": 610.0, "env_steps": 50_000, "updates": 45_000, "train_return": 2500.0, "eval_return": 3000.0}
 
-    def fake_sb3(algo, budget_s, window, eval_episodes):
-        calls.append(("sb3", algo, budget_s))
+    def fake_sb3(algo, env_id, seed, budget_s, window, eval_episodes):
+        calls.append(("sb3", algo, env_id, seed, budget_s))
         return {"wall_s": 600.0, "env_steps": 40_000, "train_return": 2000.0, "eval_return": 3100.0}
 
     monkeypatch.setattr(halfcheetah, "run_ours", fake_ours)
     monkeypatch.setattr(halfcheetah, "run_sb3", fake_sb3)
     result = halfcheetah.main(["--algo", "sac", "--budget-s", "600"])
-    assert calls == [("ours", "sac_halfcheetah.yaml", 600.0), ("sb3", "sac", 600.0)]
+    assert calls == [("ours", "sac_halfcheetah.yaml", "HalfCheetah-v5", 1, 600.0),
+                     ("sb3", "sac", "HalfCheetah-v5", 1, 600.0)]
     assert {key: result[key] for key in ("algo", "budget_s", "eval_ours_minus_sb3", "train_ours_minus_sb3")} == {
         "algo": "sac", "budget_s": 600.0, "eval_ours_minus_sb3": -100.0, "train_ours_minus_sb3": 500.0}
-    assert set(result) == {"algo", "cores", "budget_s", "ours", "sb3_zoo", "eval_ours_minus_sb3", "train_ours_minus_sb3"}
+    assert set(result) == {"algo", "env_id", "seed", "cores", "budget_s", "ours", "sb3_zoo", "eval_ours_minus_sb3",
+                           "train_ours_minus_sb3"}
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+
+    calls.clear()  # CrossQ races SB3's SAC; the task and the seed reach both sides
+    result = halfcheetah.main(["--algo", "crossq", "--env-id", "Walker2d-v5", "--seed", "3", "--budget-s", "60"])
+    assert calls == [("ours", "crossq_halfcheetah.yaml", "Walker2d-v5", 3, 60.0), ("sb3", "sac", "Walker2d-v5", 3, 60.0)]
+    assert (result["algo"], result["env_id"], result["seed"]) == ("crossq", "Walker2d-v5", 3)
 
 
 def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(bench, monkeypatch, tmp_path):
@@ -121,7 +130,7 @@ def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(benc
 
     halfcheetah = bench["halfcheetah"]
 
-    def fake_ours(config, budget_s, window, agents, overrides, workdir):
+    def fake_ours(config, env_id, seed, budget_s, window, agents, overrides, workdir):
         tracker = Tracker(workdir / "sac_halfcheetah", "exp", "sac_halfcheetah")
         for update, (steps, seconds, train) in enumerate([(5000, 100.0, -300.0), (20000, 590.0, 1500.0)], 1):
             tracker.log_metrics({"charts/env_steps": steps, "system/elapsed_s": seconds,
@@ -129,7 +138,7 @@ def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(benc
         tracker.finish()
         return {"wall_s": 610.0, "env_steps": 20_000, "updates": 19_000, "train_return": 1500.0, "eval_return": None}
 
-    def fake_sb3(algo, budget_s, window, eval_episodes):
+    def fake_sb3(algo, env_id, seed, budget_s, window, eval_episodes):
         return {"wall_s": 600.0, "env_steps": 30_000, "train_return": 2000.0, "eval_return": 2500.0,
                 "curve": [[1000, 20.0, -400.0], [30000, 599.0, 2000.0]]}
 
@@ -141,12 +150,12 @@ def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(benc
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
     ours = halfcheetah.our_curves(tmp_path / "runs")
-    sb3 = halfcheetah.sb3_curves(fake_sb3("sac", 600, 10, 5))
+    sb3 = halfcheetah.sb3_curves(fake_sb3("sac", "HalfCheetah-v5", 1, 600, 10, 5))
     assert [(s.kind, s.env_steps, s.wall_s, s.returns) for s in ours.series] == [
         ("train", (5000.0, 20000.0), (100.0, 590.0), (-300.0, 1500.0))]
     assert [(s.kind, s.env_steps, s.returns) for s in sb3.series] == [
         ("train", (1000.0, 30000.0), (-400.0, 2000.0)), ("eval", (30000.0,), (2500.0,))]
-    steps_ax, time_ax = halfcheetah.race_figure("sac", 600, [ours, sb3]).axes
+    steps_ax, time_ax = halfcheetah.race_figure("sac", "HalfCheetah-v5", 600, [ours, sb3]).axes
     lines = {line.get_label(): line for line in steps_ax.get_lines()}
     assert set(lines) == {"ours train", "SB3 zoo train", "SB3 zoo eval"}
     assert tuple(lines["ours train"].get_xdata()) == (5000.0, 20000.0)
