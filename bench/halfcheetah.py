@@ -1,5 +1,5 @@
-"""Wall-clock learning race on HalfCheetah-v5 (or another MuJoCo task), PPO, SAC or CrossQ:
-``python bench/halfcheetah.py [--algo ppo|sac|crossq] [--env-id ID] [--seed N] [--budget-s 600]
+"""Wall-clock learning race on HalfCheetah-v5 (or another MuJoCo task), PPO, SAC, CrossQ or DDPG:
+``python bench/halfcheetah.py [--algo ppo|sac|crossq|ddpg] [--env-id ID] [--seed N] [--budget-s 600]
 [--agents N] [--skip-sb3] [--keep DIR] [--json PATH] [-o key=value ...]``.
 
 Both sides get the same wall-clock budget, as whole processes (start-up and imports count):
@@ -23,6 +23,10 @@ Both sides get the same wall-clock budget, as whole processes (start-up and impo
     SB3 SAC's defaults (MlpPolicy [256, 256], lr 3e-4, batch 256, buffer 1e6, tau 0.005, gamma
     0.99, one gradient step per env step, ent_coef 'auto'); no normalization. The zoo's entries
     for Hopper, Walker2d and Ant are the same, so ``--env-id`` races them with these settings.
+  - ``--algo ddpg`` against SB3 TD3 (``hyperparams/td3.yml``, its MuJoCo defaults; SB3's DDPG
+    entries are not tuned for MuJoCo): learning_starts 10000, Gaussian action noise 0.1, lr 1e-3,
+    batch 256, one gradient step per env step, net_arch [400, 300], otherwise TD3's defaults
+    (twin critics, policy delay 2, target noise 0.2 clipped at 0.5, tau 0.005, gamma 0.99).
 
   Both sides take ``--seed``: ours as ``experiment.seed``, SB3 for its model and env.
 
@@ -69,10 +73,13 @@ ZOO_HALFCHEETAH = {
     "ppo": dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
                 clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096),
     "sac": dict(learning_starts=10_000),
+    "td3": dict(learning_starts=10_000, learning_rate=1e-3, batch_size=256, train_freq=1, gradient_steps=1),
 }
+TD3_NOISE_STD, TD3_NET_ARCH = 0.1, [400, 300]  # td3.yml's noise_type normal, noise_std, policy_kwargs
 N_TIMESTEPS = 1_000_000
-CONFIGS = {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml", "crossq": "crossq_halfcheetah.yaml"}
-SB3_ALGO = {"ppo": "ppo", "sac": "sac", "crossq": "sac"}  # the SB3 algorithm each of ours races
+CONFIGS = {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml", "crossq": "crossq_halfcheetah.yaml",
+           "ddpg": "ddpg_halfcheetah.yaml"}
+SB3_ALGO = {"ppo": "ppo", "sac": "sac", "crossq": "sac", "ddpg": "td3"}  # the SB3 algorithm each of ours races
 
 
 def _number(text: str) -> float | None:
@@ -134,16 +141,23 @@ def race_figure(algo: str, env_id: str, budget_s: float, curves: list[plots.RunC
 
 
 def sb3_model(algo: str, env_id: str, seed: int):
-    """SB3 PPO or SAC with the zoo's settings on ``env_id``, and the observation transform its
-    deterministic eval applies (PPO's VecNormalize, frozen; none for SAC)."""
+    """SB3 PPO, SAC or TD3 with the zoo's settings on ``env_id``, and the observation transform its
+    deterministic eval applies (PPO's VecNormalize, frozen; none for SAC and TD3)."""
+    import numpy as np
     import torch
-    from stable_baselines3 import PPO, SAC
+    from stable_baselines3 import PPO, SAC, TD3
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.noise import NormalActionNoise
     from stable_baselines3.common.vec_env import VecNormalize
 
     env = make_vec_env(env_id, n_envs=1, seed=seed)
     if algo == "sac":
         return SAC("MlpPolicy", env, seed=seed, **ZOO_HALFCHEETAH["sac"]), lambda obs: obs
+    if algo == "td3":
+        actions = env.action_space.shape[0]
+        noise = NormalActionNoise(np.zeros(actions), np.full(actions, TD3_NOISE_STD))
+        return TD3("MlpPolicy", env, seed=seed, action_noise=noise, policy_kwargs=dict(net_arch=TD3_NET_ARCH),
+                   **ZOO_HALFCHEETAH["td3"]), lambda obs: obs
     env = VecNormalize(env, gamma=ZOO_HALFCHEETAH["ppo"]["gamma"])
     policy_kwargs = dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
                          net_arch=dict(pi=[256, 256], vf=[256, 256]))
@@ -220,7 +234,7 @@ def run_sb3(algo: str, env_id: str, seed: int, budget_s: float, window: int, eva
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algo", choices=list(CONFIGS), default="ppo", help="configs/<algo>_halfcheetah.yaml "
-                        "against SB3's <algo> (SAC for crossq) with the zoo's settings")
+                        "against SB3's <algo> (SAC for crossq, TD3 for ddpg) with the zoo's settings")
     parser.add_argument("--env-id", default="HalfCheetah-v5", help="the MuJoCo task both sides train on")
     parser.add_argument("--seed", type=int, default=1, help="both sides' seed")
     parser.add_argument("--budget-s", type=float, default=600.0, help="wall seconds for each side")

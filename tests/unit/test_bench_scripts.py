@@ -68,12 +68,13 @@ def test_halfcheetah_algo_picks_our_config_and_refuses_others(bench, capsys):
     halfcheetah = bench["halfcheetah"]
     assert halfcheetah.parse_args(["--algo", "sac"]).algo == "sac"
     assert halfcheetah.CONFIGS == {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml",
-                                   "crossq": "crossq_halfcheetah.yaml"}
-    assert halfcheetah.SB3_ALGO == {"ppo": "ppo", "sac": "sac", "crossq": "sac"}  # SB3 has no CrossQ
+                                   "crossq": "crossq_halfcheetah.yaml", "ddpg": "ddpg_halfcheetah.yaml"}
+    # SB3 has no CrossQ; its zoo tunes TD3, not DDPG, for MuJoCo
+    assert halfcheetah.SB3_ALGO == {"ppo": "ppo", "sac": "sac", "crossq": "sac", "ddpg": "td3"}
     assert all((BENCH.parent / "configs" / config).is_file() for config in halfcheetah.CONFIGS.values())
     with pytest.raises(SystemExit):
-        halfcheetah.parse_args(["--algo", "ddpg"])
-    assert "invalid choice: 'ddpg'" in capsys.readouterr().err
+        halfcheetah.parse_args(["--algo", "td3"])
+    assert "invalid choice: 'td3'" in capsys.readouterr().err
 
 
 def test_halfcheetah_sb3_settings_are_the_zoos(bench):
@@ -81,6 +82,9 @@ def test_halfcheetah_sb3_settings_are_the_zoos(bench):
     learning_starts 10000 (SB3 SAC's defaults otherwise); hyperparams/ppo.yml as before."""
     zoo = bench["halfcheetah"].ZOO_HALFCHEETAH
     assert zoo["sac"] == {"learning_starts": 10_000} and bench["halfcheetah"].N_TIMESTEPS == 1_000_000
+    # hyperparams/td3.yml's MuJoCo defaults: normal noise 0.1, net_arch [400, 300]
+    assert zoo["td3"] == dict(learning_starts=10_000, learning_rate=1e-3, batch_size=256, train_freq=1, gradient_steps=1)
+    assert (bench["halfcheetah"].TD3_NOISE_STD, bench["halfcheetah"].TD3_NET_ARCH) == (0.1, [400, 300])
     assert zoo["ppo"] == dict(n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
                               clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096)
 
@@ -93,6 +97,17 @@ def test_halfcheetah_sb3_sac_model_is_sb3s_defaults_but_learning_starts(bench):
     assert (model.learning_starts, model.learning_rate, model.batch_size, model.buffer_size) == (10_000, 3e-4, 256, 1_000_000)
     assert (model.gamma, model.tau, model.ent_coef, model.gradient_steps) == (0.99, 0.005, "auto", 1)
     assert model.policy.net_arch == [256, 256] and model.env.num_envs == 1
+
+
+def test_halfcheetah_sb3_td3_model_is_the_zoos_mujoco_defaults(bench):
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("mujoco")
+    model, transform = bench["halfcheetah"].sb3_model("td3", "Hopper-v5", 2)
+    assert type(model).__name__ == "TD3" and transform("obs") == "obs"
+    assert (model.learning_starts, model.learning_rate, model.batch_size, model.gradient_steps) == (10_000, 1e-3, 256, 1)
+    assert (model.policy_delay, model.target_policy_noise, model.target_noise_clip) == (2, 0.2, 0.5)
+    assert model.policy.net_arch == [400, 300] and model.seed == 2
+    assert model.action_noise._sigma.tolist() == [0.1] * 3  # Hopper: 3 actions
 
 
 def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_scores(bench, monkeypatch, capsys):
