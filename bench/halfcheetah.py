@@ -8,8 +8,8 @@ Both sides get the same wall-clock budget, as whole processes (start-up and impo
   ``experiment.seed`` set from ``--env-id`` and ``--seed``, nothing else changed) with ``stop.max_seconds`` =
   budget (its clock starts with the learner, so the launch's start-up comes on top: ``wall_s``
   says how much); scores from the launch summary: the mean of the last ``--window`` training
-  episodes (raw rewards) and the last eval (deterministic, ``eval.episodes``, at most
-  ``eval.every_s`` old);
+  episodes (raw rewards) and the final eval of the final checkpoint (deterministic,
+  ``eval.final_episodes``; the last periodic eval, at most ``eval.every_s`` old, where none ran);
 - stable-baselines3 with rl-baselines3-zoo's MuJoCo settings (HalfCheetah-v4 entries, here on
   v5), one env, one torch thread (our learner: the config's learner.torch_threads, 1 for PPO, 2 for
   SAC, whose agents leave the second of 2 cores idle):
@@ -66,6 +66,7 @@ log = logging.getLogger("bench.halfcheetah")
 SUMMARY = re.compile(r"(?P<steps>\d+) env steps, (?P<updates>\d+) updates, mean return (?P<mean>\S+), "
                      r"last eval (?P<eval>\S+)")
 USE = re.compile(r"experience used .*")  # the summary's line on how the run used its time
+FINAL_EVAL = re.compile(r"final eval of update \d+ \(the final checkpoint\): mean return (?P<score>\S+) ")
 
 # rl-baselines3-zoo's HalfCheetah-v4 entries (hyperparams/ppo.yml, hyperparams/sac.yml); what an entry
 # leaves out takes SB3's defaults; both train for n_timesteps 1e6, which the budget cuts short
@@ -102,8 +103,11 @@ def run_ours(config: str, env_id: str, seed: int, budget_s: float, window: int, 
     summary = SUMMARY.search(done.stderr)
     if done.returncode != 0 or summary is None:
         raise RuntimeError(f"launch exited {done.returncode}:\n{done.stderr[-3000:]}")
+    final = FINAL_EVAL.search(done.stderr)
     result = {"wall_s": round(wall, 1), "env_steps": int(summary["steps"]), "updates": int(summary["updates"]),
-              "train_return": _number(summary["mean"]), "eval_return": _number(summary["eval"])}
+              "train_return": _number(summary["mean"]), "last_periodic_eval": _number(summary["eval"]),
+              # the final checkpoint's eval, as SB3's eval after its budget; the last periodic one without it
+              "eval_return": _number(final["score"]) if final else _number(summary["eval"])}
     use = USE.search(done.stderr)
     log.info("ours: %s; %s", result, use[0] if use else "-")
     return result

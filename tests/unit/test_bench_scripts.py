@@ -188,6 +188,25 @@ def test_halfcheetah_reads_the_launch_summary(bench):
     assert bench["halfcheetah"]._number(match["eval"]) is None
 
 
+def test_halfcheetah_scores_ours_by_the_final_eval_when_the_launch_ran_one(bench, monkeypatch, tmp_path):
+    """The final checkpoint's eval is our score (SB3's is its eval after the budget); a launch
+    without one keeps the last periodic eval."""
+    import subprocess
+
+    halfcheetah = bench["halfcheetah"]
+    summary = (f"run 'crossq_halfcheetah' finished\n  86500 env steps, 81547 updates, mean return {fmt_number(5612.9)}, "
+               f"last eval {fmt_number(5668.7)}\n")
+    final = ("  final eval of update 81547 (the final checkpoint): mean return 5854.8 over 10 of 10 episodes in 0.6s; "
+             "best checkpoints: update 81547 (5854.8)\n")
+    for stderr, score in ((summary + final, 5854.8), (summary, 5668.7)):
+        monkeypatch.setattr(halfcheetah.subprocess, "run",
+                            lambda *args, stderr=stderr, **kwargs: subprocess.CompletedProcess(args, 0, "", stderr))
+        result = halfcheetah.run_ours("crossq_halfcheetah.yaml", "HalfCheetah-v5", 1, 600.0, 10, None, [], tmp_path)
+        assert result["eval_return"] == pytest.approx(score)
+        assert result["last_periodic_eval"] == pytest.approx(5668.7)
+        assert (result["env_steps"], result["updates"]) == (86500, 81547)
+
+
 @pytest.mark.parametrize("cmdline, role", [
     (".venv/bin/python -m surreal_redis.cli --log-level INFO agent --id 3 --config c.yaml --redis-url unix:///r", "agent3"),
     (".venv/bin/python -m surreal_redis.cli --log-level INFO learner --config c.yaml", "learner"),
