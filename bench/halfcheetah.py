@@ -34,6 +34,9 @@ Both sides get the same wall-clock budget, as whole processes (start-up and impo
   of its last ``--window`` training episodes (Monitor, raw rewards) and ``--eval-episodes``
   deterministic episodes afterwards (PPO's normalization frozen; not counted in the budget).
 
+``train_at_env_steps`` holds both sides' training curves at 30k and 60k env steps (ours: the
+launch's ``tracking.curve_window`` episodes, from its MLflow store; SB3's: ``--window``).
+
 Target: ours >= SB3 on both. Training means lag the policy (its noise, and a window that reaches
 back), deterministic evals do not, so ``eval_ours_minus_sb3`` is the headline. The last line of
 stdout is one JSON object; ``--json PATH`` also writes it to PATH and the race's curves beside it
@@ -78,6 +81,7 @@ ZOO_HALFCHEETAH = {
 }
 TD3_NOISE_STD, TD3_NET_ARCH = 0.1, [400, 300]  # td3.yml's noise_type normal, noise_std, policy_kwargs
 N_TIMESTEPS = 1_000_000
+EQUAL_STEPS = (30_000, 60_000)  # env steps where both sides' training curves are compared
 CONFIGS = {"ppo": "ppo_halfcheetah.yaml", "sac": "sac_halfcheetah.yaml", "crossq": "crossq_halfcheetah.yaml",
            "ddpg": "ddpg_halfcheetah.yaml"}
 SB3_ALGO = {"ppo": "ppo", "sac": "sac", "crossq": "sac", "ddpg": "td3"}  # the SB3 algorithm each of ours races
@@ -135,6 +139,16 @@ def sb3_curves(result: dict) -> plots.RunCurves | None:
         series.append(plots.series_from_points("SB3 zoo", "eval", [(result["env_steps"], result["wall_s"],
                                                                     result["eval_return"])]))
     return plots.RunCurves("SB3 zoo", tuple(series), None)
+
+
+def train_at(curves: plots.RunCurves | None, env_steps: int) -> float | None:
+    """The training curve's value at ``env_steps`` (its last point at or before them); None
+    without a curve or where it ends before ``env_steps``."""
+    train = next((s for s in curves.series if s.kind == "train"), None) if curves else None
+    if train is None or not train.env_steps or train.env_steps[-1] < env_steps:
+        return None
+    before = [value for steps, value in zip(train.env_steps, train.returns) if steps <= env_steps]
+    return round(before[-1], 1) if before else None
 
 
 def race_figure(algo: str, env_id: str, budget_s: float, curves: list[plots.RunCurves]):
@@ -280,8 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
     with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-halfcheetah-")) as tmp:
         result["ours"] = run_ours(CONFIGS[options.algo], options.env_id, options.seed, options.budget_s, options.window,
                                   options.agents, options.override, Path(tmp))
-        if options.json:
-            curves.append(our_curves(Path(tmp)))
+        curves.append(our_curves(Path(tmp)))
     if not options.skip_sb3:
         result["sb3_zoo"] = sb3 = run_sb3(SB3_ALGO[options.algo], options.env_id, options.seed, options.budget_s,
                                           options.window, options.eval_episodes)
@@ -289,6 +302,10 @@ def main(argv: list[str] | None = None) -> dict:
             curves.append(sb3_curves(sb3))
             sb3.pop("curve", None)  # the figure's, not the JSON's
     ours, theirs = result.get("ours"), result.get("sb3_zoo")
+    # each side's training curve (ours: tracking.curve_window episodes; SB3: --window) at equal env steps
+    sides = dict(zip(("ours", "sb3_zoo"), curves))
+    result["train_at_env_steps"] = {str(steps): {side: train_at(c, steps) for side, c in sides.items()}
+                                    for steps in EQUAL_STEPS}
     if isinstance(ours, dict) and isinstance(theirs, dict):
         # returns can be negative early on: differences, not ratios
         for score in ("eval_return", "train_return"):

@@ -129,7 +129,7 @@ def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_score
     assert {key: result[key] for key in ("algo", "budget_s", "eval_ours_minus_sb3", "train_ours_minus_sb3")} == {
         "algo": "sac", "budget_s": 600.0, "eval_ours_minus_sb3": -100.0, "train_ours_minus_sb3": 500.0}
     assert set(result) == {"algo", "env_id", "seed", "cores", "budget_s", "ours", "sb3_zoo", "eval_ours_minus_sb3",
-                           "train_ours_minus_sb3"}
+                           "train_ours_minus_sb3", "train_at_env_steps"}
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
 
     calls.clear()  # CrossQ races SB3's SAC; the task and the seed reach both sides
@@ -162,6 +162,9 @@ def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(benc
     out = tmp_path / "race.json"
     result = halfcheetah.main(["--algo", "sac", "--json", str(out), "--keep", str(tmp_path / "runs")])
     assert json.loads(out.read_text()) == result and "curve" not in result["sb3_zoo"]
+    # at equal env steps: ours ended at 20k; SB3's curve holds -400 from 1k on and 2000 from 30k on
+    assert result["train_at_env_steps"] == {"30000": {"ours": None, "sb3_zoo": 2000.0},
+                                            "60000": {"ours": None, "sb3_zoo": None}}
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
     ours = halfcheetah.our_curves(tmp_path / "runs")
@@ -177,6 +180,9 @@ def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(benc
     assert tuple(next(line for line in time_ax.get_lines() if line.get_label() == "SB3 zoo train").get_xdata()) == (
         20.0, 599.0)
     assert halfcheetah.sb3_curves({"curve": []}) is None
+    assert (halfcheetah.train_at(ours, 5000), halfcheetah.train_at(ours, 19_999), halfcheetah.train_at(ours, 4999)) == (
+        -300.0, -300.0, None)
+    assert halfcheetah.train_at(None, 30_000) is None
 
 
 def test_halfcheetah_reads_the_launch_summary(bench):
