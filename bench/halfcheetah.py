@@ -233,6 +233,7 @@ def sb3_case(algo: str, env_id: str, seed: int, budget_s: float, window: int, ev
 
 
 def run_sb3(algo: str, env_id: str, seed: int, budget_s: float, window: int, eval_episodes: int) -> dict | None:
+    """SB3's side of the race against our ``algo`` (SB3's :data:`SB3_ALGO` of it), in a process of its own."""
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
@@ -245,7 +246,7 @@ def run_sb3(algo: str, env_id: str, seed: int, budget_s: float, window: int, eva
     if done.returncode != 0:
         raise RuntimeError(f"SB3 run exited {done.returncode}:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    log.info("SB3 %s (zoo settings): %s", algo.upper(), {k: v for k, v in result.items() if k != "curve"})
+    log.info("SB3 %s (zoo settings): %s", SB3_ALGO[algo].upper(), {k: v for k, v in result.items() if k != "curve"})
     return result
 
 
@@ -283,7 +284,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     options = parse_args(argv)
     if options.sb3_case:
-        result = sb3_case(options.algo, options.env_id, options.seed, options.budget_s, options.window,
+        result = sb3_case(SB3_ALGO[options.algo], options.env_id, options.seed, options.budget_s, options.window,
                           options.eval_episodes, PROCESS_STARTED)
         print(json.dumps(result))
         return result
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   options.agents, options.override, Path(tmp))
         curves.append(our_curves(Path(tmp)))
     if not options.skip_sb3:
-        result["sb3_zoo"] = sb3 = run_sb3(SB3_ALGO[options.algo], options.env_id, options.seed, options.budget_s,
+        result["sb3_zoo"] = sb3 = run_sb3(options.algo, options.env_id, options.seed, options.budget_s,
                                           options.window, options.eval_episodes)
         if sb3 is not None:
             curves.append(sb3_curves(sb3))

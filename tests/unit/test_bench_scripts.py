@@ -134,8 +134,34 @@ def test_halfcheetah_sac_race_passes_the_algo_to_both_sides_and_writes_the_score
 
     calls.clear()  # CrossQ races SB3's SAC; the task and the seed reach both sides
     result = halfcheetah.main(["--algo", "crossq", "--env-id", "Walker2d-v5", "--seed", "3", "--budget-s", "60"])
-    assert calls == [("ours", "crossq_halfcheetah.yaml", "Walker2d-v5", 3, 60.0), ("sb3", "sac", "Walker2d-v5", 3, 60.0)]
+    assert calls == [("ours", "crossq_halfcheetah.yaml", "Walker2d-v5", 3, 60.0),
+                     ("sb3", "crossq", "Walker2d-v5", 3, 60.0)]  # run_sb3 races SB3_ALGO["crossq"]
     assert (result["algo"], result["env_id"], result["seed"]) == ("crossq", "Walker2d-v5", 3)
+
+
+@pytest.mark.parametrize("ours, theirs", [("ddpg", "td3"), ("crossq", "sac"), ("ppo", "ppo")])
+def test_halfcheetah_sb3_process_takes_our_algo_and_races_sb3s(bench, monkeypatch, ours, theirs):
+    """run_sb3's command line parses in the SB3 process, which builds SB3's algorithm for ours."""
+    pytest.importorskip("stable_baselines3")
+    import subprocess
+
+    halfcheetah, seen = bench["halfcheetah"], {}
+
+    def fake_run(args, **kwargs):
+        options = halfcheetah.parse_args(args[2:])  # as the SB3 process parses them
+        seen.update(algo=options.algo, sb3_case=options.sb3_case, env_id=options.env_id, seed=options.seed)
+        return subprocess.CompletedProcess(args, 0, json.dumps({"wall_s": 1.0, "curve": []}) + "\n", "")
+
+    def fake_case(algo, env_id, seed, budget_s, window, eval_episodes, started):
+        seen["built"] = algo
+        return {}
+
+    monkeypatch.setattr(halfcheetah.subprocess, "run", fake_run)
+    assert halfcheetah.run_sb3(ours, "Hopper-v5", 2, 60.0, 10, 5) == {"wall_s": 1.0, "curve": []}
+    assert seen == {"algo": ours, "sb3_case": True, "env_id": "Hopper-v5", "seed": 2}
+    monkeypatch.setattr(halfcheetah, "sb3_case", fake_case)
+    halfcheetah.main(["--sb3-case", "--algo", ours])
+    assert seen["built"] == theirs
 
 
 def test_halfcheetah_json_writes_the_scores_and_the_race_curves_beside_them(bench, monkeypatch, tmp_path):
