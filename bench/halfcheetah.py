@@ -49,6 +49,7 @@ the deterministic eval after the budget as one point).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import os
@@ -107,11 +108,11 @@ def run_ours(config: str, env_id: str, seed: int, budget_s: float, window: int, 
     summary = SUMMARY.search(done.stderr)
     if done.returncode != 0 or summary is None:
         raise RuntimeError(f"launch exited {done.returncode}:\n{done.stderr[-3000:]}")
-    final = FINAL_EVAL.search(done.stderr)
+    final, last_periodic = FINAL_EVAL.search(done.stderr), _number(summary["eval"])
     result = {"wall_s": round(wall, 1), "env_steps": int(summary["steps"]), "updates": int(summary["updates"]),
-              "train_return": _number(summary["mean"]), "last_periodic_eval": _number(summary["eval"]),
+              "train_return": _number(summary["mean"]), "last_periodic_eval": last_periodic,
               # the final checkpoint's eval, as SB3's eval after its budget; the last periodic one without it
-              "eval_return": _number(final["score"]) if final else _number(summary["eval"])}
+              "eval_return": _number(final["score"]) if final else last_periodic}
     use = USE.search(done.stderr)
     log.info("ours: %s; %s", result, use[0] if use else "-")
     return result
@@ -145,10 +146,9 @@ def train_at(curves: plots.RunCurves | None, env_steps: int) -> float | None:
     """The training curve's value at ``env_steps`` (its last point at or before them); None
     without a curve or where it ends before ``env_steps``."""
     train = next((s for s in curves.series if s.kind == "train"), None) if curves else None
-    if train is None or not train.env_steps or train.env_steps[-1] < env_steps:
+    if train is None or not train.env_steps or not train.env_steps[0] <= env_steps <= train.env_steps[-1]:
         return None
-    before = [value for steps, value in zip(train.env_steps, train.returns) if steps <= env_steps]
-    return round(before[-1], 1) if before else None
+    return round(train.returns[bisect.bisect_right(train.env_steps, env_steps) - 1], 1)
 
 
 def race_figure(algo: str, env_id: str, budget_s: float, curves: list[plots.RunCurves]):
@@ -240,8 +240,7 @@ def run_sb3(algo: str, env_id: str, seed: int, budget_s: float, window: int, eva
         log.warning("stable-baselines3 is not installed (pip install -e '.[bench]'): skipping SB3")
         return None
     args = [sys.executable, __file__, "--sb3-case", "--algo", algo, "--env-id", env_id, "--seed", str(seed),
-            "--budget-s", str(budget_s),
-            "--window", str(window), "--eval-episodes", str(eval_episodes)]
+            "--budget-s", str(budget_s), "--window", str(window), "--eval-episodes", str(eval_episodes)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=budget_s + 600)
     if done.returncode != 0:
         raise RuntimeError(f"SB3 run exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -291,20 +290,20 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result: dict[str, object] = {"algo": options.algo, "env_id": options.env_id, "seed": options.seed,
                                  "cores": os.cpu_count(), "budget_s": options.budget_s}
-    curves: list[plots.RunCurves | None] = []
+    sb3_curve: plots.RunCurves | None = None
     with (nullcontext(options.keep) if options.keep else tempfile.TemporaryDirectory(prefix="surreal-halfcheetah-")) as tmp:
         result["ours"] = run_ours(CONFIGS[options.algo], options.env_id, options.seed, options.budget_s, options.window,
                                   options.agents, options.override, Path(tmp))
-        curves.append(our_curves(Path(tmp)))
+        our_curve = our_curves(Path(tmp))
     if not options.skip_sb3:
         result["sb3_zoo"] = sb3 = run_sb3(options.algo, options.env_id, options.seed, options.budget_s,
                                           options.window, options.eval_episodes)
         if sb3 is not None:
-            curves.append(sb3_curves(sb3))
+            sb3_curve = sb3_curves(sb3)
             sb3.pop("curve", None)  # the figure's, not the JSON's
     ours, theirs = result.get("ours"), result.get("sb3_zoo")
     # each side's training curve (ours: tracking.curve_window episodes; SB3: --window) at equal env steps
-    sides = dict(zip(("ours", "sb3_zoo"), curves))
+    sides = {"ours": our_curve, **({"sb3_zoo": sb3_curve} if isinstance(theirs, dict) else {})}
     result["train_at_env_steps"] = {str(steps): {side: train_at(c, steps) for side, c in sides.items()}
                                     for steps in EQUAL_STEPS}
     if isinstance(ours, dict) and isinstance(theirs, dict):
@@ -315,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(result))
     if options.json:
         options.json.write_text(json.dumps(result, indent=1) + "\n")
-        drawn = [c for c in curves if c is not None]
+        drawn = [c for c in (our_curve, sb3_curve) if c is not None]
         if drawn:
             log.info("curves: %s", plots.save_beside(race_figure(options.algo, options.env_id, options.budget_s, drawn),
                                                              options.json))
