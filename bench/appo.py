@@ -10,14 +10,15 @@
   epochs no longer follow the agents' speed), so at equal env steps only the lag and V-trace
   differ. Per mode: the eval and training returns (mean, min, max over
   seeds), env steps and updates; ``appo_minus_lockstep_eval`` (equal wall-clock) and, at equal env
-  steps, APPO's training return when its env steps first reached lockstep's final count
-  (``appo_train_at_lockstep_steps``) against lockstep's final training return.
+  steps, each mode's training return at the seed's common count (the fewer of the modes' final
+  env steps; the curve's last point at or before it): ``<mode>_train_at_common_steps``, per seed
+  in ``at_common_steps``.
 - **CartPole** (``--cartpole-seeds N``): per seed 1..N, lockstep PPO (``ppo_cartpole.yaml`` with
   ``learner.on_policy_sync=lockstep``) then APPO (``appo_cartpole.yaml``), each a whole launch to
   a 100-episode mean of 475 (:func:`solve.run_launch`); APPO's time over lockstep's per seed, its
   spread, the medians, and the seeds where APPO was no slower.
 - **Scaling**: per env and agent count, one :func:`utilization.run_case` launch of the APPO
-  config (``agent.num_agents`` set) for ``--scaling-s``: env steps/s and updates/s of the
+  config with free agents (:data:`FREE`; ``agent.num_agents`` set) for ``--scaling-s``: env steps/s and updates/s of the
   learner's clock, machine used, the CPU by role, experience used, agents idle; and per agent
   count the agents' env steps per agent core-second, the input of the many-core model in
   ``docs/benchmarks.md``.
@@ -29,6 +30,7 @@ it there (no figure: bench/utilization.py draws the modes' bars).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import os
@@ -49,8 +51,13 @@ RACE = {"lockstep": ("ppo_halfcheetah.yaml", []), "appo": ("appo_halfcheetah.yam
 """Race modes: config and overrides."""
 WINDOW = 10
 CARTPOLE = {"lockstep": ("ppo_cartpole.yaml", ("learner.on_policy_sync=lockstep",)), "appo": ("appo_cartpole.yaml", ())}
-"""CartPole race modes: config and overrides (ppo_cartpole.yaml ships overlap; lockstep is the
-issue's baseline)."""
+"""CartPole race modes: config and overrides (ppo_cartpole.yaml and appo_cartpole.yaml ship
+overlap; lockstep is the issue's baseline)."""
+FREE = {"cartpole": ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8",
+                     "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4")}
+"""Scaling: overrides that make an env's shipped APPO config produce freely (appo_cartpole.yaml
+ships on grants, one batch ahead), with the backlog bounds of appo_halfcheetah.yaml scaled to
+its 256-step updates."""
 
 
 def spread(values: list[float | None]) -> dict[str, float | None]:
@@ -61,15 +68,14 @@ def spread(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": round(statistics.fmean(known), 1), "min": round(min(known), 1), "max": round(max(known), 1)}
 
 
-def train_return_at(curves: plots.RunCurves | None, env_steps: float) -> float | None:
-    """The training return of the first point at or past ``env_steps`` (None: never reached)."""
+def train_return_by(curves: plots.RunCurves | None, env_steps: float) -> float | None:
+    """The training return of the last point at or before ``env_steps`` (None: no such point)."""
     if curves is None:
         return None
     for series in curves.series:
         if series.kind == "train":
-            for steps, value in zip(series.env_steps, series.returns):
-                if steps >= env_steps:
-                    return value
+            index = bisect.bisect_right(series.env_steps, env_steps)
+            return series.returns[index - 1] if index else None
     return None
 
 
@@ -87,24 +93,21 @@ def race(seeds: int, budget_s: float, modes: list[str]) -> dict:
                 finals[mode] = (result, halfcheetah.our_curves(Path(tmp)))
             runs[mode].append({"seed": seed, **result})
             log.info("race seed %d %s: %s", seed, mode, result)
-        if "lockstep" in finals:
-            lockstep = finals["lockstep"][0]
-            at_equal_steps.append({"seed": seed, "env_steps": lockstep["env_steps"], "lockstep_train": lockstep["train_return"],
-                                   **{f"{mode}_train": train_return_at(finals[mode][1], lockstep["env_steps"])
-                                      for mode in modes if mode != "lockstep"}})
-    out: dict = {"budget_s": budget_s, "seeds": seeds, "runs": runs, "at_lockstep_steps": at_equal_steps}
+        common = min(result["env_steps"] for result, _ in finals.values())
+        at_equal_steps.append({"seed": seed, "env_steps": common,
+                               **{f"{mode}_train": train_return_by(curves, common) for mode, (_, curves) in finals.items()}})
+    out: dict = {"budget_s": budget_s, "seeds": seeds, "runs": runs, "at_common_steps": at_equal_steps}
     for mode in modes:
         for key in ("eval_return", "train_return", "env_steps", "updates"):
             out[f"{mode}_{key}"] = spread([r[key] for r in runs[mode]])
+        out[f"{mode}_train_at_common_steps"] = spread([row[f"{mode}_train"] for row in at_equal_steps])
     if "lockstep" not in modes:
         return out
-    out["lockstep_train_final"] = spread([row["lockstep_train"] for row in at_equal_steps])
     for mode in modes:
         if mode != "lockstep":
             pairs = [(a["eval_return"], b["eval_return"]) for a, b in zip(runs[mode], runs["lockstep"])]
             out[f"{mode}_minus_lockstep_eval"] = spread([a - b if a is not None and b is not None else None
                                                          for a, b in pairs])
-            out[f"{mode}_train_at_lockstep_steps"] = spread([row[f"{mode}_train"] for row in at_equal_steps])
     return out
 
 
@@ -141,7 +144,8 @@ def scaling(envs: list[str], agents: list[int], seconds: float, extra: list[str]
         for env in envs:
             rows = {}
             for count in agents:
-                case = utilization.run_case(env, "appo", [*fixed, f"agent.num_agents={count}"], Path(tmp), seconds + 300)
+                case = utilization.run_case(env, "appo", [*FREE.get(env, ()), *fixed, f"agent.num_agents={count}"],
+                                            Path(tmp), seconds + 300)
                 agent_cores = case["cores_by_role"].get("agent", 0.0)
                 rows[str(count)] = {
                     "env_steps_per_s": round(case["env_steps"] / seconds), "updates_per_s": round(case["updates"] / seconds, 2),

@@ -1,6 +1,6 @@
 """End to end: launches of the smoke config through the real CLI with production on grants, in
-lockstep (the default for PPO) and overlapped, and of the shipped APPO CartPole config (agents
-producing freely, every update all its epochs): nearly every env step the agents make reaches a gradient
+lockstep (the default for PPO) and overlapped, and of the APPO CartPole config (as shipped, on
+grants one batch ahead, and with agents producing freely; every update all its epochs): nearly every env step the agents make reaches a gradient
 update, and the launcher's summary and MLflow say so. About 15 s each on 2 cores."""
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ SMOKE = str(CONFIGS / "smoke.yaml")
 SUMMARY = re.compile(r"experience used (?P<used>[\d.]+)% \(\+(?P<unused>\d+) steps unused at the stop\), policy lag "
                      r"p90 (?P<lag>\d+) \((?P<shares>[^)]*)\), passes/sample (?P<passes>[\d.]+), kl/update [^,]+, "
                      r"learner busy (?P<busy>\d+)%, agents idle (?P<idle>\d+)% \[(?P<sync>\w+)\]")
+FREE = ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8", "agent.nice=10",
+        "learner.prefetch_chunks=8", "learner.receive_batch=4")
+"""appo_cartpole.yaml with agents producing freely, as appo_halfcheetah.yaml's do (its knobs scaled
+to CartPole's 256-step updates)."""
 
 
 def final_metrics(experiment: Path) -> dict[str, float]:
@@ -60,19 +64,28 @@ def test_an_overlapped_launch_uses_nearly_every_step_one_version_behind(tmp_path
     assert metrics["hub/experience_used_fraction"] >= 0.95 and metrics["hub/lockstep_topups_total"] == 0
 
 
-def test_an_appo_launch_uses_nearly_every_step_each_for_all_its_passes(tmp_path):
-    """appo_cartpole.yaml for 30k env steps: agents never wait for grants, the learner takes what
-    arrives within max_policy_lag, and each update ran all update_epochs epochs."""
+@pytest.mark.parametrize("sync", ["overlap", "free"])
+def test_an_appo_launch_uses_nearly_every_step_each_for_all_its_passes(tmp_path, sync):
+    """appo_cartpole.yaml for 30k env steps, as shipped (agents one batch ahead on grants) and with
+    free agents (never waiting for grants; the learner takes what arrives within max_policy_lag):
+    nearly every step used, each update ran all update_epochs epochs, and on grants every step
+    lagged exactly one version."""
+    overrides = FREE if sync == "free" else ()
     done = subprocess.run([sys.executable, "-m", "surreal_redis.cli", "launch", str(CONFIGS / "appo_cartpole.yaml"),
                            "-o", f"experiment.root={tmp_path}", "-o", "eval.enabled=false", "-o", "stop.target_return=null",
-                           "-o", "stop.max_env_steps=30000"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                           "-o", "stop.max_env_steps=30000", *(arg for o in overrides for arg in ("-o", o))],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "run 'appo_cartpole' finished (reached" in done.stderr, done.stderr[-4000:]
-    use = re.search(r"experience used (?P<used>[\d.]+)% .*, rho clipped (?P<rho>\d+)%, passes/sample (?P<epochs>[\d.]+), "
-                    r"kl/update [^,]+, learner busy (?P<busy>\d+)%, agents idle (?P<idle>\d+)% \[free\]", done.stderr)
-    assert use, done.stderr[-4000:]
+    use = re.search(r"experience used (?P<used>[\d.]+)% .*policy lag p90 (?P<lag>\d+) .*, rho clipped (?P<rho>\d+)%, "
+                    r"passes/sample (?P<epochs>[\d.]+), kl/update [^,]+, learner busy (?P<busy>\d+)%, "
+                    r"agents idle (?P<idle>\d+)% \[(?P<sync>\w+)\]", done.stderr)
+    assert use and use["sync"] == sync, done.stderr[-4000:]
     most = load_config(str(CONFIGS / "appo_cartpole.yaml")).algo_config.update_epochs
     assert float(use["used"]) >= 95.0 and float(use["epochs"]) == most and 0 <= int(use["rho"]) <= 100
     metrics = final_metrics(tmp_path / "appo_cartpole")
     assert metrics["hub/experience_used_fraction"] >= 0.95 and metrics["charts/env_steps"] >= 30000
     assert metrics["losses/epochs"] == most and "losses/rho_clipped_fraction" in metrics
+    if sync == "overlap":
+        assert int(use["lag"]) == 1 and metrics["hub/policy_lag_max"] <= 1
+        assert metrics["system/replay_dropped_stale_steps"] == 0

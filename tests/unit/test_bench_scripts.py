@@ -297,8 +297,8 @@ def test_plain_loop_steps_the_configs_env_with_its_policy(bench):
 
 
 def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_steps(bench, monkeypatch, tmp_path):
-    """Per seed lockstep then APPO; APPO's training return where its steps first reach lockstep's
-    final count, from its (real) MLflow store."""
+    """Per seed lockstep then APPO; each mode's training return at the fewer of the two final env
+    step counts (its curve's last point at or before it), from its (real) MLflow store."""
     from surreal_redis.tracking import Tracker
 
     appo, calls = bench["appo"], []
@@ -322,15 +322,16 @@ def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_step
     race = result["race"]
     assert race["appo_eval_return"] == {"mean": 1001.5, "min": 1001.0, "max": 1002.0}
     assert race["appo_minus_lockstep_eval"] == {"mean": 401.5, "min": 401.0, "max": 402.0}
-    assert race["appo_train_at_lockstep_steps"] == {"mean": 150.0, "min": 100.0, "max": 200.0}  # at 50k >= 40k
+    assert race["appo_train_at_common_steps"] == {"mean": -50.0, "min": -50.0, "max": -50.0}  # at 20k <= 40k
+    assert race["at_common_steps"][0] == {"seed": 1, "env_steps": 40_000, "lockstep_train": None, "appo_train": -50.0}
     calls.clear()
     alone = appo.main(["--skip-scaling", "--seeds", "1", "--race-modes", "appo"])["race"]
     assert calls == [("appo_halfcheetah.yaml", ["experiment.seed=1"])]
-    assert alone["appo_eval_return"]["mean"] == 1001.0 and "lockstep_train_final" not in alone
-    assert race["lockstep_train_final"]["mean"] == 500.0
+    assert alone["appo_eval_return"]["mean"] == 1001.0 and "appo_minus_lockstep_eval" not in alone
+    assert alone["appo_train_at_common_steps"]["mean"] == 900.0  # alone: at its own final steps
     assert json.loads((tmp_path / "out.json").read_text()) == result
     assert appo.spread([None]) == {"mean": None, "min": None, "max": None}
-    assert appo.train_return_at(None, 10) is None
+    assert appo.train_return_by(None, 10) is None
 
 
 def test_learner_step_times_an_update_and_refuses_what_it_cannot_time(bench, capsys):
