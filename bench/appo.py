@@ -47,6 +47,7 @@ import utilization  # noqa: E402
 from surreal_redis import plots  # noqa: E402
 
 log = logging.getLogger("bench.appo")
+ENV_ID = "HalfCheetah-v5"
 RACE = {"lockstep": ("ppo_halfcheetah.yaml", []), "appo": ("appo_halfcheetah.yaml", [])}
 """Race modes: config and overrides."""
 WINDOW = 10
@@ -89,7 +90,7 @@ def race(seeds: int, budget_s: float, modes: list[str]) -> dict:
         for mode in modes:
             config, overrides = RACE[mode]
             with tempfile.TemporaryDirectory(prefix=f"surreal-appo-{mode}-") as tmp:
-                result = halfcheetah.run_ours(config, budget_s, WINDOW, None, [f"experiment.seed={seed}", *overrides], Path(tmp))
+                result = halfcheetah.run_ours(config, ENV_ID, seed, budget_s, WINDOW, None, list(overrides), Path(tmp))
                 finals[mode] = (result, halfcheetah.our_curves(Path(tmp)))
             runs[mode].append({"seed": seed, **result})
             log.info("race seed %d %s: %s", seed, mode, result)

@@ -5,6 +5,7 @@ no launches)."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -302,10 +303,11 @@ def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_step
     from surreal_redis.tracking import Tracker
 
     appo, calls = bench["appo"], []
+    real = inspect.signature(appo.halfcheetah.run_ours)
 
-    def fake_ours(config, budget_s, window, agents, overrides, workdir):
-        calls.append((config, overrides))
-        seed = int(overrides[0].split("=")[1])
+    def fake_ours(*args):
+        config, env_id, seed, budget_s, window, agents, overrides, workdir = real.bind(*args).args  # as the real one is called
+        calls.append((config, env_id, seed, overrides))
         if config == "appo_halfcheetah.yaml":
             tracker = Tracker(workdir / "appo_halfcheetah", "exp", "appo_halfcheetah")
             for update, (steps, train) in enumerate([(20_000, -50.0), (50_000, 100.0 * seed), (200_000, 900.0)], 1):
@@ -317,8 +319,8 @@ def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_step
 
     monkeypatch.setattr(appo.halfcheetah, "run_ours", fake_ours)
     result = appo.main(["--skip-scaling", "--seeds", "2", "--race-s", "240", "--json", str(tmp_path / "out.json")])
-    assert calls == [("ppo_halfcheetah.yaml", ["experiment.seed=1"]), ("appo_halfcheetah.yaml", ["experiment.seed=1"]),
-                     ("ppo_halfcheetah.yaml", ["experiment.seed=2"]), ("appo_halfcheetah.yaml", ["experiment.seed=2"])]
+    assert calls == [(config, "HalfCheetah-v5", seed, []) for seed in (1, 2)
+                     for config in ("ppo_halfcheetah.yaml", "appo_halfcheetah.yaml")]
     race = result["race"]
     assert race["appo_eval_return"] == {"mean": 1001.5, "min": 1001.0, "max": 1002.0}
     assert race["appo_minus_lockstep_eval"] == {"mean": 401.5, "min": 401.0, "max": 402.0}
@@ -326,7 +328,7 @@ def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_step
     assert race["at_common_steps"][0] == {"seed": 1, "env_steps": 40_000, "lockstep_train": None, "appo_train": -50.0}
     calls.clear()
     alone = appo.main(["--skip-scaling", "--seeds", "1", "--race-modes", "appo"])["race"]
-    assert calls == [("appo_halfcheetah.yaml", ["experiment.seed=1"])]
+    assert calls == [("appo_halfcheetah.yaml", "HalfCheetah-v5", 1, [])]
     assert alone["appo_eval_return"]["mean"] == 1001.0 and "appo_minus_lockstep_eval" not in alone
     assert alone["appo_train_at_common_steps"]["mean"] == 900.0  # alone: at its own final steps
     assert json.loads((tmp_path / "out.json").read_text()) == result
