@@ -55,10 +55,12 @@ CARTPOLE = {"lockstep": ("ppo_cartpole.yaml", ("learner.on_policy_sync=lockstep"
 """CartPole race modes: config and overrides (ppo_cartpole.yaml and appo_cartpole.yaml ship
 overlap; lockstep is the issue's baseline)."""
 FREE = {"cartpole": ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8",
-                     "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4")}
-"""Scaling: overrides that make an env's shipped APPO config produce freely (appo_cartpole.yaml
-ships on grants, one batch ahead), with the backlog bounds of appo_halfcheetah.yaml scaled to
-its 256-step updates."""
+                     "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4"),
+        "halfcheetah": ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8",
+                        "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4")}
+"""Scaling: overrides that make an env's shipped APPO config produce freely (appo_cartpole.yaml and
+appo_halfcheetah.yaml ship on grants, one batch ahead), with the backlog bounds
+appo_halfcheetah.yaml had until 2026-12-05 (scaled to CartPole's 256-step updates)."""
 
 
 def spread(values: list[float | None]) -> dict[str, float | None]:

@@ -24,8 +24,8 @@ SUMMARY = re.compile(r"experience used (?P<used>[\d.]+)% \(\+(?P<unused>\d+) ste
                      r"learner busy (?P<busy>\d+)%, agents idle (?P<idle>\d+)% \[(?P<sync>\w+)\]")
 FREE = ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8", "agent.nice=10",
         "learner.prefetch_chunks=8", "learner.receive_batch=4")
-"""appo_cartpole.yaml with agents producing freely, as appo_halfcheetah.yaml's do (its knobs scaled
-to CartPole's 256-step updates)."""
+"""appo_cartpole.yaml with agents producing freely, as appo_pong.yaml's do (the backlog bounds
+appo_halfcheetah.yaml had until 2026-12-05, scaled to CartPole's 256-step updates)."""
 
 
 def final_metrics(experiment: Path) -> dict[str, float]:
@@ -68,8 +68,8 @@ def test_an_overlapped_launch_uses_nearly_every_step_one_version_behind(tmp_path
 def test_an_appo_launch_uses_nearly_every_step_each_for_all_its_passes(tmp_path, sync):
     """appo_cartpole.yaml for 30k env steps, as shipped (agents one batch ahead on grants) and with
     free agents (never waiting for grants; the learner takes what arrives within max_policy_lag):
-    nearly every step used, each update ran all update_epochs epochs, and on grants every step
-    lagged exactly one version."""
+    nearly every step used, each update ran all update_epochs epochs, and on grants the steps
+    lagged one version (two for a flush that straddled an update, which V-trace keeps)."""
     overrides = FREE if sync == "free" else ()
     done = subprocess.run([sys.executable, "-m", "surreal_redis.cli", "launch", str(CONFIGS / "appo_cartpole.yaml"),
                            "-o", f"experiment.root={tmp_path}", "-o", "eval.enabled=false", "-o", "stop.target_return=null",
@@ -87,5 +87,5 @@ def test_an_appo_launch_uses_nearly_every_step_each_for_all_its_passes(tmp_path,
     assert metrics["hub/experience_used_fraction"] >= 0.95 and metrics["charts/env_steps"] >= 30000
     assert metrics["losses/epochs"] == most and "losses/rho_clipped_fraction" in metrics
     if sync == "overlap":
-        assert int(use["lag"]) == 1 and metrics["hub/policy_lag_max"] <= 1
-        assert metrics["system/replay_dropped_stale_steps"] == 0
+        assert int(use["lag"]) == 1 and metrics["hub/policy_lag_max"] <= 2
+        assert metrics["system/replay_dropped_stale_steps"] <= 0.01 * metrics["charts/env_steps"]

@@ -343,10 +343,10 @@ def test_the_section_and_the_declaration_load_without_torch():
 
 def test_the_shipped_configs_are_ppos_with_their_production_mode():
     """configs/appo_*.yaml keep their PPO counterpart's network and PPO settings (but those their
-    comment says why they change). HalfCheetah and Pong produce freely and bound both the
-    staleness the learner accepts and the backlog agents may build; CartPole produces on grants
-    one batch ahead as ppo_cartpole.yaml does (its comment says why), so every step lags one
-    version and none is dropped."""
+    comment says why they change). CartPole and HalfCheetah produce on grants one batch ahead
+    (their comments say why), so steps lag one version (two for a flush that straddles an update,
+    kept for V-trace by replay.fifo.max_policy_lag 2); Pong produces
+    freely and bounds both the staleness the learner accepts and the backlog agents may build."""
     # CartPole: a 300k-step anneal (the longer budget leaves room; the run stops at its end)
     changed = {"cartpole": {"total_updates"}}
     for task in ("cartpole", "halfcheetah", "pong"):
@@ -357,8 +357,9 @@ def test_the_shipped_configs_are_ppos_with_their_production_mode():
         assert appo.learner.steps_per_update == ppo.learner.steps_per_update
         assert appo.algo_config.clip_against == ("proximal" if task == "halfcheetah" else "behaviour")
         assert appo.stale_round_advice is None  # one flush of every agent is well within max_policy_lag
-        if task == "cartpole":
-            assert appo.learner.on_policy_sync == ppo.learner.on_policy_sync == "overlap" and appo.lockstep
+        if task != "pong":
+            assert appo.learner.on_policy_sync == "overlap" and appo.lockstep and appo.agent.nice == 0
+            assert appo.replay.fifo.max_policy_lag == 2
             assert (appo.agent.num_agents, appo.env.num_envs) == (ppo.agent.num_agents, ppo.env.num_envs)
             continue
         assert appo.learner.on_policy_sync == "free"

@@ -1,5 +1,6 @@
 """APPO, asynchronous PPO (as Sample Factory's and RLlib's), declared once: agents produce without
-pause (``learner.on_policy_sync: free``) and the learner corrects for their lag with V-trace
+pause (``learner.on_policy_sync: free``) or one batch ahead on grants (``overlap``, Sample
+Factory's double-buffered sampling), and the learner corrects for their lag with V-trace
 (:mod:`surreal_redis.algos.appo.trainer`); the network, the policies and the extras are PPO's."""
 
 from __future__ import annotations
@@ -23,4 +24,4 @@ SPEC = AlgorithmSpec(
     make_policy=PPO_SPEC.make_policy, chunk_needs=PPO_SPEC.chunk_needs,
     numpy_unsupported=PPO_SPEC.numpy_unsupported, check=PPO_SPEC.check, for_run=PPO_SPEC.for_run,
     summary="APPO: PPO's clipped surrogate on V-trace advantages, for agents that run ahead of the learner "
-            "(learner.on_policy_sync: free); PPO's network and agents")
+            "(learner.on_policy_sync: free or overlap); PPO's network and agents")
