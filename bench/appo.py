@@ -30,7 +30,6 @@ it there (no figure: bench/utilization.py draws the modes' bars).
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import logging
 import os
@@ -44,8 +43,6 @@ import halfcheetah  # noqa: E402  (bench/ is not a package)
 import solve  # noqa: E402
 import utilization  # noqa: E402
 
-from surreal_redis import plots  # noqa: E402
-
 log = logging.getLogger("bench.appo")
 ENV_ID = "HalfCheetah-v5"
 RACE = {"lockstep": ("ppo_halfcheetah.yaml", []), "appo": ("appo_halfcheetah.yaml", [])}
@@ -54,10 +51,9 @@ WINDOW = 10
 CARTPOLE = {"lockstep": ("ppo_cartpole.yaml", ("learner.on_policy_sync=lockstep",)), "appo": ("appo_cartpole.yaml", ())}
 """CartPole race modes: config and overrides (ppo_cartpole.yaml and appo_cartpole.yaml ship
 overlap; lockstep is the issue's baseline)."""
-FREE = {"cartpole": ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8",
-                     "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4"),
-        "halfcheetah": ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8",
-                        "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4")}
+FREE_PRODUCTION = ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8",
+                   "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4")
+FREE = {"cartpole": FREE_PRODUCTION, "halfcheetah": FREE_PRODUCTION}
 """Scaling: overrides that make an env's shipped APPO config produce freely (appo_cartpole.yaml and
 appo_halfcheetah.yaml ship on grants, one batch ahead), with the backlog bounds
 appo_halfcheetah.yaml had until 2026-12-05 (scaled to CartPole's 256-step updates)."""
@@ -71,22 +67,11 @@ def spread(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": round(statistics.fmean(known), 1), "min": round(min(known), 1), "max": round(max(known), 1)}
 
 
-def train_return_by(curves: plots.RunCurves | None, env_steps: float) -> float | None:
-    """The training return of the last point at or before ``env_steps`` (None: no such point)."""
-    if curves is None:
-        return None
-    for series in curves.series:
-        if series.kind == "train":
-            index = bisect.bisect_right(series.env_steps, env_steps)
-            return series.returns[index - 1] if index else None
-    return None
-
-
 def race(seeds: int, budget_s: float, modes: list[str]) -> dict:
     """The HalfCheetah race, the modes one after the other per seed; each APPO mode against
     lockstep when lockstep ran."""
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-    at_equal_steps: list[dict] = []
+    at_common_steps: list[dict] = []
     for seed in range(1, seeds + 1):
         finals = {}
         for mode in modes:
@@ -97,13 +82,13 @@ def race(seeds: int, budget_s: float, modes: list[str]) -> dict:
             runs[mode].append({"seed": seed, **result})
             log.info("race seed %d %s: %s", seed, mode, result)
         common = min(result["env_steps"] for result, _ in finals.values())
-        at_equal_steps.append({"seed": seed, "env_steps": common,
-                               **{f"{mode}_train": train_return_by(curves, common) for mode, (_, curves) in finals.items()}})
-    out: dict = {"budget_s": budget_s, "seeds": seeds, "runs": runs, "at_common_steps": at_equal_steps}
+        at_common_steps.append({"seed": seed, "env_steps": common, **{
+            f"{mode}_train": halfcheetah.train_return_by(curves, common) for mode, (_, curves) in finals.items()}})
+    out: dict = {"budget_s": budget_s, "seeds": seeds, "runs": runs, "at_common_steps": at_common_steps}
     for mode in modes:
         for key in ("eval_return", "train_return", "env_steps", "updates"):
             out[f"{mode}_{key}"] = spread([r[key] for r in runs[mode]])
-        out[f"{mode}_train_at_common_steps"] = spread([row[f"{mode}_train"] for row in at_equal_steps])
+        out[f"{mode}_train_at_common_steps"] = spread([row[f"{mode}_train"] for row in at_common_steps])
     if "lockstep" not in modes:
         return out
     for mode in modes:

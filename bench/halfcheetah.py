@@ -142,13 +142,24 @@ def sb3_curves(result: dict) -> plots.RunCurves | None:
     return plots.RunCurves("SB3 zoo", tuple(series), None)
 
 
-def train_at(curves: plots.RunCurves | None, env_steps: int) -> float | None:
-    """The training curve's value at ``env_steps`` (its last point at or before them); None
-    without a curve or where it ends before ``env_steps``."""
+def train_return_by(curves: plots.RunCurves | None, env_steps: float) -> float | None:
+    """The training curve's last point at or before ``env_steps``; None without a curve or a
+    point that early."""
     train = next((s for s in curves.series if s.kind == "train"), None) if curves else None
-    if train is None or not train.env_steps or not train.env_steps[0] <= env_steps <= train.env_steps[-1]:
+    if train is None:
         return None
-    return round(train.returns[bisect.bisect_right(train.env_steps, env_steps) - 1], 1)
+    index = bisect.bisect_right(train.env_steps, env_steps)
+    return train.returns[index - 1] if index else None
+
+
+def train_at(curves: plots.RunCurves | None, env_steps: int) -> float | None:
+    """The training curve's value at ``env_steps`` (:func:`train_return_by`, rounded); None also
+    where the curve ends before ``env_steps``."""
+    train = next((s for s in curves.series if s.kind == "train"), None) if curves else None
+    if train is None or not train.env_steps or train.env_steps[-1] < env_steps:
+        return None
+    value = train_return_by(curves, env_steps)
+    return None if value is None else round(value, 1)
 
 
 def race_figure(algo: str, env_id: str, budget_s: float, curves: list[plots.RunCurves]):

@@ -383,7 +383,7 @@ def test_agents_whose_flushes_together_outlast_max_policy_lag_are_warned_about()
     """15 CartPole agents of 4 envs x 32 steps send 7.5 updates of 256 steps in one flush each: more
     than half of max_policy_lag 8, so the learner warns; with 2048 steps per update it is 0.94."""
     crowded = load_config("appo_cartpole", ["agent.num_agents=15", "learner.on_policy_sync=free",
-                                            "replay.fifo.max_policy_lag=8", "learner.prefetch_chunks=8"])
+                                            "replay.fifo.max_policy_lag=8"])
     assert crowded.stale_round_advice is not None
     assert "1920 env steps (15 agents x 4 envs x 32 steps), 7.5 updates" in crowded.stale_round_advice
     assert "replay.fifo.max_policy_lag 8" in crowded.stale_round_advice

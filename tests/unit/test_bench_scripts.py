@@ -333,7 +333,7 @@ def test_appo_race_pairs_each_seed_and_compares_at_equal_wall_clock_and_env_step
     assert alone["appo_train_at_common_steps"]["mean"] == 900.0  # alone: at its own final steps
     assert json.loads((tmp_path / "out.json").read_text()) == result
     assert appo.spread([None]) == {"mean": None, "min": None, "max": None}
-    assert appo.train_return_by(None, 10) is None
+    assert appo.halfcheetah.train_return_by(None, 10) is None
 
 
 def test_learner_step_times_an_update_and_refuses_what_it_cannot_time(bench, capsys):
