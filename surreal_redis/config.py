@@ -172,7 +172,8 @@ class LearnerConfig:
     lockstep_topup_s: float = 5.0
     """``lockstep``/``overlap``: when the learner still needs steps, the grant is used up and no chunk
     arrived for this many seconds (an agent claimed and died, or its chunks were lost), it grants the
-    missing steps again."""
+    missing steps again; an agent still making a flush it claimed holds that back for six of these
+    periods at most (:mod:`surreal_redis.learner.grants`)."""
 
     def __post_init__(self) -> None:
         if self.on_policy_sync not in ("lockstep", "overlap", "free"):

@@ -3,11 +3,16 @@ or ``overlap``: docs/concepts.md, "On-policy production"; :mod:`surreal_redis.hu
 ``overlap``, what agents had not claimed of the grant made before an update carries over to the
 version it publishes.
 
-Top-up rule (both): when the feed still needs steps for its next update, the grant is used up (or
-gone), no chunk arrived for ``learner.lockstep_topup_s`` seconds and no agent that beat within
-three ``agent.heartbeat_every_s`` is still making a flush it claimed (so an agent claimed and
-died, or the chunks were lost or dropped), the learner grants the missing steps again,
-publishing first if the live version is not its own (Redis restarted empty).
+Top-up rule (both): when the feed still needs steps for its next update and no chunk arrived for
+``learner.lockstep_topup_s`` seconds, the learner publishes again if the live version is not its
+own (Redis restarted empty or failed over to a replica that missed the publish: no claim can
+match), then grants the missing steps again once the grant is used up (or gone) and no agent that
+beat within three ``agent.heartbeat_every_s`` is still making a flush it claimed (so an agent
+claimed and died, or the chunks were lost or dropped). A claim is trusted for
+:data:`CLAIM_PATIENCE` top-up periods without a chunk, no longer: an agent that says it is
+making a flush and never sends it (stuck, or hostile: agents write their own heartbeats) delays
+an update by that much at most. While the learner waits longer than
+:data:`STALL_WARNING_S`, it says why every :data:`STALL_WARNING_S`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CLAIM_PATIENCE = 6
+"""Top-up periods (``learner.lockstep_topup_s``) without a chunk after which agents' claims no
+longer hold a top-up back: a flush takes seconds (an Atari agent's first one included)."""
+STALL_WARNING_S = 30.0
+"""Seconds without a chunk, while the update needs steps, before the learner warns (and again
+each time as long)."""
+
 
 class GrantKeeper:
     """The learner's grants and top-ups, and their bookkeeping. Without grants (off-policy feeds,
@@ -42,6 +54,7 @@ class GrantKeeper:
         self.quota = ProductionQuota(client, config.run) if config.lockstep and feed.steps_needed() is not None else None
         self.overlap = config.learner.on_policy_sync == "overlap"
         self._last_chunk_at = self._granted_at = time.monotonic()
+        self._next_stall_warning = 0.0
         self.topups = 0  # grants topped up by the rule above
 
     def grant(self, ahead: int = 0) -> None:
@@ -82,30 +95,49 @@ class GrantKeeper:
             self.quota.load_script()
 
     def top_up(self) -> None:
-        """The top-up rule of the module docstring. At most an HMGET, an HGETALL and an HGET when
-        it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
+        """The top-up rule of the module docstring. At most an HGET, an HMGET, an HGETALL and a
+        publish when it looks, which is only after ``learner.lockstep_topup_s`` without a chunk."""
         needed = self._feed.steps_needed()
         if self.quota is None or not needed:
             return
         now = time.monotonic()
-        if now - max(self._last_chunk_at, self._granted_at) < self._config.learner.lockstep_topup_s:
+        topup_s = self._config.learner.lockstep_topup_s
+        if now - max(self._last_chunk_at, self._granted_at) < topup_s:
             return
+        silent_s = now - self._last_chunk_at
         version = self._version()
-        grant = self.quota.left()
-        if grant is not None and grant[0] == version and grant[1] > 0:
-            self._granted_at = now  # steps are left to claim: no agent is asking (none alive?)
-            return
-        if making := self._agents_making():  # slow, not lost: look again later
-            self._granted_at = now
-            log.debug("lockstep: agents %s are still making the flushes they claimed", ", ".join(making))
-            return
         if self.quota.live_version() != version:
-            log.warning("lockstep: the live parameter version is not v%d (Redis restarted?); publishing again", version)
+            log.warning("lockstep: the live parameter version is not v%d (Redis restarted or failed over?); "
+                        "publishing again", version)
             self._publish()
+        else:
+            grant = self.quota.left()
+            if grant is not None and grant[0] == version and grant[1] > 0:
+                self._granted_at = now  # steps are left to claim: no agent is asking (none alive?)
+                self._warn_if_stalled(now, needed, f"{grant[1]} steps of v{version} are granted and no agent "
+                                                   "claims them (are agents running?)")
+                return
+            making = self._agents_making()
+            if making and silent_s < CLAIM_PATIENCE * topup_s:  # slow, not lost: look again later
+                self._granted_at = now
+                self._warn_if_stalled(now, needed, f"agents {', '.join(making)} are still making the flushes "
+                                                   "they claimed")
+                return
+            if making:
+                log.warning("lockstep: agents %s claimed flushes and sent nothing for %.0fs; granting again",
+                            ", ".join(making), silent_s)
         self.topups += 1
         log.info("lockstep: no experience for %.0fs while the update needs %d more steps; granting them again "
-                 "for v%d (top-up %d)", now - self._last_chunk_at, needed, self._version(), self.topups)
+                 "for v%d (top-up %d)", silent_s, needed, self._version(), self.topups)
         self.grant()
+
+    def _warn_if_stalled(self, now: float, needed: int, why: str) -> None:
+        """Say why the update still waits, once per :data:`STALL_WARNING_S` of silence."""
+        silent_s = now - self._last_chunk_at
+        if silent_s >= STALL_WARNING_S and now >= self._next_stall_warning:
+            self._next_stall_warning = now + STALL_WARNING_S
+            log.warning("lockstep: no experience for %.0fs while the update needs %d more steps: %s",
+                        silent_s, needed, why)
 
     def _agents_making(self) -> list[str]:
         """Agents that beat within three heartbeat periods and still make a flush they claimed."""

@@ -6,7 +6,6 @@ lockstep grants and top-ups; the experience-use, lag, busy and idle figures."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import time
 from collections import Counter
@@ -265,129 +264,6 @@ def test_each_regime_is_built_from_its_spec_and_the_shared_sections():
     with pytest.raises(UnknownAlgorithm, match="FIFOReplayConfig"):
         make_trainer(FIFOReplayConfig(), env.observation_space, env.action_space)
     env.close()
-
-
-# ---------------------------------------------------------------- lockstep production
-
-def test_lockstep_learner_grants_what_the_next_update_still_needs(fake_redis, tmp_path):
-    config = ppo_config(tmp_path)
-    assert config.lockstep  # the default for PPO
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
-    assert quota.left() == (1, 64)  # v1, one update's worth
-    send_steps(fake_redis, config, learner, 48)  # 96 steps: one update takes 64, 32 stay for the next
-    learner.iterate(received(learner))
-    assert learner.algo.iteration == 1 and learner.param_version == 2
-    assert quota.left() == (2, 32)
-    assert quota.claim(1, 16).status == "STALE" and quota.claim(2, 32) == ("OK", 32, 2)
-
-
-def test_lockstep_learner_grants_again_for_the_same_version_when_no_publish_was_due(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.publish_every_updates=2")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
-    send_steps(fake_redis, config, learner, 32)
-    learner.iterate(received(learner))
-    assert learner.algo.iteration == 1 and learner.param_version == 1  # not published: agents keep v1
-    assert quota.left() == (1, 64)
-
-
-def silence(learner: Learner, seconds: float) -> None:
-    """As if the last chunk arrived, and the last grant was made, ``seconds`` ago."""
-    learner.grants._last_chunk_at = learner.grants._granted_at = time.monotonic() - seconds
-
-
-def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
-    assert quota.claim(1, 64).status == "OK"  # an agent claims everything, then dies
-    silence(learner, 4)
-    learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 0) and learner.grants.topups == 0  # too early to tell
-    silence(learner, 5)
-    learner._next_housekeeping = 0.0
-    learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 64) and learner.grants.topups == 1
-
-
-def test_lockstep_learner_does_not_top_up_while_a_live_agent_is_still_making_its_claim(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5", "agent.heartbeat_every_s=2")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
-    assert quota.claim(1, 64).status == "OK"
-    slow = Heartbeat(fake_redis, config.run, 0, ttl_s=30)
-    slow.beat(0, 0, 1, claimed=64)  # a slow agent (an Atari agent's first flush), beating as it goes
-    silence(learner, 6)
-    learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 0) and learner.grants.topups == 0
-    entry = json.loads(fake_redis.hget(RunKeys(config.run).agents, "0"))
-    fake_redis.hset(RunKeys(config.run).agents, "0", json.dumps(dict(entry, ts=time.time() - 7)))  # silent 7 s: dead
-    silence(learner, 6)
-    learner._next_housekeeping = 0.0
-    learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 64) and learner.grants.topups == 1
-
-
-def test_lockstep_learner_does_not_top_up_while_steps_are_left_to_claim(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
-    assert quota.claim(1, 32).status == "OK"
-    silence(learner, 6)
-    learner.iterate(PrefetchQueue(1))
-    assert quota.left() == (1, 32) and learner.grants.topups == 0
-
-
-def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
-    fake_redis.flushall()  # Redis restarted empty: no meta, no quota, no insert/claim scripts
-    silence(learner, 6)
-    learner.iterate(PrefetchQueue(1))
-    assert learner.param_version == 2 and quota.live_version() == 2
-    assert quota.left() == (2, 64) and learner.grants.topups == 1
-    assert quota.claim(2, 16).status == "OK"
-
-
-@pytest.mark.parametrize("sync", ["lockstep", "overlap"])
-def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_rest_over(fake_redis, tmp_path, sync):
-    config = ppo_config(tmp_path, f"learner.on_policy_sync={sync}")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
-    assert quota.left() == (1, 64)  # both: the first batch
-    assert quota.claim(1, 64).status == "OK"  # the agents claim it all and make it
-    send_steps(fake_redis, config, learner, 32)
-    claims = []
-    train = learner.algo.update
-
-    def update_while_an_agent_claims(chunks):
-        claims.append(quota.claim(1, 48))  # an agent asks for more while the learner trains
-        return train(chunks)
-
-    learner.algo.update = update_while_an_agent_claims
-    learner.iterate(received(learner))
-    assert learner.algo.iteration == 1 and learner.param_version == 2
-    if sync == "overlap":  # granted 64 ahead for v1 before training; 16 unclaimed carried over to v2
-        assert claims == [("OK", 48, 1)] and quota.left() == (2, 16)
-    else:  # nothing to claim while training; the next batch is granted for v2 afterwards
-        assert claims == [("WAIT", 0, 1)] and quota.left() == (2, 64)
-
-
-def test_free_and_off_policy_learners_grant_nothing(fake_redis, tmp_path):
-    for config in (ppo_config(tmp_path, "learner.on_policy_sync=free"), ddpg_config(tmp_path)):
-        assert not config.lockstep
-        learner = learner_for(config, fake_redis)
-        learner.start()
-        assert learner.grants.quota is None and ProductionQuota(fake_redis, config.run).left() is None
 
 
 def test_learner_reports_experience_use_lag_busy_and_idle(fake_redis, tmp_path):
