@@ -51,6 +51,8 @@ WINDOW = 10
 CARTPOLE = {"lockstep": ("ppo_cartpole.yaml", ("learner.on_policy_sync=lockstep",)), "appo": ("appo_cartpole.yaml", ())}
 """CartPole race modes: config and overrides (ppo_cartpole.yaml and appo_cartpole.yaml ship
 overlap; lockstep is the issue's baseline)."""
+CARTPOLE_AGENTS = 1
+"""Agents in each CartPole launch: as both configs ship (one agent with 8 envs)."""
 FREE_PRODUCTION = ("learner.on_policy_sync=free", "hub.sender.max_lag=16", "replay.fifo.max_policy_lag=8",
                    "agent.nice=10", "learner.prefetch_chunks=8", "learner.receive_batch=4")
 FREE = {"cartpole": FREE_PRODUCTION, "halfcheetah": FREE_PRODUCTION}
@@ -101,7 +103,7 @@ def race(seeds: int, budget_s: float, modes: list[str]) -> dict:
 
 def cartpole(seeds: int, budget_s: float) -> dict:
     """CartPole to 475 per seed, lockstep then APPO (:data:`CARTPOLE`), whole launches
-    (:func:`solve.run_launch`, 2 agents each): per seed both times and env steps and APPO's ratio
+    (:func:`solve.run_launch`, :data:`CARTPOLE_AGENTS` each): per seed both times and env steps and APPO's ratio
     to lockstep; over the seeds the medians, the ratio's spread, and in how many seeds APPO was no
     slower. A launch that misses the target within ``budget_s`` counts as ``budget_s``."""
     rows = []
@@ -109,7 +111,7 @@ def cartpole(seeds: int, budget_s: float) -> dict:
         for seed in range(1, seeds + 1):
             row: dict = {"seed": seed}
             for mode, (config, overrides) in CARTPOLE.items():
-                wall, steps, phases = solve.run_launch(config, 2, budget_s, Path(tmp), (*overrides, f"experiment.seed={seed}"))
+                wall, steps, phases = solve.run_launch(config, CARTPOLE_AGENTS, budget_s, Path(tmp), (*overrides, f"experiment.seed={seed}"))
                 row[mode] = {"solve_s": None if wall is None else round(wall, 1), "env_steps": steps,
                              "startup_s": None if phases.startup_s is None else round(phases.startup_s, 1)}
             times = {mode: row[mode]["solve_s"] or budget_s for mode in CARTPOLE}

@@ -4,7 +4,8 @@ machine, in the same run.
 
     python bench/solve.py [--budget-s 900] [--only ppo|ddpg|sac] [--quick] [--skip-sb3] [--keep DIR] [--json PATH]
 
-- PPO CartPole-v1 (2 and 4 agents in its own overlap mode, 2 in lockstep) and APPO (``appo_cartpole.yaml``):
+- PPO CartPole-v1 (1 agent with 8 envs, as shipped, and 4 agents with 2 each, in its own overlap
+  mode; 1 in lockstep) and APPO (``appo_cartpole.yaml``, 1 agent):
   wall seconds from ``launch`` until the learner stops because
   the mean of the last 100 training-episode returns reached 475; SB3 PPO: until its
   ``ep_info_buffer`` (the last 100 training episodes) has a mean >= 475.
@@ -28,7 +29,7 @@ one JSON object, with ``<case>_time_ratio_vs_sb3_<zoo|defaults>`` (ours / SB3's;
 Ours is also split, from the learner's log: ``*_startup_s`` from ``launch`` to the
 learner's first update, ``*_shutdown_s`` from the learner's stop (target reached) to ``launch``'s
 exit, its final eval included. ``--quick`` runs the quick start only (``launch
-configs/ppo_cartpole.yaml``, 2 agents) and SB3 zoo's PPO, and logs the quick start's verdict: its
+configs/ppo_cartpole.yaml``, 1 agent) and SB3 zoo's PPO, and logs the quick start's verdict: its
 first update within 3 s of the command, its exit within 1 s of the target, its whole process at
 most 0.8x SB3 zoo's.
 
@@ -168,11 +169,13 @@ ZOO = {
 # the env, the target and how many of the last training episodes SB3's check averages
 TASKS = {"ppo": ("CartPole-v1", 475.0, 100), "ddpg": ("Pendulum-v1", -200.0, 20), "sac": ("Pendulum-v1", -200.0, 20)}
 # ours: (JSON key, config, agents, overrides) for each launch; the first one's key names the case
-# (ppo_cartpole.yaml's own mode is overlap; lockstep is the one APPO is held against)
+# (ppo_cartpole.yaml's own mode is overlap; lockstep is the one APPO is held against). The CartPole
+# configs ship one agent with the zoo's 8 envs; 4 agents keep those 8 envs, 2 each.
 LAUNCHES: dict[str, tuple[tuple[str, str, int, tuple[str, ...]], ...]] = {
-    "ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2, ()), ("ppo_cartpole_4_agents", "ppo_cartpole.yaml", 4, ()),
-            ("ppo_cartpole_lockstep", "ppo_cartpole.yaml", 2, ("learner.on_policy_sync=lockstep",)),
-            ("appo_cartpole", "appo_cartpole.yaml", 2, ())),
+    "ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 1, ()),
+            ("ppo_cartpole_4_agents", "ppo_cartpole.yaml", 4, ("env.num_envs=2",)),
+            ("ppo_cartpole_lockstep", "ppo_cartpole.yaml", 1, ("learner.on_policy_sync=lockstep",)),
+            ("appo_cartpole", "appo_cartpole.yaml", 1, ())),
     "ddpg": (("ddpg_pendulum", "ddpg_pendulum.yaml", 2, ()),),
     "sac": (("sac_pendulum", "sac_pendulum.yaml", 2, ()),),
 }

@@ -382,7 +382,7 @@ def test_a_config_with_the_removed_min_epochs_fails_naming_it(tmp_path):
 def test_agents_whose_flushes_together_outlast_max_policy_lag_are_warned_about():
     """15 CartPole agents of 4 envs x 32 steps send 7.5 updates of 256 steps in one flush each: more
     than half of max_policy_lag 8, so the learner warns; with 2048 steps per update it is 0.94."""
-    crowded = load_config("appo_cartpole", ["agent.num_agents=15", "learner.on_policy_sync=free",
+    crowded = load_config("appo_cartpole", ["agent.num_agents=15", "env.num_envs=4", "learner.on_policy_sync=free",
                                             "replay.fifo.max_policy_lag=8"])
     assert crowded.stale_round_advice is not None
     assert "1920 env steps (15 agents x 4 envs x 32 steps), 7.5 updates" in crowded.stale_round_advice

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from surreal_redis.config import load_config
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -165,12 +167,23 @@ def test_json_writes_the_result_and_the_learning_curves_beside_it(solve, monkeyp
     assert solve.sb3_curves("SB3 zoo", "sac", {"steps": 0, "curve": []}) is None
 
 
+def test_the_cartpole_launches_run_the_agents_their_configs_ship(solve):
+    """Each CartPole launch that stands for a shipped config (not the 4-agent case) and bench/appo's
+    CartPole race run as many agents as the config holds, so a benchmark measures what a user runs."""
+    for key, config, agents, _ in solve.LAUNCHES["ppo"]:
+        if key != "ppo_cartpole_4_agents":
+            assert agents == load_config(str(solve.ROOT / "configs" / config)).agent.num_agents, key
+    appo = importlib.import_module("appo")  # bench/appo.py, on the path with solve
+    for config, _ in appo.CARTPOLE.values():
+        assert appo.CARTPOLE_AGENTS == load_config(str(solve.ROOT / "configs" / config)).agent.num_agents
+
+
 def test_quick_runs_the_quick_start_against_sb3_zoo_and_says_its_verdict(solve):
-    """--quick: `launch configs/ppo_cartpole.yaml` (2 agents) and SB3 zoo's PPO only; the verdict
+    """--quick: `launch configs/ppo_cartpole.yaml` (1 agent) and SB3 zoo's PPO only; the verdict
     holds its first update (<= 3 s from the command), its exit (<= 1 s from the target, final eval
     included: no eval.final_episodes=0 override) and its whole process (<= 0.8x SB3 zoo's)."""
     launches, settings = solve.plan(solve.parse_args(["--quick"]))
-    assert launches == {"ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 2, ()),)} and settings == ("zoo",)
+    assert launches == {"ppo": (("ppo_cartpole", "ppo_cartpole.yaml", 1, ()),)} and settings == ("zoo",)
     assert solve.plan(solve.parse_args(["--only", "sac"]))[0] == {"sac": solve.LAUNCHES["sac"]}
     result = {"ppo_cartpole_s": 12.0, "ppo_cartpole_startup_s": 2.5, "ppo_cartpole_shutdown_s": 1.5,
               "sb3_zoo_ppo_cartpole_s": 16.0}
