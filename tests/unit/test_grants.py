@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from surreal_redis.config import ExperimentConfig
 from surreal_redis.hub.quota import ProductionQuota
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import ParamKeys, RunKeys
@@ -17,6 +18,14 @@ from surreal_redis.learner.loop import Learner
 from surreal_redis.learner.prefetch import PrefetchQueue
 
 from .test_learner import ddpg_config, learner_for, ppo_config, received, send_steps
+
+
+def started(client, tmp_path, *overrides: str) -> tuple[ExperimentConfig, Learner, ProductionQuota]:
+    """A started PPO learner on grants (``ppo_config`` with ``overrides``) and its run's quota."""
+    config = ppo_config(tmp_path, *overrides)
+    learner = learner_for(config, client)
+    learner.start()
+    return config, learner, ProductionQuota(client, config.run)
 
 
 def test_lockstep_learner_grants_what_the_next_update_still_needs(fake_redis, tmp_path):
@@ -34,10 +43,7 @@ def test_lockstep_learner_grants_what_the_next_update_still_needs(fake_redis, tm
 
 
 def test_lockstep_learner_grants_again_for_the_same_version_when_no_publish_was_due(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.publish_every_updates=2")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, "learner.publish_every_updates=2")
     send_steps(fake_redis, config, learner, 32)
     learner.iterate(received(learner))
     assert learner.algo.iteration == 1 and learner.param_version == 1  # not published: agents keep v1
@@ -50,10 +56,7 @@ def silence(learner: Learner, seconds: float) -> None:
 
 
 def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, "learner.lockstep_topup_s=5")
     assert quota.claim(1, 64).status == "OK"  # an agent claims everything, then dies
     silence(learner, 4)
     learner.iterate(PrefetchQueue(1))
@@ -65,10 +68,7 @@ def test_lockstep_learner_tops_up_a_grant_that_was_claimed_but_never_delivered(f
 
 
 def test_lockstep_learner_does_not_top_up_while_a_live_agent_is_still_making_its_claim(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5", "agent.heartbeat_every_s=2")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, "learner.lockstep_topup_s=5", "agent.heartbeat_every_s=2")
     assert quota.claim(1, 64).status == "OK"
     slow = Heartbeat(fake_redis, config.run, 0, ttl_s=30)
     slow.beat(0, 0, 1, claimed=64)  # a slow agent (an Atari agent's first flush), beating as it goes
@@ -84,10 +84,7 @@ def test_lockstep_learner_does_not_top_up_while_a_live_agent_is_still_making_its
 
 
 def test_lockstep_learner_does_not_top_up_while_steps_are_left_to_claim(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, "learner.lockstep_topup_s=5")
     assert quota.claim(1, 32).status == "OK"
     silence(learner, 6)
     learner.iterate(PrefetchQueue(1))
@@ -95,10 +92,7 @@ def test_lockstep_learner_does_not_top_up_while_steps_are_left_to_claim(fake_red
 
 
 def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_redis, tmp_path):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, "learner.lockstep_topup_s=5")
     fake_redis.flushall()  # Redis restarted empty: no meta, no quota, no insert/claim scripts
     silence(learner, 6)
     learner.iterate(PrefetchQueue(1))
@@ -109,10 +103,7 @@ def test_lockstep_learner_publishes_again_when_redis_lost_its_parameters(fake_re
 
 @pytest.mark.parametrize("sync", ["lockstep", "overlap"])
 def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_rest_over(fake_redis, tmp_path, sync):
-    config = ppo_config(tmp_path, f"learner.on_policy_sync={sync}")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, f"learner.on_policy_sync={sync}")
     assert quota.left() == (1, 64)  # both: the first batch
     assert quota.claim(1, 64).status == "OK"  # the agents claim it all and make it
     send_steps(fake_redis, config, learner, 32)
@@ -148,10 +139,7 @@ def beat_claiming(client, config, agent: int = 0) -> None:
 def test_a_claim_that_never_arrives_holds_a_top_up_back_for_a_bounded_time(fake_redis, tmp_path, caplog):
     # An agent stuck in its flush, or a hostile one writing its heartbeat by hand, says forever that
     # it is making what it claimed: the learner must not wait for it forever.
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5", "agent.heartbeat_every_s=2")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, "learner.lockstep_topup_s=5", "agent.heartbeat_every_s=2")
     assert quota.claim(1, 64).status == "OK"
     patience_s = grants.CLAIM_PATIENCE * 5
     for silent_s in (6, patience_s - 1):
@@ -186,10 +174,7 @@ def test_a_learner_waiting_long_for_experience_says_why_once_per_period(fake_red
 
 def test_a_live_version_not_the_learners_own_is_published_again_though_steps_are_left(fake_redis, tmp_path):
     # A failover to a replica that missed the last publish leaves a version nobody can claim for.
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
+    config, learner, quota = started(fake_redis, tmp_path, "learner.lockstep_topup_s=5")
     assert quota.left() == (1, 64)
     fake_redis.hset(ParamKeys(config.run).meta, "version", 0)
     assert quota.claim(1, 16).status == "STALE"  # every agent holding v1 is told so, and waits
