@@ -221,4 +221,5 @@ def test_an_agent_or_eval_acting_with_numpy_never_imports_torch():
             "print(type(policy).__name__, policy.act(obs).actions.shape, 'torch' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["NumpyPPOPolicy", "(4,)", "False"]
+    envs = load_config("ppo_cartpole").env.num_envs  # one action per env
+    assert result.stdout.split() == ["NumpyPPOPolicy", f"({envs},)", "False"]
