@@ -142,10 +142,15 @@ def sb3_curves(result: dict) -> plots.RunCurves | None:
     return plots.RunCurves("SB3 zoo", tuple(series), None)
 
 
+def train_series(curves: plots.RunCurves | None) -> plots.Series | None:
+    """The training curve of ``curves`` (None without one)."""
+    return next((s for s in curves.series if s.kind == "train"), None) if curves else None
+
+
 def train_return_by(curves: plots.RunCurves | None, env_steps: float) -> float | None:
     """The training curve's last point at or before ``env_steps``; None without a curve or a
     point that early."""
-    train = next((s for s in curves.series if s.kind == "train"), None) if curves else None
+    train = train_series(curves)
     if train is None:
         return None
     index = bisect.bisect_right(train.env_steps, env_steps)
@@ -155,7 +160,7 @@ def train_return_by(curves: plots.RunCurves | None, env_steps: float) -> float |
 def train_at(curves: plots.RunCurves | None, env_steps: int) -> float | None:
     """The training curve's value at ``env_steps`` (:func:`train_return_by`, rounded); None also
     where the curve ends before ``env_steps``."""
-    train = next((s for s in curves.series if s.kind == "train"), None) if curves else None
+    train = train_series(curves)
     if train is None or not train.env_steps or train.env_steps[-1] < env_steps:
         return None
     value = train_return_by(curves, env_steps)

@@ -101,8 +101,7 @@ class GrantKeeper:
         if self.quota is None or not needed:
             return
         now = time.monotonic()
-        topup_s = self._config.learner.lockstep_topup_s
-        if now - max(self._last_chunk_at, self._granted_at) < topup_s:
+        if now - max(self._last_chunk_at, self._granted_at) < self._config.learner.lockstep_topup_s:
             return
         silent_s = now - self._last_chunk_at
         version = self._version()
@@ -110,30 +109,37 @@ class GrantKeeper:
             log.warning("lockstep: the live parameter version is not v%d (Redis restarted or failed over?); "
                         "publishing again", version)
             self._publish()
-        else:
-            grant = self.quota.left()
-            if grant is not None and grant[0] == version and grant[1] > 0:
-                self._granted_at = now  # steps are left to claim: no agent is asking (none alive?)
-                self._warn_if_stalled(now, needed, f"{grant[1]} steps of v{version} are granted and no agent "
-                                                   "claims them (are agents running?)")
-                return
-            making = self._agents_making()
-            if making and silent_s < CLAIM_PATIENCE * topup_s:  # slow, not lost: look again later
-                self._granted_at = now
-                self._warn_if_stalled(now, needed, f"agents {', '.join(making)} are still making the flushes "
-                                                   "they claimed")
-                return
-            if making:
-                log.warning("lockstep: agents %s claimed flushes and sent nothing for %.0fs; granting again",
-                            ", ".join(making), silent_s)
+        elif self._agents_may_bring(version, needed, silent_s):  # look again later
+            self._granted_at = now
+            return
         self.topups += 1
         log.info("lockstep: no experience for %.0fs while the update needs %d more steps; granting them again "
                  "for v%d (top-up %d)", silent_s, needed, self._version(), self.topups)
         self.grant()
 
-    def _warn_if_stalled(self, now: float, needed: int, why: str) -> None:
+    def _agents_may_bring(self, version: int, needed: int, silent_s: float) -> bool:
+        """Whether agents may still bring the missing steps: steps of ``version`` are left to claim,
+        or agents still make flushes they claimed (for :data:`CLAIM_PATIENCE` top-up periods of
+        silence at most). Says why while the learner waits past :data:`STALL_WARNING_S`."""
+        grant = self.quota.left() if self.quota is not None else None
+        if grant is not None and grant[0] == version and grant[1] > 0:  # no agent is asking (none alive?)
+            self._warn_if_stalled(silent_s, needed, f"{grant[1]} steps of v{version} are granted and no agent "
+                                                    "claims them (are agents running?)")
+            return True
+        making = self._agents_making()
+        if not making:
+            return False
+        if silent_s < CLAIM_PATIENCE * self._config.learner.lockstep_topup_s:  # slow, not lost
+            self._warn_if_stalled(silent_s, needed, f"agents {', '.join(making)} are still making the flushes "
+                                                    "they claimed")
+            return True
+        log.warning("lockstep: agents %s claimed flushes and sent nothing for %.0fs; granting again",
+                    ", ".join(making), silent_s)
+        return False
+
+    def _warn_if_stalled(self, silent_s: float, needed: int, why: str) -> None:
         """Say why the update still waits, once per :data:`STALL_WARNING_S` of silence."""
-        silent_s = now - self._last_chunk_at
+        now = time.monotonic()
         if silent_s >= STALL_WARNING_S and now >= self._next_stall_warning:
             self._next_stall_warning = now + STALL_WARNING_S
             log.warning("lockstep: no experience for %.0fs while the update needs %d more steps: %s",

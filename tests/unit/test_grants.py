@@ -29,11 +29,8 @@ def started(client, tmp_path, *overrides: str) -> tuple[ExperimentConfig, Learne
 
 
 def test_lockstep_learner_grants_what_the_next_update_still_needs(fake_redis, tmp_path):
-    config = ppo_config(tmp_path)
+    config, learner, quota = started(fake_redis, tmp_path)
     assert config.lockstep  # the default for PPO
-    learner = learner_for(config, fake_redis)
-    quota = ProductionQuota(fake_redis, config.run)
-    learner.start()
     assert quota.left() == (1, 64)  # v1, one update's worth
     send_steps(fake_redis, config, learner, 48)  # 96 steps: one update takes 64, 32 stay for the next
     learner.iterate(received(learner))
@@ -158,9 +155,7 @@ def test_a_claim_that_never_arrives_holds_a_top_up_back_for_a_bounded_time(fake_
 
 
 def test_a_learner_waiting_long_for_experience_says_why_once_per_period(fake_redis, tmp_path, caplog):
-    config = ppo_config(tmp_path, "learner.lockstep_topup_s=5")
-    learner = learner_for(config, fake_redis)
-    learner.start()  # v1 granted, and no agent ever claims it
+    _, learner, _ = started(fake_redis, tmp_path, "learner.lockstep_topup_s=5")  # v1 granted, never claimed
     for silent_s in (6, grants.STALL_WARNING_S + 1, grants.STALL_WARNING_S + 2):
         silence(learner, silent_s)
         learner._next_housekeeping = 0.0

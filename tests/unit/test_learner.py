@@ -1,7 +1,7 @@
 """The learner on fakeredis, built from its parts: one round trains, publishes and acks; the
 off-policy feed pauses reading while updates are owed; stop conditions; run() to the end; a
-resumed learner credits only evals of its own parameters; the registry builds each regime;
-lockstep grants and top-ups; the experience-use, lag, busy and idle figures."""
+resumed learner credits only evals of its own parameters; the registry builds each regime; the
+experience-use, lag, busy and idle figures (lockstep grants and top-ups: test_grants.py)."""
 
 from __future__ import annotations
 
