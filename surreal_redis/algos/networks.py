@@ -13,6 +13,7 @@ import inspect
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import gymnasium as gym
@@ -30,7 +31,11 @@ __all__ = ["ACTIVATIONS", "NATURE_MIN_SIZE", "NatureCNN", "ObservationEncoder", 
            "load_module_params", "mlp", "module_params", "normalized_obs", "obs_to_tensor", "params_as_tensors",
            "pixel_stem", "resolve_device", "soft_update", "TargetAverager"]
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+# ReLU in place: it overwrites its Linear's fresh output, which nothing else reads (its backward
+# reads its result), saving an allocation and a pass: DDPG's update at [400, 300] takes 4% less
+# time, bit-identical. ELU's in-place backward rounds differently; nn.Tanh has no in-place form.
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"tanh": nn.Tanh, "relu": partial(nn.ReLU, inplace=True),
+                                                   "elu": nn.ELU}
 
 
 def params_as_tensors(params: ParamDict, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -144,10 +149,39 @@ class EagerAdam(torch.optim.Adam):
     """
 
     def step(self, closure: Any = None) -> Any:
+        if closure is None and self._fused_step():
+            return None
         if _dynamo_loaded():
             return super().step(closure)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             return inspect.unwrap(torch.optim.Adam.step)(self, closure)
+
+    def _fused_step(self) -> bool:
+        """The step of torch's fused Adam for one group of parameters that all have gradients and
+        state (every step after the first), on one device and dtype: its two kernel calls
+        (``_foreach_add_`` of the step counts, ``_fused_adam_``), without the ~0.15 ms of Python
+        that ``Adam.step`` spends around them on a small network (gathering the lists, grouping
+        them by device, checks). False (nothing done) when that is not the case: torch's step then."""
+        if len(self.param_groups) != 1:
+            return False
+        group = self.param_groups[0]
+        if not group["fused"] or group["amsgrad"] or group["maximize"] or group["decoupled_weight_decay"]:
+            return False
+        params = group["params"]
+        states = [self.state.get(param) or {} for param in params]  # {}: no state yet
+        if not all(states) or any(param.grad is None for param in params):
+            return False
+        first = params[0]
+        if any(param.device != first.device or param.dtype != first.dtype for param in params):
+            return False
+        steps = [state["step"] for state in states]
+        beta1, beta2 = group["betas"]
+        torch._foreach_add_(steps, 1)
+        torch._fused_adam_(params, [param.grad for param in params], [state["exp_avg"] for state in states],
+                           [state["exp_avg_sq"] for state in states], [], steps, amsgrad=False, lr=group["lr"],
+                           beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+                           maximize=False, grad_scale=None, found_inf=None)
+        return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         _eager(torch.optim.Optimizer.zero_grad)(self, set_to_none)

@@ -261,11 +261,11 @@ class PassCounter:
         self.passes: list[Counter[int]] = []
         trainer._minibatch_step = self._counted  # type: ignore[method-assign]
 
-    def _counted(self, rollout, idx, ref_log_std, clip_coef):
+    def _counted(self, rollout, idx, *rest):
         if len(self.passes) < self.trainer.iteration + 1:
             self.passes.append(Counter())
         self.passes[-1].update(idx.tolist())
-        return self.step(rollout, idx, ref_log_std, clip_coef)
+        return self.step(rollout, idx, *rest)
 
 
 @pytest.mark.parametrize("arrival", ["slow", "fast"])

@@ -218,3 +218,60 @@ def test_adam_keeps_its_own_capturable_when_loading_a_checkpoint():
     again.load_state_dict(state)
     assert again.param_groups[0]["capturable"] is False
     again.step()
+
+
+def test_eager_adam_short_step_is_torchs_fused_step_and_falls_back_when_it_cannot_be(monkeypatch):
+    """Once every parameter has state, adam()'s step makes torch's fused-Adam kernel calls itself
+    (no list gathering and grouping in Python): the same parameters and state bit for bit, weight
+    decay and a changed learning rate included. A step with a parameter left without a gradient,
+    and the first step (no state yet), go through torch's own step; so does a step after the
+    state was loaded from a checkpoint (new state tensors) only if it must."""
+    torch.manual_seed(0)
+    nets = [mlp(4, [8], 2) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    extras = [torch.nn.Parameter(torch.ones(3)) for _ in range(2)]
+    ours = adam([*nets[0].parameters(), extras[0]], lr=1e-2, eps=1e-5, weight_decay=1e-3)
+    theirs = torch.optim.Adam([*nets[1].parameters(), extras[1]], lr=1e-2, eps=1e-5, weight_decay=1e-3, fused=True)
+    torch_steps: list[int] = []
+    init_group = torch.optim.Adam._init_group
+
+    def counted(self, *args, **kwargs):
+        if self is ours:
+            torch_steps.append(step)
+        return init_group(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "_init_group", counted)
+    for step in range(7):
+        x = torch.randn(16, 4)
+        for net, extra, optimizer in ((nets[0], extras[0], ours), (nets[1], extras[1], theirs)):
+            optimizer.param_groups[0]["lr"] = 1e-2 / (step + 1)
+            optimizer.zero_grad()
+            loss = net(x).pow(2).mean() + (0.0 if step == 3 else extra.pow(2).sum())  # step 3: no gradient
+            loss.backward()
+            optimizer.step()
+        if step == 4:
+            ours.load_state_dict(ours.state_dict())
+        for a, b in zip([*nets[0].parameters(), extras[0]], [*nets[1].parameters(), extras[1]]):
+            assert torch.equal(a, b), step
+    assert torch_steps == [0, 3]
+    assert str(ours.state_dict()) == str(theirs.state_dict())
+
+
+def test_in_place_relu_gives_the_out_of_place_outputs_and_gradients():
+    """ReLU runs in place on its Linear's output: the forward and every gradient are those of
+    the out-of-place module, bit for bit."""
+    torch.manual_seed(0)
+    ours = mlp(5, (32, 32), 3, activation="relu")
+    plain = torch.nn.Sequential(*[torch.nn.ReLU() if isinstance(m, torch.nn.ReLU) else m
+                                  for m in mlp(5, (32, 32), 3, "relu")])
+    plain.load_state_dict(ours.state_dict())
+    assert any(getattr(m, "inplace", False) for m in ours) and not any(getattr(m, "inplace", False) for m in plain)
+    x = torch.randn(64, 5, requires_grad=True)
+    y = x.detach().clone().requires_grad_()
+    out, expected = ours(x), plain(y)
+    assert torch.equal(out, expected)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    assert torch.equal(x.grad, y.grad)
+    for a, b in zip(ours.parameters(), plain.parameters()):
+        assert torch.equal(a.grad, b.grad)

@@ -90,6 +90,22 @@ class ActorCritic(nn.Module):
         return Independent(Normal(head, log_std.exp().expand_as(head), validate_args=validate), 1,
                            validate_args=validate)
 
+    def log_prob_entropy(self, head: torch.Tensor, actions: torch.Tensor,
+                         grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs ``[N]`` of ``actions`` (``[N]`` or ``[N, A]``) under :meth:`distribution`
+        of ``head`` ``[N, A]``, and the mean entropy (a 0-d tensor; ``grad`` False: detached,
+        for a loss that does not read it). The same values as the distribution's, computed
+        without building one (Categorical: ``log_softmax`` then ``gather``)."""
+        if self.continuous:
+            dist = self.distribution(head, validate=False)
+            with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+                entropy = dist.entropy().mean()
+            return dist.log_prob(actions), entropy
+        logp_all = torch.log_softmax(head, dim=-1)
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+        return logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy
+
     def value(self, z: torch.Tensor) -> torch.Tensor:
         """State values ``[N]``."""
         return self.critic(z).squeeze(-1)

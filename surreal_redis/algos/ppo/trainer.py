@@ -193,26 +193,30 @@ class PPOTrainer(Trainer):
         return dist, dist.log_prob(_flatten_time(actions))
 
     def _minibatch_step(self, rollout: _Rollout, idx: torch.Tensor, ref_log_std: torch.Tensor | None,
-                        coefs: tuple[Any, Any]) -> dict[str, torch.Tensor]:
+                        coefs: tuple[Any, Any], stats: bool = True) -> dict[str, torch.Tensor]:
         """One optimizer step on the sequences ``idx`` of ``rollout``; returns the loss terms as
-        float64 scalar tensors, not read: no host sync inside the step (:func:`.losses.mean_loss_terms`).
+        float64 scalar tensors, not read: no host sync inside the step (:func:`.losses.mean_loss_terms`);
+        ``stats`` False: none (``{}``), and the step makes none of the ops that only report.
         ``coefs``: this update's clip range and KL coefficient (floats, or tensors when captured).
 
         The minibatch goes through the network in passes of about :data:`PASS_OBS_BYTES` of
         observations, each pass's loss weighted by its share of the rows: every loss term is a
         mean over rows (advantages normalized with the whole minibatch's statistics), so the
         summed gradient is the whole minibatch's while activations are held one pass at a time."""
-        advantages = rollout.advantages[:, idx]
+        # the whole batch in one step: its order changes no mean, so the rollout is used as it is
+        whole = len(idx) == rollout.logp.shape[1]
+        advantages = rollout.advantages if whole else rollout.advantages[:, idx]
         adv_stats = None
         if self.config.norm_adv and advantages.numel() > 1:
             adv_stats = advantages.mean(), advantages.std()
         steps = rollout.logp.shape[0]  # sequence length (1 without an LSTM)
         passes = math.ceil(len(idx) * steps / _rows_per_pass(rollout.obs, 2))
         parts = idx.tensor_split(min(passes, len(idx)))
+        select = (lambda part: rollout) if whole and len(parts) == 1 else rollout.select
         loss_fn = self._minibatch_loss
         if self._capture is not None:
             capture = self._capture
-            capture.warm_up(lambda: capture["loss"](rollout.select(parts[0]), ref_log_std, coefs, adv_stats)[0]
+            capture.warm_up(lambda: capture["loss"](select(parts[0]), ref_log_std, coefs, adv_stats)[0]
                             .backward(), self.optimizer.zero_grad)
             loss_fn = capture["loss"]
         self.optimizer.zero_grad()
@@ -221,13 +225,14 @@ class PPOTrainer(Trainer):
             weight = len(part) / len(idx)
             if self._capture is not None:
                 self._capture.step_begin()
-            loss, part_info = loss_fn(rollout.select(part), ref_log_std, coefs, adv_stats)
+            loss, part_info = loss_fn(select(part), ref_log_std, coefs, adv_stats)
             if len(parts) == 1:  # the usual case: no weighting, fewer small ops per step
                 loss.backward()
-                info = {key: value.double() for key, value in part_info.items()}
+                if stats:
+                    info = {key: value.double() for key, value in self._with_ratio_stats(part_info, coefs).items()}
             else:
                 (loss * weight).backward()
-                for key, value in part_info.items():
+                for key, value in (self._with_ratio_stats(part_info, coefs) if stats else {}).items():
                     # float64 as the Python floats these were: 0.0 + weight * value, the same rounding
                     info[key] = info.get(key, 0.0) + weight * value.double()
         clip_grad_norm(self._params, self.config.max_grad_norm)
@@ -241,15 +246,14 @@ class PPOTrainer(Trainer):
         ``adv_stats`` (mean, std) normalize the advantages (None: used as they are)."""
         cfg, (clip_coef, kl_coef) = self.config, coefs
         z, _ = self.net.core(self.net.features(_flatten_time(mb.obs)), mb.initial_state, mb.episode_start)
-        dist, new_logp = self._distribution(self.net.policy_head(z), mb.actions)
-        entropy = dist.entropy().mean()
+        head = self.net.policy_head(z)
+        if cfg.mode == "clip":  # no distribution object: the log-probs and entropy are all the loss reads
+            new_logp, entropy = self.net.log_prob_entropy(head, _flatten_time(mb.actions), grad=cfg.ent_coef != 0)
+        else:
+            dist, new_logp = self._distribution(head, mb.actions)
+            entropy = dist.entropy().mean()
         new_values = self.net.value(z)
         logratio = new_logp - mb.logp.reshape(-1)
-        with torch.no_grad():
-            ratio = logratio.exp()
-            # the k3 estimator of KL[pi_old, pi], http://joschu.net/blog/kl-approx.html
-            approx_kl = ((ratio - 1) - logratio).mean()
-            clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
 
         advantages = mb.advantages.reshape(-1)
         if adv_stats is not None:
@@ -266,8 +270,21 @@ class PPOTrainer(Trainer):
         v_loss = value_loss(new_values, mb.returns.reshape(-1), mb.values.reshape(-1), v_clip)
         loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
         info.update(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy.detach(),
-                    approx_kl=approx_kl, clip_fraction=clip_fraction)
+                    logratio=logratio.detach())
         return loss, info
+
+    @staticmethod
+    @torch.no_grad()
+    def _with_ratio_stats(terms: dict[str, torch.Tensor], coefs: tuple[Any, Any]) -> dict[str, torch.Tensor]:
+        """``terms`` of :meth:`_minibatch_loss` with its ``logratio`` ``[N]`` replaced by the
+        scalars they report: ``approx_kl`` and ``clip_fraction`` (of ratios moved past the clip range)."""
+        terms = dict(terms)
+        logratio = terms.pop("logratio")
+        ratio = logratio.exp()
+        # the k3 estimator of KL[pi_old, pi], http://joschu.net/blog/kl-approx.html
+        terms["approx_kl"] = ((ratio - 1) - logratio).mean()
+        terms["clip_fraction"] = ((ratio - 1.0).abs() > coefs[0]).float().mean()
+        return terms
 
     def schedule_done(self) -> str:
         """Why the next update would learn nothing ("" while it would): ``total_updates`` updates
@@ -331,13 +348,17 @@ class PPOTrainer(Trainer):
         coefs = (clip_coef, self.kl_coef) if self._capture is None else self._capture.scalars(clip_coef, self.kl_coef)
 
         epochs = 0
-        for _ in range(cfg.update_epochs):
+        for epoch in range(cfg.update_epochs):
+            # the stats are the last epoch's, read after it; target_kl reads every epoch's last step
+            stats_wanted = cfg.target_kl is not None or epoch == cfg.update_epochs - 1
             epoch_info: list[dict[str, torch.Tensor]] = []
             for rollout in rollouts:
                 batch = rollout.logp.shape[1]
-                order = torch.randperm(batch, generator=self._generator).to(self.device)
-                for idx in order.tensor_split(min(cfg.num_minibatches, batch)):
-                    epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, coefs))
+                minibatches = min(cfg.num_minibatches, batch)
+                order = (torch.randperm(batch, generator=self._generator).to(self.device) if minibatches > 1
+                         else torch.arange(batch, device=self.device))  # one minibatch: no shuffle to make
+                for idx in order.tensor_split(minibatches):
+                    epoch_info.append(self._minibatch_step(rollout, idx, ref_log_std, coefs, stats_wanted))
             epochs += 1
             # one host read per epoch, only with target_kl
             if cfg.target_kl is not None and (last_kl := epoch_info[-1]["approx_kl"].item()) > cfg.target_kl:
