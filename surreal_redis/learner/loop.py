@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 # may be skipped (the status report) are skipped under OOM where they are made.
 RETRY_ERRORS = (*OUTAGE_ERRORS, redis.exceptions.OutOfMemoryError, PublishBackpressure)
 OOM_ERRORS = (redis.exceptions.OutOfMemoryError, PublishBackpressure)
+HOUSEKEEPING_EVERY_S = 1.0
+STOP_CHECK_EVERY_S = 0.2
+"""With ``stop.target_return``, the episodes are read and the stop rules applied this often
+between housekeepings (an XREAD and an HGETALL): a run that reached its target stops within
+0.2 s, not 1 s (the quick start learns ~9k env steps a second)."""
 
 
 class Learner:
@@ -82,7 +87,7 @@ class Learner:
         self._updated = False  # by this process
         self.elapsed_before = 0.0
         self._publish_failed = False
-        self._next_housekeeping = 0.0
+        self._next_housekeeping = self._next_stop_check = 0.0
         live_agents = partial(read_agents, client, cfg.run, cfg.agent.heartbeat_ttl_s, include_stale=False)
         self.grants = GrantKeeper(client, cfg, self.feed, version=lambda: self.param_version,
                                   env_steps=lambda: self.env_steps, publish=partial(self._publish, force=True))
@@ -248,7 +253,8 @@ class Learner:
     def iterate(self, batches: PrefetchQueue) -> None:
         """One round: the next received batch into the feed (unless it has updates to run first;
         waits up to 0.2 s for one, not at all while the feed has updates to run), the updates the
-        feed allows, and housekeeping once a second."""
+        feed allows, and housekeeping once a second (the stop rules every
+        :data:`STOP_CHECK_EVERY_S` with a target return)."""
         items: list[ReceivedChunk] = []
         if self.feed.wants_data():
             with contextlib.suppress(queue.Empty):
@@ -267,9 +273,15 @@ class Learner:
                 break
             self.metrics.observe_update(stats, time.monotonic() - started)
             self._after_update()
-        if time.monotonic() >= self._next_housekeeping:
-            self._next_housekeeping = time.monotonic() + 1.0
+        now = time.monotonic()
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + HOUSEKEEPING_EVERY_S
+            self._next_stop_check = now + STOP_CHECK_EVERY_S
             self._housekeeping()
+        elif self.config.stop.target_return is not None and now >= self._next_stop_check:
+            self._next_stop_check = now + STOP_CHECK_EVERY_S
+            self.scores.read()
+            self._apply_stop_rules()
 
     def _ingest(self, items: list[ReceivedChunk]) -> None:
         """Into the feed first, then the Redis calls: an outage in between leaves entries pending
@@ -360,14 +372,18 @@ class Learner:
         self.scores.read()
         self.curve.flush()  # the points of the episodes read, written by the tracker's thread
         self.metrics.maybe_flush(self.progress(), self.feed.stats(), self.receiver.stats())
+        if not self._apply_stop_rules():
+            stopping, why = self.control.stopping()
+            if stopping:
+                self.stop.set(f"run stopping ({why or 'stop requested'})")
+
+    def _apply_stop_rules(self) -> bool:
+        """Stop the run if a stop rule says so (:meth:`StopRules.stop_reason`); whether one did."""
         reason = self.rules.stop_reason(self.env_steps, self.elapsed())
         if reason:
             self.control.request_stop(reason)
             self.stop.set(reason)
-        else:
-            stopping, why = self.control.stopping()
-            if stopping:
-                self.stop.set(f"run stopping ({why or 'stop requested'})")
+        return bool(reason)
 
     def mean_return(self) -> float | None:
         """Mean of the recent training episode returns (None before the first episode)."""

@@ -27,6 +27,7 @@ from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys
 from surreal_redis.learner.chunk_check import ChunkCheck
+from surreal_redis.learner import loop
 from surreal_redis.learner.loop import Learner
 from surreal_redis.learner.metrics import AgentClocks, lag_percentile, use_summary
 from surreal_redis.learner.parts import FeedSettings, LearnerParts, make_feed
@@ -537,3 +538,20 @@ def test_off_policy_learner_with_updates_owed_does_not_wait_for_data(fake_redis,
     feed.config = dataclasses.replace(feed.config, max_train_s=1e-9)  # time for no update yet
     learner.iterate(waits)
     assert waits.timeouts == [0.2, 0.0]
+
+
+def test_a_reached_target_return_stops_the_run_between_housekeepings(fake_redis, tmp_path, monkeypatch):
+    """With ``stop.target_return`` the learner reads the episodes and applies the stop rules
+    every STOP_CHECK_EVERY_S (here at every round), not only at the once-a-second housekeeping:
+    a run that reached its target stops within 0.2 s."""
+    monkeypatch.setattr(loop, "STOP_CHECK_EVERY_S", 0.0)
+    config = ppo_config(tmp_path, "stop.target_return=100", "stop.return_window=4")
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    learner.iterate(PrefetchQueue(1))  # housekeeping: the next is a second away
+    assert not learner.stop
+    EpisodeLog(fake_redis, config.run).record([episode("train", r, 1, agent) for r, agent in
+                                               ((150.0, "0"), (90.0, "1"), (110.0, "1"), (100.0, "2"))])
+    learner.iterate(PrefetchQueue(1))
+    assert learner.stop and "train return" in learner.stop.reason
+    assert RunControl(fake_redis, config.run).stopping()[0]
