@@ -26,8 +26,8 @@ from surreal_redis.hub.run.control import RunControl
 from surreal_redis.hub.run.episodes import EpisodeLog, EpisodeRecord
 from surreal_redis.hub.run.heartbeat import Heartbeat
 from surreal_redis.keys import CONSUMER_GROUP, RunKeys
-from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.learner import loop
+from surreal_redis.learner.chunk_check import ChunkCheck
 from surreal_redis.learner.loop import Learner
 from surreal_redis.learner.metrics import AgentClocks, lag_percentile, use_summary
 from surreal_redis.learner.parts import FeedSettings, LearnerParts, make_feed
