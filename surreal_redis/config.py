@@ -222,7 +222,8 @@ class EvalConfig:
 class StopConfig:
     """The run stops at the first condition met: env steps, wall seconds, or a return reaching
     ``target_return``: with ``target_metric: train`` the mean of the last ``return_window``
-    training episodes, with ``eval`` the mean of the latest complete eval (``eval.episodes``)."""
+    training episodes, with ``eval`` the mean of the latest complete eval (``eval.episodes``).
+    The learner looks at a return target every 0.2 s and at the limits once a second."""
 
     max_env_steps: int | None = None
     max_seconds: float | None = None
