@@ -9,10 +9,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from surreal_redis.algos import networks
 from surreal_redis.algos.ddpg.config import DDPGConfig
 from surreal_redis.algos.network_config import ACTIVATION_NAMES
 from surreal_redis.algos.networks import (
+    EagerAdam,
     NatureCNN,
     ObservationEncoder,
     SmallCNN,
@@ -255,6 +258,41 @@ def test_eager_adam_short_step_is_torchs_fused_step_and_falls_back_when_it_canno
             assert torch.equal(a, b), step
     assert torch_steps == [0, 3]
     assert str(ours.state_dict()) == str(theirs.state_dict())
+
+
+@pytest.mark.parametrize("dynamo_loaded", [False, True])
+def test_eager_adam_step_skips_torchs_hook_wrapper_until_a_hook_or_the_profiler_asks_for_it(monkeypatch,
+                                                                                          dynamo_loaded):
+    """torch wraps an optimizer's ``step`` in a profiler range and its step hooks; adam()'s step is
+    not wrapped, and applies that wrapper itself when it matters: this optimizer's pre- and
+    post-step hooks and the global ones run once per step (also through torch's own step once
+    dynamo is loaded), and the profiler sees the step's range, as for torch's Adam."""
+    monkeypatch.setattr(networks, "_dynamo_loaded", lambda: dynamo_loaded)
+    assert not hasattr(EagerAdam.step, "__wrapped__")
+    net = mlp(4, [8], 2)
+    optimizer = adam(net.parameters(), lr=1e-2)
+    plain = torch.optim.Adam(mlp(4, [8], 2).parameters(), lr=1e-2)  # wraps torch's Adam.step: not ours
+    assert hasattr(torch.optim.Adam.step, "__wrapped__") and plain is not None
+    calls: list[str] = []
+    hooks = [optimizer.register_step_pre_hook(lambda *_: calls.append("pre")),
+             optimizer.register_step_post_hook(lambda *_: calls.append("post")),
+             register_optimizer_step_pre_hook(lambda *_: calls.append("global pre")),
+             register_optimizer_step_post_hook(lambda *_: calls.append("global post"))]
+    for _ in range(2):  # torch's step (no state yet), then the short one
+        optimizer.zero_grad()
+        net(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    assert calls == ["global pre", "pre", "post", "global post"] * 2
+    for hook in hooks:
+        hook.remove()
+    before = [p.detach().clone() for p in net.parameters()]
+    optimizer.zero_grad()
+    net(torch.randn(3, 4)).sum().backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        optimizer.step()
+    assert calls == ["global pre", "pre", "post", "global post"] * 2
+    assert "Optimizer.step#EagerAdam.step" in {event.name for event in profile.events()}
+    assert not any(torch.equal(a, b) for a, b in zip(before, net.parameters()))
 
 
 def test_in_place_relu_gives_the_out_of_place_outputs_and_gradients():
