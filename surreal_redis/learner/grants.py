@@ -74,16 +74,18 @@ class GrantKeeper:
         if self.overlap and self.quota is not None and self._feed.steps_needed() == 0:
             self.grant(ahead=1)
 
+    @property
+    def carry_on_publish(self) -> bool:
+        """Overlap: a publish moves the unclaimed rest of the grant made before the update to the
+        version it publishes, in its own script (``ParameterPublisher.publish(carry_grant=True)``)."""
+        return self.overlap and self.quota is not None
+
     def after_update(self, version_before: int) -> None:
         """After an update and its publish, if due (``version_before``: the live version before it)."""
         if not self.overlap:
             self.grant()  # for the new version, or again for the old one when no publish was due
         elif self.quota is not None and self._version() != version_before:
-            # The unclaimed rest of the grant made before this update. A claim between the read and
-            # the write is granted twice: one flush more, used by the next update.
-            grant = self.quota.left()
-            self.quota.grant(self._version(), max(0, grant[1]) if grant and grant[0] == version_before else 0)
-            self._granted_at = time.monotonic()
+            self._granted_at = time.monotonic()  # the publish carried the grant over
 
     def chunk_arrived(self) -> None:
         """Experience came in: the top-up clock starts again."""

@@ -326,7 +326,8 @@ class Learner:
         start = time.monotonic()
         self._publish_failed = True  # until it went through: the next update tries again
         try:
-            version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force)
+            version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force,
+                                             carry_grant=self.grants.carry_on_publish)
         except PublishBackpressure as exc:
             log.warning("publish refused, Redis is full (%s); training goes on, retrying after housekeeping", exc)
             return False

@@ -9,7 +9,7 @@ from support.acl_users import acl_clients
 
 from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
 from surreal_redis.keys import ParamKeys
-from surreal_redis.scripts import ScriptError
+from surreal_redis.scripts import ScriptError, Scripts
 
 pytestmark = pytest.mark.integration
 
@@ -127,4 +127,56 @@ def test_an_agent_user_waits_for_the_learner_to_load_claim_lua(redis_server, rea
     ProductionQuota(learner, "qa").grant(1, 8)
     assert news.wait(5.0) is True
     assert ProductionQuota(agent, "qa").claim(1, 8) == ("OK", 8, 1)
+    news.close()
+
+
+def test_a_publish_carrying_the_grant_moves_its_unclaimed_rest_in_the_same_script(real_redis, monkeypatch):
+    """``publish(carry_grant=True)`` (overlap production): what agents left unclaimed of the live
+    version's grant moves to the new version with the version swap, announced after it; a grant
+    of another version, or an overshoot, carries nothing. A publish whose reply was lost and is
+    sent again leaves the quota as the first call and the claims since left it."""
+    import numpy as np
+    import redis
+
+    from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
+
+    run = "qcarry"
+    publisher = ParameterPublisher(real_redis, run, PublisherConfig(retry_base_s=0.001))
+    quota, news = ProductionQuota(real_redis, run), QuotaNews(real_redis, run)
+    params = {"w": np.zeros(3, np.float32)}
+    assert publisher.publish(params, 0, carry_grant=True) == 1
+    assert quota.left() == (1, 0)  # no grant before: nothing to carry
+    quota.grant(1, 100)
+    assert quota.claim(1, 64) == ("OK", 64, 1)
+    news.drain()
+    assert publisher.publish(params, 1, carry_grant=True) == 2
+    assert quota.left() == (2, 36)  # the unclaimed rest, now for v2
+    assert quota.claim(1, 8).status == "STALE" and quota.claim(2, 8) == ("OK", 8, 2)
+    assert news.wait(5.0, grants_only=True) and news.granted_version == 2
+    assert quota.claim(2, 64) == ("OK", 64, 2)  # overshoot: -36 left
+    assert publisher.publish(params, 2, carry_grant=True) == 3 and quota.left() == (3, 0)
+    quota.grant(7, 50)  # a grant of another version (a learner restarted, say): not this one's
+    assert publisher.publish(params, 3, carry_grant=True) == 4 and quota.left() == (4, 0)
+    quota.grant(4, 30)
+    assert publisher.publish(params, 4) == 5 and quota.left() == (4, 30)  # without carry_grant: untouched
+
+    # The script ran and its reply was lost; an agent claims before the call is sent again.
+    quota.grant(5, 40)
+    evalsha = real_redis.evalsha
+    claim_sha = Scripts(real_redis).get("claim").sha
+    calls = []
+
+    def reply_lost(*args):
+        result = evalsha(*args)
+        if args[0] == claim_sha:  # the agent's claim, on the same client here
+            return result
+        calls.append(args)
+        if len(calls) == 1:
+            assert quota.claim(6, 16) == ("OK", 16, 6)
+            raise redis.ConnectionError("reply lost (simulated)")
+        return result
+
+    monkeypatch.setattr(real_redis, "evalsha", reply_lost)
+    assert publisher.publish(params, 5, carry_grant=True) == 6
+    assert len(calls) == 2 and quota.left() == (6, 24)  # 40 carried, 16 claimed: not carried again
     news.close()

@@ -120,6 +120,24 @@ def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_
         assert claims == [("WAIT", 0, 1)] and quota.left() == (2, 64)
 
 
+def test_an_overlap_update_carries_the_grant_over_in_its_publish_without_more_round_trips(fake_redis, tmp_path,
+                                                                                         monkeypatch):
+    """Overlap: one grant before the update, and the publish script carries its unclaimed rest
+    over to the new version: no read of the quota and no grant after the update."""
+    config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap")
+    assert quota.claim(1, 64).status == "OK"
+    send_steps(fake_redis, config, learner, 32)
+    calls: list[str] = []
+    for name in ("left", "grant"):
+        method = getattr(learner.grants.quota, name)
+        monkeypatch.setattr(learner.grants.quota, name,
+                            lambda *args, _name=name, _method=method: calls.append(_name) or _method(*args))
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 1 and learner.param_version == 2
+    assert calls == ["grant"]  # the grant ahead, before the update
+    assert quota.left() == (2, 64)  # granted 64 ahead for v1, none claimed: all of it carried to v2
+
+
 def test_free_and_off_policy_learners_grant_nothing(fake_redis, tmp_path):
     for config in (ppo_config(tmp_path, "learner.on_policy_sync=free"), ddpg_config(tmp_path)):
         assert not config.lockstep

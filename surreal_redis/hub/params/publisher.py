@@ -137,8 +137,11 @@ class ParameterPublisher:
             raise ValueError(f"version must be >= 0, got {version}")
         self._floor = max(self._floor, int(version))
 
-    def publish(self, params: ParamDict, iteration: int, message: str = "", force: bool = False) -> int | None:
-        """Publish ``params`` (name -> array, any shapes) as the next version and return it.
+    def publish(self, params: ParamDict, iteration: int, message: str = "", force: bool = False,
+                carry_grant: bool = False) -> int | None:
+        """Publish ``params`` (name -> array, any shapes) as the next version and return it. With
+        ``carry_grant``, the same script moves what agents left unclaimed of the previous version's
+        production grant (:mod:`surreal_redis.hub.quota`) to the new version, and announces it.
 
         Returns None without touching Redis when the last publish was less than
         ``min_publish_interval`` seconds ago and ``force`` is false. Blocks for the blob upload
@@ -152,7 +155,7 @@ class ParameterPublisher:
         if (not force and self._last_publish is not None
                 and time.monotonic() - self._last_publish < self._config.min_publish_interval):
             return None
-        return self._publish(params, iteration, message)
+        return self._publish(params, iteration, message, carry_grant)
 
     def republish(self, params: ParamDict, iteration: int, above: int = 0, message: str = "republish") -> int:
         """Publish ``params`` above every version seen: ``meta``'s, this publisher's last one and
@@ -169,7 +172,7 @@ class ParameterPublisher:
         log.info("republished parameters as v%d (above v%d)", version, seen)
         return version
 
-    def _publish(self, params: ParamDict, iteration: int, message: str) -> int:
+    def _publish(self, params: ParamDict, iteration: int, message: str, carry_grant: bool = False) -> int:
         now = time.monotonic()
         if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
@@ -185,7 +188,7 @@ class ParameterPublisher:
         fields = [blob_digest(blob), codec, spec, int(iteration), repr(time.time()), message]
         try:
             self._upload(blob)
-            new = self._swap_in(blob, fields)
+            new = self._swap_in(blob, fields, carry_grant)
         except redis.exceptions.OutOfMemoryError as exc:
             self._version = None
             self._discard_staging()
@@ -210,13 +213,14 @@ class ParameterPublisher:
         for start in range(piece, len(blob), piece):
             self._retrying(partial(self._client.setrange, self._staging, start, view[start:start + piece]))
 
-    def _swap_in(self, blob: bytes, fields: list) -> int:
+    def _swap_in(self, blob: bytes, fields: list, carry_grant: bool) -> int:
         """Run the publish script until it takes the staged blob (3 tries); the new version."""
         tries_left = 3
         while True:
             prev = self.version
             new = max(prev, self._floor) + 1
-            keys = [self._keys.meta, self._staging, self._keys.blob(new), self._keys.blob(prev)]
+            keys = [self._keys.meta, self._staging, self._keys.blob(new), self._keys.blob(prev),
+                    *([self._keys.quota] if carry_grant else [])]
             args = [new, prev, len(blob), self._config.read_piece_bytes, *fields,
                     int(self._config.grace_s * 1000), self._keys.notify]
             try:
