@@ -42,10 +42,12 @@ non-gradient work <= 15% of the update at the config's batch and at 8192 steps
 
 ``--loop SECONDS`` (0: off): the loop efficiency. Per config (a shipped name), ``launch`` of it as
 shipped (its agents, eval and tracking; ``stop.target_return`` off, so it runs ``SECONDS`` or to
-its ``max_env_steps``; :func:`solve.run_launch`), then, in the same run, the bare update of this
+its ``max_env_steps``; :func:`solve.run_launch`), and in the same run the bare update of this
 bench at the config's own sizes (no reference; ``--steps``, ``--minibatch``, ``--batch`` must
-stay 0). The learner's rate over its steady window, from its log's metrics lines (from the first
-after an update, past start-up and ``learning_starts``, to the last), against the bare one:
+stay 0), timed before the launch and after it, their mean taken
+(``bare_update_s_before_after``: this machine's speed drifts within minutes). The learner's
+rate over its steady window, from its log's metrics lines (from the first after an update, past
+start-up and ``learning_starts``, to the last), against the bare one:
 ``result["loop"]`` per config has ``launch_updates_per_s``, ``bare_updates_per_s`` (1 / the bare
 case's seconds per update), ``loop_efficiency`` (their ratio; target >= 0.9 for SAC, DDPG, PPO),
 ``learner_busy`` (seconds inside updates / wall seconds over that window, from the same lines:
@@ -292,18 +294,23 @@ def time_loop(name: str, config, seconds: float, repeats: int, device: str, phas
     sizes without the reference; the loop case and the bare one."""
     config_file = f"{name}.yaml"
     agents = config.agent.num_agents
+
+    def bare_update() -> tuple[dict, float]:
+        if not config.algorithm.on_policy:
+            [case] = time_off_policy(name, config, [0], repeats, device, False)
+            return case, case["update_ms"] / 1000
+        [case] = time_on_policy(name, config, [0], [0], repeats, device, False, phases)
+        return case, case["update_s"]
+
+    _, bare_before_s = bare_update()  # and again after: this machine's speed drifts within minutes
     with tempfile.TemporaryDirectory(prefix="learner-loop-") as workdir:
         _, steps, _ = run_launch(config_file, agents, seconds, Path(workdir), LOOP_OVERRIDES)
         if steps is None:
             raise SystemExit(f"{name}: the launch failed (its log above)")
         learner_log = Path(workdir, launch_name(config_file, agents, LOOP_OVERRIDES), "logs", "learner.log")
         rate = steady_rate(learner_log.read_text(errors="replace"))
-    if not config.algorithm.on_policy:
-        [bare] = time_off_policy(name, config, [0], repeats, device, False)
-        bare_s = bare["update_ms"] / 1000
-    else:
-        [bare] = time_on_policy(name, config, [0], [0], repeats, device, False, phases)
-        bare_s = bare["update_s"]
+    bare, bare_after_s = bare_update()
+    bare_s = (bare_before_s + bare_after_s) / 2
     efficiency = loop_efficiency(rate.updates_per_s, bare_s)
     case = {"config": name, "algo": config.algo, "agents": agents, "launch_s": seconds,
             "steady_window_s": round(rate.window_s, 1), "steady_updates": rate.updates,
@@ -311,6 +318,7 @@ def time_loop(name: str, config, seconds: float, repeats: int, device: str, phas
             "learner_busy": None if rate.learner_busy is None else round(rate.learner_busy, 3),
             "launch_update_s": launch_update_s(rate),
             "bare_updates_per_s": round(1 / bare_s, 3),
+            "bare_update_s_before_after": [round(bare_before_s, 5), round(bare_after_s, 5)],
             "loop_efficiency": None if efficiency is None else round(efficiency, 3)}
     log.info("loop: %s", case)
     return case, [bare]
