@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from surreal_redis.acl import ROLES, create_users, script_sha, username
 from surreal_redis.hub.channel import Subscription
 from surreal_redis.hub.experience.backlog import dedup_ratio, read_backlog
+from surreal_redis.hub.experience.new_entries import READ_NEWS
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceiverConfig
 from surreal_redis.hub.experience.retention import HubJanitor, RetentionConfig
 from surreal_redis.hub.experience.sender import ExperienceSender, SenderConfig
@@ -408,7 +409,7 @@ def test_agent_hears_the_learners_reads_of_its_shard_but_cannot_announce_any(red
     sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
     sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
     assert len(receiver.receive(10, 0)) == 1
-    assert heard.next(5.0) == b"1"  # one entry read from shard 0
+    assert heard.next(5.0) == READ_NEWS.encode()  # the read is announced
     for command in (("PUBLISH", shard.reads, "1"), ("PUBLISH", KEYS.params.notify, "1")):
         with pytest.raises(redis.exceptions.NoPermissionError):
             agent.execute_command(*command)

@@ -500,3 +500,37 @@ def test_read_retained_after_trim_and_gc_reads_the_window_only(real_redis):
     again = list(ExperienceReceiver(real_redis, ReceiverConfig(consumer="third"), RUN, 1).read_retained())
     assert len(again) == 5
     assert real_redis.xpending(KEYS.exp, "learner")["pending"] == 0 and not real_redis.exists(KEYS.dead)
+
+
+def test_a_read_is_one_round_trip_and_after_a_read_that_took_all_the_next_waits_first(real_redis, monkeypatch):
+    """On one server the move, the read and its announcement go in one pipeline: each round trip
+    wakes the learner's prefetch thread, which takes the GIL from the update beside it. A read
+    that left nothing queued makes the next one block on the inbox before it reads."""
+    import redis.connection
+
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
+    assert receiver.receive(10, 0) == []  # starts the group, loads the scripts, claims once
+    trips: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        if threading.current_thread() is threading.main_thread():  # the receiver's, not the sender's
+            trips.append(b"".join(command) if isinstance(command, list) else bytes(command))
+        return send(self, command, check_health)
+
+    def step():
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    step()
+    step()  # one chunk queued (and one step still open)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    assert len(receiver.receive(10, 0)) == 1
+    assert len(trips) == 1 and all(name in trips[0] for name in (b"EVALSHA", b"XREADGROUP", b"PUBLISH"))
+    trips.clear()
+
+    def flush_soon():
+        time.sleep(0.2)
+        step()
+    threading.Thread(target=flush_soon).start()
+    assert len(receiver.receive(10, 2000)) == 1
+    assert len(trips) == 2 and b"BLMOVE" in trips[0] and b"XREADGROUP" in trips[1]

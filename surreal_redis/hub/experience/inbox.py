@@ -50,6 +50,18 @@ SEEN_TTL_S = 3600
 DEAD_MAXLEN = 10_000
 
 
+def move_call(keys: ShardKeys, max_items: int = MOVE_ITEMS, seen_ttl_s: int = SEEN_TTL_S,
+              dead_maxlen: int = DEAD_MAXLEN, max_payload_bytes: int = MAX_INLINE_BYTES) -> tuple[list, list]:
+    """The keys and arguments of one ``move.lua`` call (see :func:`move_inbox`)."""
+    return ([keys.inbox, keys.exp, keys.obsref, keys.seen, keys.pinned, keys.dead],
+            [max_items, seen_ttl_s * 1000, dead_maxlen, MOVE_BYTES, min(max_payload_bytes, MAX_INLINE_BYTES)])
+
+
+def moved_from(reply: list) -> Moved:
+    """A ``move.lua`` reply as :class:`Moved`."""
+    return Moved(*(int(value) for value in reply))
+
+
 def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = MOVE_ITEMS, seen_ttl_s: int = SEEN_TTL_S,
                dead_maxlen: int = DEAD_MAXLEN, max_payload_bytes: int = MAX_INLINE_BYTES) -> Moved:
     """Move up to ``max_items`` (1..256) of the agents' queued batches of one shard into its stream,
@@ -60,7 +72,5 @@ def move_inbox(scripts: Scripts, keys: ShardKeys, max_items: int = MOVE_ITEMS, s
     kept ``seen_ttl_s`` after its last batch. One round trip; it runs in a full Redis too.
     Connection errors propagate (a later call moves the rest, storing nothing twice); a refusal
     (ScriptError) has written nothing."""
-    reply = scripts.call("move", [keys.inbox, keys.exp, keys.obsref, keys.seen, keys.pinned, keys.dead],
-                         [max_items, seen_ttl_s * 1000, dead_maxlen, MOVE_BYTES,
-                          min(max_payload_bytes, MAX_INLINE_BYTES)])
-    return Moved(*(int(value) for value in reply))
+    script_keys, args = move_call(keys, max_items, seen_ttl_s, dead_maxlen, max_payload_bytes)
+    return moved_from(scripts.call("move", script_keys, args))

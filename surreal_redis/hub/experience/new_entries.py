@@ -1,7 +1,11 @@
 """Reading new entries for the learner's consumer: move the agents' batches from the shard inboxes
 into the streams (``move.lua``), read what the group has not delivered yet (``XREADGROUP ... >``)
 without blocking, and when nothing came wait for a batch on one shard's inbox at a time. Each read
-is announced on the shard's ``reads`` channel, for the senders waiting on its backlog."""
+is announced on the shard's ``reads`` channel, for the senders waiting on its backlog.
+
+On one server the moves, the read and the announcements go in one pipelined round trip: each
+round trip wakes the prefetch thread, which then takes the GIL from the update running beside it.
+On a cluster each call goes to its own node, one by one."""
 
 from __future__ import annotations
 
@@ -14,15 +18,19 @@ import redis
 from redis.typing import KeyT, StreamIdT
 
 from surreal_redis.connection import RedisClient, RedisSettings, StreamRead, block_ms, stream_read
-from surreal_redis.hub.experience.inbox import move_inbox
+from surreal_redis.hub.experience.inbox import Moved, move_call, move_inbox, moved_from
 from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
+from surreal_redis.outage import OUTAGE_ERRORS
 from surreal_redis.redis_cluster import is_cluster, keyed_command, refresh_topology
 from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)
 
 MOVE_CALLS = 8  # move.lua calls per shard and read: at most 8 x move_items batches a round
+
+READ_NEWS = "read"
+"""The message of a ``reads`` announcement: a wake-up call (waiting senders look at their backlog)."""
 
 BLOCK_SLICE_MS = 50
 """With several shards: the longest one blocking wait watches a single shard's inbox (the latency a
@@ -59,28 +67,88 @@ class NewEntryReader:
         self._shard_of = {k.exp.encode(): s for s, k in keys.items()}
         self._rotation = itertools.cycle(list(keys))  # the shard whose inbox the next wait watches
         self.announce = True  # reads announced on each shard's reads channel
+        self._move_loaded = False  # move.lua loaded by this reader (a server that lost it since: NOSCRIPT)
+        # The last read emptied the inboxes and took all the streams held (the next read waits on
+        # an inbox first, instead of finding nothing first: a round trip less per batch)
+        self._drained = False
         self.moved = self.duplicates = self.move_errors = 0
 
     def read(self, max_chunks: int, wait_ms: int) -> None:
         """Move the inboxes into the streams, then read new entries without blocking; while that
         finds nothing and ``wait_ms`` are not over (capped below half the socket timeout), wait
-        for a batch in the next shard's inbox, in rotation (:data:`BLOCK_SLICE_MS`), and go again."""
+        for a batch in the next shard's inbox, in rotation (:data:`BLOCK_SLICE_MS`), and go again.
+        After a read that left nothing behind, the wait comes first. A shard whose inbox one move
+        did not empty is moved on after the read (up to :data:`MOVE_CALLS` calls in all); what
+        that moves is read next time."""
         streams: dict[KeyT, StreamIdT] = {keys.exp: ">" for keys in self.keys.values()}
         count = -(-max_chunks // len(streams))
         block = block_ms(wait_ms, self.settings) if wait_ms > 0 else 0
         deadline = time.monotonic() + block / 1000
+        moved_on = False
+        if self._drained and block:  # nothing was left after the last read: wait for a batch first
+            self._drained = False
+            if not self._wait_for_batch(block):
+                return
         while True:
-            self._move_inboxes()
-            reply = xreadgroup(self.client, self.config.consumer, streams, count)
+            reply, announced, again = self._move_and_read(streams, count)
             if reply:
                 break
+            if again and not moved_on:  # e.g. move.lua was not loaded yet: move, then read at once
+                moved_on = True
+                self._move_inboxes(again, MOVE_CALLS - 1)
+                continue
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not self._wait_for_batch(left_ms):
                 return
         for name, entries in reply:
             self._take(self._shard_of[bytes(name)], entries)
-        for name, entries in reply:
-            self._announce_read(self._shard_of[bytes(name)], len(entries))
+        self._drained = not again and all(len(entries) < count for _, entries in reply)
+        if not announced:
+            for name, _ in reply:
+                self._announce_read(self._shard_of[bytes(name)])
+        self._move_inboxes(again, MOVE_CALLS - 1)  # after the take: its errors must not strand what was read
+
+    def _move_and_read(self, streams: Mapping[KeyT, StreamIdT], count: int) -> tuple[StreamRead, bool, list[int]]:
+        """One move per shard, the read and (on one server) its announcements: the read's reply,
+        whether it was announced, and the shards to move again (inbox not emptied, or a move
+        call that failed in a way the one-by-one path handles: a missing script, an outage)."""
+        if is_cluster(self.client):
+            again = self._move_inboxes(list(self.keys), 1)
+            return xreadgroup(self.client, self.config.consumer, streams, count), False, again
+        cfg, shards = self.config, list(self.keys)
+        sha = self.scripts.get("move").sha
+        if not self._move_loaded:  # so that the first pipeline moves before it reads
+            self.scripts.load("move")
+            self._move_loaded = True
+        pipe = self.client.pipeline(transaction=False)
+        for shard in shards:
+            script_keys, args = move_call(self.keys[shard], cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen,
+                                          cfg.max_payload_bytes)
+            pipe.evalsha(sha, len(script_keys), *script_keys, *args)
+        pipe.xreadgroup(CONSUMER_GROUP, self.config.consumer, dict(streams), count=count)
+        announce = self.announce
+        if announce:
+            for shard in shards:
+                pipe.execute_command("PUBLISH", self.keys[shard].reads, READ_NEWS)
+        replies = pipe.execute(raise_on_error=False)  # connection errors raise: nothing to take
+        again = []
+        for shard, moved in zip(shards, replies):
+            if isinstance(moved, (redis.exceptions.NoScriptError, redis.exceptions.OutOfMemoryError, *OUTAGE_ERRORS)):
+                again.append(shard)
+            elif isinstance(moved, Exception):
+                self._move_refused(shard, ScriptError(f"move.lua: {moved}"))
+            elif not self._count_moved(shard, moved_from(moved)).done:
+                again.append(shard)
+        read = replies[len(shards)]
+        if isinstance(read, Exception):
+            raise read
+        for news in replies[len(shards) + 1:]:
+            if isinstance(news, redis.exceptions.NoPermissionError):
+                self._stop_announcing(news)
+                announce = False
+            elif isinstance(news, Exception):
+                raise news
+        return stream_read(read), announce, again
 
     def _wait_for_batch(self, left_ms: int) -> bool:
         """Block until a batch is in the next shard's inbox or the slice of ``left_ms`` is over;
@@ -101,38 +169,53 @@ class NewEntryReader:
             return False
         return True
 
-    def _announce_read(self, shard: int, count: int) -> None:
-        """PUBLISH ``count`` on the shard's ``reads`` channel, for the senders waiting on its
-        backlog. A user not allowed to publish there is told once, and the senders keep polling."""
+    def _announce_read(self, shard: int) -> None:
+        """PUBLISH :data:`READ_NEWS` on the shard's ``reads`` channel, for the senders waiting on
+        its backlog. A user not allowed to publish there is told once, and the senders keep polling."""
         if not self.announce:
             return
         keys = self.keys[shard]
         try:  # on the node just read from, alive (redis-py sends keyless PUBLISH to its default node)
-            keyed_command(self.client, keys.exp, "PUBLISH", keys.reads, count)
+            keyed_command(self.client, keys.exp, "PUBLISH", keys.reads, READ_NEWS)
         except redis.exceptions.NoPermissionError as exc:
-            self.announce = False
-            log.warning("shard %d: reads are not announced (%s); waiting senders poll the backlog instead. "
-                        "Run `surreal-redis acl` again to let this user publish them", shard, exc)
+            self._stop_announcing(exc)
 
-    def _move_inboxes(self) -> None:
-        """Move every shard's queued batches into its stream (at most ``MOVE_CALLS`` calls per
-        shard). A call the script refuses (it wrote nothing) is counted and logged, and reading
-        goes on: what is already in the streams still reaches the learner."""
-        cfg = self.config
-        for shard, keys in self.keys.items():
-            for _ in range(MOVE_CALLS):
+    def _stop_announcing(self, exc: Exception) -> None:
+        if self.announce:
+            self.announce = False
+            log.warning("reads are not announced (%s); waiting senders poll the backlog instead. "
+                        "Run `surreal-redis acl` again to let this user publish them", exc)
+
+    def _move_inboxes(self, shards: list[int], calls: int) -> list[int]:
+        """Move the given shards' queued batches into their streams, at most ``calls`` calls per
+        shard; the shards whose inbox is not empty after them. A call the script refuses (it wrote
+        nothing) is counted and logged, and reading goes on: what is already in the streams still
+        reaches the learner."""
+        cfg, again = self.config, []
+        for shard in shards:
+            keys = self.keys[shard]
+            for _ in range(calls):
                 try:
                     moved = move_inbox(self.scripts, keys, cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen,
                                        cfg.max_payload_bytes)
                 except ScriptError as exc:
-                    self.move_errors += 1
-                    log.log(logging.ERROR if self.move_errors % 1000 == 1 else logging.DEBUG,
-                            "shard %d: moving the inbox failed (%d calls so far), its batches stay queued: %s",
-                            shard, self.move_errors, exc)
+                    self._move_refused(shard, exc)
                     break
-                self.moved += moved.taken - moved.duplicates - moved.malformed - moved.failed
-                self.duplicates += moved.duplicates
-                for reason, count in moved.set_aside.items():
-                    self._count_dead(reason, shard, count)
-                if moved.done:
+                if self._count_moved(shard, moved).done:
                     break
+            else:
+                again.append(shard)
+        return again
+
+    def _count_moved(self, shard: int, moved: Moved) -> Moved:
+        self.moved += moved.taken - moved.duplicates - moved.malformed - moved.failed
+        self.duplicates += moved.duplicates
+        for reason, count in moved.set_aside.items():
+            self._count_dead(reason, shard, count)
+        return moved
+
+    def _move_refused(self, shard: int, exc: ScriptError) -> None:
+        self.move_errors += 1
+        log.log(logging.ERROR if self.move_errors % 1000 == 1 else logging.DEBUG,
+                "shard %d: moving the inbox failed (%d calls so far), its batches stay queued: %s",
+                shard, self.move_errors, exc)
