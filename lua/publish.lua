@@ -10,8 +10,9 @@
 -- ARGV[8] learner iteration, ARGV[9] publish time (unix seconds), ARGV[10] message
 -- ARGV[11] grace in ms before the previous blob expires, ARGV[12] notify channel
 -- returns the new version, also for a re-sent call whose version and digest are already live (its
--- first reply was lost: the quota stays as that call and the claims since left it). Error replies,
--- nothing written: "VERSION ..." (not greater than the published version, or a stale prev),
+-- first reply was lost: the quota stays as that call and the claims since left it; a staged copy
+-- is dropped). Error replies, nothing written: "VERSION ..." (not greater than the published
+-- version, or a stale prev),
 -- "STAGING ..." (staged blob missing, wrong-sized, or recreated without its TTL by a write after a
 -- Redis restart: upload it again)
 local new_version = tonumber(ARGV[1])
@@ -21,6 +22,7 @@ local nbytes = tonumber(ARGV[3])
 local live = redis.call('HMGET', KEYS[1], 'version', 'digest')
 local current = tonumber(live[1] or '0') or 0
 if new_version == current and live[2] == ARGV[5] then
+  redis.call('DEL', KEYS[2])  -- a re-sent upload staged the blob again
   return new_version
 end
 if new_version <= current then

@@ -51,6 +51,20 @@ class Scripts:
             refresh_topology(self.client, exc)
             raise
 
+    def sha(self, name: str) -> str:
+        """The SHA1 that runs ``name`` (EVALSHA), as in a pipeline."""
+        return self.get(name).sha
+
+    def checked(self, name: str, reply):
+        """A reply of ``name`` that a pipeline handed back unraised: an error reply raised as
+        :meth:`call` raises it (NOSCRIPT, OOM and outage errors unchanged, others as
+        ScriptError), any other reply returned."""
+        if isinstance(reply, (redis.exceptions.OutOfMemoryError, redis.exceptions.NoScriptError, *OUTAGE_ERRORS)):
+            raise reply
+        if isinstance(reply, redis.ResponseError):
+            raise ScriptError(f"{name}.lua: {reply}") from reply
+        return reply
+
     def call(self, name: str, keys: list, args: list):
         """Run script ``name``; a Redis error reply that the script raised becomes ScriptError,
         while OOM and outage errors (CLUSTERDOWN, TRYAGAIN too) propagate unchanged.

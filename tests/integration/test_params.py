@@ -4,6 +4,7 @@ import time
 import numpy as np
 import pytest
 import redis
+from support.lossy import lossy_pipelines
 
 from surreal_redis.connection import RedisSettings, connect
 from surreal_redis.hub.params import (
@@ -156,19 +157,28 @@ def test_out_of_memory_at_staging_is_backpressure(real_redis):
     assert ParameterClient(real_redis, RUN, ParameterClientConfig()).fetch()[1].version == 2
 
 
-def test_out_of_memory_at_the_script_leaves_nothing_half_done(real_redis, monkeypatch):
-    pub = ParameterPublisher(real_redis, RUN, PublisherConfig())
+@pytest.mark.parametrize("pieces", ["one", "several"])
+def test_out_of_memory_at_the_script_leaves_nothing_half_done(real_redis, monkeypatch, pieces):
+    """Memory runs out between the upload and the script (several pieces: the upload landed) or
+    as the one-piece upload and the script are sent together (MULTI/EXEC: neither runs)."""
+    pub = ParameterPublisher(real_redis, RUN, PublisherConfig(write_piece_bytes=(8 << 20) if pieces == "one" else 1 << 18))
     pub.publish(big_params(1), 1)
-    original = real_redis.evalsha
 
-    def fill_memory_first(*args):
+    def fill_memory():
         used = int(real_redis.info("memory")["used_memory"])
-        real_redis.config_set("maxmemory", used - (256 << 10))  # the upload landed, then memory ran out
-        return original(*args)
-    monkeypatch.setattr(real_redis, "evalsha", fill_memory_first)
+        real_redis.config_set("maxmemory", used - (256 << 10))
+    if pieces == "several":
+        original = real_redis.evalsha
+
+        def fill_memory_first(*args):
+            fill_memory()  # the upload landed, then memory ran out
+            return original(*args)
+        monkeypatch.setattr(real_redis, "evalsha", fill_memory_first)
+    else:
+        lossy_pipelines(monkeypatch, real_redis, losses=0, before=fill_memory)
     with pytest.raises(PublishBackpressure):
         pub.publish(big_params(1, seed=1), 2)
-    monkeypatch.setattr(real_redis, "evalsha", original)
+    monkeypatch.undo()
     real_redis.config_set("maxmemory", 128 << 20)
     assert real_redis.hget(KEYS.meta, "version") == b"1" and not real_redis.exists(KEYS.blob(2))
     assert real_redis.keys(f"{KEYS.tag}:staging:*") == []

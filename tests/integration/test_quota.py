@@ -6,10 +6,11 @@ import time
 
 import pytest
 from support.acl_users import acl_clients
+from support.lossy import lossy_pipelines
 
 from surreal_redis.hub.quota import ClaimScriptMissing, ProductionQuota, QuotaNews
 from surreal_redis.keys import ParamKeys
-from surreal_redis.scripts import ScriptError, Scripts
+from surreal_redis.scripts import ScriptError
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +137,6 @@ def test_a_publish_carrying_the_grant_moves_its_unclaimed_rest_in_the_same_scrip
     of another version, or an overshoot, carries nothing. A publish whose reply was lost and is
     sent again leaves the quota as the first call and the claims since left it."""
     import numpy as np
-    import redis
 
     from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 
@@ -162,21 +162,9 @@ def test_a_publish_carrying_the_grant_moves_its_unclaimed_rest_in_the_same_scrip
 
     # The script ran and its reply was lost; an agent claims before the call is sent again.
     quota.grant(5, 40)
-    evalsha = real_redis.evalsha
-    claim_sha = Scripts(real_redis).get("claim").sha
-    calls = []
-
-    def reply_lost(*args):
-        result = evalsha(*args)
-        if args[0] == claim_sha:  # the agent's claim, on the same client here
-            return result
-        calls.append(args)
-        if len(calls) == 1:
-            assert quota.claim(6, 16) == ("OK", 16, 6)
-            raise redis.ConnectionError("reply lost (simulated)")
-        return result
-
-    monkeypatch.setattr(real_redis, "evalsha", reply_lost)
+    claims: list = []
+    executes = lossy_pipelines(monkeypatch, real_redis, after=lambda: claims.append(quota.claim(6, 16)))
     assert publisher.publish(params, 5, carry_grant=True) == 6
-    assert len(calls) == 2 and quota.left() == (6, 24)  # 40 carried, 16 claimed: not carried again
+    assert claims == [("OK", 16, 6)]
+    assert len(executes) == 2 and quota.left() == (6, 24)  # 40 carried, 16 claimed: not carried again
     news.close()

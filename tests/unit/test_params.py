@@ -6,6 +6,7 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from support.lossy import lossy_pipelines
 
 from surreal_redis.hub.params import (
     ParameterClient,
@@ -371,12 +372,37 @@ def test_lost_replies_are_resent_without_harm(fake_redis, monkeypatch):
     assert fake_redis.keys(f"{KEYS.tag}:staging:*") == []
 
 
-def test_retries_are_bounded(fake_redis, monkeypatch):
-    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(retries=2, retry_base_s=0.001))
-    calls = lose_replies(monkeypatch, fake_redis, "set", losses=10)
+@pytest.mark.parametrize("pieces", ["one", "several"])
+def test_retries_are_bounded(fake_redis, monkeypatch, pieces):
+    """A server that never answers: the first round trip is tried 1 + ``retries`` times, then the
+    error propagates with nothing published (a one-piece blob goes up with the script)."""
+    config = PublisherConfig(retries=2, retry_base_s=0.001, write_piece_bytes=1024 if pieces == "several" else 1 << 20)
+    pub = ParameterPublisher(fake_redis, RUN, config)
+    if pieces == "several":
+        calls = lose_replies(monkeypatch, fake_redis, "set", losses=10)
+    else:
+        calls = lossy_pipelines(monkeypatch, fake_redis, losses=10, reached=False)
     with pytest.raises(redis.ConnectionError, match="reply lost"):
-        pub.publish(make_params(), 1)
+        pub.publish(make_params(n=2000), 1)
     assert len(calls) == 3 and not fake_redis.exists(KEYS.meta)
+
+
+def test_a_one_piece_publish_is_one_round_trip(fake_redis, monkeypatch):
+    """The upload and the script go in one MULTI/EXEC; a reply lost after it ran is re-sent
+    without harm (the script answers with the live version and drops the blob staged again)."""
+    pub = ParameterPublisher(fake_redis, RUN, PublisherConfig(retry_base_s=0.001))
+    pub.publish(make_params(), 1)  # loads the script (NOSCRIPT on a new server: the script alone)
+    for command in ("set", "setrange", "evalsha", "execute_command"):
+        monkeypatch.setattr(fake_redis, command, lambda *a, **k: pytest.fail("a round trip of its own"))
+    executes = lossy_pipelines(monkeypatch, fake_redis, losses=1)
+    params = make_params(1)
+    assert pub.publish(params, 2) == 2
+    assert len(executes) == 2  # the lost one and its re-send
+    monkeypatch.undo()
+    got, info = ParameterClient(fake_redis, RUN, ParameterClientConfig()).fetch()
+    assert info.version == 2
+    assert_params_equal(got, params)
+    assert fake_redis.keys(f"{KEYS.tag}:staging:*") == []
 
 
 def test_staging_lost_before_the_script_is_uploaded_again(fake_redis, monkeypatch):

@@ -6,6 +6,8 @@ announces ``version`` on the ``notify`` channel.
 Every Redis step of a publish can be repeated without harm, so the publisher retries each one
 itself after a connection error: the blob is written at explicit offsets (SET, then SETRANGE),
 and the script answers a re-sent call whose version and digest are already live with success.
+A blob of one piece on one server goes up with the script's first call in one MULTI/EXEC round
+trip (a refusal while queueing, say out of memory, runs neither).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from surreal_redis.hub.params.wire import (
 )
 from surreal_redis.keys import ParamKeys, RunKeys
 from surreal_redis.outage import OUTAGE_ERRORS
-from surreal_redis.redis_cluster import node_client
+from surreal_redis.redis_cluster import is_cluster, node_client
 from surreal_redis.scripts import ScriptError, Scripts
 
 log = logging.getLogger(__name__)
@@ -186,9 +188,11 @@ class ParameterPublisher:
         if self._config.dtype != "float32":
             codec += "+" + self._config.dtype
         fields = [blob_digest(blob), codec, spec, int(iteration), repr(time.time()), message]
+        upload_along = len(blob) <= self._config.write_piece_bytes and not is_cluster(self._client)
         try:
-            self._upload(blob)
-            new = self._swap_in(blob, fields, carry_grant)
+            if not upload_along:
+                self._upload(blob)
+            new = self._swap_in(blob, fields, carry_grant, upload_along)
         except redis.exceptions.OutOfMemoryError as exc:
             self._version = None
             self._discard_staging()
@@ -213,8 +217,22 @@ class ParameterPublisher:
         for start in range(piece, len(blob), piece):
             self._retrying(partial(self._client.setrange, self._staging, start, view[start:start + piece]))
 
-    def _swap_in(self, blob: bytes, fields: list, carry_grant: bool) -> int:
-        """Run the publish script until it takes the staged blob (3 tries); the new version."""
+    def _upload_and_call(self, blob: bytes, keys: list, args: list) -> None:
+        """SET the one-piece ``blob`` (with the leak-guard TTL) and run the publish script, one
+        MULTI/EXEC; the script's error reply raised as :meth:`Scripts.call` raises it. A script
+        the server lacks is loaded and run alone (the blob is staged by then)."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.set(self._staging, blob, px=int(self._config.pending_ttl_s * 1000))
+        pipe.evalsha(self._scripts.sha("publish"), len(keys), *keys, *args)
+        _, reply = pipe.execute(raise_on_error=False)
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            self._scripts.call("publish", keys=keys, args=args)
+        else:
+            self._scripts.checked("publish", reply)
+
+    def _swap_in(self, blob: bytes, fields: list, carry_grant: bool, upload_along: bool = False) -> int:
+        """Run the publish script until it takes the staged blob (3 tries), the first try with
+        the upload when ``upload_along`` (:meth:`_upload_and_call`); the new version."""
         tries_left = 3
         while True:
             prev = self.version
@@ -224,7 +242,11 @@ class ParameterPublisher:
             args = [new, prev, len(blob), self._config.read_piece_bytes, *fields,
                     int(self._config.grace_s * 1000), self._keys.notify]
             try:
-                self._retrying(partial(self._scripts.call, "publish", keys=keys, args=args))
+                if upload_along:
+                    upload_along = False  # a retry after a refusal finds the blob staged
+                    self._retrying(partial(self._upload_and_call, blob, keys, args))
+                else:
+                    self._retrying(partial(self._scripts.call, "publish", keys=keys, args=args))
                 if self._config.wait_replica_ms:
                     self._wait_for_replica(new)
                 return new
