@@ -534,3 +534,20 @@ def test_a_read_is_one_round_trip_and_after_a_read_that_took_all_the_next_waits_
     threading.Thread(target=flush_soon).start()
     assert len(receiver.receive(10, 2000)) == 1
     assert len(trips) == 2 and b"BLMOVE" in trips[0] and b"XREADGROUP" in trips[1]
+
+
+def test_a_batch_the_janitor_moved_is_read_after_one_wait(real_redis):
+    """After a read that took everything the next one waits on the inbox first; a batch the
+    learner's janitor moved into the stream meanwhile wakes no wait, and is read after it."""
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
+    janitor = HubJanitor(real_redis, RetentionConfig(), RUN, 1)
+
+    def step():
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    for _ in range(2):
+        step()
+    receiver.ack(receiver.receive(10, 0))  # took everything: the next read waits first
+    step()
+    assert janitor.run_once().moved == 1 and real_redis.llen(KEYS.inbox) == 0
+    assert len(receiver.receive(10, 300)) == 1

@@ -77,29 +77,35 @@ class NewEntryReader:
         """Move the inboxes into the streams, then read new entries without blocking; while that
         finds nothing and ``wait_ms`` are not over (capped below half the socket timeout), wait
         for a batch in the next shard's inbox, in rotation (:data:`BLOCK_SLICE_MS`), and go again.
-        After a read that left nothing behind, the wait comes first. A shard whose inbox one move
-        did not empty is moved on after the read (up to :data:`MOVE_CALLS` calls in all); what
-        that moves is read next time."""
+
+        Once a look left nothing behind (inboxes empty, the read short of its count), the next
+        one waits first: two round trips per batch, or per wait when none comes (every wait is
+        followed by a look: the learner's janitor also moves inboxes, and a batch it moved wakes
+        no wait). A shard whose inbox one move did not empty is moved on after the read (up to
+        :data:`MOVE_CALLS` calls in all); what that moves is read next time."""
         streams: dict[KeyT, StreamIdT] = {keys.exp: ">" for keys in self.keys.values()}
         count = -(-max_chunks // len(streams))
         block = block_ms(wait_ms, self.settings) if wait_ms > 0 else 0
         deadline = time.monotonic() + block / 1000
+        wait_first, self._drained = self._drained and block > 0, False
         moved_on = False
-        if self._drained and block:  # nothing was left after the last read: wait for a batch first
-            self._drained = False
-            if not self._wait_for_batch(block):
-                return
         while True:
+            if wait_first:
+                woke = self._wait_for_batch(max(1, int((deadline - time.monotonic()) * 1000)))
+                if woke is None:
+                    return
             reply, announced, again = self._move_and_read(streams, count)
             if reply:
                 break
             if again and not moved_on:  # e.g. move.lua was not loaded yet: move, then read at once
                 moved_on = True
                 self._move_inboxes(again, MOVE_CALLS - 1)
+                wait_first = False
                 continue
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or not self._wait_for_batch(left_ms):
+            if time.monotonic() >= deadline:
+                self._drained = not again
                 return
+            wait_first = True
         for name, entries in reply:
             self._take(self._shard_of[bytes(name)], entries)
         self._drained = not again and all(len(entries) < count for _, entries in reply)
@@ -150,24 +156,24 @@ class NewEntryReader:
                 raise news
         return stream_read(read), announce, again
 
-    def _wait_for_batch(self, left_ms: int) -> bool:
-        """Block until a batch is in the next shard's inbox or the slice of ``left_ms`` is over;
-        False when the primary blocked on was demoted (nothing read: the next read goes to its
-        successor)."""
+    def _wait_for_batch(self, left_ms: int) -> bool | None:
+        """Block until a batch is in the next shard's inbox (True) or the slice of ``left_ms`` is
+        over (False); None when the primary blocked on was demoted (nothing read: the next read
+        goes to its successor)."""
         inbox = self.keys[next(self._rotation)].inbox
         slice_ms = left_ms if len(self.keys) == 1 else min(left_ms, BLOCK_SLICE_MS)
         # LMOVE of a list's last item onto its own tail changes nothing: it only wakes us
         timeout_s = max(1, slice_ms) / 1000  # fractional seconds (Redis >= 6); redis-py types it int
         try:
-            self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
+            item = self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
         except redis.ResponseError as exc:
             if not str(exc).startswith("UNBLOCKED"):
                 raise
             # The primary we blocked on was demoted (a failover) and released its blocked clients.
             log.warning("shard inbox %r: %s; reading from the new primary", inbox, exc)
             refresh_topology(self.client, exc)
-            return False
-        return True
+            return None
+        return item is not None
 
     def _announce_read(self, shard: int) -> None:
         """PUBLISH :data:`READ_NEWS` on the shard's ``reads`` channel, for the senders waiting on
