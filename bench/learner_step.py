@@ -1,7 +1,7 @@
 """One learner update of each algorithm, timed on this machine's learner device against
 stable-baselines3's same update: ``python bench/learner_step.py [--algos ppo,appo,sac,ddpg,crossq]
 [--configs NAME,...] [--steps 0] [--minibatch 0] [--batch 0] [--repeats 7] [--device auto]
-[--no-reference] [--phases] [--loop SECONDS] [--json PATH]``.
+[--no-reference] [--phases] [--loop SECONDS] [--loop-rounds N] [--json PATH]``.
 
 Per config (``--configs``, else the shipped ones of each of ``--algos``: ppo_cartpole and
 ppo_halfcheetah, appo_halfcheetah, sac_halfcheetah, ddpg_halfcheetah, crossq_halfcheetah), its
@@ -40,19 +40,21 @@ clipping, optimizer), ``z_filter`` and ``other`` (the rest: merging, shuffling, 
 non-gradient work <= 15% of the update at the config's batch and at 8192 steps
 (``--steps 0,8192``).
 
-``--loop SECONDS`` (0: off): the loop efficiency. Per config (a shipped name), ``launch`` of it as
-shipped (its agents, eval and tracking; ``stop.target_return`` off, so it runs ``SECONDS`` or to
-its ``max_env_steps``; :func:`solve.run_launch`), and in the same run the bare update of this
-bench at the config's own sizes (no reference; ``--steps``, ``--minibatch``, ``--batch`` must
-stay 0), timed before the launch and after it, their mean taken
-(``bare_update_s_before_after``: this machine's speed drifts within minutes). The learner's
-rate over its steady window, from its log's metrics lines (from the first after an update, past
-start-up and ``learning_starts``, to the last), against the bare one:
-``result["loop"]`` per config has ``launch_updates_per_s``, ``bare_updates_per_s`` (1 / the bare
-case's seconds per update), ``loop_efficiency`` (their ratio; target >= 0.9 for SAC, DDPG, PPO),
-``learner_busy`` (seconds inside updates / wall seconds over that window, from the same lines:
-1% resolution) and ``launch_update_s`` = busy / updates per second, one update's seconds in the
-launch as the learner's busy clock counts them (the feed's part included: the replay's sampling).
+``--loop SECONDS`` (0: off): the loop efficiency. Per config (a shipped name), ``--loop-rounds``
+(default 1) launches of it as shipped (its agents, eval and tracking; ``stop.target_return``
+off, so each runs ``SECONDS`` or to its ``max_env_steps``; :func:`solve.run_launch`), and in the
+same run the bare update of this bench at the config's own sizes (no reference; ``--steps``,
+``--minibatch``, ``--batch`` must stay 0), timed before each launch and after the last
+(``bare_update_s``: this machine's speed drifts within minutes). Each launch's learner rate over
+its steady window, from its log's metrics lines (from the first after an update, past start-up
+and ``learning_starts``, to the last), against the mean of the bare timings on either side:
+``result["loop"]`` per config has ``launches`` (per launch: ``launch_updates_per_s``,
+``learner_busy``, ``launch_update_s``, ``loop_efficiency``) and their medians at its top level
+(target >= 0.9 for SAC, DDPG, PPO), ``bare_updates_per_s`` (1 / the median bare seconds per
+update). ``learner_busy`` is seconds inside updates / wall seconds over the window, from the same
+lines (1% resolution); ``launch_update_s`` = busy / updates per second, one update's seconds in
+the launch as the learner's busy clock counts them (the feed's part included: the replay's
+sampling).
 loop_efficiency = learner_busy x bare seconds / launch_update_s: time outside the updates apart
 from updates slowed down. The ratio measures the learner's work around its updates (receiving
 and decoding chunks, replay inserts and sampling, publishing parameters, checkpoints, metrics),
@@ -289,9 +291,11 @@ LOOP_OVERRIDES = ("stop.target_return=null",)
 """A loop launch runs its ``--loop`` seconds (or to the config's ``max_env_steps``) on any return."""
 
 
-def time_loop(name: str, config, seconds: float, repeats: int, device: str, phases: bool) -> tuple[dict, list[dict]]:
-    """One launch of shipped config ``name`` for ``seconds``, then its bare update at the config's
-    sizes without the reference; the loop case and the bare one."""
+def time_loop(name: str, config, seconds: float, repeats: int, device: str, phases: bool,
+              rounds: int = 1) -> tuple[dict, list[dict]]:
+    """``rounds`` launches of shipped config ``name`` for ``seconds`` each, its bare update at the
+    config's sizes (without the reference) timed before each and after the last; the loop case
+    and the last bare one."""
     config_file = f"{name}.yaml"
     agents = config.agent.num_agents
 
@@ -302,24 +306,33 @@ def time_loop(name: str, config, seconds: float, repeats: int, device: str, phas
         [case] = time_on_policy(name, config, [0], [0], repeats, device, False, phases)
         return case, case["update_s"]
 
-    _, bare_before_s = bare_update()  # and again after: this machine's speed drifts within minutes
-    with tempfile.TemporaryDirectory(prefix="learner-loop-") as workdir:
-        _, steps, _ = run_launch(config_file, agents, seconds, Path(workdir), LOOP_OVERRIDES)
-        if steps is None:
-            raise SystemExit(f"{name}: the launch failed (its log above)")
-        learner_log = Path(workdir, launch_name(config_file, agents, LOOP_OVERRIDES), "logs", "learner.log")
-        rate = steady_rate(learner_log.read_text(errors="replace"))
-    bare, bare_after_s = bare_update()
-    bare_s = (bare_before_s + bare_after_s) / 2
-    efficiency = loop_efficiency(rate.updates_per_s, bare_s)
-    case = {"config": name, "algo": config.algo, "agents": agents, "launch_s": seconds,
-            "steady_window_s": round(rate.window_s, 1), "steady_updates": rate.updates,
-            "launch_updates_per_s": None if rate.updates_per_s is None else round(rate.updates_per_s, 3),
-            "learner_busy": None if rate.learner_busy is None else round(rate.learner_busy, 3),
-            "launch_update_s": launch_update_s(rate),
-            "bare_updates_per_s": round(1 / bare_s, 3),
-            "bare_update_s_before_after": [round(bare_before_s, 5), round(bare_after_s, 5)],
-            "loop_efficiency": None if efficiency is None else round(efficiency, 3)}
+    bare, bare_s = bare_update()
+    bares, launches = [bare_s], []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="learner-loop-") as workdir:
+            _, steps, _ = run_launch(config_file, agents, seconds, Path(workdir), LOOP_OVERRIDES)
+            if steps is None:
+                raise SystemExit(f"{name}: the launch failed (its log above)")
+            learner_log = Path(workdir, launch_name(config_file, agents, LOOP_OVERRIDES), "logs", "learner.log")
+            rate = steady_rate(learner_log.read_text(errors="replace"))
+        bare, bare_s = bare_update()
+        bares.append(bare_s)
+        efficiency = loop_efficiency(rate.updates_per_s, (bares[-2] + bares[-1]) / 2)  # this machine drifts
+        launches.append({"steady_window_s": round(rate.window_s, 1), "steady_updates": rate.updates,
+                         "launch_updates_per_s": None if rate.updates_per_s is None else round(rate.updates_per_s, 3),
+                         "learner_busy": None if rate.learner_busy is None else round(rate.learner_busy, 3),
+                         "launch_update_s": launch_update_s(rate),
+                         "loop_efficiency": None if efficiency is None else round(efficiency, 3)})
+        log.info("loop: %s launch %d of %d: %s", name, len(launches), rounds, launches[-1])
+
+    def median(field: str) -> float | None:
+        known = [launch[field] for launch in launches if launch[field] is not None]
+        return statistics.median(known) if known else None
+    case = {"config": name, "algo": config.algo, "agents": agents, "launch_s": seconds, "rounds": rounds,
+            **{field: median(field) for field in ("launch_updates_per_s", "learner_busy", "launch_update_s",
+                                                  "loop_efficiency")},
+            "bare_updates_per_s": round(1 / statistics.median(bares), 3),
+            "bare_update_s": [round(b, 5) for b in bares], "launches": launches}
     log.info("loop: %s", case)
     return case, [bare]
 
@@ -348,6 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--phases", action="store_true", help="on-policy: also the update's time by phase")
     parser.add_argument("--loop", type=float, default=0.0, metavar="SECONDS",
                         help="launch each config for SECONDS, then its bare update: the loop efficiency (0: off)")
+    parser.add_argument("--loop-rounds", type=int, default=1, metavar="N",
+                        help="with --loop: N launches, the bare update timed between them; medians")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args(argv)
     steps = _counts(options.steps, "--steps", parser)
@@ -361,6 +376,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--repeats needs >= 1, got {options.repeats}")
     if options.loop < 0:
         parser.error(f"--loop needs seconds > 0 (0: off), got {options.loop}")
+    if options.loop_rounds < 1:
+        parser.error(f"--loop-rounds needs >= 1, got {options.loop_rounds}")
     if options.loop and max(steps + minibatches + batches) > 0:
         parser.error("--loop times each config's own sizes: leave --steps, --minibatch and --batch at 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -376,7 +393,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(config.learner.torch_threads)
         device = str(resolve_device(options.device))
         if options.loop:
-            loop_case, cases = time_loop(name, config, options.loop, options.repeats, device, options.phases)
+            loop_case, cases = time_loop(name, config, options.loop, options.repeats, device, options.phases,
+                                         options.loop_rounds)
             result["loop"].append(loop_case)  # type: ignore[attr-defined]
         elif not config.algorithm.on_policy:
             cases = time_off_policy(name, config, batches, options.repeats, device, not options.no_reference)

@@ -454,7 +454,7 @@ def test_learner_step_loop_reads_the_learners_steady_rate_and_busy_fraction(benc
     assert learner_step.loop_efficiency(None, 0.3) is None
 
 
-def test_learner_step_loop_times_the_bare_update_around_the_launch(bench, monkeypatch, tmp_path, capsys):
+def test_learner_step_loop_times_the_bare_update_around_each_launch(bench, monkeypatch, tmp_path, capsys):
     learner_step, launched = bench["learner_step"], []
 
     def fake_launch(config, agents, budget_s, workdir, overrides=()):
@@ -465,19 +465,29 @@ def test_learner_step_loop_times_the_bare_update_around_the_launch(bench, monkey
         return None, 15360, None
 
     monkeypatch.setattr(learner_step, "run_launch", fake_launch)
-    result = learner_step.main(["--configs", "ppo_cartpole", "--loop", "30", "--repeats", "1", "--device", "cpu"])
-    assert launched == [("ppo_cartpole.yaml", 1, 30.0, ("stop.target_return=null",))]
+    result = learner_step.main(["--configs", "ppo_cartpole", "--loop", "30", "--loop-rounds", "2", "--repeats", "1",
+                                "--device", "cpu"])
+    assert launched == [("ppo_cartpole.yaml", 1, 30.0, ("stop.target_return=null",))] * 2
     [bare], [loop] = result["cases"], result["loop"]
     assert bare["steps"] == 256 and "sb3_minibatch_step_ms" not in bare  # the config's sizes, no reference
-    assert loop["launch_updates_per_s"] == 3.0 and loop["learner_busy"] == pytest.approx(0.825, abs=1e-3)
-    assert loop["launch_update_s"] == pytest.approx(0.825 / 3.0, abs=1e-4)  # busy seconds per update
-    before_s, after_s = loop["bare_update_s_before_after"]
-    assert after_s == pytest.approx(bare["update_s"], abs=1e-5)  # the case kept is the one after
-    assert loop["bare_updates_per_s"] == pytest.approx(2 / (before_s + after_s), rel=1e-2)  # their mean
-    assert loop["loop_efficiency"] == pytest.approx(3.0 * (before_s + after_s) / 2, abs=5e-4)  # printed to 3 decimals
+    assert loop["rounds"] == 2 and len(loop["launches"]) == 2
+    bares = loop["bare_update_s"]
+    assert len(bares) == 3 and bares[-1] == pytest.approx(bare["update_s"], abs=1e-5)  # the case kept: the last
+    for i, launch in enumerate(loop["launches"]):
+        assert launch["launch_updates_per_s"] == 3.0 and launch["learner_busy"] == pytest.approx(0.825, abs=1e-3)
+        assert launch["launch_update_s"] == pytest.approx(0.825 / 3.0, abs=1e-4)  # busy seconds per update
+        # against the bare timings on either side of it; printed to 3 decimals
+        assert launch["loop_efficiency"] == pytest.approx(3.0 * (bares[i] + bares[i + 1]) / 2, abs=5e-4)
+    efficiencies = sorted(launch["loop_efficiency"] for launch in loop["launches"])
+    assert loop["loop_efficiency"] == pytest.approx(sum(efficiencies) / 2)  # the median of two
+    assert loop["launch_updates_per_s"] == 3.0
+    assert loop["bare_updates_per_s"] == pytest.approx(1 / sorted(bares)[1], rel=1e-2)
     with pytest.raises(SystemExit):
         learner_step.main(["--loop", "30", "--steps", "8192"])
     assert "--loop times each config's own sizes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        learner_step.main(["--loop", "30", "--loop-rounds", "0"])
+    assert "--loop-rounds needs >= 1, got 0" in capsys.readouterr().err
 
 
 def test_learner_step_times_crossq_alone(bench, monkeypatch):
