@@ -177,9 +177,9 @@ class LearnerMetrics:
         self.tracker.log_artifact(path)
 
     def observe_chunk(self, learner_version: int, chunk: Chunk, nbytes: int) -> None:
-        lags = learner_version - chunk.policy_version
-        self.staleness.extend(lags.tolist())
-        self.lags.update(dict(zip(*(a.tolist() for a in np.unique(lags, return_counts=True)))))
+        lags = (learner_version - chunk.policy_version).tolist()
+        self.staleness.extend(lags)
+        self.lags.update(lags)  # Counter's C loop: a few steps cost less than np.unique's sort
         self.ingest_bytes += nbytes
 
     def observe_update(self, stats: dict[str, float], seconds: float) -> None:
