@@ -786,3 +786,37 @@ def test_entry_origin_must_be_uuid_seq_index_count(value):
         parse_entry({b"a": b"0", b"e": b"0", b"o": b"", b"d": payload, b"s": value})
     entry = parse_entry({b"a": b"0", b"e": b"0", b"o": b"", b"d": payload, b"s": b"ab12:7:2:3"})
     assert entry.origin == ("ab12", 7, 2, 3)
+
+
+def test_a_pipelined_announcement_that_failed_is_sent_again_after_the_read_is_taken(fake_redis, monkeypatch):
+    """The read's entries are ours once the pipeline ran: an error in its announcement must not
+    strand them on our pending list. The read is announced again on its own, after the take."""
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    assert receiver.receive(10, 0) == []
+    for _ in range(2):
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    original, published = fake_redis.pipeline, []
+
+    def pipeline(*args, **kwargs):
+        pipe = original(*args, **kwargs)
+        execute = pipe.execute
+
+        def announcement_refused(*a, **k):
+            announces = pipe.command_stack[-1][0][0] == "PUBLISH"  # the read's pipeline, not the ack's
+            replies = execute(*a, **k)
+            return replies[:-1] + [redis.ResponseError("ERR the announcement failed (simulated)")] if announces else replies
+        pipe.execute = announcement_refused
+        return pipe
+    monkeypatch.setattr(fake_redis, "pipeline", pipeline)
+    keyed = fake_redis.execute_command
+
+    def publish_counted(*args, **kwargs):
+        if args[0] == "PUBLISH":
+            published.append(args[1])
+        return keyed(*args, **kwargs)
+    monkeypatch.setattr(fake_redis, "execute_command", publish_counted)
+    got = receiver.receive(10, 0)
+    assert len(got) == 1 and published == [RunKeys(RUN).shard(0).reads]
+    receiver.ack(got)
+    assert fake_redis.xpending(RunKeys(RUN).shard(0).exp, CONSUMER_GROUP)["pending"] == 0

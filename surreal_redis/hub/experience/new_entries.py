@@ -151,9 +151,8 @@ class NewEntryReader:
         for news in replies[len(shards) + 1:]:
             if isinstance(news, redis.exceptions.NoPermissionError):
                 self._stop_announcing(news)
+            if isinstance(news, Exception):  # announced again once the read is taken (errors raise there)
                 announce = False
-            elif isinstance(news, Exception):
-                raise news
         return stream_read(read), announce, again
 
     def _wait_for_batch(self, left_ms: int) -> bool | None:
