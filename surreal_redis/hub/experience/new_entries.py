@@ -90,10 +90,8 @@ class NewEntryReader:
         wait_first, self._drained = self._drained and block > 0, False
         moved_on = False
         while True:
-            if wait_first:
-                woke = self._wait_for_batch(max(1, int((deadline - time.monotonic()) * 1000)))
-                if woke is None:
-                    return
+            if wait_first and not self._wait_for_batch(max(1, int((deadline - time.monotonic()) * 1000))):
+                return
             reply, announced, again = self._move_and_read(streams, count)
             if reply:
                 break
@@ -122,7 +120,7 @@ class NewEntryReader:
             again = self._move_inboxes(list(self.keys), 1)
             return xreadgroup(self.client, self.config.consumer, streams, count), False, again
         cfg, shards = self.config, list(self.keys)
-        sha = self.scripts.get("move").sha
+        sha = self.scripts.sha("move")
         if not self._move_loaded:  # so that the first pipeline moves before it reads
             self.scripts.load("move")
             self._move_loaded = True
@@ -138,13 +136,16 @@ class NewEntryReader:
                 pipe.execute_command("PUBLISH", self.keys[shard].reads, READ_NEWS)
         replies = pipe.execute(raise_on_error=False)  # connection errors raise: nothing to take
         again = []
-        for shard, moved in zip(shards, replies):
-            if isinstance(moved, (redis.exceptions.NoScriptError, redis.exceptions.OutOfMemoryError, *OUTAGE_ERRORS)):
-                again.append(shard)
-            elif isinstance(moved, Exception):
-                self._move_refused(shard, ScriptError(f"move.lua: {moved}"))
-            elif not self._count_moved(shard, moved_from(moved)).done:
-                again.append(shard)
+        for shard, reply in zip(shards, replies):
+            try:
+                moved = moved_from(self.scripts.checked("move", reply))
+            except ScriptError as exc:
+                self._move_refused(shard, exc)
+            except (redis.exceptions.NoScriptError, redis.exceptions.OutOfMemoryError, *OUTAGE_ERRORS):
+                again.append(shard)  # the one-by-one path loads the script, or raises after the take
+            else:
+                if not self._count_moved(shard, moved).done:
+                    again.append(shard)
         read = replies[len(shards)]
         if isinstance(read, Exception):
             raise read
@@ -155,24 +156,24 @@ class NewEntryReader:
                 announce = False
         return stream_read(read), announce, again
 
-    def _wait_for_batch(self, left_ms: int) -> bool | None:
-        """Block until a batch is in the next shard's inbox (True) or the slice of ``left_ms`` is
-        over (False); None when the primary blocked on was demoted (nothing read: the next read
-        goes to its successor)."""
+    def _wait_for_batch(self, left_ms: int) -> bool:
+        """Block until a batch is in the next shard's inbox or the slice of ``left_ms`` is over;
+        False when the primary blocked on was demoted (nothing read: the next read goes to its
+        successor)."""
         inbox = self.keys[next(self._rotation)].inbox
         slice_ms = left_ms if len(self.keys) == 1 else min(left_ms, BLOCK_SLICE_MS)
         # LMOVE of a list's last item onto its own tail changes nothing: it only wakes us
         timeout_s = max(1, slice_ms) / 1000  # fractional seconds (Redis >= 6); redis-py types it int
         try:
-            item = self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
+            self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
         except redis.ResponseError as exc:
             if not str(exc).startswith("UNBLOCKED"):
                 raise
             # The primary we blocked on was demoted (a failover) and released its blocked clients.
             log.warning("shard inbox %r: %s; reading from the new primary", inbox, exc)
             refresh_topology(self.client, exc)
-            return None
-        return item is not None
+            return False
+        return True
 
     def _announce_read(self, shard: int) -> None:
         """PUBLISH :data:`READ_NEWS` on the shard's ``reads`` channel, for the senders waiting on
