@@ -343,23 +343,34 @@ def test_backpressure_waits_for_the_learner(fake_redis):
     assert sender.stats().backpressure_wait_s > 0.04 and sender.learner_waits == 2
 
 
+def _failing_waits(monkeypatch, errors: list[redis.ResponseError]) -> None:
+    """The next pipelined BLMOVEs reply ``errors`` (last first). An UNBLOCKED one (a failover
+    demoted the primary) also makes the writes pipelined after it meet a replica (READONLY)."""
+    execute = redis.client.Pipeline._execute_pipeline
+
+    def failing(self, connection, commands, raise_on_error):
+        replies = execute(self, connection, commands, raise_on_error)
+        if errors and commands and commands[0][0][0] == "BLMOVE":
+            error = errors.pop()
+            replies[0] = error
+            if str(error).startswith("UNBLOCKED"):
+                replies[1:] = [redis.exceptions.ReadOnlyError("You can't write against a read only replica.")
+                               if args[0] in ("EVALSHA", "XREADGROUP") else reply
+                               for (args, _), reply in zip(commands[1:], replies[1:])]
+        return replies
+    monkeypatch.setattr(redis.client.Pipeline, "_execute_pipeline", failing)
+
+
 def test_a_read_blocked_on_a_demoted_primary_ends_empty_and_reads_on(fake_redis, monkeypatch):
     """A failover demotes the primary the receiver blocks on: Redis ends the block with an
-    UNBLOCKED error. The receive returns nothing (the learner asks again), the next one reads what
-    was sent; any other error of the block still propagates."""
+    UNBLOCKED error, and the move and read pipelined after it meet a replica. The receive returns
+    nothing (the learner asks again), the next one reads what was sent; any other error of the
+    block still propagates."""
     receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
-    receiver.start()
-    blmove = fake_redis.blmove
-    errors = [redis.ResponseError("UNBLOCKED force unblock from blocking operation, instance state changed "
-                                  "(master -> replica?)")]
-
-    def failing_blmove(*args, **kwargs):
-        if errors:
-            raise errors.pop()
-        return blmove(*args, **kwargs)
-
-    monkeypatch.setattr(fake_redis, "blmove", failing_blmove)
-    assert receiver.receive(10, 50) == []
+    assert receiver.receive(10, 0) == []  # nothing left: the next read waits first
+    _failing_waits(monkeypatch, errors := [redis.ResponseError(
+        "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)")])
+    assert receiver.receive(10, 50) == [] and not errors
     sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
     for _ in range(2):
         sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
@@ -367,6 +378,21 @@ def test_a_read_blocked_on_a_demoted_primary_ends_empty_and_reads_on(fake_redis,
     errors.append(redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         receiver.receive(10, 50)
+
+
+def test_a_wait_that_failed_raises_after_the_read_beside_it_is_taken(fake_redis, monkeypatch):
+    """The wait, the move and the read share a round trip: when the wait fails (here WRONGTYPE)
+    the read beside it may still have delivered entries. They are taken before the error is
+    raised, so the next receive returns them (not left pending until the claim pass)."""
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    assert receiver.receive(10, 0) == []  # nothing left: the next read waits first
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    for _ in range(2):
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+    _failing_waits(monkeypatch, [redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind")])
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        receiver.receive(10, 50)
+    assert len(receiver.receive(10, 0)) == 1
 
 
 def test_malformed_entries_go_to_the_dead_letter_stream(fake_redis):

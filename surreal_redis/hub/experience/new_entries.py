@@ -3,9 +3,10 @@ into the streams (``move.lua``), read what the group has not delivered yet (``XR
 without blocking, and when nothing came wait for a batch on one shard's inbox at a time. Each read
 is announced on the shard's ``reads`` channel, for the senders waiting on its backlog.
 
-On one server the moves, the read and the announcements go in one pipelined round trip: each
-round trip wakes the prefetch thread, which then takes the GIL from the update running beside it.
-On a cluster each call goes to its own node, one by one."""
+On one server the wait, the moves, the read and the announcements go in one pipelined round trip:
+Redis runs a client's pipelined commands in order, so those after a blocking BLMOVE run once it
+returns. Each round trip wakes the prefetch thread, which then takes the GIL from the update
+running beside it. On a cluster each call goes to its own node, one by one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import redis
 from redis.typing import KeyT, StreamIdT
@@ -50,6 +52,16 @@ def xreadgroup(client: RedisClient, consumer: str, streams: Mapping[KeyT, Stream
     return reply
 
 
+class Look(NamedTuple):
+    """One pipelined look: the read's reply, whether it was announced, the shards to move again,
+    and the error of the wait ahead of it (raised once the read is taken)."""
+
+    read: StreamRead
+    announced: bool
+    again: list[int]
+    failed_wait: Exception | None = None
+
+
 class NewEntryReader:
     """Moves and reads new entries of some shards for one consumer (the receiver's reading
     thread only).
@@ -79,10 +91,10 @@ class NewEntryReader:
         for a batch in the next shard's inbox, in rotation (:data:`BLOCK_SLICE_MS`), and go again.
 
         Once a look left nothing behind (inboxes empty, the read short of its count), the next
-        one waits first: two round trips per batch, or per wait when none comes (every wait is
-        followed by a look: the learner's janitor also moves inboxes, and a batch it moved wakes
-        no wait). A shard whose inbox one move did not empty is moved on after the read (up to
-        :data:`MOVE_CALLS` calls in all); what that moves is read next time."""
+        one waits first, in the same round trip: one round trip per batch, or per wait when none
+        comes (every wait is followed by a look: the learner's janitor also moves inboxes, and a
+        batch it moved wakes no wait). A shard whose inbox one move did not empty is moved on
+        after the read (up to :data:`MOVE_CALLS` calls in all); what that moves is read next time."""
         streams: dict[KeyT, StreamIdT] = {keys.exp: ">" for keys in self.keys.values()}
         count = -(-max_chunks // len(streams))
         block = block_ms(wait_ms, self.settings) if wait_ms > 0 else 0
@@ -90,41 +102,49 @@ class NewEntryReader:
         wait_first, self._drained = self._drained and block > 0, False
         moved_on = False
         while True:
-            if wait_first and not self._wait_for_batch(max(1, int((deadline - time.monotonic()) * 1000))):
+            look = self._move_and_read(streams, count,
+                                       max(1, int((deadline - time.monotonic()) * 1000)) if wait_first else 0)
+            if look is None:  # the primary waited on was demoted: the next read goes to its successor
                 return
-            reply, announced, again = self._move_and_read(streams, count)
-            if reply:
+            if look.read or look.failed_wait is not None:
                 break
-            if again and not moved_on:  # e.g. move.lua was not loaded yet: move, then read at once
+            if look.again and not moved_on:  # e.g. move.lua was not loaded yet: move, then read at once
                 moved_on = True
-                self._move_inboxes(again, MOVE_CALLS - 1)
+                self._move_inboxes(look.again, MOVE_CALLS - 1)
                 wait_first = False
                 continue
             if time.monotonic() >= deadline:
-                self._drained = not again
+                self._drained = not look.again
                 return
             wait_first = True
-        for name, entries in reply:
+        for name, entries in look.read:
             self._take(self._shard_of[bytes(name)], entries)
-        self._drained = not again and all(len(entries) < count for _, entries in reply)
-        if not announced:
-            for name, _ in reply:
+        self._drained = (look.failed_wait is None and not look.again
+                         and all(len(entries) < count for _, entries in look.read))
+        if not look.announced:
+            for name, _ in look.read:
                 self._announce_read(self._shard_of[bytes(name)])
-        self._move_inboxes(again, MOVE_CALLS - 1)  # after the take: its errors must not strand what was read
+        self._move_inboxes(look.again, MOVE_CALLS - 1)  # after the take: its errors must not strand what was read
+        if look.failed_wait is not None:
+            raise look.failed_wait
 
-    def _move_and_read(self, streams: Mapping[KeyT, StreamIdT], count: int) -> tuple[StreamRead, bool, list[int]]:
-        """One move per shard, the read and (on one server) its announcements: the read's reply,
-        whether it was announced, and the shards to move again (inbox not emptied, or a move
-        call that failed in a way the one-by-one path handles: a missing script, an outage)."""
+    def _move_and_read(self, streams: Mapping[KeyT, StreamIdT], count: int, wait_ms: int = 0) -> Look | None:
+        """With ``wait_ms`` > 0 first a wait for a batch in the next shard's inbox (up to that
+        long, :meth:`_wait_call`), then one move per shard, the read and (on one server) its
+        announcements. None when the primary waited on was demoted (nothing read)."""
         if is_cluster(self.client):
+            if wait_ms and not self._wait_for_batch(wait_ms):
+                return None
             again = self._move_inboxes(list(self.keys), 1)
-            return xreadgroup(self.client, self.config.consumer, streams, count), False, again
+            return Look(xreadgroup(self.client, self.config.consumer, streams, count), False, again)
         cfg, shards = self.config, list(self.keys)
         sha = self.scripts.sha("move")
         if not self._move_loaded:  # so that the first pipeline moves before it reads
             self.scripts.load("move")
             self._move_loaded = True
         pipe = self.client.pipeline(transaction=False)
+        if wait_ms:
+            pipe.blmove(*self._wait_call(wait_ms))  # type: ignore[arg-type]
         for shard in shards:
             script_keys, args = move_call(self.keys[shard], cfg.move_items, cfg.seen_ttl_s, cfg.dead_maxlen,
                                           cfg.max_payload_bytes)
@@ -135,6 +155,9 @@ class NewEntryReader:
             for shard in shards:
                 pipe.execute_command("PUBLISH", self.keys[shard].reads, READ_NEWS)
         replies = pipe.execute(raise_on_error=False)  # connection errors raise: nothing to take
+        woke = replies.pop(0) if wait_ms else None
+        failed_wait = woke if isinstance(woke, Exception) else None
+        demoted = self._demoted(failed_wait)
         again = []
         for shard, reply in zip(shards, replies):
             try:
@@ -143,35 +166,50 @@ class NewEntryReader:
                 self._move_refused(shard, exc)
             except (redis.exceptions.NoScriptError, redis.exceptions.OutOfMemoryError, *OUTAGE_ERRORS):
                 again.append(shard)  # the one-by-one path loads the script, or raises after the take
+            except redis.ResponseError:
+                if not demoted:
+                    raise
             else:
                 if not self._count_moved(shard, moved).done:
                     again.append(shard)
         read = replies[len(shards)]
         if isinstance(read, Exception):
+            if demoted:
+                return None
             raise read
         for news in replies[len(shards) + 1:]:
             if isinstance(news, redis.exceptions.NoPermissionError):
                 self._stop_announcing(news)
             if isinstance(news, Exception):  # announced again once the read is taken (errors raise there)
                 announce = False
-        return stream_read(read), announce, again
+        return Look(stream_read(read), announce, [] if demoted else again, None if demoted else failed_wait)
+
+    def _wait_call(self, left_ms: int) -> tuple[KeyT, KeyT, float, str, str]:
+        """BLMOVE's arguments for a wait on the next shard's inbox, in rotation, of at most
+        ``left_ms`` (:data:`BLOCK_SLICE_MS` with several shards). LMOVE of a list's last item onto
+        its own tail changes nothing: it only wakes the waiter."""
+        inbox = self.keys[next(self._rotation)].inbox
+        slice_ms = left_ms if len(self.keys) == 1 else min(left_ms, BLOCK_SLICE_MS)
+        return inbox, inbox, max(1, slice_ms) / 1000, "RIGHT", "RIGHT"  # fractional seconds (Redis >= 6)
+
+    def _demoted(self, exc: Exception | None) -> bool:
+        """Whether ``exc`` says the primary a wait blocked on was demoted (a failover released its
+        blocked clients); the client then learns the new topology."""
+        if not isinstance(exc, redis.ResponseError) or not str(exc).startswith("UNBLOCKED"):
+            return False
+        log.warning("shard inbox wait: %s; reading from the new primary", exc)
+        refresh_topology(self.client, exc)
+        return True
 
     def _wait_for_batch(self, left_ms: int) -> bool:
         """Block until a batch is in the next shard's inbox or the slice of ``left_ms`` is over;
         False when the primary blocked on was demoted (nothing read: the next read goes to its
         successor)."""
-        inbox = self.keys[next(self._rotation)].inbox
-        slice_ms = left_ms if len(self.keys) == 1 else min(left_ms, BLOCK_SLICE_MS)
-        # LMOVE of a list's last item onto its own tail changes nothing: it only wakes us
-        timeout_s = max(1, slice_ms) / 1000  # fractional seconds (Redis >= 6); redis-py types it int
         try:
-            self.client.blmove(inbox, inbox, timeout_s, "RIGHT", "RIGHT")  # type: ignore[arg-type]
+            self.client.blmove(*self._wait_call(left_ms))  # type: ignore[arg-type]
         except redis.ResponseError as exc:
-            if not str(exc).startswith("UNBLOCKED"):
+            if not self._demoted(exc):
                 raise
-            # The primary we blocked on was demoted (a failover) and released its blocked clients.
-            log.warning("shard inbox %r: %s; reading from the new primary", inbox, exc)
-            refresh_topology(self.client, exc)
             return False
         return True
 
