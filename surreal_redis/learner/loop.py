@@ -192,7 +192,7 @@ class Learner:
             log.exception("learner failed")
             raise
         finally:
-            stop_prefetch.set()
+            prefetcher.halt()
             self._save_final()  # while the prefetcher's read ends
             prefetcher.join(timeout=5)
             self._finish(status, unread_steps=batches.steps())

@@ -16,8 +16,11 @@ from collections import deque
 from surreal_redis.hub.experience.receiver import ExperienceReceiver, ReceivedChunk
 from surreal_redis.outage import OutageGuard
 
-ROOM_WAIT_S = 0.05
-"""How long the prefetcher waits for room before it looks at its stop event again."""
+ROOM_WAIT_S = 1.0
+"""How long the prefetcher waits for room before it looks at its stop event again. A full queue is
+the off-policy learner's usual state (it stops taking batches while it owes updates), so this
+wait is long: each wake-up takes the GIL from the update beside it. :meth:`Prefetcher.halt`
+ends the wait at once."""
 READ_WAIT_MS = 50
 """How long a read waits at most for new entries (less when ``hub.receiver.block_ms`` is less)
 before the prefetcher looks at its stop event again: a stopping learner joins the thread before
@@ -36,6 +39,7 @@ class PrefetchQueue:
         self.capacity = capacity
         self._batches: deque[list[ReceivedChunk]] = deque()
         self._chunks = 0
+        self._closed = False
         self._changed = threading.Condition()
 
     def put(self, batch: list[ReceivedChunk]) -> None:
@@ -58,10 +62,18 @@ class PrefetchQueue:
             return batch
 
     def room(self, timeout: float = 0.0) -> int:
-        """Chunks that still fit, waiting up to ``timeout`` seconds for some room (0 if none came)."""
+        """Chunks that still fit, waiting up to ``timeout`` seconds for some room (0 if none came,
+        or once the queue is closed)."""
         with self._changed:
-            self._changed.wait_for(lambda: self._chunks < self.capacity, timeout)
-            return max(0, self.capacity - self._chunks)
+            self._changed.wait_for(lambda: self._closed or self._chunks < self.capacity, timeout)
+            return 0 if self._closed else max(0, self.capacity - self._chunks)
+
+    def close(self) -> None:
+        """No more room from now on: a :meth:`room` wait ends at once. :meth:`put` still queues
+        (a read under way when the learner stops is counted by :meth:`steps`)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def steps(self) -> int:
         """Env steps queued (read from Redis, not in the feed yet)."""
@@ -85,6 +97,11 @@ class Prefetcher(threading.Thread):
         super().__init__(name="prefetch", daemon=True)
         self.receiver, self.out, self.batch, self.stop, self.wait_ms = receiver, out, batch, stop, wait_ms
         self.error: BaseException | None = None
+
+    def halt(self) -> None:
+        """Stop: the thread ends after the read under way, if any (up to ``wait_ms``)."""
+        self.stop.set()
+        self.out.close()
 
     def run(self) -> None:
         guard = OutageGuard("prefetch", self.stop)

@@ -70,9 +70,37 @@ def test_small_reads_fill_the_queue_to_its_capacity(per_read):
             time.sleep(0.005)
         assert batches.steps() == 8 * 4 and len(taken) == min(per_read, 4)
     finally:
-        stop.set()
+        prefetcher.halt()
         prefetcher.join(timeout=5)
     assert not prefetcher.is_alive()
+
+
+def test_a_prefetcher_waiting_for_room_sleeps_until_room_or_its_halt():
+    """A full queue is the off-policy learner's usual state. The wait for room wakes the thread
+    only when room comes (every wake-up takes the GIL from the update beside it), and a halt ends
+    it at once, not after ROOM_WAIT_S."""
+    receiver, batches = TrickleReceiver(4), PrefetchQueue(4)
+    prefetcher = Prefetcher(receiver, batches, 4, threading.Event())  # type: ignore[arg-type]
+    wakes = []
+    wait_for = threading.Condition.wait_for
+
+    def counted(self, predicate, timeout=None):
+        if threading.current_thread() is prefetcher:
+            wakes.append(timeout)
+        return wait_for(self, predicate, timeout)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threading.Condition, "wait_for", counted)
+        prefetcher.start()
+        deadline = time.monotonic() + 10
+        while batches.room() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.3)
+        assert len(receiver.asked) == 1 and len(wakes) <= 2  # one wait for room, begun at most twice
+        started = time.monotonic()
+        prefetcher.halt()
+        prefetcher.join(timeout=5)
+    assert not prefetcher.is_alive() and time.monotonic() - started < 0.5
+    assert batches.room() == 0 and batches.steps() == 16  # closed: no room, what was read still counted
 
 
 def test_a_reader_error_ends_the_thread_and_is_kept():
@@ -97,6 +125,6 @@ def test_reads_wait_briefly_so_a_stop_ends_the_thread_soon():
         deadline = time.monotonic() + 10
         while not receiver.waits and time.monotonic() < deadline:
             time.sleep(0.005)
-        stop.set()
+        prefetcher.halt()
         prefetcher.join(timeout=5)
         assert receiver.waits and set(receiver.waits) == {expected}
