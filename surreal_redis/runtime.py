@@ -141,6 +141,15 @@ class StopFlag:
         self._signalled = True
         self.set(f"signal {name}")
 
+    def finish(self) -> None:
+        """The process's work is done and its exit code chosen: SIGINT and SIGTERM are ignored
+        from now on. The interpreter's shutdown puts a Python handler back to the default action,
+        so a late second Ctrl-C would otherwise end the process killed by the signal, not with
+        its code."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+
     def set(self, reason: str) -> None:
         if not self._event.is_set():
             self.reason = reason

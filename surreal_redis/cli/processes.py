@@ -76,11 +76,13 @@ def launch(ctx: click.Context, config_path: str, agents: int | None, redis_url: 
 
         extra = [f"agent.num_agents={agents}"] if agents is not None else []
         config = _load(config_path, tuple(overrides) + tuple(extra), redis_url or resolve_url(None))
+        stop = StopFlag()
         try:
-            launcher = Launcher(config, StopFlag(), resume=resume, resume_from=resume_from,
+            launcher = Launcher(config, stop, resume=resume, resume_from=resume_from,
                                 progress=lambda line: click.echo(line, err=True), log_level=ctx.obj["log_level"],
                                 fresh=fresh, preloaded=learner)
             code = launcher.run()
+            stop.finish()  # a Ctrl-C during the exit changes nothing now
         except (LaunchError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
     finally:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -121,10 +122,19 @@ def test_a_second_ctrl_c_still_marks_the_mlflow_run_killed_and_says_what_was_not
         while not (folder / "mlflow_run_id").exists() and time.monotonic() < deadline:
             time.sleep(0.3)
         assert mlflow_status(folder) == "RUNNING"
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
         os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.2)  # the learner is writing its final checkpoint and MLflow run
+        deadline = time.monotonic() + 30
+        while not any("stopping: signal SIGINT" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        # The launcher took the first; the learner is writing its final checkpoint and MLflow run (a
+        # fixed sleep here once lost the race to a fast stop)
         os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        out = "".join(lines)
     finally:
         kill_group(proc)
     deadline = time.monotonic() + 30  # the tracking process closes the run once the learner is gone

@@ -198,6 +198,28 @@ def test_a_second_signal_exits_130_after_saying_what_its_callback_reports():
     assert done.stdout.splitlines()[-2:] == ["first True", "second SIGINT: exiting now; updates 5-9 not saved (SIGINT)"]
 
 
+def test_signals_after_the_finish_leave_the_chosen_exit_code():
+    """Once the launch is done and its code chosen, a late Ctrl-C changes nothing. Without
+    ``finish`` the interpreter's shutdown, which puts the handler back to the default action, let
+    a second Ctrl-C end the launch killed by SIGINT (-2) instead of 130; here the late signals
+    come from an atexit hook, after the handler would have exited 130 at once."""
+    import subprocess
+
+    code = ("import atexit, os, signal, sys, time\n"
+            "from surreal_redis.runtime import StopFlag\n"
+            "flag = StopFlag()\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(0.1)\n"
+            "flag.finish()\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), os.kill(os.getpid(), signal.SIGTERM),"
+            " time.sleep(0.1)))\n"
+            "print('finished', bool(flag), flush=True)\n"
+            "sys.exit(7)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout.strip() == "finished True"
+
+
 def test_the_first_signal_after_a_stop_set_by_code_still_stops_cleanly():
     """A process already stopping on the run's control state (or its own limit) and then sent
     SIGTERM (the launcher's, an orchestrator's) finishes its clean stop instead of exiting at once."""
