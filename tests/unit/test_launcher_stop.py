@@ -179,21 +179,24 @@ def test_an_interrupted_run_exits_130_and_a_requested_stop_0(tmp_path, fake_redi
     assert codes == {"signal SIGINT": 130, "signal SIGTERM": 130, "stop requested": 0}
 
 
-def test_a_second_signal_exits_130_after_saying_what_its_callback_reports():
-    import subprocess
+def with_stop_flag(*lines: str) -> subprocess.CompletedProcess:
+    """Python ``lines`` run in a process of their own after ``flag = StopFlag()`` (its handlers
+    installed; ``atexit``, ``logging``, ``os``, ``signal``, ``sys`` and ``time`` imported)."""
+    code = "\n".join(["import atexit, logging, os, signal, sys, time",
+                      "from surreal_redis.runtime import StopFlag",
+                      "logging.basicConfig(stream=sys.stdout, format='%(message)s', level=logging.INFO)",
+                      "flag = StopFlag()", *lines])
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
-    code = ("import logging, os, signal, sys, time\n"
-            "from surreal_redis.runtime import StopFlag\n"
-            "logging.basicConfig(stream=sys.stdout, format='%(message)s', level=logging.INFO)\n"
-            "flag = StopFlag()\n"
-            "flag.on_second_signal(lambda name: f'updates 5-9 not saved ({name})')\n"
-            "os.kill(os.getpid(), signal.SIGINT)\n"
-            "time.sleep(0.1)\n"
-            "print('first', bool(flag), flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGINT)\n"
-            "time.sleep(5)\n"
-            "print('not reached')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+def test_a_second_signal_exits_130_after_saying_what_its_callback_reports():
+    done = with_stop_flag("flag.on_second_signal(lambda name: f'updates 5-9 not saved ({name})')",
+                          "os.kill(os.getpid(), signal.SIGINT)",
+                          "time.sleep(0.1)",
+                          "print('first', bool(flag), flush=True)",
+                          "os.kill(os.getpid(), signal.SIGINT)",
+                          "time.sleep(5)",
+                          "print('not reached')")
     assert done.returncode == 130, done.stderr
     assert done.stdout.splitlines()[-2:] == ["first True", "second SIGINT: exiting now; updates 5-9 not saved (SIGINT)"]
 
@@ -203,38 +206,26 @@ def test_signals_after_the_finish_leave_the_chosen_exit_code():
     ``finish`` the interpreter's shutdown, which puts the handler back to the default action, let
     a second Ctrl-C end the launch killed by SIGINT (-2) instead of 130; here the late signals
     come from an atexit hook, after the handler would have exited 130 at once."""
-    import subprocess
-
-    code = ("import atexit, os, signal, sys, time\n"
-            "from surreal_redis.runtime import StopFlag\n"
-            "flag = StopFlag()\n"
-            "os.kill(os.getpid(), signal.SIGINT)\n"
-            "time.sleep(0.1)\n"
-            "flag.finish()\n"
-            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), os.kill(os.getpid(), signal.SIGTERM),"
-            " time.sleep(0.1)))\n"
-            "print('finished', bool(flag), flush=True)\n"
-            "sys.exit(7)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = with_stop_flag("os.kill(os.getpid(), signal.SIGINT)",
+                          "time.sleep(0.1)",
+                          "flag.finish()",
+                          "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT),"
+                          " os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.1)))",
+                          "print('finished', bool(flag), flush=True)",
+                          "sys.exit(7)")
     assert done.returncode == 7, done.stderr
-    assert done.stdout.strip() == "finished True"
+    assert done.stdout.splitlines()[-1] == "finished True"
 
 
 def test_the_first_signal_after_a_stop_set_by_code_still_stops_cleanly():
     """A process already stopping on the run's control state (or its own limit) and then sent
     SIGTERM (the launcher's, an orchestrator's) finishes its clean stop instead of exiting at once."""
-    import subprocess
-
-    code = ("import os, signal, time\n"
-            "from surreal_redis.runtime import StopFlag\n"
-            "flag = StopFlag()\n"
-            "flag.set('run stopping (stop requested)')\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "time.sleep(0.2)\n"
-            "print('clean stop', flag.reason, flush=True)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = with_stop_flag("flag.set('run stopping (stop requested)')",
+                          "os.kill(os.getpid(), signal.SIGTERM)",
+                          "time.sleep(0.2)",
+                          "print('clean stop', flag.reason, flush=True)")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "clean stop run stopping (stop requested)"
+    assert done.stdout.splitlines()[-1] == "clean stop run stopping (stop requested)"
 
 
 def test_the_launchers_second_signal_says_which_updates_are_not_saved(tmp_path, fake_redis):
