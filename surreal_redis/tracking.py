@@ -174,8 +174,16 @@ class Tracker:
         for start in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
 
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+    def log_artifact(self, path: Path, artifact_path: str | None = None, missing_ok: bool = False) -> None:
+        """Copy ``path`` into the run's artifacts. ``missing_ok``: a file gone by the time of the
+        copy is skipped with a warning (a checkpoint pruned meanwhile: the final eval keeps the
+        best ones, and a newer best may replace the one the learner's stop asked for)."""
+        try:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        except FileNotFoundError:
+            if not missing_ok or Path(path).exists():
+                raise
+            log.warning("%s was removed before MLflow copied it (pruned meanwhile); not logged", path)
 
     def draw_curves(self, path: Path) -> None:
         """Redraw the run's return curves from this store into ``path`` (:mod:`surreal_redis.plots`);
@@ -249,8 +257,8 @@ class TrackerProcess:
     def log_points(self, records: Sequence[Sequence[Any]]) -> None:
         self._call("log_points", [[str(k), float(v), int(step), int(stamp)] for k, v, step, stamp in records])
 
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self._call("log_artifact", str(path), artifact_path)
+    def log_artifact(self, path: Path, artifact_path: str | None = None, missing_ok: bool = False) -> None:
+        self._call("log_artifact", str(path), artifact_path, missing_ok)
 
     def draw_curves(self, path: Path) -> None:
         self._call("draw_curves", str(path))
@@ -381,8 +389,8 @@ class BackgroundTracker:
         records = list(records)
         self._submit(lambda tracker: tracker.log_points(records))
 
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self._submit(lambda tracker: tracker.log_artifact(path, artifact_path))
+    def log_artifact(self, path: Path, artifact_path: str | None = None, missing_ok: bool = False) -> None:
+        self._submit(lambda tracker: tracker.log_artifact(path, artifact_path, missing_ok))
 
     def draw_curves(self, path: Path) -> None:
         """Queued like the other calls, but a draw still queued when a later one of the same

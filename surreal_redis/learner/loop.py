@@ -431,7 +431,7 @@ class Learner:
             log.warning("learner: final publish/metrics incomplete (%s)", exc)
         if self.tracker is not None:
             for path in self._checkpoints_to_keep():
-                self.tracker.log_artifact(path, "checkpoints")
+                self.tracker.log_artifact(path, "checkpoints", missing_ok=True)  # the final eval may prune it
             if self.final_draw:
                 self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)  # with the final metrics
             self.tracker.finish("KILLED" if status == "FINISHED" and self.stop.reason.startswith("signal") else status)

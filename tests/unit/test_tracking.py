@@ -46,7 +46,7 @@ class Recorder:
     def log_metrics(self, metrics, step):
         self._record("metrics", metrics, step)
 
-    def log_artifact(self, path, artifact_path=None):
+    def log_artifact(self, path, artifact_path=None, missing_ok=False):
         self._record("artifact", path, artifact_path)
 
     def log_points(self, records):
@@ -178,6 +178,8 @@ def test_tracker_process_writes_the_run_and_reports_errors_by_name(tmp_path):
     tracker.log_metrics({"loss": np.float32(0.5), "skipped": None, "nan": float("nan")}, 7)
     with pytest.raises(TrackingError, match="FileNotFoundError: .*nowhere.pt"):
         tracker.log_artifact(tmp_path / "nowhere.pt", "checkpoints")
+    # a checkpoint the final eval pruned between the learner's stop listing it and the copy
+    tracker.log_artifact(tmp_path / "pruned.pt", "checkpoints", missing_ok=True)
     with pytest.raises(TrackingError, match="no such tracking call 'delete_run'"):
         tracker._call("delete_run", tracker.run_id)
     for signum in (signal.SIGINT, signal.SIGTERM):
