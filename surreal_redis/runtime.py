@@ -107,6 +107,13 @@ def niced(nice: int, preexec: Callable[[], None]) -> Callable[[], None]:
     return start
 
 
+def _handle_stop_signals(handler: Callable[[int, FrameType | None], object] | signal.Handlers) -> None:
+    """SIGINT and SIGTERM to ``handler``; only the main thread may set handlers (elsewhere: none)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+
 class StopFlag:
     """Set by the first SIGINT/SIGTERM (or by code); the second signal exits immediately with
     code :data:`INTERRUPTED_EXIT`, after logging one line that ends with what the callback given
@@ -118,9 +125,8 @@ class StopFlag:
         self.reason = ""
         self._second_signal_report: Callable[[str], str] | None = None
         self._signalled = False  # a stop set by code (max steps, the run's control state) is not a first signal
-        if install_handlers and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, self._on_signal)
+        if install_handlers:
+            _handle_stop_signals(self._on_signal)
 
     def on_second_signal(self, report: Callable[[str], str]) -> None:
         """``report(signal name)`` runs in the signal handler before the exit: it must not block
@@ -146,9 +152,7 @@ class StopFlag:
         from now on. The interpreter's shutdown puts a Python handler back to the default action,
         so a late second Ctrl-C would otherwise end the process killed by the signal, not with
         its code."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_IGN)
+        _handle_stop_signals(signal.SIG_IGN)
 
     def set(self, reason: str) -> None:
         if not self._event.is_set():

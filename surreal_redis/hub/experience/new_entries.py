@@ -157,7 +157,11 @@ class NewEntryReader:
         replies = pipe.execute(raise_on_error=False)  # connection errors raise: nothing to take
         woke = replies.pop(0) if wait_ms else None
         failed_wait = woke if isinstance(woke, Exception) else None
-        demoted = self._demoted(failed_wait)
+        read = replies[len(shards)]
+        if self._demoted(failed_wait):
+            if isinstance(read, Exception):
+                return None  # the commands after the wait met a replica: nothing moved or read
+            failed_wait = None
         again = []
         for shard, reply in zip(shards, replies):
             try:
@@ -166,23 +170,17 @@ class NewEntryReader:
                 self._move_refused(shard, exc)
             except (redis.exceptions.NoScriptError, redis.exceptions.OutOfMemoryError, *OUTAGE_ERRORS):
                 again.append(shard)  # the one-by-one path loads the script, or raises after the take
-            except redis.ResponseError:
-                if not demoted:
-                    raise
             else:
                 if not self._count_moved(shard, moved).done:
                     again.append(shard)
-        read = replies[len(shards)]
         if isinstance(read, Exception):
-            if demoted:
-                return None
             raise read
         for news in replies[len(shards) + 1:]:
             if isinstance(news, redis.exceptions.NoPermissionError):
                 self._stop_announcing(news)
             if isinstance(news, Exception):  # announced again once the read is taken (errors raise there)
                 announce = False
-        return Look(stream_read(read), announce, [] if demoted else again, None if demoted else failed_wait)
+        return Look(stream_read(read), announce, again, failed_wait)
 
     def _wait_call(self, left_ms: int) -> tuple[KeyT, KeyT, float, str, str]:
         """BLMOVE's arguments for a wait on the next shard's inbox, in rotation, of at most
