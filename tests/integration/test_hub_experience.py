@@ -538,6 +538,54 @@ def test_a_read_is_one_round_trip_and_after_a_read_that_took_all_the_next_waits_
     assert trips[0].index(b"BLMOVE") < trips[0].index(b"EVALSHA")  # the wait first, the move after it
 
 
+def test_acks_left_for_later_go_ahead_of_the_next_reads_wait_in_its_round_trip(real_redis, monkeypatch):
+    """``ack(later=True)`` (the learner's): no round trip; the reading thread's next read sends
+    the XACKs first in its pipeline, so they run at once, not after its wait. A second call while
+    acks are still owed sends those first: only the last call's chunks stay pending."""
+    import redis.connection
+
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
+
+    def step():
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+
+    def pending() -> int:
+        return real_redis.xpending(KEYS.exp, "learner")["pending"]
+    for _ in range(4):
+        step()  # three chunks queued, a step still open
+    first, second, third = (receiver.receive(1, 0) for _ in range(3))
+    assert len(first) == len(second) == len(third) == 1 and pending() == 3
+    trips: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        packed = b"".join(command) if isinstance(command, list) else bytes(command)
+        if threading.current_thread() is threading.main_thread() and b"XPENDING" not in packed:  # the receiver's
+            trips.append(packed)
+        return send(self, command, check_health)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    assert receiver.ack(first, later=True) is None and trips == [] and pending() == 3  # owed
+    receiver.ack(second, later=True)  # the first's ack still owed: sent now, the second's owed
+    assert len(trips) == 1 and b"XACK" in trips[0] and pending() == 2
+    trips.clear()
+    assert receiver.receive(10, 0) == [] and pending() == 1  # the read carried the second's ack
+    assert len(trips) == 1 and trips[0].index(b"XACK") < trips[0].index(b"EVALSHA")
+    receiver.ack(third, later=True)
+    trips.clear()
+    seen_in_the_wait: list[int] = []
+
+    def look_during_the_wait():
+        time.sleep(0.3)
+        seen_in_the_wait.append(pending())
+        step()
+    threading.Thread(target=look_during_the_wait).start()
+    assert len(receiver.receive(10, 2000)) == 1  # took everything before: waits first
+    assert seen_in_the_wait == [0] and pending() == 1  # the third's ack ran ahead of the wait
+    assert len(trips) == 1 and trips[0].index(b"XACK") < trips[0].index(b"BLMOVE") < trips[0].index(b"EVALSHA")
+    assert receiver.flush_acks() == 0 and len(trips) == 1  # nothing owed: no round trip
+
+
 def test_a_batch_the_janitor_moved_is_read_after_one_wait(real_redis):
     """After a read that took everything the next one waits on the inbox first; a batch the
     learner's janitor moved into the stream meanwhile wakes no wait, and is read after it."""

@@ -350,13 +350,14 @@ def _failing_waits(monkeypatch, errors: list[redis.ResponseError]) -> None:
 
     def failing(self, connection, commands, raise_on_error):
         replies = execute(self, connection, commands, raise_on_error)
-        if errors and commands and commands[0][0][0] == "BLMOVE":
+        wait = next((i for i, (args, _) in enumerate(commands) if args[0] == "BLMOVE"), None)
+        if errors and wait is not None:  # after the acks owed, if any
             error = errors.pop()
-            replies[0] = error
+            replies[wait] = error
             if str(error).startswith("UNBLOCKED"):
-                replies[1:] = [redis.exceptions.ReadOnlyError("You can't write against a read only replica.")
-                               if args[0] in ("EVALSHA", "XREADGROUP") else reply
-                               for (args, _), reply in zip(commands[1:], replies[1:])]
+                replies[wait + 1:] = [redis.exceptions.ReadOnlyError("You can't write against a read only replica.")
+                                      if args[0] in ("EVALSHA", "XREADGROUP") else reply
+                                      for (args, _), reply in zip(commands[wait + 1:], replies[wait + 1:])]
         return replies
     monkeypatch.setattr(redis.client.Pipeline, "_execute_pipeline", failing)
 
@@ -393,6 +394,50 @@ def test_a_wait_that_failed_raises_after_the_read_beside_it_is_taken(fake_redis,
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         receiver.receive(10, 50)
     assert len(receiver.receive(10, 0)) == 1
+
+
+def test_acks_left_for_later_stay_owed_through_a_lost_reply_and_a_demoted_wait(fake_redis, monkeypatch):
+    """The learner's ``ack(later=True)``: a connection error while the acks owed from before are
+    sent leaves them and the new ones owed (the error raised); the next read carries them all. A
+    failover's UNBLOCKED wait ends a read with its acks still owed: the next read sends them again."""
+    keys = RunKeys(RUN).shard(0)
+    receiver = ExperienceReceiver(fake_redis, ReceiverConfig(), RUN, 1)
+    sender = ExperienceSender(fake_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    acked: list[bytes] = []  # the ids of every XACK sent
+    lost: list[Exception] = []
+    execute = redis.client.Pipeline._execute_pipeline
+
+    def recording(self, connection, commands, raise_on_error):
+        if lost:
+            raise lost.pop()
+        acked.extend(i for args, _ in commands if args[0] == "XACK" for i in args[3:])
+        return execute(self, connection, commands, raise_on_error)
+    monkeypatch.setattr(redis.client.Pipeline, "_execute_pipeline", recording)
+
+    def step():
+        sender.add(np.zeros((1, 2)), np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+
+    def pending() -> int:
+        return fake_redis.xpending(keys.exp, CONSUMER_GROUP)["pending"]
+    for _ in range(3):
+        step()  # two chunks
+    first, second = receiver.receive(1, 0), receiver.receive(1, 0)
+    assert receiver.ack(first, later=True) is None and acked == [] and pending() == 2
+    lost.append(redis.ConnectionError("reply lost"))
+    with pytest.raises(redis.ConnectionError):
+        receiver.ack(second, later=True)  # the first's ack was owed: sent first, and lost
+    assert pending() == 2 and acked == []
+    assert receiver.receive(10, 0) == [] and pending() == 0  # the read carried both
+    assert sorted(acked) == sorted([first[0].entry_id, second[0].entry_id])
+    acked.clear()
+    step()
+    third = receiver.receive(10, 0)  # fewer than asked for: the next read waits first
+    receiver.ack(third, later=True)
+    _failing_waits(monkeypatch, errors := [redis.ResponseError(
+        "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)")])
+    assert receiver.receive(10, 50) == [] and not errors and acked == [third[0].entry_id]
+    assert receiver.receive(10, 0) == [] and acked == [third[0].entry_id] * 2  # still owed: sent again
+    assert pending() == 0 and receiver.flush_acks() == 0 and len(acked) == 2  # nothing owed now
 
 
 def test_malformed_entries_go_to_the_dead_letter_stream(fake_redis):

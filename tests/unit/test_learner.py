@@ -113,9 +113,21 @@ def test_one_round_trains_publishes_and_acks(fake_redis, tmp_path):
     assert learner.env_steps == 64 and learner.algo.iteration == 1
     assert learner.param_version == 2
     assert int(fake_redis.hget(RunKeys(config.run).params.meta, "version")) == 2
-    assert pending(fake_redis, config) == 0
+    assert pending(fake_redis, config) == 4  # acked by the prefetch thread's next read, in its round trip
+    assert learner.receiver.receive(8, block_ms=0) == [] and pending(fake_redis, config) == 0
     assert learner.checkpoints.iterations() == [1]
     assert learner.feed.stats()["taken_steps"] == 64
+
+
+def test_the_stop_sends_the_acks_the_prefetch_thread_would_have_carried(fake_redis, tmp_path):
+    config = ppo_config(tmp_path)
+    learner = learner_for(config, fake_redis)
+    learner.start()
+    send_steps(fake_redis, config, learner, 32)
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 1 and pending(fake_redis, config) == 4
+    learner._finish("FINISHED")
+    assert pending(fake_redis, config) == 0
 
 
 def test_chunks_that_do_not_fit_are_set_aside_not_trained_on(fake_redis, tmp_path):
@@ -149,8 +161,8 @@ def test_off_policy_learner_stops_reading_while_updates_are_owed(fake_redis, tmp
     learner.iterate(batches)  # trains what is owed first
     assert learner.algo.iteration == 32 and len(batches) == 1
     learner.iterate(batches)
-    assert len(batches) == 0 and learner.env_steps == 64 and pending(fake_redis, config) == 0
-    assert learner.algo.iteration == 64
+    assert len(batches) == 0 and learner.env_steps == 64 and learner.algo.iteration == 64
+    assert learner.receiver.receive(8, block_ms=0) == [] and pending(fake_redis, config) == 0  # the acks went along
 
 
 def test_a_resumed_off_policy_learner_trains_only_on_new_data_at_the_limiters_ratio(fake_redis, tmp_path):
@@ -341,7 +353,7 @@ def test_unusable_chunks_are_set_aside_before_the_ack(fake_redis, tmp_path):
     send_steps(fake_redis, dataclasses.replace(pendulum, experiment=config.experiment), learner_for(pendulum, fake_redis), 16)
     items = learner.receiver.receive(100, block_ms=0)
 
-    def lost(batch):
+    def lost(batch, later=False):
         raise ConnectionError("reply lost")
 
     learner.receiver.ack = lost

@@ -3,7 +3,8 @@ so that no entry is handed out twice.
 
 An entry is *held* from the moment it is taken (queued) until it is acked; re-reading the pending
 list or claiming skips what is held. Acks whose reply was lost are *owed* and sent with the next
-ack (XACK is idempotent). Origins of the chunks acked are *consumed*
+ack (XACK is idempotent); so are the acks a caller leaves to the reading thread (:meth:`Delivery.owe`),
+whose next read carries them: a round trip less for the caller. Origins of the chunks acked are *consumed*
 (:class:`~surreal_redis.hub.experience.consumed.ConsumedWindow`): a copy delivered again after a
 failover is acked unread; a copy of a chunk handed out and not acked yet (*in flight*) stays
 pending until that chunk is acked, then it is acked too.
@@ -112,11 +113,36 @@ class Delivery:
             self.consumed.add(origin)
             return self._in_flight.pop(origin, [])
 
-    def settle(self) -> None:
-        """Send acks whose reply was lost, and set aside what is due."""
-        if self._unacked:
+    def settle(self, acks: bool = True) -> None:
+        """Send the acks owed (unless ``acks`` is false: the caller's next read carries them), and
+        set aside what is due."""
+        if acks and self._unacked:
             self.ack_ids({})
         self.dead.flush()
+
+    def owe(self, entries: ByShard) -> None:
+        """Leave the XACK of ``entries`` to the reading thread: owed until a read carries them
+        (:meth:`owed`, :meth:`acked`) or an ack or :meth:`settle` sends them. Held until then, so
+        no pending-list read hands them out again. No round trip."""
+        with self.lock:
+            for shard, ids in entries.items():
+                self._unacked.setdefault(shard, set()).update(ids)
+
+    def owed(self) -> ByShard:
+        """A copy of the acks owed, for a read to send along (then :meth:`acked`)."""
+        with self.lock:
+            return {shard: set(ids) for shard, ids in self._unacked.items() if ids}
+
+    def acked(self, sent: ByShard) -> None:
+        """The XACKs of ``sent`` (from :meth:`owed`) went through: no longer owed or held."""
+        with self.lock:
+            for shard, ids in sent.items():
+                left = self._unacked.get(shard)
+                if left is not None:
+                    left.difference_update(ids)
+                    if not left:
+                        del self._unacked[shard]
+                self._held.difference_update((shard, i) for i in ids)
 
     def ack_ids(self, entries: ByShard) -> int:
         """XACK ``entries`` plus the acks still owed; returns how many were still pending. On a

@@ -3,9 +3,9 @@ into the streams (``move.lua``), read what the group has not delivered yet (``XR
 without blocking, and when nothing came wait for a batch on one shard's inbox at a time. Each read
 is announced on the shard's ``reads`` channel, for the senders waiting on its backlog.
 
-On one server the wait, the moves, the read and the announcements go in one pipelined round trip:
-Redis runs a client's pipelined commands in order, so those after a blocking BLMOVE run once it
-returns. Each round trip wakes the prefetch thread, which then takes the GIL from the update
+On one server the acks owed, the wait, the moves, the read and the announcements go in one
+pipelined round trip: Redis runs a client's pipelined commands in order, so those after a blocking
+BLMOVE run once it returns, and the acks ahead of it at once. Each round trip wakes the prefetch thread, which then takes the GIL from the update
 running beside it. On a cluster each call goes to its own node, one by one."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import redis
 from redis.typing import KeyT, StreamIdT
 
 from surreal_redis.connection import RedisClient, RedisSettings, StreamRead, block_ms, stream_read
+from surreal_redis.hub.experience.delivery import ByShard
 from surreal_redis.hub.experience.inbox import Moved, move_call, move_inbox, moved_from
 from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.keys import CONSUMER_GROUP, ShardKeys
@@ -54,7 +55,7 @@ def xreadgroup(client: RedisClient, consumer: str, streams: Mapping[KeyT, Stream
 
 class Look(NamedTuple):
     """One pipelined look: the read's reply, whether it was announced, the shards to move again,
-    and the error of the wait ahead of it (raised once the read is taken)."""
+    and the error of the wait or of an ack ahead of it (raised once the read is taken)."""
 
     read: StreamRead
     announced: bool
@@ -62,20 +63,29 @@ class Look(NamedTuple):
     failed_wait: Exception | None = None
 
 
+class OwedAcks(NamedTuple):
+    """The acks a receiver owes (``owed()``: a copy, by shard) and where to say that they went
+    through (``acked(sent)``): :class:`~surreal_redis.hub.experience.delivery.Delivery`'s."""
+
+    owed: Callable[[], ByShard]
+    acked: Callable[[ByShard], None]
+
+
 class NewEntryReader:
     """Moves and reads new entries of some shards for one consumer (the receiver's reading
     thread only).
 
     ``take(shard, entries)`` queues what a read returned; ``count_dead(reason, shard, count)``
-    counts the dead letters ``move.lua`` wrote. Counts: ``moved`` (batches moved into the
+    counts the dead letters ``move.lua`` wrote; ``acks``: on one server each look sends the acks
+    owed along (:attr:`carries_acks`). Counts: ``moved`` (batches moved into the
     streams), ``duplicates`` (copies of a stored batch dropped), ``move_errors`` (calls refused).
     """
 
     def __init__(self, client: RedisClient, scripts: Scripts, keys: Mapping[int, ShardKeys], config: ReceiverConfig,
                  settings: RedisSettings, take: Callable[[int, list], int],
-                 count_dead: Callable[[str, int, int], None]) -> None:
+                 count_dead: Callable[[str, int, int], None], acks: OwedAcks | None = None) -> None:
         self.client, self.scripts, self.keys, self.config, self.settings = client, scripts, keys, config, settings
-        self._take, self._count_dead = take, count_dead
+        self._take, self._count_dead, self._acks = take, count_dead, acks
         self._shard_of = {k.exp.encode(): s for s, k in keys.items()}
         self._rotation = itertools.cycle(list(keys))  # the shard whose inbox the next wait watches
         self.announce = True  # reads announced on each shard's reads channel
@@ -84,6 +94,11 @@ class NewEntryReader:
         # an inbox first, instead of finding nothing first: a round trip less per batch)
         self._drained = False
         self.moved = self.duplicates = self.move_errors = 0
+
+    @property
+    def carries_acks(self) -> bool:
+        """Whether a :meth:`read` sends the acks owed along (one server; a cluster's go apart)."""
+        return self._acks is not None and not is_cluster(self.client)
 
     def read(self, max_chunks: int, wait_ms: int) -> None:
         """Move the inboxes into the streams, then read new entries without blocking; while that
@@ -143,6 +158,9 @@ class NewEntryReader:
             self.scripts.load("move")
             self._move_loaded = True
         pipe = self.client.pipeline(transaction=False)
+        owed = self._acks.owed() if self._acks is not None else {}
+        for shard, ids in owed.items():  # ahead of the wait: they run at once
+            pipe.xack(self.keys[shard].exp, CONSUMER_GROUP, *ids)
         if wait_ms:
             pipe.blmove(*self._wait_call(wait_ms))  # type: ignore[arg-type]
         for shard in shards:
@@ -154,14 +172,19 @@ class NewEntryReader:
         if announce:
             for shard in shards:
                 pipe.execute_command("PUBLISH", self.keys[shard].reads, READ_NEWS)
-        replies = pipe.execute(raise_on_error=False)  # connection errors raise: nothing to take
+        replies = pipe.execute(raise_on_error=False)  # connection errors raise: nothing to take, acks owed
+        ack_replies, replies = replies[:len(owed)], replies[len(owed):]
         woke = replies.pop(0) if wait_ms else None
         failed_wait = woke if isinstance(woke, Exception) else None
         read = replies[len(shards)]
         if self._demoted(failed_wait):
             if isinstance(read, Exception):
-                return None  # the commands after the wait met a replica: nothing moved or read
+                return None  # the commands after the wait met a replica: nothing moved or read, acks owed
             failed_wait = None
+        failed_ack = next((reply for reply in ack_replies if isinstance(reply, Exception)), None)
+        if failed_ack is None and self._acks is not None and owed:
+            self._acks.acked(owed)
+        failed_wait = failed_wait or failed_ack  # the acks stay owed
         again = []
         for shard, reply in zip(shards, replies):
             try:

@@ -36,7 +36,7 @@ from surreal_redis.hub.experience import groups
 from surreal_redis.hub.experience.decoding import Decoded, Entry, EntryDecoder
 from surreal_redis.hub.experience.delivery import Delivery, by_shard
 from surreal_redis.hub.experience.ledger import Ledger
-from surreal_redis.hub.experience.new_entries import NewEntryReader
+from surreal_redis.hub.experience.new_entries import NewEntryReader, OwedAcks
 from surreal_redis.hub.experience.pending import PendingReader
 from surreal_redis.hub.experience.receiver_config import ReceiverConfig
 from surreal_redis.hub.experience.retained import RetainedReader
@@ -147,7 +147,8 @@ class ExperienceReceiver:
         self._pending = PendingReader(client, self._scripts, self._keys, config, self._delivery, self._count_trimmed)
         self._ledger = ledger if ledger is not None else Ledger.from_environment("learner")
         self._new = NewEntryReader(client, self._scripts, self._keys, config, self.settings, self._delivery.take,
-                                   self._delivery.dead.count_written)
+                                   self._delivery.dead.count_written,
+                                   acks=OwedAcks(self._delivery.owed, self._delivery.acked))
 
     def count_dead_letters(self, reason: str, shard: int, count: int) -> None:
         """Count records the janitor's ``move.lua`` calls wrote to ``shard``'s dead-letter stream,
@@ -215,8 +216,9 @@ class ExperienceReceiver:
         try:
             if not self._started:
                 self.start()
-            self._delivery.settle()
-            if not self._delivery.queue:
+            queued = bool(self._delivery.queue)
+            self._delivery.settle(acks=queued or not self._new.carries_acks)  # else the read carries them
+            if not queued:
                 self._refill(max_chunks, wait_ms)
             entries = self._delivery.pop(max_chunks)
             if not entries:
@@ -242,17 +244,41 @@ class ExperienceReceiver:
             self._started = False
             return []
 
-    def ack(self, received: Iterable[ReceivedChunk]) -> int:
+    def ack(self, received: Iterable[ReceivedChunk], later: bool = False) -> int | None:
         """XACK the given chunks (one round trip; acks whose reply was lost before go along);
         returns how many were still pending. On a connection error the acks are kept and sent
-        with the next call (XACK is idempotent), and the error propagates."""
-        delivery, received = self._delivery, list(received)
+        with the next call (XACK is idempotent), and the error propagates.
+
+        ``later``: the chunks count as consumed at once (the consumed window, the ledger) and their
+        XACKs are owed, sent by the reading thread's next :meth:`receive` (on one server in the
+        round trip of its read) or by :meth:`flush_acks`; returns None. No round trip, unless acks
+        are still owed from before: those are sent first (then raised, the new ones owed), so
+        that only the chunks of the last call may be consumed and still pending (a kill -9 hands
+        those to the next learner)."""
+        received = list(received)
+        if not later:
+            return self._delivery.ack_ids(by_shard(self._consume(received)))
+        try:
+            self._delivery.ack_ids({})  # nothing owed: no round trip
+        finally:
+            self._delivery.owe(by_shard(self._consume(received)))
+        return None
+
+    def _consume(self, received: list[ReceivedChunk]) -> list[tuple[int, bytes]]:
+        """Record ``received`` as consumed (the consumed window, the ledger); the entries to ack:
+        theirs and the copies of their chunks held meanwhile."""
+        delivery = self._delivery
         with delivery.lock:
             entries = [(item.shard, item.entry_id) for item in received]
             for item in received:
                 entries += delivery.settle_origin(item.origin)
             self._ledger.trained(item.origin for item in received)  # consumed from here on, like the window says
-        return delivery.ack_ids(by_shard(entries))
+        return entries
+
+    def flush_acks(self) -> int:
+        """Send the acks owed now (one round trip, none when nothing is owed); returns how many
+        were still pending. A connection error keeps them owed and propagates."""
+        return self._delivery.ack_ids({})
 
     def set_aside(self, item: ReceivedChunk, reason: str, detail: str) -> None:
         """Dead-letter (and ack) a chunk that decoded but that the caller cannot use, e.g. shapes
