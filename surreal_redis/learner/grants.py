@@ -1,7 +1,8 @@
 """Production on grants for the live parameter version (``learner.on_policy_sync`` ``lockstep``
 or ``overlap``: docs/concepts.md, "On-policy production"; :mod:`surreal_redis.hub.quota`). With
-``overlap``, what agents had not claimed of the grant made before an update carries over to the
-version it publishes.
+``overlap``, the publish after an update moves what agents had not claimed of the grant to the
+version it publishes and adds the steps of the batch after next (less an overshoot), in its own
+script: the next update starts without a grant's round trip.
 
 Top-up rule (both): when the feed still needs steps for its next update and no chunk arrived for
 ``learner.lockstep_topup_s`` seconds, the learner publishes again if the live version is not its
@@ -55,6 +56,7 @@ class GrantKeeper:
         self.overlap = config.learner.on_policy_sync == "overlap"
         self._last_chunk_at = self._granted_at = time.monotonic()
         self._next_stall_warning = 0.0
+        self._ahead_published = False  # the last publish granted the batch after next (overlap)
         self.topups = 0  # grants topped up by the rule above
 
     def grant(self, ahead: int = 0) -> None:
@@ -68,17 +70,38 @@ class GrantKeeper:
             steps = min(steps, max(0, limit - self._env_steps()))
         self.quota.grant(self._version(), steps)
         self._granted_at = time.monotonic()
+        self._ahead_published = False  # this grant replaced it
 
     def before_update(self) -> None:
-        """Overlap: an update runs now, so agents may make the next batch meanwhile."""
+        """Overlap: an update runs now, so agents may make the next batch meanwhile (granted
+        already when the publish after the last update did it)."""
         if self.overlap and self.quota is not None and self._feed.steps_needed() == 0:
-            self.grant(ahead=1)
+            if self._ahead_published:
+                self._ahead_published = False
+            else:
+                self.grant(ahead=1)
 
     @property
     def carry_on_publish(self) -> bool:
-        """Overlap: a publish moves the unclaimed rest of the grant made before the update to the
-        version it publishes, in its own script (``ParameterPublisher.publish(carry_grant=True)``)."""
+        """Overlap: a publish moves the unclaimed rest of the grant to the version it publishes,
+        in its own script (``ParameterPublisher.publish(carry_grant=True)``)."""
         return self.overlap and self.quota is not None
+
+    def ahead_on_publish(self) -> int:
+        """Overlap: the env steps a publish after an update grants on top of the rest it carries,
+        those of the batch after next (``learner.steps_per_update``), fewer at the end of the
+        run's env steps; 0 otherwise."""
+        if not self.carry_on_publish:
+            return 0
+        steps = self._config.learner.steps_per_update
+        limit = self._config.stop.max_env_steps
+        if limit is not None:  # past the next batch, no more than the run still needs
+            steps = min(steps, max(0, limit - self._env_steps() - (self._feed.steps_needed() or 0)))
+        return steps
+
+    def published_ahead(self) -> None:
+        """A publish granted :meth:`ahead_on_publish`'s steps: the next update needs no grant."""
+        self._ahead_published = True
 
     def after_update(self, version_before: int) -> None:
         """After an update and its publish, if due (``version_before``: the live version before it)."""

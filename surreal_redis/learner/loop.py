@@ -316,25 +316,29 @@ class Learner:
                 self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)
         version = self.param_version
         if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
-            self._publish()
+            self._publish(grant_ahead=True)
         self.grants.after_update(version)
 
     # ---------------------------------------------------------------- publishing
-    def _publish(self, force: bool = False) -> bool:
-        """Publish unless too soon after the last (``force``: anyway). False when Redis refused it
-        for lack of memory (logged; the next update or housekeeping tries again, training goes on);
-        connection errors propagate."""
+    def _publish(self, force: bool = False, grant_ahead: bool = False) -> bool:
+        """Publish unless too soon after the last (``force``: anyway); ``grant_ahead`` (after an
+        update): with the steps of the batch after next (``GrantKeeper.ahead_on_publish``). False
+        when Redis refused it for lack of memory (logged; the next update or housekeeping tries
+        again, training goes on); connection errors propagate."""
         start = time.monotonic()
         self._publish_failed = True  # until it went through: the next update tries again
+        ahead = self.grants.ahead_on_publish() if grant_ahead else 0
         try:
             version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force,
-                                             carry_grant=self.grants.carry_on_publish)
+                                             carry_grant=self.grants.carry_on_publish, grant_ahead=ahead)
         except PublishBackpressure as exc:
             log.warning("publish refused, Redis is full (%s); training goes on, retrying after housekeeping", exc)
             return False
         self._publish_failed = False
         if version is not None:
             self._published(version, start)
+            if ahead:
+                self.grants.published_ahead()
         return True
 
     def _republish(self, above: int) -> int:

@@ -114,16 +114,17 @@ def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_
     learner.algo.update = update_while_an_agent_claims
     learner.iterate(received(learner))
     assert learner.algo.iteration == 1 and learner.param_version == 2
-    if sync == "overlap":  # granted 64 ahead for v1 before training; 16 unclaimed carried over to v2
-        assert claims == [("OK", 48, 1)] and quota.left() == (2, 16)
+    if sync == "overlap":  # granted 64 ahead for v1 before training; 16 unclaimed carried over to v2, plus
+        assert claims == [("OK", 48, 1)] and quota.left() == (2, 16 + 64)  # the batch after next
     else:  # nothing to claim while training; the next batch is granted for v2 afterwards
         assert claims == [("WAIT", 0, 1)] and quota.left() == (2, 64)
 
 
 def test_an_overlap_update_carries_the_grant_over_in_its_publish_without_more_round_trips(fake_redis, tmp_path,
                                                                                          monkeypatch):
-    """Overlap: one grant before the update, and the publish script carries its unclaimed rest
-    over to the new version: no read of the quota and no grant after the update."""
+    """Overlap: the first update grants ahead before it runs; each publish after an update carries
+    the unclaimed rest over to the new version and adds the batch after next, less an overshoot,
+    in its script: no read of the quota and no grant between later updates."""
     config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap")
     assert quota.claim(1, 64).status == "OK"
     send_steps(fake_redis, config, learner, 32)
@@ -134,8 +135,26 @@ def test_an_overlap_update_carries_the_grant_over_in_its_publish_without_more_ro
                             lambda *args, _name=name, _method=method: calls.append(_name) or _method(*args))
     learner.iterate(received(learner))
     assert learner.algo.iteration == 1 and learner.param_version == 2
-    assert calls == ["grant"]  # the grant ahead, before the update
-    assert quota.left() == (2, 64)  # granted 64 ahead for v1, none claimed: all of it carried to v2
+    assert calls == ["grant"]  # the grant ahead, before the first update
+    assert quota.left() == (2, 64 + 64)  # 64 granted ahead for v1, none claimed: carried to v2, and the next 64
+    assert quota.claim(2, 96) == ("OK", 96, 2)  # the agents make the next batch and half the one after
+    send_steps(fake_redis, config, learner, 32, agent_id=1)
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 2 and learner.param_version == 3 and calls == ["grant"]
+    assert quota.left() == (3, 32 + 64)
+    assert quota.claim(3, 128) == ("OK", 128, 3)  # whole flushes: 32 steps over
+    send_steps(fake_redis, config, learner, 32, agent_id=2)
+    learner.iterate(received(learner))
+    assert learner.algo.iteration == 3 and calls == ["grant"] and quota.left() == (4, -32 + 64)
+
+
+def test_overlap_grants_no_step_past_the_runs_env_step_limit(fake_redis, tmp_path):
+    config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap",
+                                     "stop.max_env_steps=160")
+    assert quota.claim(1, 64).status == "OK"
+    send_steps(fake_redis, config, learner, 32)
+    learner.iterate(received(learner))  # 64 steps in, the next 64 granted ahead: 32 more may come
+    assert learner.algo.iteration == 1 and quota.left() == (2, 64 + 32)
 
 
 def test_free_and_off_policy_learners_grant_nothing(fake_redis, tmp_path):
