@@ -34,6 +34,11 @@ def by_shard(pairs: Iterable[tuple[int, bytes]]) -> ByShard:
     return grouped
 
 
+def _merge(into: ByShard, more: Mapping[int, set[bytes]]) -> None:
+    for shard, ids in more.items():
+        into.setdefault(shard, set()).update(ids)
+
+
 class Delivery:
     """The entries one receiver holds, the acks it owes, the origins consumed and in flight.
 
@@ -48,7 +53,8 @@ class Delivery:
         self.lock = threading.RLock()
         self.queue: deque[Entry] = deque()  # taken into our pending list, not yet processed
         self._held: set[tuple[int, bytes]] = set()  # queued, handed out and unacked, or being set aside
-        self._unacked: ByShard = {}  # acks whose reply was lost: sent again
+        self._unacked: ByShard = {}  # acks whose reply was lost, or left to a read: sent again
+        self._sending: ByShard = {}  # acks a read in flight carries (taken from _unacked)
         self.consumed = ConsumedWindow()  # origins of the chunks acked (stored by the caller)
         # origins handed out and not acked -> copies delivered meanwhile, kept pending until then
         self._in_flight: dict[Origin, list[tuple[int, bytes]]] = {}
@@ -122,35 +128,47 @@ class Delivery:
 
     def owe(self, entries: ByShard) -> None:
         """Leave the XACK of ``entries`` to the reading thread: owed until a read carries them
-        (:meth:`owed`, :meth:`acked`) or an ack or :meth:`settle` sends them. Held until then, so
-        no pending-list read hands them out again. No round trip."""
+        (:meth:`take_owed`) or an ack or :meth:`settle` sends them. Held until then, so no
+        pending-list read hands them out again. No round trip."""
         with self.lock:
-            for shard, ids in entries.items():
-                self._unacked.setdefault(shard, set()).update(ids)
+            _merge(self._unacked, entries)
 
-    def owed(self) -> ByShard:
-        """A copy of the acks owed, for a read to send along (then :meth:`acked`)."""
+    def owes(self) -> bool:
+        """Whether acks are owed that no read in flight carries."""
         with self.lock:
-            return {shard: set(ids) for shard, ids in self._unacked.items() if ids}
+            return bool(self._unacked)
 
-    def acked(self, sent: ByShard) -> None:
-        """The XACKs of ``sent`` (from :meth:`owed`) went through: no longer owed or held."""
+    def take_owed(self) -> ByShard:
+        """The acks owed, for a read to send ahead of its wait; in flight until :meth:`sent`."""
         with self.lock:
-            for shard, ids in sent.items():
-                left = self._unacked.get(shard)
-                if left is not None:
-                    left.difference_update(ids)
-                    if not left:
-                        del self._unacked[shard]
-                self._held.difference_update((shard, i) for i in ids)
+            taken, self._unacked = self._unacked, {}
+            _merge(self._sending, taken)
+            return taken
 
-    def ack_ids(self, entries: ByShard) -> int:
-        """XACK ``entries`` plus the acks still owed; returns how many were still pending. On a
-        connection error they are all owed, and the error propagates."""
+    def sent(self, taken: ByShard, acked: bool) -> None:
+        """The read carrying ``taken`` (from :meth:`take_owed`) is over: its XACKs went through
+        (``acked``: no longer held), or not (owed again)."""
+        with self.lock:
+            for shard, ids in taken.items():
+                left = self._sending.get(shard, set())
+                left.difference_update(ids)
+                if not left:
+                    self._sending.pop(shard, None)
+            if acked:
+                for shard, ids in taken.items():
+                    self._held.difference_update((shard, i) for i in ids)
+            else:
+                _merge(self._unacked, taken)
+
+    def ack_ids(self, entries: ByShard, in_flight: bool = False) -> int:
+        """XACK ``entries`` plus the acks still owed (``in_flight``: and those a read in flight
+        carries, say at the stop); returns how many were still pending. On a connection error they
+        are all owed, and the error propagates."""
         with self.lock:
             owed = {s: set(ids) for s, ids in self._unacked.items()}
-            for shard, ids in entries.items():
-                owed.setdefault(shard, set()).update(ids)
+            _merge(owed, entries)
+            if in_flight:
+                _merge(owed, self._sending)
             if not owed:
                 return 0
             pipe = self.client.pipeline(transaction=False)

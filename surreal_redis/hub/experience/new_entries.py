@@ -5,8 +5,8 @@ is announced on the shard's ``reads`` channel, for the senders waiting on its ba
 
 On one server the acks owed, the wait, the moves, the read and the announcements go in one
 pipelined round trip: Redis runs a client's pipelined commands in order, so those after a blocking
-BLMOVE run once it returns, and the acks ahead of it at once. Each round trip wakes the prefetch thread, which then takes the GIL from the update
-running beside it. On a cluster each call goes to its own node, one by one."""
+BLMOVE run once it returns, and the acks ahead of it at once. Each round trip wakes the prefetch
+thread, which then takes the GIL from the update running beside it. On a cluster each call goes to its own node, one by one."""
 
 from __future__ import annotations
 
@@ -61,14 +61,15 @@ class Look(NamedTuple):
     announced: bool
     again: list[int]
     failed_wait: Exception | None = None
+    acked: bool = True  # the acks sent along went through (an error reply leaves them owed)
 
 
 class OwedAcks(NamedTuple):
-    """The acks a receiver owes (``owed()``: a copy, by shard) and where to say that they went
-    through (``acked(sent)``): :class:`~surreal_redis.hub.experience.delivery.Delivery`'s."""
+    """Where a read takes the acks its receiver owes (``take()``, by shard) and says how they
+    fared (``sent(taken, acked)``): :class:`~surreal_redis.hub.experience.delivery.Delivery`'s."""
 
-    owed: Callable[[], ByShard]
-    acked: Callable[[ByShard], None]
+    take: Callable[[], ByShard]
+    sent: Callable[[ByShard, bool], None]
 
 
 class NewEntryReader:
@@ -152,13 +153,27 @@ class NewEntryReader:
                 return None
             again = self._move_inboxes(list(self.keys), 1)
             return Look(xreadgroup(self.client, self.config.consumer, streams, count), False, again)
-        cfg, shards = self.config, list(self.keys)
-        sha = self.scripts.sha("move")
         if not self._move_loaded:  # so that the first pipeline moves before it reads
             self.scripts.load("move")
             self._move_loaded = True
+        owed = self._acks.take() if self._acks is not None else {}
+        try:
+            look = self._pipelined_look(streams, count, wait_ms, owed)
+        except BaseException:
+            if owed:
+                self._acks.sent(owed, False)  # type: ignore[union-attr]
+            raise
+        if owed:
+            self._acks.sent(owed, look is not None and look.acked)  # type: ignore[union-attr]
+        return look
+
+    def _pipelined_look(self, streams: Mapping[KeyT, StreamIdT], count: int, wait_ms: int,
+                        owed: ByShard) -> Look | None:
+        """:meth:`_move_and_read` on one server: the acks ``owed`` ahead of the wait, all in one
+        pipeline."""
+        cfg, shards = self.config, list(self.keys)
+        sha = self.scripts.sha("move")
         pipe = self.client.pipeline(transaction=False)
-        owed = self._acks.owed() if self._acks is not None else {}
         for shard, ids in owed.items():  # ahead of the wait: they run at once
             pipe.xack(self.keys[shard].exp, CONSUMER_GROUP, *ids)
         if wait_ms:
@@ -182,9 +197,6 @@ class NewEntryReader:
                 return None  # the commands after the wait met a replica: nothing moved or read, acks owed
             failed_wait = None
         failed_ack = next((reply for reply in ack_replies if isinstance(reply, Exception)), None)
-        if failed_ack is None and self._acks is not None and owed:
-            self._acks.acked(owed)
-        failed_wait = failed_wait or failed_ack  # the acks stay owed
         again = []
         for shard, reply in zip(shards, replies):
             try:
@@ -203,7 +215,7 @@ class NewEntryReader:
                 self._stop_announcing(news)
             if isinstance(news, Exception):  # announced again once the read is taken (errors raise there)
                 announce = False
-        return Look(stream_read(read), announce, again, failed_wait)
+        return Look(stream_read(read), announce, again, failed_wait or failed_ack, acked=failed_ack is None)
 
     def _wait_call(self, left_ms: int) -> tuple[KeyT, KeyT, float, str, str]:
         """BLMOVE's arguments for a wait on the next shard's inbox, in rotation, of at most

@@ -148,7 +148,7 @@ class ExperienceReceiver:
         self._ledger = ledger if ledger is not None else Ledger.from_environment("learner")
         self._new = NewEntryReader(client, self._scripts, self._keys, config, self.settings, self._delivery.take,
                                    self._delivery.dead.count_written,
-                                   acks=OwedAcks(self._delivery.owed, self._delivery.acked))
+                                   acks=OwedAcks(self._delivery.take_owed, self._delivery.sent))
 
     def count_dead_letters(self, reason: str, shard: int, count: int) -> None:
         """Count records the janitor's ``move.lua`` calls wrote to ``shard``'s dead-letter stream,
@@ -250,16 +250,17 @@ class ExperienceReceiver:
         with the next call (XACK is idempotent), and the error propagates.
 
         ``later``: the chunks count as consumed at once (the consumed window, the ledger) and their
-        XACKs are owed, sent by the reading thread's next :meth:`receive` (on one server in the
-        round trip of its read) or by :meth:`flush_acks`; returns None. No round trip, unless acks
-        are still owed from before: those are sent first (then raised, the new ones owed), so
-        that only the chunks of the last call may be consumed and still pending (a kill -9 hands
-        those to the next learner)."""
+        XACKs are owed, sent by the reading thread's next :meth:`receive` (on one server ahead of
+        its read's wait, in its round trip) or by :meth:`flush_acks`; returns None. No round trip,
+        unless acks owed from before are not on their way yet: those are sent first (an error
+        raised, the new ones owed), so that only the chunks of the last call may be consumed and
+        still pending (a kill -9 hands those to the next learner)."""
         received = list(received)
         if not later:
             return self._delivery.ack_ids(by_shard(self._consume(received)))
         try:
-            self._delivery.ack_ids({})  # nothing owed: no round trip
+            if self._delivery.owes():  # not sent by a read yet (one in flight carries its own)
+                self._delivery.ack_ids({})
         finally:
             self._delivery.owe(by_shard(self._consume(received)))
         return None
@@ -276,9 +277,10 @@ class ExperienceReceiver:
         return entries
 
     def flush_acks(self) -> int:
-        """Send the acks owed now (one round trip, none when nothing is owed); returns how many
-        were still pending. A connection error keeps them owed and propagates."""
-        return self._delivery.ack_ids({})
+        """Send the acks owed now, those a read in flight carries too (one round trip, none when
+        nothing is owed); returns how many were still pending. A connection error keeps them owed
+        and propagates."""
+        return self._delivery.ack_ids({}, in_flight=True)
 
     def set_aside(self, item: ReceivedChunk, reason: str, detail: str) -> None:
         """Dead-letter (and ack) a chunk that decoded but that the caller cannot use, e.g. shapes
