@@ -1,29 +1,27 @@
 -- KEYS[1] parameter meta hash (sr:{run.p}:meta), KEYS[2] staging string the caller uploaded the
--- new blob to (sr:{run.p}:staging:<publisher>), KEYS[3] blob key of the new version
--- (sr:{run.p}:blob:<new>), KEYS[4] blob key of the version the caller believes is current
--- (sr:{run.p}:blob:<prev>), KEYS[5] optional: the production quota hash (sr:{run.p}:quota), whose
--- grant's unclaimed rest then moves to the new version (overlap production; 0 steps when the grant
--- is another version's, or none), plus ARGV[13] steps, announced after the version as
--- "grant:<new>:<steps>"
--- ARGV[1] new version, ARGV[2] prev version (0 when nothing was published yet)
--- ARGV[3] nbytes of the new blob, ARGV[4] read piece size in bytes (for the clients)
--- ARGV[5] digest ("xxh3_128:<hex>"), ARGV[6] codec, ARGV[7] spec (JSON)
--- ARGV[8] learner iteration, ARGV[9] publish time (unix seconds), ARGV[10] message
--- ARGV[11] grace in ms before the previous blob expires, ARGV[12] notify channel
--- ARGV[13] with KEYS[5]: env steps granted on top of the rest (the learner's next batch but one);
--- then an overshoot (a negative rest: agents claim whole flushes) is taken off them; 0: the rest alone
+-- new blob to (sr:{run.p}:staging:<publisher>), KEYS[3] blob key of the new version, KEYS[4] blob
+-- key of the version the caller believes is current, KEYS[5] optional: the quota hash (overlap
+-- production), whose grant moves to the new version, announced as "grant:<new>:<steps>"
+-- ARGV[1] new version, ARGV[2] prev version (0 when nothing was published yet), ARGV[3] nbytes of
+-- the new blob, ARGV[4] read piece size in bytes, ARGV[5] digest ("xxh3_128:<hex>"), ARGV[6]
+-- codec, ARGV[7] spec (JSON), ARGV[8] learner iteration, ARGV[9] publish time (unix seconds),
+-- ARGV[10] message, ARGV[11] grace in ms before the previous blob expires, ARGV[12] notify channel,
+-- ARGV[13] with KEYS[5]: "" to carry the unclaimed rest of the live version's grant (0 steps when
+-- the grant is another version's, or none), or the new version's grant in env steps (>= 0)
 -- returns the new version, also for a re-sent call whose version and digest are already live (its
 -- first reply was lost: the quota stays as that call and the claims since left it; a staged copy
 -- is dropped). Error replies, nothing written: "VERSION ..." (not greater than the published
--- version, or a stale prev),
--- "STAGING ..." (staged blob missing, wrong-sized, or recreated without its TTL by a write after a
--- Redis restart: upload it again), "ARGS ..." (ARGV[13] not a whole number >= 0)
+-- version, or a stale prev), "STAGING ..." (staged blob missing, wrong-sized, or recreated without
+-- its TTL by a write after a Redis restart: upload it again), "ARGS ..." (a bad ARGV[13])
 local new_version = tonumber(ARGV[1])
 local prev_version = tonumber(ARGV[2])
 local nbytes = tonumber(ARGV[3])
-local ahead = tonumber(ARGV[13] or '0')
-if not ahead or ahead < 0 or ahead ~= math.floor(ahead) then
-  return redis.error_reply('ARGS grant ahead must be a whole number >= 0, got ' .. tostring(ARGV[13]))
+local grant_steps = nil  -- nil: carry the rest
+if ARGV[13] and ARGV[13] ~= '' then
+  grant_steps = tonumber(ARGV[13])
+  if not grant_steps or grant_steps < 0 or grant_steps ~= math.floor(grant_steps) then
+    return redis.error_reply('ARGS the grant must be empty or a whole number >= 0, got ' .. ARGV[13])
+  end
 end
 
 local live = redis.call('HMGET', KEYS[1], 'version', 'digest')
@@ -70,16 +68,15 @@ end
 redis.call('PUBLISH', ARGV[12], ARGV[1])
 if KEYS[5] then
   -- In the same script as the version swap: no claim lands between the read and the write.
-  local grant = redis.call('HMGET', KEYS[5], 'version', 'left')
-  local rest = 0
-  if tonumber(grant[1] or '-1') == prev_version then
-    rest = tonumber(grant[2] or '0') or 0
-  end
-  local left = math.max(0, rest)
-  if ahead > 0 then
-    left = rest + ahead  -- below 0 while the overshoot is larger: agents wait
+  local left = grant_steps
+  if not left then
+    local grant = redis.call('HMGET', KEYS[5], 'version', 'left')
+    left = 0
+    if tonumber(grant[1] or '-1') == prev_version then
+      left = math.max(0, tonumber(grant[2] or '0') or 0)
+    end
   end
   redis.call('HSET', KEYS[5], 'version', ARGV[1], 'left', left)
-  redis.call('PUBLISH', ARGV[12], 'grant:' .. ARGV[1] .. ':' .. math.max(0, left))
+  redis.call('PUBLISH', ARGV[12], 'grant:' .. ARGV[1] .. ':' .. left)
 end
 return new_version

@@ -1,8 +1,8 @@
 """Production on grants for the live parameter version (``learner.on_policy_sync`` ``lockstep``
 or ``overlap``: docs/concepts.md, "On-policy production"; :mod:`surreal_redis.hub.quota`). With
-``overlap``, the publish after an update moves what agents had not claimed of the grant to the
-version it publishes and adds the steps of the batch after next (less an overshoot), in its own
-script: the next update starts without a grant's round trip.
+``overlap``, what agents had not claimed of the grant carries over to the version a publish makes;
+when the feed holds the next update's batch by then, the publish grants the batch after next
+instead, in its own script: the next update starts without a grant's round trip.
 
 Top-up rule (both): when the feed still needs steps for its next update and no chunk arrived for
 ``learner.lockstep_topup_s`` seconds, the learner publishes again if the live version is not its
@@ -56,7 +56,7 @@ class GrantKeeper:
         self.overlap = config.learner.on_policy_sync == "overlap"
         self._last_chunk_at = self._granted_at = time.monotonic()
         self._next_stall_warning = 0.0
-        self._ahead_published = False  # the last publish granted the batch after next (overlap)
+        self._ahead_published = False  # the last publish made the next update's grant (overlap)
         self.topups = 0  # grants topped up by the rule above
 
     def grant(self, ahead: int = 0) -> None:
@@ -64,11 +64,7 @@ class GrantKeeper:
         still need."""
         if self.quota is None:
             return
-        steps = self._feed.steps_needed(ahead) or 0
-        limit = self._config.stop.max_env_steps
-        if limit is not None:  # no more than the run still needs: the stop comes at the limit
-            steps = min(steps, max(0, limit - self._env_steps()))
-        self.quota.grant(self._version(), steps)
+        self.quota.grant(self._version(), self._steps(ahead))
         self._granted_at = time.monotonic()
         self._ahead_published = False  # this grant replaced it
 
@@ -87,21 +83,28 @@ class GrantKeeper:
         in its own script (``ParameterPublisher.publish(carry_grant=True)``)."""
         return self.overlap and self.quota is not None
 
-    def ahead_on_publish(self) -> int:
-        """Overlap: the env steps a publish after an update grants on top of the rest it carries,
-        those of the batch after next (``learner.steps_per_update``), fewer at the end of the
-        run's env steps; 0 otherwise."""
-        if not self.carry_on_publish:
-            return 0
-        steps = self._config.learner.steps_per_update
-        limit = self._config.stop.max_env_steps
-        if limit is not None:  # past the next batch, no more than the run still needs
-            steps = min(steps, max(0, limit - self._env_steps() - (self._feed.steps_needed() or 0)))
-        return steps
+    def grant_on_publish(self, queued: int) -> int | None:
+        """Overlap, once the feed and the ``queued`` env steps (read, not in the feed yet) hold the
+        next update's batch: the grant :meth:`before_update` would make for that update (the
+        steps of the batch after next), for the publish to make instead; None otherwise (the
+        publish carries the rest over)."""
+        if not self.carry_on_publish or (self._feed.steps_needed() or 0) > queued:
+            return None
+        return self._steps(ahead=1, queued=queued)
 
-    def published_ahead(self) -> None:
-        """A publish granted :meth:`ahead_on_publish`'s steps: the next update needs no grant."""
+    def published_grant(self) -> None:
+        """A publish made :meth:`grant_on_publish`'s grant: the next update needs none."""
         self._ahead_published = True
+        self._granted_at = time.monotonic()
+
+    def _steps(self, ahead: int, queued: int = 0) -> int:
+        """What the next ``1 + ahead`` updates still need beyond the feed and ``queued`` env steps,
+        no more than the run still needs."""
+        steps = max(0, (self._feed.steps_needed(ahead) or 0) - queued)
+        limit = self._config.stop.max_env_steps
+        if limit is not None:  # the stop comes at the limit
+            steps = min(steps, max(0, limit - self._env_steps() - queued))
+        return steps
 
     def after_update(self, version_before: int) -> None:
         """After an update and its publish, if due (``version_before``: the live version before it)."""

@@ -272,7 +272,7 @@ class Learner:
             if stats is None:
                 break
             self.metrics.observe_update(stats, time.monotonic() - started)
-            self._after_update()
+            self._after_update(batches)
         now = time.monotonic()
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_EVERY_S
@@ -303,7 +303,7 @@ class Learner:
             self.receiver.set_aside(item, "unusable", f"agent {item.chunk.agent_id}: {problem}")
         self.receiver.ack([item for item, _ in usable], later=True)  # only now is the data safely stored
 
-    def _after_update(self) -> None:
+    def _after_update(self, batches: PrefetchQueue) -> None:
         iteration = self.algo.iteration
         if not self._updated:  # the end of start-up (bench/solve.py times launch to this line)
             self._updated = True
@@ -316,29 +316,30 @@ class Learner:
                 self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)
         version = self.param_version
         if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
-            self._publish(grant_ahead=True)
+            self._publish(queued=batches.steps() if self.grants.carry_on_publish else None)
         self.grants.after_update(version)
 
     # ---------------------------------------------------------------- publishing
-    def _publish(self, force: bool = False, grant_ahead: bool = False) -> bool:
-        """Publish unless too soon after the last (``force``: anyway); ``grant_ahead`` (after an
-        update): with the steps of the batch after next (``GrantKeeper.ahead_on_publish``). False
-        when Redis refused it for lack of memory (logged; the next update or housekeeping tries
-        again, training goes on); connection errors propagate."""
+    def _publish(self, force: bool = False, queued: int | None = None) -> bool:
+        """Publish unless too soon after the last (``force``: anyway); after an update, with the
+        next update's grant when it is due (``GrantKeeper.grant_on_publish``; ``queued``: the env
+        steps the prefetch thread read ahead). False when Redis refused it for lack of memory
+        (logged; the next update or housekeeping tries again, training goes on); connection errors
+        propagate."""
         start = time.monotonic()
         self._publish_failed = True  # until it went through: the next update tries again
-        ahead = self.grants.ahead_on_publish() if grant_ahead else 0
+        grant = self.grants.grant_on_publish(queued) if queued is not None else None
         try:
             version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force,
-                                             carry_grant=self.grants.carry_on_publish, grant_ahead=ahead)
+                                             carry_grant=self.grants.carry_on_publish, grant=grant)
         except PublishBackpressure as exc:
             log.warning("publish refused, Redis is full (%s); training goes on, retrying after housekeeping", exc)
             return False
         self._publish_failed = False
         if version is not None:
             self._published(version, start)
-            if ahead:
-                self.grants.published_ahead()
+            if grant is not None:
+                self.grants.published_grant()
         return True
 
     def _republish(self, above: int) -> int:

@@ -170,16 +170,16 @@ def test_a_publish_carrying_the_grant_moves_its_unclaimed_rest_in_the_same_scrip
     news.close()
 
 
-def test_a_publish_granting_ahead_adds_the_steps_to_the_rest_less_an_overshoot(real_redis):
-    """``publish(carry_grant=True, grant_ahead=n)`` (the learner's publish after an overlap
-    update): the new version gets the unclaimed rest plus ``n``; an overshoot (agents claim whole
-    flushes) is taken off ``n``, and below 0 agents wait. The script refuses a bad ``n`` before
-    it writes."""
+def test_a_publish_with_a_grant_replaces_the_carried_rest(real_redis):
+    """``publish(carry_grant=True, grant=n)`` (the learner's publish after an overlap update,
+    once the next batch is in): the new version gets ``n`` steps, whatever was left of the old
+    grant, announced with the version; ``grant=0`` lets nobody produce. A bad ``n`` is refused in
+    Python, and by the script before it writes."""
     import numpy as np
 
     from surreal_redis.hub.params import ParameterPublisher, PublisherConfig
 
-    run = "qahead"
+    run = "qnext"
     publisher = ParameterPublisher(real_redis, run, PublisherConfig())
     quota, news = ProductionQuota(real_redis, run), QuotaNews(real_redis, run)
     params = {"w": np.zeros(3, np.float32)}
@@ -187,22 +187,23 @@ def test_a_publish_granting_ahead_adds_the_steps_to_the_rest_less_an_overshoot(r
     quota.grant(1, 100)
     assert quota.claim(1, 60) == ("OK", 60, 1)
     news.drain()
-    assert publisher.publish(params, 1, carry_grant=True, grant_ahead=64) == 2 and quota.left() == (2, 40 + 64)
+    assert publisher.publish(params, 1, carry_grant=True, grant=64) == 2 and quota.left() == (2, 64)
     assert news.wait(5.0, grants_only=True) and news.granted_version == 2
-    assert quota.claim(2, 100) == ("OK", 100, 2) and quota.claim(2, 100) == ("OK", 100, 2)  # 96 over
-    assert publisher.publish(params, 2, carry_grant=True, grant_ahead=64) == 3 and quota.left() == (3, -32)
+    assert quota.claim(1, 8).status == "STALE" and quota.claim(2, 100) == ("OK", 100, 2)  # -36 left
+    assert publisher.publish(params, 2, carry_grant=True, grant=0) == 3 and quota.left() == (3, 0)
     assert quota.claim(3, 8) == ("WAIT", 0, 3)
-    assert publisher.publish(params, 3, carry_grant=True, grant_ahead=64) == 4 and quota.left() == (4, 32)
+    assert publisher.publish(params, 3, carry_grant=True) == 4 and quota.left() == (4, 0)  # the rest: none
     for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError, match="grant_ahead"):
-            publisher.publish(params, 4, carry_grant=True, grant_ahead=bad)
+        with pytest.raises(ValueError, match="grant must be"):
+            publisher.publish(params, 4, carry_grant=True, grant=bad)
     with pytest.raises(ValueError, match="needs carry_grant"):
-        publisher.publish(params, 4, grant_ahead=8)
+        publisher.publish(params, 4, grant=8)
     keys = ParamKeys(run)
-    real_redis.set(keys.staging("ab12cd34"), b"abc", px=60_000)
-    args = [5, 4, 3, 3, "xxh3_128:0", "c", "{}", 4, 0.0, "", 1000, keys.notify, "-3"]
-    with pytest.raises(ScriptError, match="ARGS grant ahead"):
-        publisher._scripts.call("publish", [keys.meta, keys.staging("ab12cd34"), keys.blob(5), keys.blob(4), keys.quota],
-                                args)
-    assert quota.left() == (4, 32) and quota.live_version() == 4  # nothing written
+    for bad in ("-3", "x", "1.5"):
+        real_redis.set(keys.staging("ab12cd34"), b"abc", px=60_000)
+        args = [5, 4, 3, 3, "xxh3_128:0", "c", "{}", 4, 0.0, "", 1000, keys.notify, bad]
+        with pytest.raises(ScriptError, match="ARGS the grant"):
+            publisher._scripts.call("publish", [keys.meta, keys.staging("ab12cd34"), keys.blob(5), keys.blob(4),
+                                                keys.quota], args)
+    assert quota.left() == (4, 0) and quota.live_version() == 4  # nothing written
     news.close()

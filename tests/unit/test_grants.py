@@ -114,47 +114,57 @@ def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_
     learner.algo.update = update_while_an_agent_claims
     learner.iterate(received(learner))
     assert learner.algo.iteration == 1 and learner.param_version == 2
-    if sync == "overlap":  # granted 64 ahead for v1 before training; 16 unclaimed carried over to v2, plus
-        assert claims == [("OK", 48, 1)] and quota.left() == (2, 16 + 64)  # the batch after next
+    if sync == "overlap":  # granted 64 ahead for v1 before training; 16 unclaimed carried over to v2
+        assert claims == [("OK", 48, 1)] and quota.left() == (2, 16)
     else:  # nothing to claim while training; the next batch is granted for v2 afterwards
         assert claims == [("WAIT", 0, 1)] and quota.left() == (2, 64)
 
 
 def test_an_overlap_update_carries_the_grant_over_in_its_publish_without_more_round_trips(fake_redis, tmp_path,
                                                                                          monkeypatch):
-    """Overlap: the first update grants ahead before it runs; each publish after an update carries
-    the unclaimed rest over to the new version and adds the batch after next, less an overshoot,
-    in its script: no read of the quota and no grant between later updates."""
+    """Overlap: a grant before the first update; the publish script carries the unclaimed rest
+    over to the new version, or, when the next update's batch came in meanwhile (in the feed or
+    the prefetch queue), grants the batch after next itself: no read of the quota and no grant
+    between those updates."""
     config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap")
     assert quota.claim(1, 64).status == "OK"
-    send_steps(fake_redis, config, learner, 32)
+    batches = PrefetchQueue(1000)
+    for agent in (0, 1):  # two batches, queued apart: the second still queued after the first update
+        send_steps(fake_redis, config, learner, 32, agent_id=agent)
+        batches.put(learner.receiver.receive(1000, block_ms=0))
     calls: list[str] = []
     for name in ("left", "grant"):
         method = getattr(learner.grants.quota, name)
         monkeypatch.setattr(learner.grants.quota, name,
                             lambda *args, _name=name, _method=method: calls.append(_name) or _method(*args))
-    learner.iterate(received(learner))
-    assert learner.algo.iteration == 1 and learner.param_version == 2
-    assert calls == ["grant"]  # the grant ahead, before the first update
-    assert quota.left() == (2, 64 + 64)  # 64 granted ahead for v1, none claimed: carried to v2, and the next 64
-    assert quota.claim(2, 96) == ("OK", 96, 2)  # the agents make the next batch and half the one after
-    send_steps(fake_redis, config, learner, 32, agent_id=1)
-    learner.iterate(received(learner))
-    assert learner.algo.iteration == 2 and learner.param_version == 3 and calls == ["grant"]
-    assert quota.left() == (3, 32 + 64)
-    assert quota.claim(3, 128) == ("OK", 128, 3)  # whole flushes: 32 steps over
-    send_steps(fake_redis, config, learner, 32, agent_id=2)
-    learner.iterate(received(learner))
-    assert learner.algo.iteration == 3 and calls == ["grant"] and quota.left() == (4, -32 + 64)
+    grants_published: list = []
+    publish = learner.publisher.publish
+    monkeypatch.setattr(learner.publisher, "publish",
+                        lambda *args, **kwargs: grants_published.append(kwargs["grant"]) or publish(*args, **kwargs))
+    learner.iterate(batches)
+    assert learner.algo.iteration == 1 and learner.param_version == 2 and len(batches) == 1
+    assert calls == ["grant"] and grants_published == [64]  # the next batch queued: the one after it granted
+    assert quota.left() == (2, 64)
+    learner.iterate(batches)
+    assert learner.algo.iteration == 2 and learner.param_version == 3 and len(batches) == 0
+    assert calls == ["grant"]  # the grant ahead before the first update, none since
+    assert grants_published == [64, None]  # nothing queued after the second: the rest carried
+    assert quota.left() == (3, 64)  # v2's 64 unclaimed, carried over to v3
 
 
-def test_overlap_grants_no_step_past_the_runs_env_step_limit(fake_redis, tmp_path):
+def test_overlap_grants_no_step_past_the_runs_env_step_limit(fake_redis, tmp_path, monkeypatch):
     config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap",
                                      "stop.max_env_steps=160")
-    assert quota.claim(1, 64).status == "OK"
-    send_steps(fake_redis, config, learner, 32)
-    learner.iterate(received(learner))  # 64 steps in, the next 64 granted ahead: 32 more may come
-    assert learner.algo.iteration == 1 and quota.left() == (2, 64 + 32)
+    batches = PrefetchQueue(1000)
+    for agent in (0, 1):
+        send_steps(fake_redis, config, learner, 32, agent_id=agent)
+        batches.put(learner.receiver.receive(1000, block_ms=0))
+    grants_published: list = []
+    publish = learner.publisher.publish
+    monkeypatch.setattr(learner.publisher, "publish",
+                        lambda *args, **kwargs: grants_published.append(kwargs["grant"]) or publish(*args, **kwargs))
+    learner.iterate(batches)
+    assert learner.algo.iteration == 1 and grants_published == [160 - 128]  # 128 steps read: 32 more at most
 
 
 def test_free_and_off_policy_learners_grant_nothing(fake_redis, tmp_path):

@@ -140,11 +140,11 @@ class ParameterPublisher:
         self._floor = max(self._floor, int(version))
 
     def publish(self, params: ParamDict, iteration: int, message: str = "", force: bool = False,
-                carry_grant: bool = False, grant_ahead: int = 0) -> int | None:
+                carry_grant: bool = False, grant: int | None = None) -> int | None:
         """Publish ``params`` (name -> array, any shapes) as the next version and return it. With
         ``carry_grant``, the same script moves what agents left unclaimed of the previous version's
-        production grant (:mod:`surreal_redis.hub.quota`) to the new version, plus ``grant_ahead``
-        env steps (less an overshoot of the old grant), and announces it.
+        production grant (:mod:`surreal_redis.hub.quota`) to the new version, or with ``grant``
+        grants the new version that many env steps instead, and announces it.
 
         Returns None without touching Redis when the last publish was less than
         ``min_publish_interval`` seconds ago and ``force`` is false. Blocks for the blob upload
@@ -152,17 +152,18 @@ class ParameterPublisher:
         backoff sleeps per step that hits a connection error.
 
         Raises ``TypeError`` / ``CodecError`` for unencodable params, ``ValueError`` for a bad
-        ``iteration``, ``message`` or ``grant_ahead`` (>= 0, only with ``carry_grant``), :class:`PublishBackpressure` when Redis is out of memory,
+        ``iteration``, ``message`` or ``grant`` (>= 0, only with ``carry_grant``), :class:`PublishBackpressure` when Redis is out of memory,
         :class:`ScriptError` if another publisher moved the version, other Redis errors unchanged.
         """
         if (not force and self._last_publish is not None
                 and time.monotonic() - self._last_publish < self._config.min_publish_interval):
             return None
-        if isinstance(grant_ahead, bool) or not isinstance(grant_ahead, int) or grant_ahead < 0:
-            raise ValueError(f"grant_ahead must be an integer >= 0, got {grant_ahead!r}")
-        if grant_ahead and not carry_grant:
-            raise ValueError(f"grant_ahead={grant_ahead} needs carry_grant: it adds to the carried grant")
-        return self._publish(params, iteration, message, carry_grant, grant_ahead)
+        if grant is not None:
+            if isinstance(grant, bool) or not isinstance(grant, int) or grant < 0:
+                raise ValueError(f"grant must be an integer >= 0 or None, got {grant!r}")
+            if not carry_grant:
+                raise ValueError(f"grant={grant} needs carry_grant: it replaces the carried grant")
+        return self._publish(params, iteration, message, carry_grant, grant)
 
     def republish(self, params: ParamDict, iteration: int, above: int = 0, message: str = "republish") -> int:
         """Publish ``params`` above every version seen: ``meta``'s, this publisher's last one and
@@ -180,7 +181,7 @@ class ParameterPublisher:
         return version
 
     def _publish(self, params: ParamDict, iteration: int, message: str, carry_grant: bool = False,
-                 grant_ahead: int = 0) -> int:
+                 grant: int | None = None) -> int:
         now = time.monotonic()
         if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
@@ -198,7 +199,7 @@ class ParameterPublisher:
         try:
             if not upload_along:
                 self._upload(blob)
-            new = self._swap_in(blob, fields, carry_grant, grant_ahead, upload_along)
+            new = self._swap_in(blob, fields, carry_grant, grant, upload_along)
         except redis.exceptions.OutOfMemoryError as exc:
             self._version = None
             self._discard_staging()
@@ -236,7 +237,7 @@ class ParameterPublisher:
         else:
             self._scripts.checked("publish", reply)
 
-    def _swap_in(self, blob: bytes, fields: list, carry_grant: bool, grant_ahead: int = 0,
+    def _swap_in(self, blob: bytes, fields: list, carry_grant: bool, grant: int | None = None,
                  upload_along: bool = False) -> int:
         """Run the publish script until it takes the staged blob (3 tries), the first try with
         the upload when ``upload_along`` (:meth:`_upload_and_call`); the new version."""
@@ -247,7 +248,7 @@ class ParameterPublisher:
             keys = [self._keys.meta, self._staging, self._keys.blob(new), self._keys.blob(prev),
                     *([self._keys.quota] if carry_grant else [])]
             args = [new, prev, len(blob), self._config.read_piece_bytes, *fields,
-                    int(self._config.grace_s * 1000), self._keys.notify, grant_ahead]
+                    int(self._config.grace_s * 1000), self._keys.notify, "" if grant is None else grant]
             try:
                 if upload_along:
                     upload_along = False  # a retry after a refusal finds the blob staged
