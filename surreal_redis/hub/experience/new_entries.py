@@ -6,7 +6,8 @@ is announced on the shard's ``reads`` channel, for the senders waiting on its ba
 On one server the acks owed, the wait, the moves, the read and the announcements go in one
 pipelined round trip: Redis runs a client's pipelined commands in order, so those after a blocking
 BLMOVE run once it returns, and the acks ahead of it at once. Each round trip wakes the prefetch
-thread, which then takes the GIL from the update running beside it. On a cluster each call goes to its own node, one by one."""
+thread, which then takes the GIL from the update running beside it. On a cluster each call goes
+to its own node, one by one."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class NewEntryReader:
 
     def __init__(self, client: RedisClient, scripts: Scripts, keys: Mapping[int, ShardKeys], config: ReceiverConfig,
                  settings: RedisSettings, take: Callable[[int, list], int],
-                 count_dead: Callable[[str, int, int], None], acks: OwedAcks | None = None) -> None:
+                 count_dead: Callable[[str, int, int], None], acks: OwedAcks) -> None:
         self.client, self.scripts, self.keys, self.config, self.settings = client, scripts, keys, config, settings
         self._take, self._count_dead, self._acks = take, count_dead, acks
         self._shard_of = {k.exp.encode(): s for s, k in keys.items()}
@@ -99,7 +100,7 @@ class NewEntryReader:
     @property
     def carries_acks(self) -> bool:
         """Whether a :meth:`read` sends the acks owed along (one server; a cluster's go apart)."""
-        return self._acks is not None and not is_cluster(self.client)
+        return not is_cluster(self.client)
 
     def read(self, max_chunks: int, wait_ms: int) -> None:
         """Move the inboxes into the streams, then read new entries without blocking; while that
@@ -156,15 +157,13 @@ class NewEntryReader:
         if not self._move_loaded:  # so that the first pipeline moves before it reads
             self.scripts.load("move")
             self._move_loaded = True
-        owed = self._acks.take() if self._acks is not None else {}
+        owed = self._acks.take()
         try:
             look = self._pipelined_look(streams, count, wait_ms, owed)
         except BaseException:
-            if owed:
-                self._acks.sent(owed, False)  # type: ignore[union-attr]
+            self._acks.sent(owed, False)
             raise
-        if owed:
-            self._acks.sent(owed, look is not None and look.acked)  # type: ignore[union-attr]
+        self._acks.sent(owed, look is not None and look.acked)
         return look
 
     def _pipelined_look(self, streams: Mapping[KeyT, StreamIdT], count: int, wait_ms: int,
