@@ -30,6 +30,19 @@ def two_batches_queued(client, config, learner) -> PrefetchQueue:
     return batches
 
 
+def fail_next_publish(learner, error: BaseException) -> None:
+    """The learner's next publish raises ``error`` (on whichever thread runs it); later ones go through."""
+    publish = learner.publisher.publish_encoded
+    errors = [error]
+
+    def failing_once(encoded, carry, grant):
+        if errors:
+            raise errors.pop()
+        return publish(encoded, carry, grant)
+
+    learner.publisher.publish_encoded = failing_once
+
+
 def test_the_next_update_runs_while_the_last_publish_is_in_flight(fake_redis, tmp_path):
     config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap")
     assert quota.claim(1, 64).status == "OK"
@@ -68,15 +81,7 @@ def test_a_publish_lost_on_its_thread_is_raised_on_the_main_thread_and_made_agai
     config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap")
     assert quota.claim(1, 64).status == "OK"
     batches = two_batches_queued(fake_redis, config, learner)
-    publish = learner.publisher.publish_encoded
-    failures = [ConnectionError("Redis went away")]
-
-    def flaky(encoded, carry, grant):
-        if failures:
-            raise failures.pop()
-        return publish(encoded, carry, grant)
-
-    learner.publisher.publish_encoded = flaky
+    fail_next_publish(learner, ConnectionError("Redis went away"))
     learner.iterate(batches)  # update 1; its publish (v2, granting the batch after next) fails on the thread
     with pytest.raises(ConnectionError, match="went away"):
         learner.iterate(batches)  # update 2 ran; settling the lost publish raises (the run's guard retries)
@@ -94,15 +99,7 @@ def test_a_publish_refused_for_memory_on_its_thread_keeps_training(fake_redis, t
     config, learner, quota = started(fake_redis, tmp_path, "learner.on_policy_sync=overlap", "learner.gc_every_s=1000")
     assert quota.claim(1, 64).status == "OK"
     batches = two_batches_queued(fake_redis, config, learner)
-    publish = learner.publisher.publish_encoded
-    refusals = [PublishBackpressure("OOM at the staging SET")]
-
-    def full(encoded, carry, grant):
-        if refusals:
-            raise refusals.pop()
-        return publish(encoded, carry, grant)
-
-    learner.publisher.publish_encoded = full
+    fail_next_publish(learner, PublishBackpressure("OOM at the staging SET"))
     learner.iterate(batches)
     learner.iterate(batches)  # the refusal is logged when settled; update 2 publishes again at once
     assert "Redis is full" in caplog.text
