@@ -509,7 +509,7 @@ def test_a_read_is_one_round_trip_and_after_a_read_that_took_all_the_next_waits_
     round trip."""
     import redis.connection
 
-    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1), RUN, 0, 1)
+    sender = ExperienceSender(real_redis, SenderConfig(flush_steps=1, max_wait_s=5.0), RUN, 0, 1)
     receiver = ExperienceReceiver(real_redis, ReceiverConfig(), RUN, 1)
     assert receiver.receive(10, 0) == []  # starts the group, loads the scripts, claims once
     trips: list[bytes] = []
@@ -529,11 +529,20 @@ def test_a_read_is_one_round_trip_and_after_a_read_that_took_all_the_next_waits_
     assert len(trips) == 1 and all(name in trips[0] for name in (b"EVALSHA", b"XREADGROUP", b"PUBLISH"))
     trips.clear()
 
+    failures: list[BaseException] = []
+
     def flush_soon():
         time.sleep(0.2)
-        step()
-    threading.Thread(target=flush_soon).start()
-    assert len(receiver.receive(10, 2000)) == 1
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+    flusher = threading.Thread(target=flush_soon)
+    flusher.start()
+    received = receiver.receive(10, 2000)
+    flusher.join(10)  # never left running past the test (and its server)
+    assert not flusher.is_alive() and failures == []
+    assert len(received) == 1
     assert len(trips) == 1 and all(name in trips[0] for name in (b"BLMOVE", b"EVALSHA", b"XREADGROUP", b"PUBLISH"))
     assert trips[0].index(b"BLMOVE") < trips[0].index(b"EVALSHA")  # the wait first, the move after it
 
