@@ -45,15 +45,13 @@ class GrantKeeper:
     """The learner's grants and top-ups, and their bookkeeping. Without grants (off-policy feeds,
     ``on_policy_sync: free``) ``quota`` is None and every method does nothing. ``version()``: the
     learner's last published parameter version; ``env_steps()``: env steps it took in so far;
-    ``publish()``: publish the current parameters now, however soon after the last; ``settle()``:
-    wait for a publish in flight to land (a grant is for the live version). Each method is at
-    most a few Redis round trips."""
+    ``publish()``: publish the current parameters now, however soon after the last. Each method is
+    at most a few Redis round trips."""
 
     def __init__(self, client: RedisClient, config: ExperimentConfig, feed: Feed, *, version: Callable[[], int],
-                 env_steps: Callable[[], int], publish: Callable[[], object],
-                 settle: Callable[[], None] = lambda: None) -> None:
+                 env_steps: Callable[[], int], publish: Callable[[], object]) -> None:
         self._client, self._config, self._feed = client, config, feed
-        self._version, self._env_steps, self._publish, self._settle = version, env_steps, publish, settle
+        self._version, self._env_steps, self._publish = version, env_steps, publish
         self.quota = ProductionQuota(client, config.run) if config.lockstep and feed.steps_needed() is not None else None
         self.overlap = config.learner.on_policy_sync == "overlap"
         self._last_chunk_at = self._granted_at = time.monotonic()
@@ -66,7 +64,6 @@ class GrantKeeper:
         still need."""
         if self.quota is None:
             return
-        self._settle()
         self.quota.grant(self._version(), self._steps(ahead))
         self._granted_at = time.monotonic()
         self._ahead_published = False  # this grant replaced it
@@ -99,15 +96,6 @@ class GrantKeeper:
         """A publish made :meth:`grant_on_publish`'s grant: the next update needs none."""
         self._ahead_published = True
         self._granted_at = time.monotonic()
-
-    def publish_failed(self) -> None:
-        """The publish that was to make :meth:`grant_on_publish`'s grant failed: the next update grants."""
-        self._ahead_published = False
-
-    @property
-    def waits_on_publish(self) -> bool:
-        """Lockstep: every update's grant is for the version its publish makes, at once."""
-        return self.quota is not None and not self.overlap
 
     def _steps(self, ahead: int, queued: int = 0) -> int:
         """What the next ``1 + ahead`` updates still need beyond the feed and ``queued`` env steps,

@@ -39,7 +39,6 @@ from surreal_redis.learner.metrics import LearnerMetrics, LearnerProgress
 from surreal_redis.learner.parts import LearnerParts
 from surreal_redis.learner.prefetch import READ_WAIT_MS, Prefetcher, PrefetchQueue
 from surreal_redis.learner.progress import Scores, StopRules
-from surreal_redis.learner.publishing import Publishing
 from surreal_redis.learner.republish import RejectionWatch
 from surreal_redis.outage import OUTAGE_ERRORS, OutageGuard
 from surreal_redis.run_folder import RunFolder
@@ -83,17 +82,16 @@ class Learner:
         self.checkpoints = RunFolder(cfg.experiment_dir).checkpoints(cfg.checkpoint)
         self.metrics = LearnerMetrics(client, cfg, tracker)
         self.env_steps = 0
+        self.param_version = 0  # the last version this learner published
         self.started = time.monotonic()
         self._updated = False  # by this process
         self.elapsed_before = 0.0
+        self._publish_failed = False
         self._next_housekeeping = self._next_stop_check = 0.0
         live_agents = partial(read_agents, client, cfg.run, cfg.agent.heartbeat_ttl_s, include_stale=False)
         self.grants = GrantKeeper(client, cfg, self.feed, version=lambda: self.param_version,
-                                  env_steps=lambda: self.env_steps, publish=partial(self._publish, force=True),
-                                  settle=lambda: self.publishing.settle(wait=True))
-        self.publishing = Publishing(self.publisher, self.grants, lambda: (self.algo.actor_params(), self.algo.iteration),
-                                     self._published, behind=not self.grants.waits_on_publish)
-        self.rejections = RejectionWatch(live_agents, self.publishing.republish, every_s=cfg.agent.heartbeat_every_s)
+                                  env_steps=lambda: self.env_steps, publish=partial(self._publish, force=True))
+        self.rejections = RejectionWatch(live_agents, self._republish, every_s=cfg.agent.heartbeat_every_s)
         episodes = EpisodeReader(client, cfg.run, start_id="0-0", maxlen=cfg.hub.episodes_maxlen)
         self.curve = CurveLog(tracker, cfg.tracking.curve_window, cfg.tracking.curve_every_env_steps,
                               elapsed=self.elapsed, env_steps=lambda: self.env_steps,
@@ -317,30 +315,44 @@ class Learner:
             if self.tracker is not None:  # drawn by the tracker from its store, off this thread
                 self.tracker.draw_curves(RunFolder(self.config.experiment_dir).curves)
         version = self.param_version
-        if iteration % self.config.learner.publish_every_updates == 0 or self.publishing.failed:
-            self.publishing.after_update(queued=batches.steps() if self.grants.carry_on_publish else None)
-        else:
-            self.publishing.settle(wait=False)
+        if iteration % self.config.learner.publish_every_updates == 0 or self._publish_failed:
+            self._publish(queued=batches.steps() if self.grants.carry_on_publish else None)
         self.grants.after_update(version)
 
     # ---------------------------------------------------------------- publishing
-    @property
-    def param_version(self) -> int:
-        """The learner's parameter version: the last it published, or the one its publish in flight makes."""
-        return self.publishing.version
+    def _publish(self, force: bool = False, queued: int | None = None) -> bool:
+        """Publish unless too soon after the last (``force``: anyway); after an update, with the
+        next update's grant when it is due (``GrantKeeper.grant_on_publish``; ``queued``: the env
+        steps the prefetch thread read ahead). False when Redis refused it for lack of memory
+        (logged; the next update or housekeeping tries again, training goes on); connection errors
+        propagate."""
+        start = time.monotonic()
+        self._publish_failed = True  # until it went through: the next update tries again
+        grant = self.grants.grant_on_publish(queued) if queued is not None else None
+        try:
+            version = self.publisher.publish(self.algo.actor_params(), self.algo.iteration, force=force,
+                                             carry_grant=self.grants.carry_on_publish, grant=grant)
+        except PublishBackpressure as exc:
+            log.warning("publish refused, Redis is full (%s); training goes on, retrying after housekeeping", exc)
+            return False
+        self._publish_failed = False
+        if version is not None:
+            self._published(version, start)
+            if grant is not None:
+                self.grants.published_grant()
+        return True
 
-    @param_version.setter
-    def param_version(self, version: int) -> None:
-        self.publishing.version = version
+    def _republish(self, above: int) -> int:
+        """Publish the parameters again as a version above ``above``; returns that version."""
+        start = time.monotonic()
+        version = self.publisher.republish(self.algo.actor_params(), self.algo.iteration, above=above)
+        self._published(version, start)
+        return version
 
-    def _publish(self, force: bool = False) -> bool:
-        """Publish now (after the publish in flight), unless too soon after the last (``force``:
-        anyway); False when Redis refused it for lack of memory (:meth:`Publishing.publish`)."""
-        return self.publishing.publish(force=force)
-
-    def _published(self, version: int, seconds: float) -> None:
+    def _published(self, version: int, start: float) -> None:
+        self.param_version = version
         self.curve.publish(version)
-        self.metrics.observe_publish(seconds)
+        self.metrics.observe_publish(time.monotonic() - start)
         self.feed.on_publish(version)
 
     def _republish_if_rejected(self) -> None:
@@ -360,8 +372,7 @@ class Learner:
     def _housekeeping(self) -> None:
         if time.monotonic() - self.metrics.last_gc >= self.config.learner.gc_every_s:
             self._collect_garbage()
-        self.publishing.settle(wait=True)  # what follows reads or moves the live version
-        if self.publishing.failed and self._publish():  # lockstep agents wait for it: not left to the next update
+        if self._publish_failed and self._publish():  # lockstep agents wait for it: not left to the next update
             self.grants.grant()
         self._republish_if_rejected()
         self.grants.top_up()
@@ -414,7 +425,6 @@ class Learner:
         """Final metrics and the stop report, after :meth:`_save_final` (best effort when Redis
         is gone). ``unread_steps``: env steps read from the hub but not taken into the feed; with
         those the feed holds, they are reported as left unused at the stop."""
-        self.publishing.close()  # settled by _save_final's publish, or stopped before any update
         try:
             self.receiver.flush_acks()  # the prefetch thread's next read would have carried them
             self.scores.read()

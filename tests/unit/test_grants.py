@@ -113,7 +113,6 @@ def test_overlap_grants_the_next_batch_while_training_and_carries_the_unclaimed_
 
     learner.algo.update = update_while_an_agent_claims
     learner.iterate(received(learner))
-    learner.publishing.settle(wait=True)  # overlap: on the publish thread
     assert learner.algo.iteration == 1 and learner.param_version == 2
     if sync == "overlap":  # granted 64 ahead for v1 before training; 16 unclaimed carried over to v2
         assert claims == [("OK", 48, 1)] and quota.left() == (2, 16)
@@ -139,16 +138,14 @@ def test_an_overlap_update_carries_the_grant_over_in_its_publish_without_more_ro
         monkeypatch.setattr(learner.grants.quota, name,
                             lambda *args, _name=name, _method=method: calls.append(_name) or _method(*args))
     grants_published: list = []
-    publish = learner.publisher.publish_encoded
-    monkeypatch.setattr(learner.publisher, "publish_encoded",
-                        lambda encoded, carry, grant: grants_published.append(grant) or publish(encoded, carry, grant))
+    publish = learner.publisher.publish
+    monkeypatch.setattr(learner.publisher, "publish",
+                        lambda *args, **kwargs: grants_published.append(kwargs["grant"]) or publish(*args, **kwargs))
     learner.iterate(batches)
     assert learner.algo.iteration == 1 and learner.param_version == 2 and len(batches) == 1
-    learner.publishing.settle(wait=True)  # on the publish thread
     assert calls == ["grant"] and grants_published == [64]  # the next batch queued: the one after it granted
     assert quota.left() == (2, 64)
     learner.iterate(batches)
-    learner.publishing.settle(wait=True)
     assert learner.algo.iteration == 2 and learner.param_version == 3 and len(batches) == 0
     assert calls == ["grant"]  # the grant ahead before the first update, none since
     assert grants_published == [64, None]  # nothing queued after the second: the rest carried
@@ -163,11 +160,10 @@ def test_overlap_grants_no_step_past_the_runs_env_step_limit(fake_redis, tmp_pat
         send_steps(fake_redis, config, learner, 32, agent_id=agent)
         batches.put(learner.receiver.receive(1000, block_ms=0))
     grants_published: list = []
-    publish = learner.publisher.publish_encoded
-    monkeypatch.setattr(learner.publisher, "publish_encoded",
-                        lambda encoded, carry, grant: grants_published.append(grant) or publish(encoded, carry, grant))
+    publish = learner.publisher.publish
+    monkeypatch.setattr(learner.publisher, "publish",
+                        lambda *args, **kwargs: grants_published.append(kwargs["grant"]) or publish(*args, **kwargs))
     learner.iterate(batches)
-    learner.publishing.settle(wait=True)
     assert learner.algo.iteration == 1 and grants_published == [160 - 128]  # 128 steps read: 32 more at most
 
 

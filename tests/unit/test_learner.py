@@ -379,12 +379,12 @@ def test_a_publish_refused_for_memory_keeps_training_and_is_retried(fake_redis, 
     learner.publisher.publish = full
     send_steps(fake_redis, config, learner, 32)
     learner.iterate(received(learner))  # the update's publish, then housekeeping's retry: both refused
-    assert learner.algo.iteration == 1 and learner.param_version == 1 and learner.publishing.failed
+    assert learner.algo.iteration == 1 and learner.param_version == 1 and learner._publish_failed
     quota = ProductionQuota(fake_redis, config.run)
     assert quota.left() == (1, 64)  # training goes on: agents make the next update with v1
     send_steps(fake_redis, config, learner, 32)
     learner.iterate(received(learner))
-    assert learner.algo.iteration == 2 and learner.param_version == 2 and not learner.publishing.failed
+    assert learner.algo.iteration == 2 and learner.param_version == 2 and not learner._publish_failed
     assert quota.left() == (2, 64)  # granted for the new version
 
 

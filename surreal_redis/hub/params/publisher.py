@@ -105,27 +105,6 @@ class PublisherConfig:
             raise ValueError(f"retry_base_s must be in (0, 1], got {self.retry_base_s}")
 
 
-@dataclass(frozen=True)
-class EncodedParams:
-    """Parameters encoded for a publish (:meth:`ParameterPublisher.encode`): the blob and the
-    fields ``meta`` records with it (digest, codec, spec, iteration, wall time, message);
-    ``at``: when they were encoded (``time.monotonic()``, what ``min_publish_interval`` counts from)."""
-
-    blob: bytes
-    fields: tuple[str, str, str, int, str, str]
-    at: float
-
-
-def check_grant(carry_grant: bool, grant: int | None) -> None:
-    """``ValueError`` unless ``grant`` is None or a whole number >= 0 given with ``carry_grant``."""
-    if grant is None:
-        return
-    if isinstance(grant, bool) or not isinstance(grant, int) or grant < 0:
-        raise ValueError(f"grant must be an integer >= 0 or None, got {grant!r}")
-    if not carry_grant:
-        raise ValueError(f"grant={grant} needs carry_grant: it replaces the carried grant")
-
-
 class ParameterPublisher:
     """Learner side (module docstring). Versions continue from whatever ``meta`` holds (a
     restarted learner resumes the sequence), and never fall below what this publisher already
@@ -176,19 +155,15 @@ class ParameterPublisher:
         ``iteration``, ``message`` or ``grant`` (>= 0, only with ``carry_grant``), :class:`PublishBackpressure` when Redis is out of memory,
         :class:`ScriptError` if another publisher moved the version, other Redis errors unchanged.
         """
-        if not force and not self.due():
+        if (not force and self._last_publish is not None
+                and time.monotonic() - self._last_publish < self._config.min_publish_interval):
             return None
-        return self.publish_encoded(self.encode(params, iteration, message), carry_grant, grant)
-
-    def due(self) -> bool:
-        """Whether ``min_publish_interval`` has passed since the last publish (or none was made)."""
-        return (self._last_publish is None
-                or time.monotonic() - self._last_publish >= self._config.min_publish_interval)
-
-    def next_version(self) -> int:
-        """The version the next publish makes unless ``meta`` moved meanwhile (blocks for one HGET
-        the first time, like :attr:`version`)."""
-        return max(self.version, self._floor) + 1
+        if grant is not None:
+            if isinstance(grant, bool) or not isinstance(grant, int) or grant < 0:
+                raise ValueError(f"grant must be an integer >= 0 or None, got {grant!r}")
+            if not carry_grant:
+                raise ValueError(f"grant={grant} needs carry_grant: it replaces the carried grant")
+        return self._publish(params, iteration, message, carry_grant, grant)
 
     def republish(self, params: ParamDict, iteration: int, above: int = 0, message: str = "republish") -> int:
         """Publish ``params`` above every version seen: ``meta``'s, this publisher's last one and
@@ -201,16 +176,13 @@ class ParameterPublisher:
         self._version = None
         seen = max(self._floor, self.version, int(above))
         self._floor = seen
-        version = self.publish_encoded(self.encode(params, iteration, message))
+        version = self._publish(params, iteration, message)
         log.info("republished parameters as v%d (above v%d)", version, seen)
         return version
 
-    def encode(self, params: ParamDict, iteration: int, message: str = "") -> EncodedParams:
-        """``params`` as the bytes a publish uploads: a copy, so training may change the arrays
-        while :meth:`publish_encoded` sends it from another thread. No Redis call.
-
-        Raises ``TypeError`` / ``CodecError`` for unencodable params, ``ValueError`` for a bad
-        ``iteration`` or ``message``, or a blob above Redis' size limit."""
+    def _publish(self, params: ParamDict, iteration: int, message: str, carry_grant: bool = False,
+                 grant: int | None = None) -> int:
+        now = time.monotonic()
         if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
         if not isinstance(message, str):
@@ -222,15 +194,7 @@ class ParameterPublisher:
         codec = CODEC + ("+lz4" if self._config.compress_min_bytes is not None else "")
         if self._config.dtype != "float32":
             codec += "+" + self._config.dtype
-        return EncodedParams(blob, (blob_digest(blob), codec, spec, int(iteration), repr(time.time()), message),
-                             time.monotonic())
-
-    def publish_encoded(self, encoded: EncodedParams, carry_grant: bool = False, grant: int | None = None) -> int:
-        """Publish what :meth:`encode` made as the next version (never skipped) and return it;
-        ``carry_grant`` and ``grant`` as in :meth:`publish`. Blocks and raises like :meth:`publish`
-        for the Redis part. Not to be called from two threads at once."""
-        check_grant(carry_grant, grant)
-        blob, fields = encoded.blob, list(encoded.fields)
+        fields = [blob_digest(blob), codec, spec, int(iteration), repr(time.time()), message]
         upload_along = len(blob) <= self._config.write_piece_bytes and not is_cluster(self._client)
         try:
             if not upload_along:
@@ -245,8 +209,8 @@ class ParameterPublisher:
             raise
         self._version = new
         self._floor = new  # a Redis that lost its meta (restart) must not take the versions back
-        self._last_publish = encoded.at
-        log.debug("published parameters v%d (%d bytes, iteration %d)", new, len(blob), encoded.fields[3])
+        self._last_publish = now
+        log.debug("published parameters v%d (%d bytes, iteration %d)", new, len(blob), iteration)
         return new
 
     def _upload(self, blob: bytes) -> None:
